@@ -1,0 +1,1 @@
+"""Analyses over the catalog: verdicts, saved queries, exploration."""

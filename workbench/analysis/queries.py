@@ -1,0 +1,84 @@
+"""SQL over a catalog, read-only: ad-hoc text, `.sql` files and the saved queries in `queries/`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+
+from workbench.catalog.store import open_catalog
+
+QUERIES_DIR = Path(__file__).resolve().parents[2] / "queries"
+
+
+def saved_queries(folder: Path = QUERIES_DIR) -> dict[str, tuple[Path, str]]:
+    """name -> (file, title); the title is the first `-- ` comment line of the file."""
+    out: dict[str, tuple[Path, str]] = {}
+    if not folder.is_dir():
+        return out
+    for f in sorted(folder.glob("*.sql")):
+        title = ""
+        for line in f.read_text(encoding="utf-8").splitlines():
+            if line.startswith("--"):
+                title = line.lstrip("- ").strip()
+                break
+        out[f.stem] = (f, title)
+    return out
+
+
+def resolve_sql(text: str) -> str:
+    """SQL text from a saved query name, a `.sql` file path, or the text itself."""
+    saved = saved_queries()
+    if text in saved:
+        return saved[text][0].read_text(encoding="utf-8")
+    if text.endswith(".sql"):
+        p = Path(text)
+        if not p.is_file():
+            raise ValueError(f"{p}: SQL file not found")
+        return p.read_text(encoding="utf-8")
+    return text
+
+
+def set_comparison(con: duckdb.DuckDBPyConnection, cmp_id: int | None) -> int | None:
+    """Set the `cmp_id` variable saved queries read (default: newest comparison)."""
+    if cmp_id is None:
+        row = con.execute("SELECT max(cmp_id) FROM comparisons").fetchone()
+        cmp_id = int(row[0]) if row and row[0] is not None else None
+    con.execute("SET VARIABLE cmp_id = ?", [cmp_id if cmp_id is not None else -1])
+    return cmp_id
+
+
+def query_df(con: duckdb.DuckDBPyConnection, sql: str) -> pd.DataFrame:
+    """Run SQL; a DuckDB error becomes a one-line ValueError."""
+    try:
+        return con.execute(sql).df()
+    except duckdb.Error as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise ValueError(f"SQL error: {first}") from None
+
+
+def format_df(df: pd.DataFrame, fmt: str, limit: int = 200) -> str:
+    if fmt == "csv":
+        return df.to_csv(index=False)
+    if fmt == "json":
+        return json.dumps(json.loads(df.to_json(orient="records", date_format="iso")), indent=1) + "\n"
+    shown = df if limit <= 0 else df.head(limit)
+    with pd.option_context("display.max_columns", None, "display.width", 200, "display.max_colwidth", 60):
+        text = shown.to_string(index=False) if len(shown) else "(no rows)"
+    if limit > 0 and len(df) > limit:
+        text += f"\n... {len(df) - limit} more rows (use --limit 0 or --format csv)"
+    return text + "\n"
+
+
+def run_query(catalog: Path, sql: str, *, fmt: str = "table", cmp_id: int | None = None, limit: int = 200) -> str:
+    """Run SQL (text, file or saved name) on a read-only connection and format the result."""
+    text = resolve_sql(sql)
+    con = open_catalog(catalog, read_only=True)
+    try:
+        set_comparison(con, cmp_id)
+        df = query_df(con, text)
+    finally:
+        con.close()
+    return format_df(df, fmt, limit)

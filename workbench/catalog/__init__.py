@@ -1,0 +1,1 @@
+"""The DuckDB catalog: schema, opening, ingesting."""

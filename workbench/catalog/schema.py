@@ -1,0 +1,263 @@
+"""The DuckDB catalog schema: tables, the stable `comparison` view, and the schema version.
+
+Documented for users in `docs/catalog.md`; keep both in step. Bump `SCHEMA_VERSION` on any
+incompatible change: a catalog written by a newer version is refused with a clear message.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+# The seven metrics of msit's report, by msit's names, in msit's column order.
+MSIT_METRICS: tuple[str, ...] = (
+    "cosine_similarity",
+    "max_relative_error",
+    "mean_relative_error",
+    "max_absolute_error",
+    "mean_absolute_error",
+    "kl_divergence",
+    "relative_euclidean_distance",
+)
+# Metrics we add (see docs/metrics.md).
+EXTRA_METRICS: tuple[str, ...] = (
+    "max_ulp_error",
+    "snr_db",
+    "one_thousandth_err_ratio",
+    "five_thousandths_err_ratio",
+)
+ALL_METRICS: tuple[str, ...] = MSIT_METRICS + EXTRA_METRICS
+
+TABLES_DDL = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   VARCHAR PRIMARY KEY,
+    value VARCHAR
+);
+
+CREATE SEQUENCE IF NOT EXISTS run_seq START 1;
+CREATE TABLE IF NOT EXISTS runs (
+    run_id       INTEGER PRIMARY KEY,
+    kind         VARCHAR NOT NULL,        -- msit_torch | atb | msprobe
+    path         VARCHAR NOT NULL,        -- resolved dump folder that was read
+    fingerprint  VARCHAR NOT NULL,        -- digest of file names, sizes and mtimes
+    model_name   VARCHAR,
+    order_source VARCHAR NOT NULL,        -- recorded | topology | data-flow | definition
+    n_nodes      INTEGER,
+    n_tensors    INTEGER,
+    problems     VARCHAR[],               -- one line per unreadable file
+    meta         JSON,                    -- manifest: command, cwd, argv, device, ...
+    ingested_at  TIMESTAMP DEFAULT current_timestamp
+);
+
+CREATE TABLE IF NOT EXISTS nodes (
+    run_id     INTEGER NOT NULL,
+    node_id    INTEGER NOT NULL,
+    name       VARCHAR NOT NULL,
+    type       VARCHAR,
+    parent_id  INTEGER,                   -- NULL for the root(s)
+    depth      INTEGER,
+    exec_order INTEGER,                   -- position in execution (pre-order of calls)
+    layer      INTEGER,                   -- decoder layer index, NULL outside layers
+    phase      VARCHAR,                   -- prefill | decode (ATB graphs), else NULL
+    params     JSON,
+    PRIMARY KEY (run_id, node_id)
+);
+
+CREATE TABLE IF NOT EXISTS tensors (
+    run_id    INTEGER NOT NULL,
+    tensor_id INTEGER NOT NULL,
+    token_id  INTEGER NOT NULL,
+    node_id   INTEGER NOT NULL,
+    io        VARCHAR NOT NULL,           -- in | out
+    idx       INTEGER NOT NULL,
+    path      VARCHAR,
+    dtype     VARCHAR,
+    shape     BIGINT[],
+    layout    VARCHAR,
+    numel     BIGINT,
+    min       DOUBLE,
+    max       DOUBLE,
+    mean      DOUBLE,
+    std       DOUBLE,
+    norm      DOUBLE,
+    nan_count BIGINT,
+    inf_count BIGINT,
+    error     VARCHAR,                    -- why this tensor cannot be read
+    PRIMARY KEY (run_id, tensor_id)
+);
+
+CREATE SEQUENCE IF NOT EXISTS cmp_seq START 1;
+CREATE TABLE IF NOT EXISTS comparisons (
+    cmp_id         INTEGER PRIMARY KEY,
+    golden_run     INTEGER NOT NULL,
+    test_run       INTEGER NOT NULL,
+    mapping_digest VARCHAR NOT NULL,
+    mapping        JSON,
+    thresholds     JSON,
+    created_at     TIMESTAMP DEFAULT current_timestamp
+);
+
+-- node-level pairing (what the trees and the mapping editor show)
+CREATE TABLE IF NOT EXISTS node_matches (
+    cmp_id         INTEGER NOT NULL,
+    golden_node_id INTEGER NOT NULL,
+    test_node_id   INTEGER NOT NULL,
+    method         VARCHAR NOT NULL,      -- name | msit-mapping | mapping-file | auto-* | editor
+    confidence     DOUBLE,
+    evidence       VARCHAR
+);
+
+-- tensor-level pairs: one row per compared golden/test tensor pair
+CREATE TABLE IF NOT EXISTS matches (
+    cmp_id           INTEGER NOT NULL,
+    pair_id          INTEGER NOT NULL,
+    token_id         INTEGER NOT NULL,    -- golden token
+    test_token_id    INTEGER NOT NULL,
+    golden_tensor_id INTEGER NOT NULL,
+    test_tensor_id   INTEGER NOT NULL,
+    golden_node_id   INTEGER NOT NULL,
+    test_node_id     INTEGER NOT NULL,
+    io               VARCHAR NOT NULL,
+    method           VARCHAR NOT NULL,
+    confidence       DOUBLE,
+    transform        VARCHAR,             -- layout fix applied before comparing (e.g. squeeze batch)
+    PRIMARY KEY (cmp_id, pair_id)
+);
+
+CREATE TABLE IF NOT EXISTS metrics (
+    cmp_id                      INTEGER NOT NULL,
+    pair_id                     INTEGER NOT NULL,
+    cosine_similarity           DOUBLE,
+    max_relative_error          DOUBLE,
+    mean_relative_error         DOUBLE,
+    max_absolute_error          DOUBLE,
+    mean_absolute_error         DOUBLE,
+    kl_divergence               DOUBLE,
+    relative_euclidean_distance DOUBLE,
+    max_ulp_error               DOUBLE,
+    snr_db                      DOUBLE,
+    one_thousandth_err_ratio    DOUBLE,
+    five_thousandths_err_ratio  DOUBLE,
+    golden_nan_count            BIGINT,
+    golden_inf_count            BIGINT,
+    my_nan_count                BIGINT,
+    my_inf_count                BIGINT,
+    finite_only                 BOOLEAN,  -- metrics computed on the finite part only
+    passed                      BOOLEAN,  -- NULL when nothing could be computed
+    failed_metrics              VARCHAR,  -- comma list of metrics over their threshold
+    cmp_fail_reason             VARCHAR,
+    PRIMARY KEY (cmp_id, pair_id)
+);
+
+-- per (token, golden node) roll-up written after a compare: drives the trees, the heatmap
+-- and the "error born at" verdict without touching tensors again
+CREATE TABLE IF NOT EXISTS node_results (
+    cmp_id          INTEGER NOT NULL,
+    token_id        INTEGER NOT NULL,
+    golden_node_id  INTEGER NOT NULL,
+    test_node_id    INTEGER,
+    out_pairs       INTEGER,
+    out_failed      INTEGER,
+    in_pairs        INTEGER,
+    in_failed       INTEGER,
+    min_cosine      DOUBLE,
+    max_kl          DOUBLE,
+    max_rel_euclid  DOUBLE,
+    max_abs_err     DOUBLE,
+    max_rel_err     DOUBLE,
+    mean_rel_err    DOUBLE,
+    in_rel_euclid   DOUBLE,               -- worst relative euclidean distance of the inputs
+    added_error     DOUBLE,               -- out_rel_euclid - in_rel_euclid (error the op adds)
+    has_nan_inf     BOOLEAN,
+    passed          BOOLEAN,              -- all outputs passed
+    inputs_passed   BOOLEAN,              -- all inputs passed (TRUE when none dumped)
+    born            BOOLEAN,              -- output fails while inputs pass
+    PRIMARY KEY (cmp_id, token_id, golden_node_id)
+);
+
+-- the verdict per token: where the error is born (NULL node when every output passes)
+CREATE TABLE IF NOT EXISTS error_born (
+    cmp_id         INTEGER NOT NULL,
+    token_id       INTEGER NOT NULL,
+    golden_node_id INTEGER,
+    test_node_id   INTEGER,
+    PRIMARY KEY (cmp_id, token_id)
+);
+"""
+
+COMPARISON_VIEW = """
+CREATE OR REPLACE VIEW comparison AS
+SELECT
+    m.cmp_id,
+    m.pair_id,
+    m.test_token_id                                   AS token_id,
+    row_number() OVER (PARTITION BY m.cmp_id
+                       ORDER BY m.token_id, gn.exec_order NULLS LAST, gn.node_id,
+                                m.io DESC, gt.idx) - 1 AS data_id,
+    gt.path                                           AS golden_data_path,
+    gn.type                                           AS golden_op_type,
+    'torch.' || gt.dtype                              AS golden_dtype,
+    '[' || array_to_string(gt.shape, ', ') || ']'     AS golden_shape,
+    gt.max                                            AS golden_max_value,
+    gt.min                                            AS golden_min_value,
+    gt.mean                                           AS golden_mean_value,
+    tt.path                                           AS my_data_path,
+    tn.type                                           AS my_op_type,
+    'torch.' || tt.dtype                              AS my_dtype,
+    '[' || array_to_string(tt.shape, ', ') || ']'     AS my_shape,
+    tt.max                                            AS my_max_value,
+    tt.min                                            AS my_min_value,
+    tt.mean                                           AS my_mean_value,
+    x.cosine_similarity,
+    x.max_relative_error,
+    x.mean_relative_error,
+    x.max_absolute_error,
+    x.mean_absolute_error,
+    x.kl_divergence,
+    x.relative_euclidean_distance,
+    x.cmp_fail_reason,
+    m.token_id                                        AS golden_token_id,
+    gn.name                                           AS golden_node,
+    tn.name                                           AS test_node,
+    gn.layer                                          AS layer,
+    gn.exec_order                                     AS exec_order,
+    m.io                                              AS io,
+    gt.idx                                            AS golden_index,
+    tt.idx                                            AS test_index,
+    x.passed,
+    x.failed_metrics,
+    x.max_ulp_error,
+    x.snr_db,
+    x.one_thousandth_err_ratio,
+    x.five_thousandths_err_ratio,
+    x.golden_nan_count,
+    x.golden_inf_count,
+    x.my_nan_count,
+    x.my_inf_count,
+    x.finite_only,
+    m.method                                          AS match_method,
+    m.confidence                                      AS match_confidence,
+    gt.std                                            AS golden_std,
+    gt.norm                                           AS golden_norm,
+    tt.std                                            AS my_std,
+    tt.norm                                           AS my_norm,
+    m.golden_node_id,
+    m.test_node_id,
+    m.golden_tensor_id,
+    m.test_tensor_id
+FROM matches m
+JOIN comparisons c ON c.cmp_id = m.cmp_id
+JOIN tensors gt ON gt.run_id = c.golden_run AND gt.tensor_id = m.golden_tensor_id
+JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id
+JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id
+JOIN nodes tn ON tn.run_id = c.test_run AND tn.node_id = m.test_node_id
+LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id;
+"""
+
+# Columns of msit's CSV report, in msit's order (docs: shared formats README section 4).
+MSIT_CSV_COLUMNS: tuple[str, ...] = (
+    "token_id", "data_id", "golden_data_path", "golden_op_type", "golden_dtype", "golden_shape",
+    "golden_max_value", "golden_min_value", "golden_mean_value", "my_data_path", "my_op_type",
+    "my_dtype", "my_shape", "my_max_value", "my_min_value", "my_mean_value",
+    *MSIT_METRICS,
+    "cmp_fail_reason",
+)

@@ -1,0 +1,198 @@
+"""Opening the catalog and ingesting dumps into it.
+
+One DuckDB file holds every run and comparison. Ingesting a dump is atomic (one
+transaction: an interrupted ingest leaves the catalog as it was) and incremental (a dump
+already ingested with the same content fingerprint is skipped).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+
+from workbench.catalog.schema import COMPARISON_VIEW, SCHEMA_VERSION, TABLES_DDL
+from workbench.formats.model import Dump
+
+CATALOG_NAME = "catalog.duckdb"
+
+
+class CatalogError(Exception):
+    """A catalog that cannot be used; the message names the file."""
+
+
+def _schema_version(con: duckdb.DuckDBPyConnection) -> int | None:
+    has_meta = con.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'meta'").fetchone()
+    if not has_meta or not has_meta[0]:
+        return None
+    row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    return int(row[0]) if row else None
+
+
+def open_catalog(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """Open (and, read-write, create or upgrade) a catalog; refuses a newer schema with a clear error."""
+    p = Path(path)
+    if read_only and not p.exists():
+        raise CatalogError(f"{p}: catalog not found")
+    if p.exists() and p.is_dir():
+        raise CatalogError(f"{p}: is a folder, not a catalog file")
+    try:
+        con = duckdb.connect(str(p), read_only=read_only)
+    except duckdb.Error as exc:
+        msg = str(exc).splitlines()[0]
+        raise CatalogError(f"{p}: cannot open as a DuckDB catalog ({msg})") from None
+    try:
+        version = _schema_version(con)
+    except duckdb.Error as exc:
+        con.close()
+        raise CatalogError(f"{p}: not a wb catalog ({str(exc).splitlines()[0]})") from None
+    if version is not None and version > SCHEMA_VERSION:
+        con.close()
+        raise CatalogError(
+            f"{p}: catalog schema version {version} is newer than this wb supports ({SCHEMA_VERSION}); "
+            "upgrade wb to open it")
+    if read_only:
+        if version is None:
+            con.close()
+            raise CatalogError(f"{p}: not a wb catalog (no schema version)")
+        return con
+    if version is None:
+        con.execute(TABLES_DDL)
+        con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+    con.execute(COMPARISON_VIEW)
+    return con
+
+
+def dump_fingerprint(root: Path) -> str:
+    """Digest of every file's relative path, size and mtime below `root` (content identity without reading)."""
+    h = hashlib.sha256()
+    entries: list[str] = []
+    stack = [root]
+    while stack:
+        cur = stack.pop()
+        try:
+            with os.scandir(cur) as it:
+                for e in it:
+                    try:
+                        if e.is_dir(follow_symlinks=False):
+                            stack.append(Path(e.path))
+                        else:
+                            st = e.stat()
+                            entries.append(f"{os.path.relpath(e.path, root)}\0{st.st_size}\0{st.st_mtime_ns}")
+                    except OSError:
+                        entries.append(f"{os.path.relpath(e.path, root)}\0unreadable")
+        except OSError:
+            entries.append(f"{os.path.relpath(cur, root)}\0unreadable-dir")
+    for line in sorted(entries):
+        h.update(line.encode("utf-8", "surrogateescape"))
+        h.update(b"\n")
+    return h.hexdigest()[:32]
+
+
+@dataclass(slots=True)
+class IngestResult:
+    run_id: int
+    skipped: bool
+    n_nodes: int
+    n_tensors: int
+    problems: list[str]
+
+
+def find_run(con: duckdb.DuckDBPyConnection, path: str, fingerprint: str) -> int | None:
+    row = con.execute("SELECT run_id FROM runs WHERE path = ? AND fingerprint = ? ORDER BY run_id DESC LIMIT 1",
+                      [path, fingerprint]).fetchone()
+    return int(row[0]) if row else None
+
+
+def ingest_dump(con: duckdb.DuckDBPyConnection, dump: Dump) -> IngestResult:
+    """Add a dump as a new run (one transaction); skip it if the same content is already there."""
+    root = str(dump.root)
+    fingerprint = dump_fingerprint(dump.root) if dump.root.is_dir() else hashlib.sha256(root.encode()).hexdigest()[:32]
+    existing = find_run(con, root, fingerprint)
+    if existing is not None:
+        n = con.execute("SELECT n_nodes, n_tensors, problems FROM runs WHERE run_id = ?", [existing]).fetchone()
+        assert n is not None
+        return IngestResult(existing, True, int(n[0] or 0), int(n[1] or 0), list(n[2] or []))
+
+    node_ids = {n.name: i for i, n in enumerate(dump.nodes)}
+    # tensors may name nodes the topology does not list (e.g. ATB folders without topology): add them
+    extra: list[str] = []
+    for t in dump.tensors:
+        if t.node not in node_ids:
+            node_ids[t.node] = len(node_ids)
+            extra.append(t.node)
+    nodes_df = pd.DataFrame({
+        "node_id": [node_ids[n.name] for n in dump.nodes] + [node_ids[x] for x in extra],
+        "name": [n.name for n in dump.nodes] + extra,
+        "type": [n.type for n in dump.nodes] + [x.rsplit("/", 1)[-1].split("_", 1)[-1] for x in extra],
+        "parent_id": [node_ids.get(n.parent) if n.parent else None for n in dump.nodes] + [None] * len(extra),
+        "depth": [n.depth for n in dump.nodes] + [0] * len(extra),
+        "exec_order": [n.exec_order for n in dump.nodes] + [None] * len(extra),
+        "layer": [n.layer for n in dump.nodes] + [None] * len(extra),
+        "phase": [n.phase for n in dump.nodes] + [None] * len(extra),
+        "params": [json.dumps(n.params) if n.params is not None else None for n in dump.nodes] + [None] * len(extra),
+    })
+    for col in ("parent_id", "exec_order", "layer"):
+        nodes_df[col] = nodes_df[col].astype("Int64")
+    tensors_df = pd.DataFrame({
+        "tensor_id": range(len(dump.tensors)),
+        "token_id": [t.token for t in dump.tensors],
+        "node_id": [node_ids[t.node] for t in dump.tensors],
+        "io": [t.role for t in dump.tensors],
+        "idx": [t.index for t in dump.tensors],
+        "path": [t.path for t in dump.tensors],
+        "dtype": [t.dtype for t in dump.tensors],
+        "shape": [list(t.shape) if t.shape is not None else None for t in dump.tensors],
+        "layout": [t.layout for t in dump.tensors],
+        "numel": [_numel(t.shape) for t in dump.tensors],
+        "min": [t.stats.min if t.stats else None for t in dump.tensors],
+        "max": [t.stats.max if t.stats else None for t in dump.tensors],
+        "mean": [t.stats.mean if t.stats else None for t in dump.tensors],
+        "norm": [t.stats.norm if t.stats else None for t in dump.tensors],
+        "error": [t.error for t in dump.tensors],
+    })
+    tensors_df["numel"] = tensors_df["numel"].astype("Int64")
+    for col in ("min", "max", "mean", "norm"):
+        tensors_df[col] = tensors_df[col].astype("float64")
+
+    con.execute("BEGIN TRANSACTION")
+    try:
+        row = con.execute("SELECT nextval('run_seq')").fetchone()
+        assert row is not None
+        run_id = int(row[0])
+        con.execute(
+            "INSERT INTO runs (run_id, kind, path, fingerprint, model_name, order_source, n_nodes, n_tensors, "
+            "problems, meta) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [run_id, dump.kind, root, fingerprint, dump.model_name, dump.order_source, len(nodes_df),
+             len(tensors_df), list(dump.problems), json.dumps(dump.meta, default=str)])
+        con.register("_nodes_df", nodes_df)
+        con.execute(
+            "INSERT INTO nodes SELECT ?, node_id, name, type, parent_id, depth, exec_order, layer, phase, "
+            "params::JSON FROM _nodes_df", [run_id])
+        con.unregister("_nodes_df")
+        con.register("_tensors_df", tensors_df)
+        con.execute(
+            "INSERT INTO tensors (run_id, tensor_id, token_id, node_id, io, idx, path, dtype, shape, layout, numel, "
+            "min, max, mean, norm, error) SELECT ?, tensor_id, token_id, node_id, io, idx, path, dtype, "
+            "shape::BIGINT[], layout, numel, min, max, mean, norm, error FROM _tensors_df", [run_id])
+        con.unregister("_tensors_df")
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return IngestResult(run_id, False, len(nodes_df), len(tensors_df), list(dump.problems))
+
+
+def _numel(shape: tuple[int, ...] | None) -> int | None:
+    if shape is None:
+        return None
+    n = 1
+    for d in shape:
+        n *= d
+    return n if n < 2**62 else None  # a lying header; the reader reports it

@@ -1,0 +1,1 @@
+"""Matching golden to test and computing metrics."""

@@ -1,0 +1,290 @@
+"""Mapping files: which golden op is compared with which test op.
+
+Two formats are read (documented in docs/mapping.md):
+
+* ours (`wb-mapping`, written by the app's mapping editor)::
+
+    {"format": "wb-mapping", "version": 1,
+     "pairs":    [{"golden": "root.model.layers.0.mlp.down_proj", "test": "2_Prefill_layer/9_LinearOperation",
+                   "golden_tensor": "out:0", "test_tensor": "out:0"}],
+     "rules":    [{"golden": "root.model.layers.*.mlp.down_proj", "test": "*_Prefill_layer/9_LinearOperation"}],
+     "types":    {"RmsNormOperation": ["LlamaRMSNorm"]},
+     "unpaired": [{"golden": "...", "test": "..."}]}
+
+  In `rules`, `*` matches within one name segment, and a golden node is paired with a test
+  node only when both match and both have the same layer index (the layer wildcard).
+  Tensor selectors: `out:0`, `in:1`, `out` (every output, by index), `in`, `*` (default:
+  inputs and outputs, by index).
+
+* msit's `op_mapping_file.json` (`-mf DIR` reads `DIR/op_mapping_file.json`): a flat
+  `{"AtbType[_file]": "TorchType[_file]" | [...]}` type map; a string value is one type
+  (msit iterates it character by character; we do not).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MAPPING_FORMAT = "wb-mapping"
+MAPPING_VERSION = 1
+MSIT_MAPPING_NAME = "op_mapping_file.json"
+WB_MAPPING_NAME = "wb_mapping.json"
+_MSIT_KEY = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+class MappingError(ValueError):
+    """A mapping file that cannot be used; the message names the file."""
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSel:
+    """Which tensors of a node take part: role `in`/`out`/None (both), index or None (all)."""
+
+    role: str | None = None
+    index: int | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> TensorSel:
+        if text is None or text.strip() in ("", "*", "all"):
+            return cls()
+        role, _, idx = text.strip().partition(":")
+        role = {"input": "in", "output": "out"}.get(role, role)
+        if role not in ("in", "out"):
+            raise ValueError(f"tensor selector {text!r}: expected in[:N], out[:N] or *")
+        if idx in ("", "*"):
+            return cls(role, None)
+        if not idx.isdigit():
+            raise ValueError(f"tensor selector {text!r}: index must be a number")
+        return cls(role, int(idx))
+
+    def __str__(self) -> str:
+        if self.role is None:
+            return "*"
+        return self.role if self.index is None else f"{self.role}:{self.index}"
+
+    def accepts(self, role: str, index: int) -> bool:
+        return (self.role is None or self.role == role) and (self.index is None or self.index == index)
+
+
+@dataclass(frozen=True, slots=True)
+class PairSpec:
+    """One golden node paired with one test node (exact names)."""
+
+    golden: str
+    test: str
+    golden_tensor: TensorSel = TensorSel()
+    test_tensor: TensorSel = TensorSel()
+
+    def to_json(self) -> dict[str, str]:
+        out = {"golden": self.golden, "test": self.test}
+        if self.golden_tensor != TensorSel() or self.test_tensor != TensorSel():
+            out["golden_tensor"] = str(self.golden_tensor)
+            out["test_tensor"] = str(self.test_tensor)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSpec:
+    """A pattern pair with `*` wildcards; matched nodes pair when their layer indices agree."""
+
+    golden: str
+    test: str
+    golden_tensor: TensorSel = TensorSel()
+    test_tensor: TensorSel = TensorSel()
+
+    @staticmethod
+    def _regex(pattern: str) -> re.Pattern[str]:
+        parts = [re.escape(p) for p in pattern.split("*")]
+        return re.compile("^" + r"[^./]*".join(parts) + "$")
+
+    def golden_regex(self) -> re.Pattern[str]:
+        return self._regex(self.golden)
+
+    def test_regex(self) -> re.Pattern[str]:
+        return self._regex(self.test)
+
+    def to_json(self) -> dict[str, str]:
+        out = {"golden": self.golden, "test": self.test}
+        if self.golden_tensor != TensorSel() or self.test_tensor != TensorSel():
+            out["golden_tensor"] = str(self.golden_tensor)
+            out["test_tensor"] = str(self.test_tensor)
+        return out
+
+
+@dataclass(slots=True)
+class TypeRule:
+    """msit-style type mapping: test op type substring -> golden type substrings, optional tensor files."""
+
+    test_type: str
+    golden_types: list[str]
+    test_tensor: TensorSel = TensorSel()
+    golden_tensors: list[TensorSel] = field(default_factory=list)
+
+
+def _file_sel(file_part: str) -> TensorSel:
+    """msit's tensor-file suffix (`outtensor0`, `output_0`, `intensor1`, `input_0`, `output`) as a selector."""
+    m = re.fullmatch(r"(outtensor|intensor|output|input)_?(\d*)", file_part)
+    if not m:
+        return TensorSel()
+    role = "out" if m.group(1) in ("outtensor", "output") else "in"
+    return TensorSel(role, int(m.group(2)) if m.group(2) else None)
+
+
+def _split_msit(entry: str) -> tuple[str, TensorSel]:
+    typ, _, file_part = entry.partition("_")
+    return typ, (_file_sel(file_part) if file_part else TensorSel("out", None))
+
+
+@dataclass(slots=True)
+class MappingFile:
+    """A mapping: explicit pairs, layer-wildcard rules, type rules and rejected pairs."""
+
+    pairs: list[PairSpec] = field(default_factory=list)
+    rules: list[RuleSpec] = field(default_factory=list)
+    types: list[TypeRule] = field(default_factory=list)
+    unpaired: list[tuple[str, str]] = field(default_factory=list)
+    source: str | None = None
+
+    # ------------------------------------------------------------------ reading
+    @classmethod
+    def load(cls, path: str | Path) -> MappingFile:
+        """Read `-mf PATH`: a wb-mapping file, msit's op_mapping_file.json, or a folder holding either/both."""
+        p = Path(path)
+        if p.is_dir():
+            found = [p / WB_MAPPING_NAME, p / MSIT_MAPPING_NAME]
+            files = [f for f in found if f.is_file()]
+            if not files:
+                raise MappingError(f"{p}: no {WB_MAPPING_NAME} or {MSIT_MAPPING_NAME} in this folder")
+            merged = cls(source=str(p))
+            for f in files:
+                merged.merge(cls._load_file(f))
+            return merged
+        if not p.exists():
+            raise MappingError(f"{p}: mapping file not found")
+        return cls._load_file(p)
+
+    @classmethod
+    def _load_file(cls, p: Path) -> MappingFile:
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise MappingError(f"{p}: cannot read ({exc})") from None
+        except json.JSONDecodeError as exc:
+            raise MappingError(f"{p}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        if not isinstance(data, dict):
+            raise MappingError(f"{p}: expected a JSON object")
+        try:
+            if data.get("format") == MAPPING_FORMAT:
+                out = cls._from_wb(data)
+            else:
+                out = cls._from_msit(data)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise MappingError(f"{p}: {exc}") from None
+        out.source = str(p)
+        return out
+
+    @classmethod
+    def _from_wb(cls, data: dict[str, Any]) -> MappingFile:
+        version = data.get("version", 1)
+        if not isinstance(version, int) or version > MAPPING_VERSION:
+            raise ValueError(f"mapping version {version!r} is newer than this wb understands ({MAPPING_VERSION})")
+        out = cls()
+        for item in data.get("pairs", []):
+            out.pairs.append(PairSpec(str(item["golden"]), str(item["test"]),
+                                      TensorSel.parse(item.get("golden_tensor")),
+                                      TensorSel.parse(item.get("test_tensor"))))
+        for item in data.get("rules", []):
+            out.rules.append(RuleSpec(str(item["golden"]), str(item["test"]),
+                                      TensorSel.parse(item.get("golden_tensor")),
+                                      TensorSel.parse(item.get("test_tensor"))))
+        types = data.get("types", {})
+        if not isinstance(types, dict):
+            raise ValueError("'types' must be an object of test type -> golden type(s)")
+        out.types.extend(cls._type_rules(types))
+        for item in data.get("unpaired", []):
+            out.unpaired.append((str(item["golden"]), str(item["test"])))
+        return out
+
+    @classmethod
+    def _from_msit(cls, data: dict[str, Any]) -> MappingFile:
+        for key, value in data.items():
+            values = value if isinstance(value, list) else [value]
+            if not _MSIT_KEY.match(key) or not all(isinstance(v, str) and _MSIT_KEY.match(v) for v in values):
+                raise ValueError(f"entry {key!r}: msit mapping keys and values are letters, digits and '_' only")
+        return cls(types=cls._type_rules(data))
+
+    @staticmethod
+    def _type_rules(data: dict[str, Any]) -> list[TypeRule]:
+        rules = []
+        for key, value in data.items():
+            values = value if isinstance(value, list) else [value]
+            test_type, test_sel = _split_msit(key)
+            goldens = [_split_msit(v) for v in values]
+            rules.append(TypeRule(test_type, [g for g, _ in goldens], test_sel, [s for _, s in goldens]))
+        return rules
+
+    # ------------------------------------------------------------------ editing
+    def merge(self, other: MappingFile) -> None:
+        self.pairs.extend(p for p in other.pairs if p not in self.pairs)
+        self.rules.extend(r for r in other.rules if r not in self.rules)
+        self.types.extend(other.types)
+        self.unpaired.extend(u for u in other.unpaired if u not in self.unpaired)
+
+    def add_pair(self, pair: PairSpec) -> None:
+        """Pair two nodes (drops an earlier rejection of the same pair)."""
+        self.unpaired = [u for u in self.unpaired if u != (pair.golden, pair.test)]
+        if pair not in self.pairs:
+            self.pairs.append(pair)
+
+    def remove_pair(self, golden: str, test: str) -> None:
+        """Unpair two nodes: drop an explicit pair, and reject an automatic one."""
+        self.pairs = [p for p in self.pairs if (p.golden, p.test) != (golden, test)]
+        if (golden, test) not in self.unpaired:
+            self.unpaired.append((golden, test))
+
+    # ------------------------------------------------------------------ writing
+    def to_json(self) -> dict[str, Any]:
+        types: dict[str, list[str]] = {}
+        for t in self.types:
+            key = t.test_type if t.test_tensor == TensorSel("out", None) else f"{t.test_type}_{_sel_file(t.test_tensor)}"
+            vals = [g if s == TensorSel("out", None) else f"{g}_{_sel_file(s, torch=True)}"
+                    for g, s in zip(t.golden_types, t.golden_tensors or [TensorSel("out", None)] * len(t.golden_types))]
+            types.setdefault(key, []).extend(vals)
+        return {
+            "format": MAPPING_FORMAT,
+            "version": MAPPING_VERSION,
+            "pairs": [p.to_json() for p in self.pairs],
+            "rules": [r.to_json() for r in self.rules],
+            "types": types,
+            "unpaired": [{"golden": g, "test": t} for g, t in self.unpaired],
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write the mapping as a wb-mapping JSON file (atomically); a folder gets `wb_mapping.json`."""
+        p = Path(path)
+        if p.is_dir():
+            p = p / WB_MAPPING_NAME
+        tmp = p.with_name(p.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=2) + "\n", encoding="utf-8")
+        tmp.replace(p)
+        return p
+
+    def digest(self) -> str:
+        """A short content hash, so a comparison knows which mapping produced it."""
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def is_empty(self) -> bool:
+        return not (self.pairs or self.rules or self.types or self.unpaired)
+
+
+def _sel_file(sel: TensorSel, torch: bool = False) -> str:
+    if torch:
+        base = "output" if sel.role == "out" else "input"
+        return base if sel.index is None else f"{base}_{sel.index}"
+    base = "outtensor" if sel.role == "out" else "intensor"
+    return base if sel.index is None else f"{base}{sel.index}"

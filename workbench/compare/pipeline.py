@@ -1,0 +1,621 @@
+"""The compare pipeline: read two dumps, ingest them, match, compute metrics in a process pool, judge.
+
+Used by `wb compare`, `wb open` (in a thread worker, reporting `Progress`) and the app's
+mapping editor (`add_node_pairs`). Incremental: pairs whose metrics are already in the
+catalog are not computed again; an interrupted run keeps every batch it committed.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pandas as pd
+
+from workbench.analysis.born import refresh_verdicts
+from workbench.catalog.schema import ALL_METRICS
+from workbench.catalog.store import open_catalog
+from workbench.compare.mapping import MappingFile, PairSpec
+from workbench.compare.matching import NodeMatch, RunFrames, match_nodes, pair_tensors
+from workbench.compare.thresholds import Thresholds
+from workbench.compare.worker import SUMMARY_FIELDS, PairTask, StatsTask, run_batch
+from workbench.formats import open_dump
+from workbench.catalog.store import ingest_dump
+
+ProgressFn = Callable[["Progress"], None]
+BATCH_BYTES = 48 * 1024 * 1024
+BATCH_MAX_TASKS = 64
+IN_PROCESS_BYTES = 32 * 1024 * 1024  # below this, a pool costs more than it saves
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Where a long operation stands: `done` of `total` items in `stage`, at `rate` items/s."""
+
+    stage: str
+    done: int
+    total: int
+    rate: float = 0.0
+    message: str = ""
+
+
+class CompareCancelled(Exception):
+    """The user cancelled; everything committed so far is kept and consistent."""
+
+
+@dataclass(slots=True)
+class CompareResult:
+    cmp_id: int
+    catalog: Path
+    golden_run: int
+    test_run: int
+    pairs: int = 0  # tensor pairs in this comparison (selected tokens)
+    computed: int = 0  # pairs computed by this call
+    skipped: int = 0  # pairs already in the catalog
+    failed: int = 0
+    uncomparable: int = 0  # pairs with no metrics (unreadable file, shape mismatch, ...)
+    unmatched_golden: int = 0
+    unmatched_test: int = 0
+    golden_nodes: int = 0
+    test_nodes: int = 0
+    born: dict[int, str | None] = field(default_factory=dict)
+    born_test: dict[int, str | None] = field(default_factory=dict)
+    first_failing_token: int | None = None
+    problems: list[str] = field(default_factory=list)
+    coverage: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_tokens(text: str | None) -> set[int] | None:
+    """`0-3,7` -> {0, 1, 2, 3, 7}; None or empty -> None (all tokens)."""
+    if not text:
+        return None
+    out: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        if not lo.strip().isdigit() or (sep and not hi.strip().isdigit()):
+            raise ValueError(f"--tokens {text!r}: expected numbers and ranges like 0-3,7")
+        a = int(lo)
+        b = int(hi) if sep else a
+        if b < a:
+            raise ValueError(f"--tokens {text!r}: range {part} goes backwards")
+        out.update(range(a, b + 1))
+    return out
+
+
+def load_frames(con: duckdb.DuckDBPyConnection, run_id: int) -> RunFrames:
+    kind_row = con.execute("SELECT kind FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    assert kind_row is not None
+    nodes = con.execute(
+        "SELECT node_id, name, type, parent_id, depth, exec_order, layer, phase, params FROM nodes "
+        "WHERE run_id = ? ORDER BY node_id", [run_id]).df()
+    tensors = con.execute(
+        "SELECT tensor_id, token_id, node_id, io, idx, path, dtype, shape, numel, layout, error FROM tensors "
+        "WHERE run_id = ? ORDER BY tensor_id", [run_id]).df()
+    return RunFrames(run_id, str(kind_row[0]), nodes, tensors)
+
+
+def _comparison_id(con: duckdb.DuckDBPyConnection, golden_run: int, test_run: int, mapping: MappingFile | None,
+                   thresholds: Thresholds) -> tuple[int, bool]:
+    digest = mapping.digest() if mapping and not mapping.is_empty() else "none"
+    row = con.execute("SELECT cmp_id, thresholds FROM comparisons WHERE golden_run = ? AND test_run = ? "
+                      "AND mapping_digest = ? ORDER BY cmp_id DESC LIMIT 1",
+                      [golden_run, test_run, digest]).fetchone()
+    th_json = thresholds.to_json()
+    if row:
+        changed = (row[1] is None) or json.loads(row[1]) != json.loads(th_json)
+        if changed:
+            con.execute("UPDATE comparisons SET thresholds = ? WHERE cmp_id = ?", [th_json, row[0]])
+        return int(row[0]), changed
+    nxt = con.execute("SELECT nextval('cmp_seq')").fetchone()
+    assert nxt is not None
+    cmp_id = int(nxt[0])
+    con.execute("INSERT INTO comparisons (cmp_id, golden_run, test_run, mapping_digest, mapping, thresholds) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [cmp_id, golden_run, test_run, digest,
+                 json.dumps(mapping.to_json()) if mapping and not mapping.is_empty() else None, th_json])
+    return cmp_id, False
+
+
+def _store_node_matches(con: duckdb.DuckDBPyConnection, cmp_id: int, matches: list[NodeMatch]) -> None:
+    df = pd.DataFrame({
+        "golden_node_id": [m.golden_node_id for m in matches],
+        "test_node_id": [m.test_node_id for m in matches],
+        "method": [m.method for m in matches],
+        "confidence": [m.confidence for m in matches],
+        "evidence": [m.evidence for m in matches],
+    }, columns=["golden_node_id", "test_node_id", "method", "confidence", "evidence"])
+    con.execute("BEGIN TRANSACTION")
+    con.execute("DELETE FROM node_matches WHERE cmp_id = ?", [cmp_id])
+    if len(df):
+        con.register("_nm", df)
+        con.execute("INSERT INTO node_matches SELECT ?, golden_node_id, test_node_id, method, confidence, evidence "
+                    "FROM _nm", [cmp_id])
+        con.unregister("_nm")
+    con.execute("COMMIT")
+
+
+def _store_pairs(con: duckdb.DuckDBPyConnection, cmp_id: int, pairs: pd.DataFrame) -> pd.DataFrame:
+    """Insert tensor pairs not yet in the catalog; return every pair of `pairs` with its pair_id."""
+    existing = con.execute("SELECT pair_id, golden_tensor_id, test_tensor_id FROM matches WHERE cmp_id = ?",
+                           [cmp_id]).df()
+    merged = pairs.merge(existing, on=["golden_tensor_id", "test_tensor_id"], how="left")
+    new = merged[merged["pair_id"].isna()].copy()
+    if len(new):
+        start_row = con.execute("SELECT coalesce(max(pair_id), -1) + 1 FROM matches WHERE cmp_id = ?",
+                                [cmp_id]).fetchone()
+        assert start_row is not None
+        start = int(start_row[0])
+        new["pair_id"] = range(start, start + len(new))
+        con.register("_new_pairs", new)
+        con.execute(
+            "INSERT INTO matches SELECT ?, pair_id, token_id, test_token_id, golden_tensor_id, test_tensor_id, "
+            "golden_node_id, test_node_id, io, method, confidence, transform FROM _new_pairs", [cmp_id])
+        con.unregister("_new_pairs")
+        merged.loc[merged["pair_id"].isna(), "pair_id"] = new["pair_id"].values
+    merged["pair_id"] = merged["pair_id"].astype(int)
+    return merged
+
+
+class _ResultSink:
+    """Buffers worker results and writes them to the catalog in transactions."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, cmp_id: int, golden_run: int, test_run: int,
+                 judge: Callable[[dict[str, Any]], tuple[bool | None, list[str]]]) -> None:
+        self.con, self.cmp_id, self.golden_run, self.test_run, self.judge = con, cmp_id, golden_run, test_run, judge
+        self.metric_rows: list[dict[str, Any]] = []
+        self.stat_rows: list[dict[str, Any]] = []
+        self.failed = 0
+        self.uncomparable = 0
+
+    def add(self, res: dict[str, Any]) -> None:
+        if "pair_id" in res:
+            values = res["values"]
+            passed, over = self.judge(res)
+            g, t = res.get("golden") or {}, res.get("test") or {}
+            row = {"pair_id": res["pair_id"], **{m: values.get(m) for m in ALL_METRICS},
+                   "golden_nan_count": g.get("nan_count"), "golden_inf_count": g.get("inf_count"),
+                   "my_nan_count": t.get("nan_count"), "my_inf_count": t.get("inf_count"),
+                   "finite_only": res["finite_only"], "passed": passed,
+                   "failed_metrics": ",".join(over) if over else None, "cmp_fail_reason": res["reason"] or None}
+            self.metric_rows.append(row)
+            if passed is False:
+                self.failed += 1
+            if not values or all(values.get(m) is None for m in ALL_METRICS):
+                self.uncomparable += 1
+            if g:
+                self.stat_rows.append({"run_id": self.golden_run, "tensor_id": res["golden_tensor_id"], **g,
+                                       "error": None})
+            if t:
+                self.stat_rows.append({"run_id": self.test_run, "tensor_id": res["test_tensor_id"], **t,
+                                       "error": None})
+        else:
+            s = res.get("summary") or {}
+            self.stat_rows.append({"run_id": res["run_id"], "tensor_id": res["tensor_id"],
+                                   **{f: s.get(f) for f in SUMMARY_FIELDS}, "error": res.get("error")})
+
+    def flush(self) -> None:
+        if not self.metric_rows and not self.stat_rows:
+            return
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            if self.metric_rows:
+                mdf = pd.DataFrame(self.metric_rows)
+                for col in ("golden_nan_count", "golden_inf_count", "my_nan_count", "my_inf_count"):
+                    mdf[col] = mdf[col].astype("Int64")
+                for col in ALL_METRICS:
+                    mdf[col] = mdf[col].astype("float64")
+                mdf["passed"] = mdf["passed"].astype("boolean")
+                con.register("_mdf", mdf)
+                cols = ", ".join(["pair_id", *ALL_METRICS, "golden_nan_count", "golden_inf_count",
+                                  "my_nan_count", "my_inf_count", "finite_only", "passed", "failed_metrics",
+                                  "cmp_fail_reason"])
+                con.execute(f"INSERT OR REPLACE INTO metrics (cmp_id, {cols}) SELECT ?, {cols} FROM _mdf",
+                            [self.cmp_id])
+                con.unregister("_mdf")
+            if self.stat_rows:
+                sdf = pd.DataFrame(self.stat_rows).drop_duplicates(["run_id", "tensor_id"], keep="last")
+                for col in ("numel", "nan_count", "inf_count"):
+                    sdf[col] = sdf[col].astype("Int64")
+                for col in ("min", "max", "mean", "std", "norm"):
+                    sdf[col] = sdf[col].astype("float64")
+                con.register("_sdf", sdf)
+                con.execute(
+                    "UPDATE tensors SET min = s.min, max = s.max, mean = s.mean, std = s.std, norm = s.norm, "
+                    "nan_count = s.nan_count, inf_count = s.inf_count, numel = coalesce(s.numel, tensors.numel), "
+                    "error = coalesce(s.error, tensors.error) "
+                    "FROM _sdf s WHERE tensors.run_id = s.run_id AND tensors.tensor_id = s.tensor_id")
+                con.unregister("_sdf")
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        self.metric_rows.clear()
+        self.stat_rows.clear()
+
+
+def _batches(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int]) -> Iterator[list[PairTask | StatsTask]]:
+    batch: list[PairTask | StatsTask] = []
+    acc = 0
+    for task, size in zip(tasks, sizes):
+        batch.append(task)
+        acc += size
+        if acc >= BATCH_BYTES or len(batch) >= BATCH_MAX_TASKS:
+            yield batch
+            batch, acc = [], 0
+    if batch:
+        yield batch
+
+
+def _pool_context() -> multiprocessing.context.BaseContext:
+    methods = multiprocessing.get_all_start_methods()
+    if "forkserver" in methods:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["workbench.compare.worker"])
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
+def execute_tasks(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], sink: _ResultSink, *,
+                  workers: int, progress: ProgressFn | None, cancel: threading.Event | None,
+                  stage: str = "compare") -> None:
+    """Run tasks in a process pool (or in process when small), streaming results into the sink."""
+    total = len(tasks)
+    t0 = time.perf_counter()
+    done = 0
+    last_flush = t0
+
+    def report(force: bool = False) -> None:
+        nonlocal last_flush
+        now = time.perf_counter()
+        if progress:
+            progress(Progress(stage, done, total, done / max(now - t0, 1e-9)))
+        if force or now - last_flush > 1.0 or len(sink.metric_rows) + len(sink.stat_rows) > 5000:
+            sink.flush()
+            last_flush = now
+
+    if progress:
+        progress(Progress(stage, 0, total))
+    if not tasks:
+        return
+    if workers <= 1 or sum(sizes) < IN_PROCESS_BYTES:
+        for batch in _batches(tasks, sizes):
+            if cancel is not None and cancel.is_set():
+                sink.flush()
+                raise CompareCancelled()
+            for res in run_batch(batch):
+                sink.add(res)
+            done += len(batch)
+            report()
+        sink.flush()
+        if progress:
+            progress(Progress(stage, done, total, done / max(time.perf_counter() - t0, 1e-9)))
+        return
+    batches = iter(_batches(tasks, sizes))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context()) as pool:
+        inflight: dict[Future[list[dict[str, Any]]], int] = {}
+
+        def submit_more() -> None:
+            while len(inflight) < 2 * workers:
+                nxt = next(batches, None)
+                if nxt is None:
+                    return
+                inflight[pool.submit(run_batch, nxt)] = len(nxt)
+
+        submit_more()
+        while inflight:
+            if cancel is not None and cancel.is_set():
+                for f in inflight:
+                    f.cancel()
+                pool.shutdown(wait=True, cancel_futures=True)
+                sink.flush()
+                raise CompareCancelled()
+            finished, _ = wait(list(inflight), timeout=0.2, return_when=FIRST_COMPLETED)
+            for f in finished:
+                n = inflight.pop(f)
+                for res in f.result():
+                    sink.add(res)
+                done += n
+            submit_more()
+            report()
+    report(force=True)
+
+
+def _tensor_bytes(numel: Any, dtype: Any) -> int:
+    n = 0 if numel is None or pd.isna(numel) else int(numel)
+    size = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "int16": 2}.get(
+        str(dtype), 1 if dtype in ("int8", "uint8", "bool") else 4)
+    return n * size
+
+
+def compute_pending(con: duckdb.DuckDBPyConnection, cmp_id: int, golden: RunFrames, test: RunFrames,
+                    pairs: pd.DataFrame, thresholds: Thresholds, *, workers: int,
+                    progress: ProgressFn | None = None, cancel: threading.Event | None = None,
+                    stats_for_unpaired: bool = True) -> tuple[int, int, int]:
+    """Compute metrics for pairs without them (and stats of unpaired tensors); returns (computed, failed, uncomparable)."""
+    done_ids = {int(x) for x in con.execute("SELECT pair_id FROM metrics WHERE cmp_id = ?", [cmp_id]).df()["pair_id"]}
+    todo = pairs[~pairs["pair_id"].isin(done_ids)]
+    g_tensors = golden.tensors.set_index("tensor_id")
+    t_tensors = test.tensors.set_index("tensor_id")
+    g_nodes = golden.nodes.set_index("node_id")
+    # feed pairs in token then execution order so partial results are the useful ones
+    order = todo.assign(_eo=todo["golden_node_id"].map(g_nodes["exec_order"])).sort_values(
+        ["token_id", "_eo", "golden_node_id"], na_position="last")
+    tasks: list[PairTask | StatsTask] = []
+    sizes: list[int] = []
+    for r in order.itertuples(index=False):
+        g = g_tensors.loc[r.golden_tensor_id]
+        t = t_tensors.loc[r.test_tensor_id]
+        tasks.append(PairTask(int(r.pair_id), _none(g["path"]), _none(t["path"]), _none(t["dtype"]),
+                              int(r.golden_tensor_id), int(r.test_tensor_id)))
+        sizes.append(_tensor_bytes(g["numel"], g["dtype"]) + _tensor_bytes(t["numel"], t["dtype"]))
+    if stats_for_unpaired:
+        for run, frames, used in ((golden.run_id, golden, set(pairs["golden_tensor_id"])),
+                                  (test.run_id, test, set(pairs["test_tensor_id"]))):
+            missing = con.execute("SELECT tensor_id FROM tensors WHERE run_id = ? AND std IS NULL AND path IS NOT NULL "
+                                  "AND error IS NULL", [run]).df()["tensor_id"]
+            tf = frames.tensors.set_index("tensor_id")
+            for tid in missing:
+                if int(tid) in used:
+                    continue
+                row = tf.loc[int(tid)]
+                tasks.append(StatsTask(run, int(tid), str(row["path"])))
+                sizes.append(_tensor_bytes(row["numel"], row["dtype"]))
+
+    node_info = {int(n): (str(nm), str(tp) if tp is not None else "") for n, nm, tp in
+                 zip(golden.nodes["node_id"], golden.nodes["name"], golden.nodes["type"])}
+    pair_node = dict(zip(pairs["pair_id"].astype(int), pairs["golden_node_id"].astype(int)))
+    pair_dtype = {int(p): _none(t_tensors.loc[tid]["dtype"]) for p, tid in zip(pairs["pair_id"], pairs["test_tensor_id"])}
+
+    def judge(res: dict[str, Any]) -> tuple[bool | None, list[str]]:
+        return _judge(thresholds, res, node_info[pair_node[res["pair_id"]]], pair_dtype[res["pair_id"]])
+
+    sink = _ResultSink(con, cmp_id, golden.run_id, test.run_id, judge)
+    execute_tasks(tasks, sizes, sink, workers=workers, progress=progress, cancel=cancel)
+    return len(todo), sink.failed, sink.uncomparable
+
+
+def _judge(thresholds: Thresholds, res: dict[str, Any], node: tuple[str, str], dtype: str | None
+           ) -> tuple[bool | None, list[str]]:
+    values = res["values"]
+    if not values or all(values.get(m) is None for m in ALL_METRICS):
+        g, t = res.get("golden") or {}, res.get("test") or {}
+        if g and t and (t.get("nan_count") or t.get("inf_count")) and not (g.get("nan_count") or g.get("inf_count")):
+            return False, ["nan_inf"]
+        return None, []
+    g, t = res.get("golden") or {}, res.get("test") or {}
+    g_bad = (g.get("nan_count") or 0) + (g.get("inf_count") or 0)
+    t_bad = (t.get("nan_count") or 0) + (t.get("inf_count") or 0)
+    mismatch = t_bad > 0 and (t.get("nan_count"), t.get("inf_count")) != (g.get("nan_count"), g.get("inf_count"))
+    del g_bad
+    return thresholds.judge(values, dtype or "float32", node_name=node[0], node_type=node[1],
+                            nan_inf_mismatch=bool(mismatch))
+
+
+def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds) -> None:
+    """Apply new thresholds to every computed pair of a comparison (no tensor is read)."""
+    df = con.execute(
+        "SELECT x.*, gn.name AS _node, gn.type AS _type, tt.dtype AS _dtype FROM metrics x "
+        "JOIN matches m USING (cmp_id, pair_id) JOIN comparisons c USING (cmp_id) "
+        "JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id "
+        "JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id "
+        "WHERE x.cmp_id = ?", [cmp_id]).df()
+    if df.empty:
+        return
+    passed, failed = [], []
+    for r in df.to_dict("records"):
+        res = {"values": {m: _nan_none(r[m]) for m in ALL_METRICS},
+               "golden": {"nan_count": _nan_none(r["golden_nan_count"]), "inf_count": _nan_none(r["golden_inf_count"])},
+               "test": {"nan_count": _nan_none(r["my_nan_count"]), "inf_count": _nan_none(r["my_inf_count"])}}
+        p, over = _judge(thresholds, res, (str(r["_node"]), str(r["_type"] or "")), _none(r["_dtype"]))
+        passed.append(p)
+        failed.append(",".join(over) if over else None)
+    upd = pd.DataFrame({"pair_id": df["pair_id"], "passed": pd.array(passed, dtype="boolean"), "failed": failed})
+    con.register("_upd", upd)
+    con.execute("UPDATE metrics SET passed = u.passed, failed_metrics = u.failed FROM _upd u "
+                "WHERE metrics.cmp_id = ? AND metrics.pair_id = u.pair_id", [cmp_id])
+    con.unregister("_upd")
+
+
+def _none(v: Any) -> Any:
+    if v is None:
+        return None
+    try:
+        if pd.isna(v):
+            return None
+    except (TypeError, ValueError):
+        pass
+    return v
+
+
+_nan_none = _none
+
+
+def default_workers() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+def _coverage(golden: RunFrames, test: RunFrames, matches: list[NodeMatch], pairs: pd.DataFrame) -> dict[str, Any]:
+    g_with = set(golden.tensors["node_id"])
+    t_with = set(test.tensors["node_id"])
+    g_matched = {m.golden_node_id for m in matches} & g_with
+    t_matched = {m.test_node_id for m in matches} & t_with
+    by_method: dict[str, int] = {}
+    for m in matches:
+        by_method[m.method.split(":")[0]] = by_method.get(m.method.split(":")[0], 0) + 1
+    return {"golden_nodes": len(g_with), "golden_matched": len(g_matched),
+            "test_nodes": len(t_with), "test_matched": len(t_matched), "by_method": by_method,
+            "tensor_pairs": len(pairs)}
+
+
+def run_compare(golden: str | Path, test: str | Path, catalog: str | Path, *,
+                mapping: str | Path | MappingFile | None = None, tokens: Collection[int] | None = None,
+                workers: int | None = None, thresholds: str | Path | Thresholds | None = None,
+                progress: ProgressFn | None = None, cancel: threading.Event | None = None,
+                auto: bool = True) -> CompareResult:
+    """Read, ingest, match and compare two dumps into `catalog`; see the module docstring."""
+    th = thresholds if isinstance(thresholds, Thresholds) else Thresholds.load(thresholds)
+    mf = mapping if isinstance(mapping, MappingFile) or mapping is None else MappingFile.load(mapping)
+    if progress:
+        progress(Progress("read dumps", 0, 2))
+    g_dump = open_dump(golden)
+    if progress:
+        progress(Progress("read dumps", 1, 2))
+    t_dump = open_dump(test)
+    if progress:
+        progress(Progress("read dumps", 2, 2))
+    con = open_catalog(catalog)
+    try:
+        if progress:
+            progress(Progress("ingest", 0, 2))
+        g_ing = ingest_dump(con, g_dump)
+        t_ing = ingest_dump(con, t_dump)
+        if progress:
+            progress(Progress("ingest", 2, 2))
+        if cancel is not None and cancel.is_set():
+            raise CompareCancelled()
+        return _compare_runs(con, Path(catalog), g_ing.run_id, t_ing.run_id, mf, tokens, th,
+                             workers or default_workers(), progress, cancel, auto,
+                             problems=[*g_ing.problems, *t_ing.problems])
+    finally:
+        con.close()
+
+
+def _auto_matcher(auto: bool) -> Any:
+    if not auto:
+        return None
+    try:
+        from workbench.compare.automap import auto_match
+    except ImportError:
+        return None
+    return auto_match
+
+
+def _compare_runs(con: duckdb.DuckDBPyConnection, catalog: Path, golden_run: int, test_run: int,
+                  mapping: MappingFile | None, tokens: Collection[int] | None, thresholds: Thresholds,
+                  workers: int, progress: ProgressFn | None, cancel: threading.Event | None, auto: bool,
+                  problems: list[str]) -> CompareResult:
+    golden = load_frames(con, golden_run)
+    test = load_frames(con, test_run)
+    cmp_id, th_changed = _comparison_id(con, golden_run, test_run, mapping, thresholds)
+    if progress:
+        progress(Progress("match", 0, 1))
+    matches = match_nodes(golden, test, mapping, auto=_auto_matcher(auto))
+    _store_node_matches(con, cmp_id, matches)
+    pairs = pair_tensors(matches, golden, test, tokens)
+    con.execute("BEGIN TRANSACTION")
+    pairs = _store_pairs(con, cmp_id, pairs) if len(pairs) else pairs.assign(pair_id=pd.Series(dtype=int))
+    con.execute("COMMIT")
+    if progress:
+        progress(Progress("match", 1, 1, message=f"{len(pairs)} tensor pairs"))
+    if th_changed:
+        rejudge(con, cmp_id, thresholds)
+    computed, _failed_new, _unc = compute_pending(con, cmp_id, golden, test, pairs, thresholds, workers=workers,
+                                                  progress=progress, cancel=cancel)
+    if progress:
+        progress(Progress("verdict", 0, 1))
+    refresh_verdicts(con, cmp_id)
+    if progress:
+        progress(Progress("verdict", 1, 1))
+    return summarize_comparison(con, catalog, cmp_id, golden, test, matches, pairs, tokens,
+                                computed=computed, problems=problems)
+
+
+def summarize_comparison(con: duckdb.DuckDBPyConnection, catalog: Path, cmp_id: int, golden: RunFrames,
+                         test: RunFrames, matches: list[NodeMatch], pairs: pd.DataFrame,
+                         tokens: Collection[int] | None, *, computed: int = 0,
+                         problems: list[str] | None = None) -> CompareResult:
+    """The numbers `wb compare` prints, read back from the catalog."""
+    ids = [int(x) for x in pairs["pair_id"]] if len(pairs) else []
+    con.register("_ids", pd.DataFrame({"pair_id": ids}, dtype="int64"))
+    row = con.execute(
+        "SELECT count(*), count(*) FILTER (WHERE passed = false), "
+        "count(*) FILTER (WHERE passed IS NULL) FROM metrics WHERE cmp_id = ? AND pair_id IN (SELECT pair_id FROM _ids)",
+        [cmp_id]).fetchone()
+    con.unregister("_ids")
+    assert row is not None
+    cov = _coverage(golden, test, matches, pairs)
+    res = CompareResult(cmp_id=cmp_id, catalog=catalog, golden_run=golden.run_id, test_run=test.run_id,
+                        pairs=len(pairs), computed=computed, skipped=len(pairs) - computed, failed=int(row[1]),
+                        uncomparable=int(row[2]),
+                        unmatched_golden=cov["golden_nodes"] - cov["golden_matched"],
+                        unmatched_test=cov["test_nodes"] - cov["test_matched"],
+                        golden_nodes=cov["golden_nodes"], test_nodes=cov["test_nodes"],
+                        problems=list(problems or []), coverage=cov)
+    tok_filter = "" if tokens is None else f" AND b.token_id IN ({','.join(str(int(t)) for t in sorted(tokens))})"
+    for tok, gname, tname in con.execute(
+            "SELECT b.token_id, gn.name, tn.name FROM error_born b JOIN comparisons c USING (cmp_id) "
+            "LEFT JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = b.golden_node_id "
+            "LEFT JOIN nodes tn ON tn.run_id = c.test_run AND tn.node_id = b.test_node_id "
+            f"WHERE b.cmp_id = ?{tok_filter} ORDER BY b.token_id", [cmp_id]).fetchall():
+        res.born[int(tok)] = gname
+        res.born_test[int(tok)] = tname
+    first = next((t for t, n in sorted(res.born.items()) if n is not None), None)
+    res.first_failing_token = first
+    return res
+
+
+def add_node_pairs(catalog: str | Path, cmp_id: int, pairs: Sequence[PairSpec],
+                   remove: Sequence[tuple[str, str]] = (), *, workers: int = 1) -> int:
+    """Pair (and unpair) nodes of an existing comparison; metrics of new tensor pairs are computed now.
+
+    Returns the number of tensor pairs added. Used by the app's mapping editor.
+    """
+    con = open_catalog(catalog)
+    try:
+        row = con.execute("SELECT golden_run, test_run, thresholds FROM comparisons WHERE cmp_id = ?",
+                          [cmp_id]).fetchone()
+        if row is None:
+            raise ValueError(f"{catalog}: no comparison {cmp_id}")
+        golden, test = load_frames(con, int(row[0])), load_frames(con, int(row[1]))
+        th = Thresholds.from_json(row[2]) if row[2] else Thresholds.load(None)
+        g_names, t_names = golden.by_name(), test.by_name()
+        con.execute("BEGIN TRANSACTION")
+        for g, t in remove:
+            gid, tid = g_names.get(g), t_names.get(t)
+            if gid is None or tid is None:
+                continue
+            con.execute("DELETE FROM metrics WHERE cmp_id = ? AND pair_id IN (SELECT pair_id FROM matches "
+                        "WHERE cmp_id = ? AND golden_node_id = ? AND test_node_id = ?)", [cmp_id, cmp_id, gid, tid])
+            con.execute("DELETE FROM matches WHERE cmp_id = ? AND golden_node_id = ? AND test_node_id = ?",
+                        [cmp_id, gid, tid])
+            con.execute("DELETE FROM node_matches WHERE cmp_id = ? AND golden_node_id = ? AND test_node_id = ?",
+                        [cmp_id, gid, tid])
+        new_matches = []
+        for p in pairs:
+            gid, tid = g_names.get(p.golden), t_names.get(p.test)
+            if gid is None:
+                raise ValueError(f"golden node {p.golden!r} is not in comparison {cmp_id}")
+            if tid is None:
+                raise ValueError(f"test node {p.test!r} is not in comparison {cmp_id}")
+            new_matches.append(NodeMatch(gid, tid, "editor", 1.0, "paired in the mapping editor",
+                                         p.golden_tensor, p.test_tensor))
+        if new_matches:
+            nm = pd.DataFrame({"g": [m.golden_node_id for m in new_matches], "t": [m.test_node_id for m in new_matches]})
+            con.register("_nm", nm)
+            con.execute("INSERT INTO node_matches SELECT ?, g, t, 'editor', 1.0, 'paired in the mapping editor' "
+                        "FROM _nm", [cmp_id])
+            con.unregister("_nm")
+        tp = pair_tensors(new_matches, golden, test)
+        before = con.execute("SELECT count(*) FROM matches WHERE cmp_id = ?", [cmp_id]).fetchone()
+        stored = _store_pairs(con, cmp_id, tp) if len(tp) else tp.assign(pair_id=pd.Series(dtype=int))
+        after = con.execute("SELECT count(*) FROM matches WHERE cmp_id = ?", [cmp_id]).fetchone()
+        con.execute("COMMIT")
+        compute_pending(con, cmp_id, golden, test, stored, th, workers=workers, stats_for_unpaired=False)
+        refresh_verdicts(con, cmp_id)
+        assert before is not None and after is not None
+        return int(after[0]) - int(before[0])
+    finally:
+        con.close()

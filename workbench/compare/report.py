@@ -1,0 +1,64 @@
+"""The outputs of a comparison: msit-compatible CSV and the summary printed on stdout."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+
+import duckdb
+
+from workbench.catalog.schema import MSIT_CSV_COLUMNS
+from workbench.compare.pipeline import CompareResult
+
+_CSV_INJECTION = ("=", "+", "-", "@", "\t", "\r")
+
+
+def write_msit_csv(con: duckdb.DuckDBPyConnection, cmp_id: int, out_dir: Path,
+                   tokens: set[int] | None = None) -> Path:
+    """msit's report columns by msit's names, rows in token then execution order; returns the file."""
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d%H%M%S")
+    path = out_dir / f"msit_cmp_report_{stamp}.csv"
+    cols = ", ".join(MSIT_CSV_COLUMNS)
+    tok = "" if tokens is None else f" AND golden_token_id IN ({','.join(str(int(t)) for t in sorted(tokens))})"
+    df = con.execute(f"SELECT {cols}, passed FROM comparison WHERE cmp_id = ?{tok} ORDER BY data_id",
+                     [cmp_id]).df()
+    df["data_id"] = range(len(df))
+    # text cells a spreadsheet would evaluate as formulas get a leading quote (paths never start so)
+    for col in ("golden_op_type", "my_op_type", "cmp_fail_reason"):
+        df[col] = df[col].map(lambda v: f"'{v}" if isinstance(v, str) and v.startswith(_CSV_INJECTION) else v)
+    df.to_csv(path, index=False, na_rep="", float_format="%.10g")
+    return path
+
+
+def format_summary(res: CompareResult, golden_label: str, test_label: str, csv_path: Path | None) -> list[str]:
+    """The lines `wb compare` prints."""
+    cov = res.coverage
+    lines = [
+        f"golden: {golden_label}",
+        f"test:   {test_label}",
+        f"pairs compared: {res.pairs} ({res.computed} computed now, {res.skipped} already in the catalog); "
+        f"failed: {res.failed}; not comparable: {res.uncomparable}",
+        f"unmatched: golden {res.unmatched_golden} of {res.golden_nodes} nodes, "
+        f"test {res.unmatched_test} of {res.test_nodes} nodes",
+    ]
+    if cov.get("by_method"):
+        methods = ", ".join(f"{k} {v}" for k, v in sorted(cov["by_method"].items()))
+        lines.append(f"matched by: {methods}")
+    for line in res.problems[:20]:
+        lines.append(f"problem: {line}")
+    if len(res.problems) > 20:
+        lines.append(f"problem: ... and {len(res.problems) - 20} more (see runs.problems in the catalog)")
+    if res.first_failing_token is not None:
+        lines.append(f"first divergent token: {res.first_failing_token}")
+    for tok in sorted(res.born):
+        name = res.born[tok]
+        if name is None:
+            lines.append(f"token {tok}: no error born (every output passes, or no op fails with passing inputs)")
+        else:
+            test_name = res.born_test.get(tok)
+            suffix = f"  [test op: {test_name}]" if test_name and test_name != name else ""
+            lines.append(f"error born at: {name} (token {tok}){suffix}")
+    if csv_path is not None:
+        lines.append(f"report: {csv_path}")
+    lines.append(f"catalog: {res.catalog}")
+    return lines

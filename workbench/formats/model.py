@@ -1,0 +1,103 @@
+"""The in-memory description of one dump, shared by every reader and by the catalog.
+
+A reader turns a folder on disk (msit torch, ATB, msprobe) into a `Dump`: the topology
+(`Node`s), the tensor files (`TensorEntry`s, headers only, no payload read) and what it
+could not read (`problems`, one line each). Payloads are read later, one pair at a time,
+by `workbench.formats.tensor_io.load_tensor`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+DumpKind = Literal["msit_torch", "atb", "msprobe"]
+TensorRole = Literal["in", "out"]
+# How the execution order of nodes was obtained:
+#   recorded   - written by the dumper at run time (our manifest, msprobe call counters)
+#   topology   - ATB graph order (node order in the topology JSON / folder index)
+#   data-flow  - reconstructed by matching each module's inputs to earlier outputs
+#   definition - only the module definition order is known (a guess)
+OrderSource = Literal["recorded", "topology", "data-flow", "definition"]
+
+
+class DumpError(Exception):
+    """A problem with one file or folder of a dump; `str()` is a one-line message naming it."""
+
+    def __init__(self, path: str | Path, reason: str) -> None:
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"{self.path}: {reason}")
+
+
+@dataclass(frozen=True, slots=True)
+class TensorStats:
+    """Statistics a statistics-only dump records instead of the payload."""
+
+    max: float | None = None
+    min: float | None = None
+    mean: float | None = None
+    norm: float | None = None
+
+
+@dataclass(slots=True)
+class Node:
+    """One module (torch) or operation (ATB, msprobe call) of the dumped model.
+
+    `name` is unique within a dump: the dotted module path for torch
+    (`root.model.layers.3.mlp`), the folder path below the token folder for ATB
+    (`2_Prefill_layer/3_RmsNormOperation`), the call name for msprobe.
+    """
+
+    name: str
+    type: str
+    parent: str | None = None
+    depth: int = 0
+    exec_order: int | None = None
+    layer: int | None = None
+    phase: str | None = None  # "prefill" / "decode" for ATB graphs
+    params: dict[str, Any] | None = None
+    in_names: list[str] | None = None  # graph tensor names (ATB topology), for data flow
+    out_names: list[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TensorEntry:
+    """One tensor file (or one statistics record) of one node at one token."""
+
+    token: int
+    node: str
+    role: TensorRole
+    index: int
+    path: str | None
+    dtype: str | None = None  # torch dtype name without prefix: float32, bfloat16, int64 ...
+    shape: tuple[int, ...] | None = None
+    layout: str = "ND"  # "ND" or a device layout such as "FRACTAL_NZ"
+    stats: TensorStats | None = None  # statistics-only dumps
+    error: str | None = None  # why this file cannot be used (reader-level), one line
+
+
+@dataclass(slots=True)
+class Dump:
+    """A dump as read from disk: topology, tensor files and problems."""
+
+    kind: DumpKind
+    root: Path
+    nodes: list[Node]
+    tensors: list[TensorEntry]
+    order_source: OrderSource
+    model_name: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def order_known(self) -> bool:
+        return self.order_source == "recorded"
+
+    @property
+    def tokens(self) -> list[int]:
+        return sorted({t.token for t in self.tensors})
+
+    def node_map(self) -> dict[str, Node]:
+        return {n.name: n for n in self.nodes}
