@@ -101,7 +101,7 @@ def compare(
     thresholds: Annotated[Path | None, typer.Option("--thresholds", help="TOML file overriding pass/fail bounds.")
                           ] = None,
 ) -> None:
-    """Compare two dumps op by op; write OUT/catalog.duckdb and an msit-compatible CSV; print where the error is born."""
+    """Compare two dumps op by op: OUT/catalog.duckdb, an msit-compatible CSV, and where the error is born."""
     res = guarded(lambda: run_compare_cli(golden, test, out, mapping, tokens, workers, thresholds))
     if res.pairs == 0 or res.uncomparable >= res.pairs:
         raise fail("nothing could be compared (no matched tensor pairs with readable data)", 1)

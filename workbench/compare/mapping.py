@@ -251,7 +251,8 @@ class MappingFile:
     def to_json(self) -> dict[str, Any]:
         types: dict[str, list[str]] = {}
         for t in self.types:
-            key = t.test_type if t.test_tensor == TensorSel("out", None) else f"{t.test_type}_{_sel_file(t.test_tensor)}"
+            key = (t.test_type if t.test_tensor == TensorSel("out", None)
+                   else f"{t.test_type}_{_sel_file(t.test_tensor)}")
             vals = [g if s == TensorSel("out", None) else f"{g}_{_sel_file(s, torch=True)}"
                     for g, s in zip(t.golden_types, t.golden_tensors or [TensorSel("out", None)] * len(t.golden_types))]
             types.setdefault(key, []).extend(vals)

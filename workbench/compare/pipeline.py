@@ -23,13 +23,12 @@ import pandas as pd
 
 from workbench.analysis.born import refresh_verdicts
 from workbench.catalog.schema import ALL_METRICS
-from workbench.catalog.store import open_catalog
+from workbench.catalog.store import ingest_dump, open_catalog
 from workbench.compare.mapping import MappingFile, PairSpec
 from workbench.compare.matching import NodeMatch, RunFrames, match_nodes, pair_tensors
 from workbench.compare.thresholds import Thresholds
 from workbench.compare.worker import SUMMARY_FIELDS, PairTask, StatsTask, run_batch
 from workbench.formats import open_dump
-from workbench.catalog.store import ingest_dump
 
 ProgressFn = Callable[["Progress"], None]
 BATCH_BYTES = 48 * 1024 * 1024
@@ -344,7 +343,10 @@ def compute_pending(con: duckdb.DuckDBPyConnection, cmp_id: int, golden: RunFram
                     pairs: pd.DataFrame, thresholds: Thresholds, *, workers: int,
                     progress: ProgressFn | None = None, cancel: threading.Event | None = None,
                     stats_for_unpaired: bool = True) -> tuple[int, int, int]:
-    """Compute metrics for pairs without them (and stats of unpaired tensors); returns (computed, failed, uncomparable)."""
+    """Compute metrics for pairs without them, and stats of unpaired tensors.
+
+    Returns (computed, failed, uncomparable).
+    """
     done_ids = {int(x) for x in con.execute("SELECT pair_id FROM metrics WHERE cmp_id = ?", [cmp_id]).df()["pair_id"]}
     todo = pairs[~pairs["pair_id"].isin(done_ids)]
     g_tensors = golden.tensors.set_index("tensor_id")
@@ -359,7 +361,7 @@ def compute_pending(con: duckdb.DuckDBPyConnection, cmp_id: int, golden: RunFram
         g = g_tensors.loc[r.golden_tensor_id]
         t = t_tensors.loc[r.test_tensor_id]
         tasks.append(PairTask(int(r.pair_id), _none(g["path"]), _none(t["path"]), _none(t["dtype"]),
-                              int(r.golden_tensor_id), int(r.test_tensor_id)))
+                              int(r.golden_tensor_id), int(r.test_tensor_id), _none(r.transform)))
         sizes.append(_tensor_bytes(g["numel"], g["dtype"]) + _tensor_bytes(t["numel"], t["dtype"]))
     if stats_for_unpaired:
         for run, frames, used in ((golden.run_id, golden, set(pairs["golden_tensor_id"])),
@@ -377,7 +379,8 @@ def compute_pending(con: duckdb.DuckDBPyConnection, cmp_id: int, golden: RunFram
     node_info = {int(n): (str(nm), str(tp) if tp is not None else "") for n, nm, tp in
                  zip(golden.nodes["node_id"], golden.nodes["name"], golden.nodes["type"])}
     pair_node = dict(zip(pairs["pair_id"].astype(int), pairs["golden_node_id"].astype(int)))
-    pair_dtype = {int(p): _none(t_tensors.loc[tid]["dtype"]) for p, tid in zip(pairs["pair_id"], pairs["test_tensor_id"])}
+    pair_dtype = {int(p): _none(t_tensors.loc[tid]["dtype"])
+                  for p, tid in zip(pairs["pair_id"], pairs["test_tensor_id"])}
 
     def judge(res: dict[str, Any]) -> tuple[bool | None, list[str]]:
         return _judge(thresholds, res, node_info[pair_node[res["pair_id"]]], pair_dtype[res["pair_id"]])
@@ -542,7 +545,8 @@ def summarize_comparison(con: duckdb.DuckDBPyConnection, catalog: Path, cmp_id: 
     con.register("_ids", pd.DataFrame({"pair_id": ids}, dtype="int64"))
     row = con.execute(
         "SELECT count(*), count(*) FILTER (WHERE passed = false), "
-        "count(*) FILTER (WHERE passed IS NULL) FROM metrics WHERE cmp_id = ? AND pair_id IN (SELECT pair_id FROM _ids)",
+        "count(*) FILTER (WHERE passed IS NULL) FROM metrics "
+        "WHERE cmp_id = ? AND pair_id IN (SELECT pair_id FROM _ids)",
         [cmp_id]).fetchone()
     con.unregister("_ids")
     assert row is not None
@@ -603,7 +607,8 @@ def add_node_pairs(catalog: str | Path, cmp_id: int, pairs: Sequence[PairSpec],
             new_matches.append(NodeMatch(gid, tid, "editor", 1.0, "paired in the mapping editor",
                                          p.golden_tensor, p.test_tensor))
         if new_matches:
-            nm = pd.DataFrame({"g": [m.golden_node_id for m in new_matches], "t": [m.test_node_id for m in new_matches]})
+            nm = pd.DataFrame({"g": [m.golden_node_id for m in new_matches],
+                               "t": [m.test_node_id for m in new_matches]})
             con.register("_nm", nm)
             con.execute("INSERT INTO node_matches SELECT ?, g, t, 'editor', 1.0, 'paired in the mapping editor' "
                         "FROM _nm", [cmp_id])

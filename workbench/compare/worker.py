@@ -26,6 +26,36 @@ class PairTask:
     test_dtype: str | None
     golden_tensor_id: int
     test_tensor_id: int
+    transform: str | None = None
+
+
+def apply_transform(golden: torch.Tensor, test: torch.Tensor, spec: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layout fixes recorded on a pair, `;`-separated, each for one side (`g.` golden, `t.` test):
+
+    `t.chunk:DIM:I:N` keeps chunk I of N along DIM (a fused gate-up output holds gate then up);
+    `t.slice:DIM:START:STOP` keeps a slice; `g.flat` / `t.flat` flattens.
+    """
+    if not spec:
+        return golden, test
+    for step in spec.split(";"):
+        side, _, op = step.strip().partition(".")
+        parts = op.split(":")
+        target = golden if side == "g" else test
+        if parts[0] == "chunk":
+            dim, idx, n = (int(x) for x in parts[1:4])
+            target = torch.chunk(target, n, dim=dim)[idx]
+        elif parts[0] == "slice":
+            dim, start, stop = (int(x) for x in parts[1:4])
+            target = target.narrow(dim, start, stop - start)
+        elif parts[0] == "flat":
+            target = target.reshape(-1)
+        else:
+            raise ValueError(f"unknown pair transform {step!r}")
+        if side == "g":
+            golden = target
+        else:
+            test = target
+    return golden, test
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +92,12 @@ def run_pair(task: PairTask) -> dict[str, Any]:
         out["values"] = {}
         out["finite_only"] = False
         out["reason"] = " ".join(r for r in (g_err, t_err) if r)
+        return out
+    try:
+        golden, test = apply_transform(golden, test, task.transform)
+    except (ValueError, RuntimeError, IndexError) as exc:
+        out["values"], out["finite_only"] = {}, False
+        out["reason"] = f"cannot apply layout transform {task.transform!r}: {exc}"
         return out
     res = compare_tensors(golden, test, test_dtype=task.test_dtype)
     out["values"] = dict(res.values)

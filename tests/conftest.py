@@ -1,0 +1,83 @@
+"""Shared fixtures: real tiny Llama runs dumped once per test session."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+WB = [sys.executable, "-m", "workbench.cli"]
+
+
+def run_wb(*args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    """The real CLI, as a subprocess."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    return subprocess.run([*WB, *args], capture_output=True, text=True, cwd=cwd or ROOT, env=env, timeout=timeout)
+
+
+def tiny_llama(seed: int = 7):  # type: ignore[no-untyped-def]
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=256, max_position_embeddings=128)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@dataclass
+class TinyDumps:
+    golden: Path  # torch_tensors/cpu_PID of the fp32 golden run
+    clean: Path  # identical fp32 run
+    defect: Path  # fp32 run with layers.1.mlp.down_proj scaled by 1.5
+    defect_norm: Path  # fp32 run with a wrong RMSNorm epsilon in layers.0.post_attention_layernorm
+    bf16: Path  # the same model in bf16, no defect
+    tokens: list[int]
+
+
+def dump_run(model, base: Path, prompt: torch.Tensor, forced: list[int] | None, steps: int = 3):  # type: ignore[no-untyped-def]
+    from workbench.demo import decode
+    from workbench.dump import DumpConfig, register_hook
+
+    handle = register_hook(model, DumpConfig(dump_path=str(base), token_range=list(range(steps))))
+    try:
+        tokens = decode(model, prompt, steps, forced)
+    finally:
+        handle.remove()
+    return next(base.glob("msit_dump_*/torch_tensors/*")), tokens
+
+
+@pytest.fixture(scope="session")
+def tiny_dumps(tmp_path_factory: pytest.TempPathFactory) -> TinyDumps:
+    base = tmp_path_factory.mktemp("tiny_dumps")
+    model = tiny_llama()
+    prompt = torch.randint(3, 256, (1, 8), generator=torch.Generator().manual_seed(3))
+    golden, tokens = dump_run(model, base / "golden", prompt, None)
+    clean, _ = dump_run(copy.deepcopy(model), base / "clean", prompt, tokens)
+    bad = copy.deepcopy(model)
+    bad.model.layers[1].mlp.down_proj.register_forward_hook(lambda _m, _i, out: out * 1.5)
+    defect, _ = dump_run(bad, base / "defect", prompt, tokens)
+    bad_norm = copy.deepcopy(model)
+    bad_norm.model.layers[0].post_attention_layernorm.variance_epsilon = 1.0
+    defect_norm, _ = dump_run(bad_norm, base / "defect_norm", prompt, tokens)
+    bf16, _ = dump_run(copy.deepcopy(model).to(torch.bfloat16), base / "bf16", prompt, tokens)
+    return TinyDumps(golden, clean, defect, defect_norm, bf16, tokens)
+
+
+@pytest.fixture()
+def copy_tree(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Copy a dump so a test may damage it."""
+
+    def _copy(src: Path, name: str = "copy") -> Path:
+        dst = tmp_path / name
+        shutil.copytree(src, dst)
+        return dst
+
+    return _copy

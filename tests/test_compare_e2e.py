@@ -1,0 +1,130 @@
+"""`wb compare` end to end, as a subprocess, on real dumps of a real (tiny) Llama."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import duckdb
+
+from tests.conftest import TinyDumps, run_wb
+from workbench.catalog.schema import MSIT_CSV_COLUMNS
+
+
+def _born_lines(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if line.startswith("error born at:")]
+
+
+def test_planted_defect_is_named_not_downstream(tiny_dumps: TinyDumps, tmp_path: Path) -> None:
+    res = run_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(tiny_dumps.defect), "-o", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    born = _born_lines(res.stdout)
+    assert born, res.stdout
+    for tok in range(3):
+        assert f"error born at: root.model.layers.1.mlp.down_proj (token {tok})" in born, res.stdout
+    assert "first divergent token: 0" in res.stdout
+    # the CSV: msit's columns by msit's names, token then execution order
+    reports = list(tmp_path.glob("msit_cmp_report_*.csv"))
+    assert len(reports) == 1
+    with reports[0].open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert tuple(rows[0].keys())[: len(MSIT_CSV_COLUMNS)] == MSIT_CSV_COLUMNS
+    assert [int(r["data_id"]) for r in rows] == list(range(len(rows)))
+    assert [int(r["token_id"]) for r in rows] == sorted(int(r["token_id"]) for r in rows)
+    down = [r for r in rows if r["golden_data_path"].endswith("root.model.layers.1.mlp.down_proj/output.pth")]
+    assert down and all(float(r["relative_euclidean_distance"]) > 0.4 for r in down)
+    assert all(r["golden_dtype"] == "torch.float32" for r in rows)
+    # the catalog: the stable view with the verdict's columns
+    con = duckdb.connect(str(tmp_path / "catalog.duckdb"), read_only=True)
+    failed = con.execute("SELECT count(*) FROM comparison WHERE passed = false").fetchone()
+    assert failed is not None and failed[0] > 0
+    first_fail = con.execute(
+        "SELECT golden_node FROM comparison WHERE passed = false AND token_id = 0 ORDER BY data_id LIMIT 1").fetchone()
+    con.close()
+    # the first failing row in execution order belongs to the defective module (or its parents' outputs)
+    assert first_fail is not None and "layers.1" in first_fail[0]
+
+
+def test_defect_inside_a_leaf_norm(tiny_dumps: TinyDumps, tmp_path: Path) -> None:
+    res = run_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(tiny_dumps.defect_norm), "-o", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert "error born at: root.model.layers.0.post_attention_layernorm (token 0)" in res.stdout, res.stdout
+
+
+def test_identical_runs_pass_and_rerun_is_incremental(tiny_dumps: TinyDumps, tmp_path: Path) -> None:
+    first = run_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(tiny_dumps.clean), "-o", str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    assert "failed: 0;" in first.stdout
+    assert not _born_lines(first.stdout)
+    assert "no error born" in first.stdout
+    second = run_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(tiny_dumps.clean), "-o", str(tmp_path))
+    assert second.returncode == 0, second.stderr
+    assert "(0 computed now," in second.stdout
+    con = duckdb.connect(str(tmp_path / "catalog.duckdb"), read_only=True)
+    assert con.execute("SELECT count(*) FROM runs").fetchone() == (2,)
+    assert con.execute("SELECT count(*) FROM comparisons").fetchone() == (1,)
+    con.close()
+
+
+def test_bf16_noise_passes_default_thresholds(tiny_dumps: TinyDumps, tmp_path: Path) -> None:
+    res = run_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(tiny_dumps.bf16), "-o", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert not _born_lines(res.stdout), res.stdout
+
+
+def test_token_selection(tiny_dumps: TinyDumps, tmp_path: Path) -> None:
+    res = run_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(tiny_dumps.defect), "-o", str(tmp_path),
+                 "--tokens", "1-2")
+    assert res.returncode == 0, res.stderr
+    born = _born_lines(res.stdout)
+    assert [b.rsplit("(", 1)[1] for b in born] == ["token 1)", "token 2)"]
+    bad = run_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(tiny_dumps.defect), "-o", str(tmp_path),
+                 "--tokens", "3-1")
+    assert bad.returncode == 2 and "backwards" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_damaged_files_are_reported_and_good_pairs_still_compared(tiny_dumps: TinyDumps, copy_tree, tmp_path: Path
+                                                                  ) -> None:  # type: ignore[no-untyped-def]
+    test = copy_tree(tiny_dumps.defect, "damaged")
+    victim = test / "0" / "root.model.layers.0.mlp.up_proj" / "output.pth"
+    victim.write_bytes(victim.read_bytes()[:100])  # truncated
+    (test / "1" / "root.model.layers.0.mlp.gate_proj" / "output.pth").write_bytes(b"")  # empty
+    out = tmp_path / "out"
+    res = run_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(test), "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stdout + res.stderr
+    assert "error born at: root.model.layers.1.mlp.down_proj (token 0)" in res.stdout
+    con = duckdb.connect(str(out / "catalog.duckdb"), read_only=True)
+    reasons = [r[0] for r in con.execute(
+        "SELECT cmp_fail_reason FROM comparison WHERE cmp_fail_reason IS NOT NULL").fetchall()]
+    con.close()
+    assert any(str(victim) in r for r in reasons), reasons
+
+
+def test_nothing_comparable_exits_nonzero(tiny_dumps: TinyDumps, tmp_path: Path) -> None:
+    not_a_dump = tmp_path / "empty"
+    not_a_dump.mkdir()
+    res = run_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(not_a_dump), "-o", str(tmp_path / "o"))
+    assert res.returncode != 0
+    assert str(not_a_dump) in res.stderr and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_query_saved_and_read_only(tiny_dumps: TinyDumps, tmp_path: Path) -> None:
+    assert run_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(tiny_dumps.defect), "-o",
+                  str(tmp_path)).returncode == 0
+    cat = str(tmp_path / "catalog.duckdb")
+    born = run_wb("query", "error_born_per_token", "-c", cat, "--format", "csv")
+    assert born.returncode == 0, born.stderr
+    lines = born.stdout.strip().splitlines()
+    assert lines[0].startswith("token_id,golden_op")
+    assert all("root.model.layers.1.mlp.down_proj" in line for line in lines[1:])
+    for name in ("first_divergent_token", "worst_ops_per_metric", "unmatched_nodes", "nan_inf_locations",
+                 "layer_error_growth"):
+        r = run_wb("query", name, "-c", cat, "--format", "json")
+        assert r.returncode == 0, (name, r.stderr)
+    growth = run_wb("query", "layer_error_growth", "-c", cat, "--format", "csv").stdout
+    assert "\n0,1," in growth  # token 0 has a row for layer 1
+    write = run_wb("query", "DELETE FROM runs", "-c", cat)
+    assert write.returncode == 2 and "read-only" in write.stderr.lower()
+    assert len(write.stderr.strip().splitlines()) == 1
