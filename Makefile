@@ -33,6 +33,7 @@ bench: install
 	$(PY) bench/bench_compare.py
 	$(PY) bench/bench_dump.py
 	$(PY) bench/bench_metrics.py
+	$(PY) bench/bench_formats_open.py
 
 clean:
 	rm -rf $(VENV) wb_demo wb_out .pytest_cache

@@ -177,7 +177,7 @@ def read_header(path: str | Path) -> BinHeader:
 def read_bin(path: str | Path, header: BinHeader | None = None) -> np.ndarray:
     """Memory-map the payload of a `.bin` file as a numpy array (bf16 comes back as raw uint16)."""
     hdr = header or read_header(path)
-    if hdr.payload_length == 0 and not (0 in hdr.shape):
+    if hdr.payload_length == 0 and 0 not in hdr.shape:
         raise DumpError(hdr.path, "statistics-only file: no tensor data")
     np_dtype = np.dtype(ACL_DTYPES[hdr.acl_dtype][1])
     if 0 in hdr.shape:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -45,10 +46,12 @@ def _load_pth(path: str) -> torch.Tensor:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()
-        detail = next((ln for ln in first if "Unsupported global" in ln or "GLOBAL" in ln), "")
-        raise DumpError(path, "refused: the pickle would run code or load a non-tensor object"
-                        + (f" ({detail.strip()[:120]})" if detail else "")) from None
+        lines = str(exc).strip().splitlines()
+        detail = next((ln for ln in lines if "Unsupported global" in ln or "GLOBAL" in ln), "")
+        if detail:
+            raise DumpError(path, "refused: the pickle would run code or load a non-tensor object "
+                            f"({detail.strip()[:120]})") from None
+        raise DumpError(path, f"not a readable torch file ({(lines[0] if lines else 'bad pickle')[:120]})") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DumpError(path, f"not a readable torch file ({msg[:160]})") from None
@@ -67,6 +70,13 @@ def _load_npy(path: str) -> torch.Tensor:
 
 def bin_to_tensor(arr: np.ndarray, dtype: str) -> torch.Tensor:
     """Turn a `.bin` payload array into a torch tensor of the recorded dtype (bf16 words reinterpreted)."""
+    with warnings.catch_warnings():
+        # read-only memory maps: we never write through these tensors
+        warnings.filterwarnings("ignore", message=".*non-writable.*")
+        return _bin_to_tensor(arr, dtype)
+
+
+def _bin_to_tensor(arr: np.ndarray, dtype: str) -> torch.Tensor:
     if dtype == "bfloat16":
         return torch.from_numpy(np.asarray(arr)).view(torch.bfloat16)
     if dtype in ("uint16", "uint32", "uint64"):

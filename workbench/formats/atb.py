@@ -1,0 +1,368 @@
+"""Reader for ATB dumps: `tensors/{dev}_{pid}/{count}/{n}_{Name}/.../{before|after}/{in|out}tensor{k}.bin`.
+
+Nodes are the op folders (name = folder path below the count folder, e.g. `2_Prefill_layer/3_RmsNormOperation`),
+typed, parametrised and wired (`in_names`/`out_names`) from the topology JSONs `model/{pid}/*.json`
+(or `layer/{pid}/{OpName}.json` for a graph op the model files do not describe).
+Inputs are `before/intensor{k}` (else `after/intensor{k}`), outputs `after/outtensor{k}`.
+
+Graphs: with two model files the prefill one is named `*prefill*`/`*encoder*` and the decode one
+`*decode*`/`*decoder*`; otherwise the one whose top-level ops start at the lower folder index is
+prefill. A top-level op folder belongs to the graph whose index range holds its index (msit's
+rule: a graph's first index is the integer suffix of its first opName, +1 when
+`layer/{pid}/TransdataOperation_0.json` exists); without two graphs a folder named `*prefill*` or
+`*decode*` says so itself.
+
+Tokens: count folders are the model's execute counts. msit
+assumes a warmup whenever there are two graphs; we only call the first folder a warmup when it
+holds prefill ops and so does the next folder (two prefills in a row), and leave it out
+(`meta["atb_warmup_folder"]`). Token = folder number minus one when a warmup was dropped; a folder
+holding both prefill and decode ops is two executions: its prefill ops get token t, its decode
+ops t+1, and later folders shift by one (the same numbering as msit for its usual layout).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workbench.formats import atb_bin
+from workbench.formats.layers import is_layer_folder
+from workbench.formats.model import Dump, DumpError, Node, TensorEntry
+from workbench.formats.scan import list_dir, read_json
+
+_OP_RE = re.compile(r"^(\d+)_(.+)$")
+_TENSOR_RE = re.compile(r"^(intensor|outtensor)(\d+)\.bin$")
+_PREFILL_WORDS = ("prefill", "encoder", "encode", "context", "full")
+_DECODE_WORDS = ("decoder", "decode", "incre")
+
+
+def is_atb_device_dir(path: Path) -> bool:
+    """A `tensors/{dev}_{pid}` folder."""
+    return path.parent.name == "tensors" and re.fullmatch(r"\d+_\d+", path.name) is not None
+
+
+@dataclass(slots=True)
+class _TopoOp:
+    op: dict[str, Any]
+    graph: str | None  # "prefill" / "decode" / None
+
+
+@dataclass(slots=True)
+class _Graphs:
+    top: dict[int, _TopoOp] = field(default_factory=dict)  # top-level folder index -> op
+    ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+    model_name: str | None = None
+    layer_ops: dict[str, dict[str, Any]] = field(default_factory=dict)  # opName -> layer JSON
+
+
+def _suffix_int(name: Any) -> int | None:
+    m = re.search(r"_(\d+)$", str(name))
+    return int(m.group(1)) if m else None
+
+
+def _classify(name: str) -> str | None:
+    low = name.lower()
+    if any(w in low for w in _DECODE_WORDS):
+        return "decode"
+    if any(w in low for w in _PREFILL_WORDS):
+        return "prefill"
+    return None
+
+
+def _load_topology(dump_root: Path, pid: str, problems: list[str]) -> _Graphs:
+    g = _Graphs()
+    layer_dir = dump_root / "layer" / pid
+    if layer_dir.is_dir():
+        try:
+            for e in list_dir(layer_dir):
+                if e.name.endswith(".json") and not e.is_dir:
+                    try:
+                        data = read_json(e.path)
+                    except DumpError as exc:
+                        problems.append(str(exc))
+                        continue
+                    if isinstance(data, dict):
+                        g.layer_ops[str(data.get("opName", e.name[:-5]))] = data
+        except DumpError as exc:
+            problems.append(str(exc))
+    model_dir = dump_root / "model" / pid
+    if not model_dir.is_dir():
+        return g
+    models: list[tuple[str, dict[str, Any], int]] = []
+    try:
+        entries = list_dir(model_dir)
+    except DumpError as exc:
+        problems.append(str(exc))
+        return g
+    transdata = (layer_dir / "TransdataOperation_0.json").is_file()
+    for e in entries:
+        if e.is_dir or not e.name.endswith(".json"):
+            continue
+        try:
+            data = read_json(e.path)
+        except DumpError as exc:
+            problems.append(str(exc))
+            continue
+        nodes = data.get("nodes") if isinstance(data, dict) else None
+        if not isinstance(nodes, list) or not nodes or not isinstance(nodes[0], dict):
+            problems.append(f"{e.path}: model topology without a 'nodes' list: ignored")
+            continue
+        start = (_suffix_int(nodes[0].get("opName")) or 0) + (1 if transdata else 0)
+        models.append((e.path, data, start))
+        if g.model_name is None and data.get("modelName"):
+            g.model_name = str(data["modelName"])
+    if not models:
+        return g
+    # name which graph is which
+    roles: dict[int, str] = {}
+    if len(models) >= 2:
+        named = [_classify(Path(p).stem) for p, _d, _s in models]
+        if named.count("prefill") == 1 and named.count("decode") == 1:
+            roles = {i: r for i, r in enumerate(named) if r is not None}
+        else:
+            by_start = sorted(range(len(models)), key=lambda i: (models[i][2], models[i][0]))
+            roles = {by_start[0]: "prefill", by_start[1]: "decode"}
+            if len(models) > 2:
+                problems.append(f"{model_dir}: {len(models)} model topologies; using "
+                                f"{Path(models[by_start[0]][0]).name} (prefill) and "
+                                f"{Path(models[by_start[1]][0]).name} (decode)")
+    for i, (path, data, start) in enumerate(models):
+        role = roles.get(i) if len(models) >= 2 else None
+        if len(models) >= 2 and role is None:
+            continue
+        nodes = [n for n in data["nodes"] if isinstance(n, dict)]
+        if role is not None:
+            g.files[role] = Path(path).name
+            g.ranges[role] = (start, start + len(nodes))
+        for j, op in enumerate(nodes):
+            g.top.setdefault(start + j, _TopoOp(op, role))
+    if len(g.ranges) == 2:
+        (a0, a1), (b0, b1) = g.ranges["prefill"], g.ranges["decode"]
+        if a0 < b1 and b0 < a1:  # overlapping ranges: indices cannot tell the graphs apart
+            problems.append(f"{model_dir}: prefill and decode graphs use overlapping op indices; "
+                            "phases taken from folder names")
+            g.ranges = {}
+            for t in g.top.values():
+                t.graph = None
+    return g
+
+
+@dataclass(slots=True)
+class _OpInfo:
+    node: Node
+    index_path: tuple[int, ...]
+    topo: dict[str, Any] | None
+    param_read: bool = False
+
+
+def read_atb(dump_root: Path, dev_dir: Path, *, count_folder: str | None = None, op_rel: str | None = None,
+             root: Path | None = None) -> Dump:
+    """Read `tensors/{dev}_{pid}` of an ATB dump whose `msit_dump_*` folder is `dump_root`.
+
+    `count_folder` restricts to one execute-count folder, `op_rel` (a path below it) to one op subtree.
+    """
+    problems: list[str] = []
+    pid = dev_dir.name.rsplit("_", 1)[-1]
+    graphs = _load_topology(dump_root, pid, problems)
+    meta: dict[str, Any] = {"device_folder": dev_dir.name}
+    if graphs.files:
+        meta["atb_graphs"] = dict(graphs.files)
+
+    try:
+        entries = list_dir(dev_dir)
+    except DumpError as exc:
+        problems.append(str(exc))
+        entries = []
+    counts = sorted((int(e.name), e.path) for e in entries if e.is_dir and e.name.isdigit())
+
+    ops: dict[str, _OpInfo] = {}
+    # per count folder: (op folder rel name, folder path) pairs, pre-order
+    per_count: list[tuple[int, list[tuple[str, str]]]] = []
+    for num, path in counts:
+        folders: list[tuple[str, str]] = []
+        _walk_ops(path, "", (), None, graphs, ops, folders, problems)
+        per_count.append((num, folders))
+
+    tokens_of = _assign_tokens(per_count, ops, graphs, meta)
+    if count_folder is not None:
+        per_count = [pc for pc in per_count if str(pc[0]) == count_folder]
+    tensors: list[TensorEntry] = []
+    for num, folders in per_count:
+        for rel, fpath in folders:
+            if op_rel is not None and not (rel == op_rel or rel.startswith(op_rel + "/")):
+                continue
+            info = ops[rel]
+            token = tokens_of.get((num, info.node.phase))
+            if token is None:
+                continue  # warmup
+            if not info.param_read:
+                info.param_read = True
+                info.node.params = _read_params(Path(fpath), info.topo, problems)
+            _scan_op_tensors(token, rel, Path(fpath), tensors, problems)
+
+    nodes = [o.node for o in sorted(ops.values(), key=lambda o: o.index_path)]
+    for i, n in enumerate(nodes):
+        n.exec_order = i
+    _assign_layers(nodes, ops)
+    return Dump(kind="atb", root=(root or dev_dir).resolve(), nodes=nodes, tensors=tensors,
+                order_source="topology", model_name=graphs.model_name, meta=meta, problems=problems)
+
+
+def _walk_ops(folder: str, prefix: str, index_path: tuple[int, ...], topo_children: list[Any] | None,
+              graphs: _Graphs, ops: dict[str, _OpInfo], out: list[tuple[str, str]], problems: list[str],
+              phase: str | None = None) -> None:
+    try:
+        entries = list_dir(folder)
+    except DumpError as exc:
+        problems.append(str(exc))
+        return
+    op_dirs = []
+    for e in entries:
+        m = _OP_RE.match(e.name)
+        if e.is_dir and m:
+            op_dirs.append((int(m.group(1)), m.group(2), e))
+    op_dirs.sort(key=lambda x: x[0])
+    for idx, suffix, e in op_dirs:
+        rel = f"{prefix}/{e.name}" if prefix else e.name
+        ipath = (*index_path, idx)
+        if rel not in ops:
+            topo: dict[str, Any] | None = None
+            node_phase = phase
+            if not index_path:
+                t = graphs.top.get(idx)
+                if t is not None:
+                    topo = t.op
+                    node_phase = t.graph
+                if node_phase is None:
+                    node_phase = _classify(suffix)
+                if topo is None or not topo.get("nodes"):
+                    # a graph op the model file does not expand: its own layer JSON may
+                    layer_json = graphs.layer_ops.get(f"{suffix}_{idx}")
+                    if layer_json is not None:
+                        topo = {**layer_json, **(topo or {})} if topo else layer_json
+                        if not topo.get("nodes"):
+                            topo["nodes"] = layer_json.get("nodes", [])
+            elif topo_children is not None and 0 <= idx < len(topo_children) and isinstance(
+                    topo_children[idx], dict):
+                topo = topo_children[idx]
+            op_type = str(topo.get("opType")) if topo and topo.get("opType") else suffix
+            node = Node(name=rel, type=op_type, parent=prefix or None, depth=len(index_path), phase=node_phase,
+                        in_names=_names(topo, "inTensors"), out_names=_names(topo, "outTensors"))
+            ops[rel] = _OpInfo(node, ipath, topo)
+        info = ops[rel]
+        out.append((rel, e.path))
+        children = info.topo.get("nodes") if info.topo else None
+        _walk_ops(e.path, rel, ipath, children if isinstance(children, list) else None, graphs, ops, out,
+                  problems, info.node.phase)
+
+
+def _names(topo: dict[str, Any] | None, key: str) -> list[str] | None:
+    if not topo or not isinstance(topo.get(key), list):
+        return None
+    return [str(x) for x in topo[key]]
+
+
+def _read_params(folder: Path, topo: dict[str, Any] | None, problems: list[str]) -> dict[str, Any] | None:
+    p = folder / "op_param.json"
+    value: Any = None
+    if p.is_file():
+        try:
+            value = read_json(p)
+        except DumpError as exc:
+            problems.append(str(exc))
+    if value is None and topo is not None:
+        value = topo.get("param")
+    if isinstance(value, dict):
+        return value
+    if value in (None, ""):
+        return None
+    return {"value": value}
+
+
+def _assign_tokens(per_count: list[tuple[int, list[tuple[str, str]]]], ops: dict[str, _OpInfo],
+                   graphs: _Graphs, meta: dict[str, Any]) -> dict[tuple[int, str | None], int]:
+    """(count folder, phase) -> token; warmup folders get no entry. Rules in the module docstring."""
+    phases: list[set[str | None]] = []
+    for _num, folders in per_count:
+        phases.append({ops[rel].node.phase for rel, _p in folders if "/" not in rel})
+    warmup = (len(per_count) >= 2 and per_count[0][0] == 0 and phases[0] == {"prefill"}
+              and "prefill" in phases[1])
+    result: dict[tuple[int, str | None], int] = {}
+    offset = 0
+    for i, (num, _folders) in enumerate(per_count):
+        if i == 0 and warmup:
+            meta["atb_warmup_folder"] = str(num)
+            offset = -1
+            continue
+        base = num + offset
+        ph = phases[i]
+        if "prefill" in ph and "decode" in ph:
+            result[(num, "prefill")] = base
+            result[(num, None)] = base
+            result[(num, "decode")] = base + 1
+            offset += 1
+        else:
+            for p in ("prefill", "decode", None):
+                result[(num, p)] = base
+    return result
+
+
+def _scan_op_tensors(token: int, node: str, folder: Path, out: list[TensorEntry], problems: list[str]) -> None:
+    found: dict[tuple[str, str], dict[int, str]] = {}
+    for when in ("before", "after"):
+        sub = folder / when
+        if not sub.is_dir():
+            continue
+        try:
+            files = list_dir(sub)
+        except DumpError as exc:
+            problems.append(str(exc))
+            continue
+        for f in files:
+            m = _TENSOR_RE.match(f.name)
+            if m and not f.is_dir:
+                found.setdefault((when, m.group(1)), {})[int(m.group(2))] = f.path
+    inputs = dict(found.get(("after", "intensor"), {}))
+    inputs.update(found.get(("before", "intensor"), {}))
+    outputs = found.get(("after", "outtensor"), {})
+    for role, files_by_idx in (("in", inputs), ("out", outputs)):
+        for k in sorted(files_by_idx):
+            path = files_by_idx[k]
+            try:
+                h = atb_bin.read_header(path)
+            except DumpError as exc:
+                problems.append(str(exc))
+                out.append(TensorEntry(token, node, role, k, path, error=exc.reason))  # type: ignore[arg-type]
+                continue
+            if h.stats is not None and h.payload_length == 0:
+                out.append(TensorEntry(token, node, role, k, None, dtype=h.dtype, shape=h.shape,  # type: ignore[arg-type]
+                                       layout=h.layout, stats=h.stats))
+            elif not h.has_data:
+                out.append(TensorEntry(token, node, role, k, path, dtype=h.dtype, shape=h.shape,  # type: ignore[arg-type]
+                                       layout=h.layout, error="descriptor only (dumped with -sd): no tensor data"))
+            else:
+                out.append(TensorEntry(token, node, role, k, path, dtype=h.dtype, shape=h.shape,  # type: ignore[arg-type]
+                                       layout=h.layout))
+
+
+def _assign_layers(nodes: list[Node], ops: dict[str, _OpInfo]) -> None:
+    """Layer = ordinal of a layer op among its graph's top-level layer ops; descendants inherit it."""
+    top = [n for n in nodes if n.parent is None]
+    has_child = {n.parent for n in nodes if n.parent is not None}
+    graph_ops = {n.name for n in top if n.name in has_child or (ops[n.name].topo or {}).get("nodes")}
+    counts = Counter((n.phase, n.type) for n in top if n.name in graph_ops)
+    common = {pt for pt, c in counts.items() if c >= 2}
+    per_phase: Counter[str | None] = Counter()
+    layer_of: dict[str, int] = {}
+    for n in top:
+        suffix = n.name.split("_", 1)[-1]
+        if (n.name in graph_ops and (n.phase, n.type) in common) or is_layer_folder(suffix) or is_layer_folder(n.type):
+            layer_of[n.name] = per_phase[n.phase]
+            per_phase[n.phase] += 1
+    for n in nodes:
+        head = n.name.split("/", 1)[0]
+        n.layer = layer_of.get(head)

@@ -1,0 +1,133 @@
+"""Filesystem helpers shared by the readers: listing folders, reading JSON and tensor headers.
+
+Every helper turns a failure into a `DumpError` (one line naming the file) so that a reader can
+record it as a problem and go on with the other files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import warnings
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from workbench.formats.model import DumpError
+from workbench.formats.tensor_io import dtype_name
+
+MAX_JSON_BYTES = 256 * 1024 * 1024
+# tensors above this size are hashed on evenly spaced samples (data-flow matching only needs identity)
+FULL_HASH_BYTES = 4 * 1024 * 1024
+_SAMPLES = 64
+_SAMPLE_BYTES = 16 * 1024
+
+
+@dataclass(slots=True)
+class DirEntry:
+    name: str
+    path: str
+    is_dir: bool
+
+
+def list_dir(path: str | Path) -> list[DirEntry]:
+    """Entries of a folder sorted by name; raises `DumpError` when it cannot be listed."""
+    try:
+        with os.scandir(path) as it:
+            out = []
+            for e in it:
+                try:
+                    is_dir = e.is_dir()
+                except OSError:
+                    is_dir = False
+                out.append(DirEntry(e.name, e.path, is_dir))
+    except OSError as exc:
+        raise DumpError(path, f"cannot list folder: {exc.strerror or exc}") from None
+    out.sort(key=lambda e: e.name)
+    return out
+
+
+def read_json(path: str | Path) -> Any:
+    """Parse a JSON file; raises `DumpError` naming the file on any problem."""
+    try:
+        size = os.path.getsize(path)
+        if size > MAX_JSON_BYTES:
+            raise DumpError(path, f"JSON file too large ({size} bytes)")
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except OSError as exc:
+        raise DumpError(path, f"cannot read: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DumpError(path, f"not valid JSON ({str(exc)[:120]})") from None
+
+
+def load_pth_lazy(path: str) -> torch.Tensor:
+    """`torch.load(weights_only=True, mmap=True)` of one tensor file: the payload stays on disk until touched."""
+    try:
+        size = os.path.getsize(path)
+    except OSError as exc:
+        raise DumpError(path, f"cannot read: {exc.strerror or exc}") from None
+    if size == 0:
+        raise DumpError(path, "empty file")
+    try:
+        is_zip = zipfile.is_zipfile(path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about pickle protocols before refusing them
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
+    except pickle.UnpicklingError as exc:
+        lines = str(exc).splitlines()
+        glob = next((ln.strip() for ln in lines if "GLOBAL" in ln), None)
+        if glob is not None:
+            raise DumpError(path, f"refused: the pickle would run code ({glob[:140]})") from None
+        detail = next((ln.strip() for ln in lines if "Unsupported" in ln or "nvalid" in ln), "")
+        raise DumpError(path, "refused: not a tensor file torch can load safely"
+                        + (f" ({detail[:120]})" if detail else "")) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, KeyError, IndexError,
+            TypeError, AttributeError) as exc:
+        text = str(exc).strip()
+        msg = text.splitlines()[0] if text else type(exc).__name__
+        raise DumpError(path, f"not a readable torch file ({msg[:160]})") from None
+    if not isinstance(obj, torch.Tensor):
+        raise DumpError(path, f"holds a {type(obj).__name__}, not a tensor")
+    return obj
+
+
+def npy_header(path: str) -> tuple[str, tuple[int, ...]]:
+    """dtype name and shape of a `.npy` file, from its header only."""
+    try:
+        with open(path, "rb") as fh:
+            version = np.lib.format.read_magic(fh)
+            if version == (1, 0):
+                shape, _fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+            else:
+                shape, _fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+    except OSError as exc:
+        raise DumpError(path, f"cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise DumpError(path, f"not a readable .npy file ({str(exc)[:120]})") from None
+    if dtype.hasobject:
+        raise DumpError(path, "refused: .npy holds Python objects (pickle)")
+    return dtype_name(dtype), tuple(int(d) for d in shape)
+
+
+def content_key(t: torch.Tensor) -> bytes:
+    """A digest of a tensor's dtype, shape and bytes (sampled above `FULL_HASH_BYTES`), for data-flow matching."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{t.dtype}|{tuple(t.shape)}|".encode())
+    if t.numel() == 0:
+        return h.digest()
+    flat = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+    n = flat.shape[0]
+    if n <= FULL_HASH_BYTES:
+        h.update(memoryview(flat))
+    else:
+        step = (n - _SAMPLE_BYTES) // (_SAMPLES - 1)
+        for i in range(_SAMPLES):
+            h.update(memoryview(flat[i * step: i * step + _SAMPLE_BYTES]))
+    return h.digest()
