@@ -8,7 +8,7 @@ import duckdb
 import pytest
 
 from workbench.catalog.schema import SCHEMA_VERSION
-from workbench.catalog.store import CatalogError, ingest_dump, open_catalog
+from workbench.catalog.store import CatalogError, first_row, ingest_dump, open_catalog
 from workbench.formats.model import Dump, Node, TensorEntry, TensorStats
 
 
@@ -34,14 +34,14 @@ def test_ingest_is_incremental_and_complete(tmp_path: Path) -> None:
     first = ingest_dump(con, d)
     again = ingest_dump(con, d)
     assert not first.skipped and again.skipped and again.run_id == first.run_id
-    assert con.execute("SELECT count(*) FROM runs").fetchone() == (1,)
-    assert con.execute("SELECT count(*) FROM tensors").fetchone() == (5,)
-    row = con.execute("SELECT n.name, n.layer, p.name FROM nodes n JOIN nodes p ON p.run_id = n.run_id "
-                      "AND p.node_id = n.parent_id WHERE n.name = 'root.layers.1'").fetchone()
+    assert first_row(con.execute("SELECT count(*) FROM runs")) == (1,)
+    assert first_row(con.execute("SELECT count(*) FROM tensors")) == (5,)
+    row = first_row(con.execute("SELECT n.name, n.layer, p.name FROM nodes n JOIN nodes p ON p.run_id = n.run_id "
+                      "AND p.node_id = n.parent_id WHERE n.name = 'root.layers.1'"))
     assert row == ("root.layers.1", 1, "root")
-    stats = con.execute("SELECT min, max, mean, norm, shape FROM tensors WHERE path IS NULL").fetchone()
+    stats = first_row(con.execute("SELECT min, max, mean, norm, shape FROM tensors WHERE path IS NULL"))
     assert stats == (-1.0, 1.0, 0.0, 2.0, [4])
-    assert con.execute("SELECT problems FROM runs").fetchone()[0] == [f"{tmp_path}/d/bad.pth: empty file"]
+    assert first_row(con.execute("SELECT problems FROM runs"))[0] == [f"{tmp_path}/d/bad.pth: empty file"]
     # a changed dump is a new run
     (tmp_path / "d" / "extra.txt").write_text("x")
     assert not ingest_dump(con, d).skipped
@@ -57,8 +57,8 @@ def test_interrupted_ingest_leaves_catalog_unchanged(tmp_path: Path) -> None:
     bad.nodes.append(Node("root.layers.0", "Layer", "root", 1, 9, layer=0))
     with pytest.raises(Exception):  # noqa: B017 - any failure must roll back
         ingest_dump(con, bad)
-    assert con.execute("SELECT count(*) FROM runs").fetchone() == (1,)
-    assert con.execute("SELECT count(DISTINCT run_id) FROM nodes").fetchone() == (1,)
+    assert first_row(con.execute("SELECT count(*) FROM runs")) == (1,)
+    assert first_row(con.execute("SELECT count(DISTINCT run_id) FROM nodes")) == (1,)
     con.close()
 
 

@@ -9,6 +9,7 @@ import duckdb
 
 from tests.conftest import TinyDumps, run_wb
 from workbench.catalog.schema import MSIT_CSV_COLUMNS
+from workbench.catalog.store import first_row
 
 
 def _born_lines(stdout: str) -> list[str]:
@@ -33,13 +34,13 @@ def test_planted_defect_is_named_not_downstream(tiny_dumps: TinyDumps, tmp_path:
     assert [int(r["token_id"]) for r in rows] == sorted(int(r["token_id"]) for r in rows)
     down = [r for r in rows if r["golden_data_path"].endswith("root.model.layers.1.mlp.down_proj/output.pth")]
     assert down and all(float(r["relative_euclidean_distance"]) > 0.4 for r in down)
-    assert all(r["golden_dtype"] == "torch.float32" for r in rows)
+    assert {r["golden_dtype"] for r in rows} == {"torch.float32", "torch.int64"}  # position ids are int64
     # the catalog: the stable view with the verdict's columns
     con = duckdb.connect(str(tmp_path / "catalog.duckdb"), read_only=True)
-    failed = con.execute("SELECT count(*) FROM comparison WHERE passed = false").fetchone()
+    failed = first_row(con.execute("SELECT count(*) FROM comparison WHERE passed = false"))
     assert failed is not None and failed[0] > 0
-    first_fail = con.execute(
-        "SELECT golden_node FROM comparison WHERE passed = false AND token_id = 0 ORDER BY data_id LIMIT 1").fetchone()
+    first_fail = first_row(con.execute(
+        "SELECT golden_node FROM comparison WHERE passed = false AND token_id = 0 ORDER BY data_id LIMIT 1"))
     con.close()
     # the first failing row in execution order belongs to the defective module (or its parents' outputs)
     assert first_fail is not None and "layers.1" in first_fail[0]
@@ -61,8 +62,8 @@ def test_identical_runs_pass_and_rerun_is_incremental(tiny_dumps: TinyDumps, tmp
     assert second.returncode == 0, second.stderr
     assert "(0 computed now," in second.stdout
     con = duckdb.connect(str(tmp_path / "catalog.duckdb"), read_only=True)
-    assert con.execute("SELECT count(*) FROM runs").fetchone() == (2,)
-    assert con.execute("SELECT count(*) FROM comparisons").fetchone() == (1,)
+    assert first_row(con.execute("SELECT count(*) FROM runs")) == (2,)
+    assert first_row(con.execute("SELECT count(*) FROM comparisons")) == (1,)
     con.close()
 
 

@@ -10,6 +10,8 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from workbench.catalog.store import first_row
+
 app = typer.Typer(
     name="wb",
     help="wb: find where an LLM's inference goes numerically wrong (golden vs test dumps).",
@@ -43,7 +45,7 @@ def guarded(fn: Callable[[], T]) -> T:
 
 
 class _ProgressPrinter:
-    """Progress on stderr: a live line on a terminal, a line per stage otherwise."""
+    """Progress on stderr, only on a terminal (stderr stays clean for errors otherwise)."""
 
     def __init__(self) -> None:
         self.tty = sys.stderr.isatty()
@@ -56,8 +58,6 @@ class _ProgressPrinter:
             if p.done >= p.total:
                 sys.stderr.write("\n")
             sys.stderr.flush()
-        elif p.stage != self.last_stage:
-            sys.stderr.write(f"{p.stage} ...\n")
         self.last_stage = p.stage
 
 
@@ -78,7 +78,7 @@ def run_compare_cli(golden: Path, test: Path, out: Path, mapping: Path | None, t
         csv_path = write_msit_csv(con, res.cmp_id, out, tok)
         labels = {}
         for run_id in (res.golden_run, res.test_run):
-            row = con.execute("SELECT kind, path FROM runs WHERE run_id = ?", [run_id]).fetchone()
+            row = first_row(con.execute("SELECT kind, path FROM runs WHERE run_id = ?", [run_id]))
             labels[run_id] = f"{row[1]} ({row[0]})" if row else str(run_id)
     finally:
         con.close()

@@ -151,8 +151,9 @@ def make_demo(out: Path, *, stack: str = "atb", defect: str | None = None,
         test_root, _ = _dump_torch(test_model, out / "test", prompt, tokens)
         log(f"demo: test run (torch bf16, defect: {text}) dumped to {test_root}")
         return DemoPlan(golden_root, test_root, None, f"{name}: {text}", expected, 0)
-    from workbench.backends.demo import run_atb_demo
+    from workbench.backends.defects import Defect
+    from workbench.backends.demo import DEFAULT_DEFECT, run_atb_demo
 
     test_root, text, expected = run_atb_demo(model, prompt, tokens, out / "test", defect)
     log(f"demo: test run (ATB-structured stack, bf16, defect: {text}) dumped to {test_root}")
-    return DemoPlan(golden_root, test_root, None, text, expected, 0)
+    return DemoPlan(golden_root, test_root, None, text, expected, Defect(defect or DEFAULT_DEFECT).start)

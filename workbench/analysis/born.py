@@ -12,6 +12,8 @@ from collections import defaultdict
 
 import duckdb
 
+from workbench.catalog.store import first_row
+
 NODE_RESULTS_SQL = """
 INSERT INTO node_results
 SELECT
@@ -64,7 +66,7 @@ def refresh_verdicts(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, i
 
 
 def _born_per_token(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, tuple[int | None, int | None]]:
-    golden_run_row = con.execute("SELECT golden_run FROM comparisons WHERE cmp_id = ?", [cmp_id]).fetchone()
+    golden_run_row = first_row(con.execute("SELECT golden_run FROM comparisons WHERE cmp_id = ?", [cmp_id]))
     assert golden_run_row is not None
     golden_run = int(golden_run_row[0])
     parent: dict[int, int | None] = {}

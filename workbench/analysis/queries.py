@@ -8,7 +8,7 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from workbench.catalog.store import open_catalog
+from workbench.catalog.store import first_row, open_catalog
 
 QUERIES_DIR = Path(__file__).resolve().parents[2] / "queries"
 
@@ -44,7 +44,7 @@ def resolve_sql(text: str) -> str:
 def set_comparison(con: duckdb.DuckDBPyConnection, cmp_id: int | None) -> int | None:
     """Set the `cmp_id` variable saved queries read (default: newest comparison)."""
     if cmp_id is None:
-        row = con.execute("SELECT max(cmp_id) FROM comparisons").fetchone()
+        row = first_row(con.execute("SELECT max(cmp_id) FROM comparisons"))
         cmp_id = int(row[0]) if row and row[0] is not None else None
     con.execute("SET VARIABLE cmp_id = ?", [cmp_id if cmp_id is not None else -1])
     return cmp_id

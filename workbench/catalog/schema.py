@@ -56,6 +56,7 @@ CREATE TABLE IF NOT EXISTS nodes (
     parent_id  INTEGER,                   -- NULL for the root(s)
     depth      INTEGER,
     exec_order INTEGER,                   -- position in execution (pre-order of calls)
+    end_order  INTEGER,                   -- the node's completion: last exec_order in its subtree
     layer      INTEGER,                   -- decoder layer index, NULL outside layers
     phase      VARCHAR,                   -- prefill | decode (ATB graphs), else NULL
     params     JSON,
@@ -191,8 +192,11 @@ SELECT
     m.pair_id,
     m.test_token_id                                   AS token_id,
     row_number() OVER (PARTITION BY m.cmp_id
-                       ORDER BY m.token_id, gn.exec_order NULLS LAST, gn.node_id,
-                                m.io DESC, gt.idx) - 1 AS data_id,
+                       ORDER BY m.token_id,
+                                CASE WHEN m.io = 'in' THEN 2 * gn.exec_order ELSE 2 * gn.end_order + 1 END
+                                    NULLS LAST,
+                                CASE WHEN m.io = 'in' THEN gn.depth ELSE -gn.depth END, gn.node_id,
+                                gt.idx) - 1 AS data_id,
     gt.path                                           AS golden_data_path,
     gn.type                                           AS golden_op_type,
     'torch.' || gt.dtype                              AS golden_dtype,

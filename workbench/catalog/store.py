@@ -17,9 +17,15 @@ import duckdb
 import pandas as pd
 
 from workbench.catalog.schema import COMPARISON_VIEW, SCHEMA_VERSION, TABLES_DDL
-from workbench.formats.model import Dump
+from workbench.formats.model import Dump, Node
 
 CATALOG_NAME = "catalog.duckdb"
+
+
+def first_row(result: duckdb.DuckDBPyConnection) -> tuple | None:  # type: ignore[type-arg]
+    """The first row of an executed query, consuming the whole result (DuckDB 2 keeps it open otherwise)."""
+    rows = result.fetchall()
+    return rows[0] if rows else None
 
 
 class CatalogError(Exception):
@@ -27,11 +33,11 @@ class CatalogError(Exception):
 
 
 def _schema_version(con: duckdb.DuckDBPyConnection) -> int | None:
-    has_meta = con.execute(
-        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'meta'").fetchone()
+    has_meta = first_row(con.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'meta'"))
     if not has_meta or not has_meta[0]:
         return None
-    row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    row = first_row(con.execute("SELECT value FROM meta WHERE key = 'schema_version'"))
     return int(row[0]) if row else None
 
 
@@ -105,8 +111,8 @@ class IngestResult:
 
 
 def find_run(con: duckdb.DuckDBPyConnection, path: str, fingerprint: str) -> int | None:
-    row = con.execute("SELECT run_id FROM runs WHERE path = ? AND fingerprint = ? ORDER BY run_id DESC LIMIT 1",
-                      [path, fingerprint]).fetchone()
+    row = first_row(con.execute(
+        "SELECT run_id FROM runs WHERE path = ? AND fingerprint = ? ORDER BY run_id DESC LIMIT 1", [path, fingerprint]))
     return int(row[0]) if row else None
 
 
@@ -116,7 +122,7 @@ def ingest_dump(con: duckdb.DuckDBPyConnection, dump: Dump) -> IngestResult:
     fingerprint = dump_fingerprint(dump.root) if dump.root.is_dir() else hashlib.sha256(root.encode()).hexdigest()[:32]
     existing = find_run(con, root, fingerprint)
     if existing is not None:
-        n = con.execute("SELECT n_nodes, n_tensors, problems FROM runs WHERE run_id = ?", [existing]).fetchone()
+        n = first_row(con.execute("SELECT n_nodes, n_tensors, problems FROM runs WHERE run_id = ?", [existing]))
         assert n is not None
         return IngestResult(existing, True, int(n[0] or 0), int(n[1] or 0), list(n[2] or []))
 
@@ -134,11 +140,12 @@ def ingest_dump(con: duckdb.DuckDBPyConnection, dump: Dump) -> IngestResult:
         "parent_id": [node_ids.get(n.parent) if n.parent else None for n in dump.nodes] + [None] * len(extra),
         "depth": [n.depth for n in dump.nodes] + [0] * len(extra),
         "exec_order": [n.exec_order for n in dump.nodes] + [None] * len(extra),
+        "end_order": _end_orders(dump.nodes) + [None] * len(extra),
         "layer": [n.layer for n in dump.nodes] + [None] * len(extra),
         "phase": [n.phase for n in dump.nodes] + [None] * len(extra),
         "params": [json.dumps(n.params) if n.params is not None else None for n in dump.nodes] + [None] * len(extra),
     })
-    for col in ("parent_id", "exec_order", "layer"):
+    for col in ("parent_id", "exec_order", "end_order", "layer"):
         nodes_df[col] = nodes_df[col].astype("Int64")
     tensors_df = pd.DataFrame({
         "tensor_id": range(len(dump.tensors)),
@@ -163,7 +170,7 @@ def ingest_dump(con: duckdb.DuckDBPyConnection, dump: Dump) -> IngestResult:
 
     con.execute("BEGIN TRANSACTION")
     try:
-        row = con.execute("SELECT nextval('run_seq')").fetchone()
+        row = first_row(con.execute("SELECT nextval('run_seq')"))
         assert row is not None
         run_id = int(row[0])
         con.execute(
@@ -173,8 +180,8 @@ def ingest_dump(con: duckdb.DuckDBPyConnection, dump: Dump) -> IngestResult:
              len(tensors_df), list(dump.problems), json.dumps(dump.meta, default=str)])
         con.register("_nodes_df", nodes_df)
         con.execute(
-            "INSERT INTO nodes SELECT ?, node_id, name, type, parent_id, depth, exec_order, layer, phase, "
-            "params::JSON FROM _nodes_df", [run_id])
+            "INSERT INTO nodes SELECT ?, node_id, name, type, parent_id, depth, exec_order, end_order, layer, "
+            "phase, params::JSON FROM _nodes_df", [run_id])
         con.unregister("_nodes_df")
         con.register("_tensors_df", tensors_df)
         con.execute(
@@ -187,6 +194,22 @@ def ingest_dump(con: duckdb.DuckDBPyConnection, dump: Dump) -> IngestResult:
         con.execute("ROLLBACK")
         raise
     return IngestResult(run_id, False, len(nodes_df), len(tensors_df), list(dump.problems))
+
+
+def _end_orders(nodes: list[Node]) -> list[int | None]:
+    """Completion position of each node: the largest exec_order in its subtree (itself included)."""
+    end: dict[str, int | None] = {n.name: n.exec_order for n in nodes}
+    parent = {n.name: n.parent for n in nodes}
+    for n in nodes:
+        if n.exec_order is None:
+            continue
+        p, hops = parent.get(n.name), 0
+        while p is not None and p in end and hops < 10_000:
+            cur = end[p]
+            if cur is None or cur < n.exec_order:
+                end[p] = n.exec_order
+            p, hops = parent.get(p), hops + 1
+    return [end[n.name] for n in nodes]
 
 
 def _numel(shape: tuple[int, ...] | None) -> int | None:

@@ -23,7 +23,7 @@ import pandas as pd
 
 from workbench.analysis.born import refresh_verdicts
 from workbench.catalog.schema import ALL_METRICS
-from workbench.catalog.store import ingest_dump, open_catalog
+from workbench.catalog.store import first_row, ingest_dump, open_catalog
 from workbench.compare.mapping import MappingFile, PairSpec
 from workbench.compare.matching import NodeMatch, RunFrames, match_nodes, pair_tensors
 from workbench.compare.thresholds import Thresholds
@@ -94,7 +94,7 @@ def parse_tokens(text: str | None) -> set[int] | None:
 
 
 def load_frames(con: duckdb.DuckDBPyConnection, run_id: int) -> RunFrames:
-    kind_row = con.execute("SELECT kind FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    kind_row = first_row(con.execute("SELECT kind FROM runs WHERE run_id = ?", [run_id]))
     assert kind_row is not None
     nodes = con.execute(
         "SELECT node_id, name, type, parent_id, depth, exec_order, layer, phase, params FROM nodes "
@@ -108,16 +108,16 @@ def load_frames(con: duckdb.DuckDBPyConnection, run_id: int) -> RunFrames:
 def _comparison_id(con: duckdb.DuckDBPyConnection, golden_run: int, test_run: int, mapping: MappingFile | None,
                    thresholds: Thresholds) -> tuple[int, bool]:
     digest = mapping.digest() if mapping and not mapping.is_empty() else "none"
-    row = con.execute("SELECT cmp_id, thresholds FROM comparisons WHERE golden_run = ? AND test_run = ? "
+    row = first_row(con.execute("SELECT cmp_id, thresholds FROM comparisons WHERE golden_run = ? AND test_run = ? "
                       "AND mapping_digest = ? ORDER BY cmp_id DESC LIMIT 1",
-                      [golden_run, test_run, digest]).fetchone()
+                      [golden_run, test_run, digest]))
     th_json = thresholds.to_json()
     if row:
         changed = (row[1] is None) or json.loads(row[1]) != json.loads(th_json)
         if changed:
             con.execute("UPDATE comparisons SET thresholds = ? WHERE cmp_id = ?", [th_json, row[0]])
         return int(row[0]), changed
-    nxt = con.execute("SELECT nextval('cmp_seq')").fetchone()
+    nxt = first_row(con.execute("SELECT nextval('cmp_seq')"))
     assert nxt is not None
     cmp_id = int(nxt[0])
     con.execute("INSERT INTO comparisons (cmp_id, golden_run, test_run, mapping_digest, mapping, thresholds) "
@@ -152,8 +152,8 @@ def _store_pairs(con: duckdb.DuckDBPyConnection, cmp_id: int, pairs: pd.DataFram
     merged = pairs.merge(existing, on=["golden_tensor_id", "test_tensor_id"], how="left")
     new = merged[merged["pair_id"].isna()].copy()
     if len(new):
-        start_row = con.execute("SELECT coalesce(max(pair_id), -1) + 1 FROM matches WHERE cmp_id = ?",
-                                [cmp_id]).fetchone()
+        start_row = first_row(con.execute("SELECT coalesce(max(pair_id), -1) + 1 FROM matches WHERE cmp_id = ?",
+                                [cmp_id]))
         assert start_row is not None
         start = int(start_row[0])
         new["pair_id"] = range(start, start + len(new))
@@ -543,11 +543,11 @@ def summarize_comparison(con: duckdb.DuckDBPyConnection, catalog: Path, cmp_id: 
     """The numbers `wb compare` prints, read back from the catalog."""
     ids = [int(x) for x in pairs["pair_id"]] if len(pairs) else []
     con.register("_ids", pd.DataFrame({"pair_id": ids}, dtype="int64"))
-    row = con.execute(
+    row = first_row(con.execute(
         "SELECT count(*), count(*) FILTER (WHERE passed = false), "
         "count(*) FILTER (WHERE passed IS NULL) FROM metrics "
         "WHERE cmp_id = ? AND pair_id IN (SELECT pair_id FROM _ids)",
-        [cmp_id]).fetchone()
+        [cmp_id]))
     con.unregister("_ids")
     assert row is not None
     cov = _coverage(golden, test, matches, pairs)
@@ -579,12 +579,12 @@ def add_node_pairs(catalog: str | Path, cmp_id: int, pairs: Sequence[PairSpec],
     """
     con = open_catalog(catalog)
     try:
-        row = con.execute("SELECT golden_run, test_run, thresholds FROM comparisons WHERE cmp_id = ?",
-                          [cmp_id]).fetchone()
+        row = first_row(con.execute("SELECT golden_run, test_run, thresholds FROM comparisons WHERE cmp_id = ?",
+                          [cmp_id]))
         if row is None:
             raise ValueError(f"{catalog}: no comparison {cmp_id}")
         golden, test = load_frames(con, int(row[0])), load_frames(con, int(row[1]))
-        th = Thresholds.from_json(row[2]) if row[2] else Thresholds.load(None)
+        th = Thresholds.from_dict(json.loads(row[2])) if row[2] else Thresholds.load(None)
         g_names, t_names = golden.by_name(), test.by_name()
         con.execute("BEGIN TRANSACTION")
         for g, t in remove:
@@ -614,9 +614,9 @@ def add_node_pairs(catalog: str | Path, cmp_id: int, pairs: Sequence[PairSpec],
                         "FROM _nm", [cmp_id])
             con.unregister("_nm")
         tp = pair_tensors(new_matches, golden, test)
-        before = con.execute("SELECT count(*) FROM matches WHERE cmp_id = ?", [cmp_id]).fetchone()
+        before = first_row(con.execute("SELECT count(*) FROM matches WHERE cmp_id = ?", [cmp_id]))
         stored = _store_pairs(con, cmp_id, tp) if len(tp) else tp.assign(pair_id=pd.Series(dtype=int))
-        after = con.execute("SELECT count(*) FROM matches WHERE cmp_id = ?", [cmp_id]).fetchone()
+        after = first_row(con.execute("SELECT count(*) FROM matches WHERE cmp_id = ?", [cmp_id]))
         con.execute("COMMIT")
         compute_pending(con, cmp_id, golden, test, stored, th, workers=workers, stats_for_unpaired=False)
         refresh_verdicts(con, cmp_id)
