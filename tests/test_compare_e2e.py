@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import duckdb
 
 from tests.conftest import TinyDumps, run_wb
+from workbench.analysis.queries import run_query
 from workbench.catalog.schema import MSIT_CSV_COLUMNS
 from workbench.catalog.store import first_row
 
@@ -120,12 +122,17 @@ def test_query_saved_and_read_only(tiny_dumps: TinyDumps, tmp_path: Path) -> Non
     lines = born.stdout.strip().splitlines()
     assert lines[0].startswith("token_id,golden_op")
     assert all("root.model.layers.1.mlp.down_proj" in line for line in lines[1:])
-    for name in ("first_divergent_token", "worst_ops_per_metric", "unmatched_nodes", "nan_inf_locations",
-                 "layer_error_growth"):
-        r = run_wb("query", name, "-c", cat, "--format", "json")
-        assert r.returncode == 0, (name, r.stderr)
-    growth = run_wb("query", "layer_error_growth", "-c", cat, "--format", "csv").stdout
-    assert "\n0,1," in growth  # token 0 has a row for layer 1
+    results = {name: json.loads(run_query(Path(cat), name, fmt="json"))
+               for name in ("first_divergent_token", "worst_ops_per_metric", "unmatched_nodes", "nan_inf_locations",
+                            "layer_error_growth")}
+    assert results["first_divergent_token"][0]["token_id"] == 0
+    assert results["first_divergent_token"][0]["passed"] is False
+    assert results["unmatched_nodes"] == []  # same model on both sides: everything matched by name
+    assert results["nan_inf_locations"] == []
+    worst_cos = [r for r in results["worst_ops_per_metric"] if r["metric"] == "cosine_similarity"]
+    assert len(worst_cos) == 5 and worst_cos[0]["value"] <= worst_cos[-1]["value"]
+    growth = {(r["token_id"], r["layer"]): r for r in results["layer_error_growth"]}
+    assert growth[(0, 1)]["worst_rel_euclid"] > 10 * growth[(0, 0)]["worst_rel_euclid"]
     write = run_wb("query", "DELETE FROM runs", "-c", cat)
     assert write.returncode == 2 and "read-only" in write.stderr.lower()
     assert len(write.stderr.strip().splitlines()) == 1

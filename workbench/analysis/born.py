@@ -9,6 +9,7 @@ the deepest one: a parent module is never named when one of its children qualifi
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 
 import duckdb
 
@@ -55,9 +56,11 @@ def refresh_verdicts(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, i
         con.execute("DELETE FROM node_results WHERE cmp_id = ?", [cmp_id])
         con.execute(NODE_RESULTS_SQL, [cmp_id])
         verdicts = _born_per_token(con, cmp_id)
+        evidence = _refine_with_precheck(con, cmp_id, verdicts)
         con.execute("DELETE FROM error_born WHERE cmp_id = ?", [cmp_id])
         for token, (gid, tid) in verdicts.items():
-            con.execute("INSERT INTO error_born VALUES (?, ?, ?, ?)", [cmp_id, token, gid, tid])
+            con.execute("INSERT INTO error_born VALUES (?, ?, ?, ?, ?)",
+                        [cmp_id, token, gid, tid, evidence.get(token)])
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
@@ -101,3 +104,56 @@ def _born_per_token(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, tu
         g, t = min(deepest, key=lambda c: order.get(c[0], (1 << 30, c[0])))
         out[tok] = (g, t)
     return out
+
+
+def _refine_with_precheck(con: duckdb.DuckDBPyConnection, cmp_id: int,
+                          verdicts: dict[int, tuple[int | None, int | None]]) -> dict[int, str]:
+    """Pin the verdict down to one op of an ATB test run by re-running ops alone on their dumped inputs.
+
+    When the golden module where the error is born maps to a group of fused test ops (say
+    `1_Attention`), the first op of the group that disagrees with its own re-run is where the
+    error is born; a leaf op's re-run says whether the op itself computes wrongly. Updates
+    `verdicts` in place; returns token -> evidence line.
+    """
+    row = first_row(con.execute("SELECT r.kind, r.run_id FROM comparisons c JOIN runs r ON r.run_id = c.test_run "
+                                "WHERE c.cmp_id = ?", [cmp_id]))
+    if row is None or row[0] != "atb":
+        return {}
+    try:
+        from workbench.analysis.precheck import precheck_group, precheck_op
+    except ImportError:
+        return {}
+    test_run = int(row[1])
+    evidence: dict[int, str] = {}
+    for token, (gid, tid) in list(verdicts.items()):
+        if gid is None or tid is None:
+            continue
+        found = first_row(con.execute(
+            "SELECT n.name, t.path, "
+            "EXISTS (SELECT 1 FROM nodes c WHERE c.run_id = n.run_id AND c.parent_id = n.node_id)"
+            " FROM nodes n JOIN tensors t ON t.run_id = n.run_id AND t.node_id = n.node_id"
+            " WHERE n.run_id = ? AND n.node_id = ? AND t.token_id = ? AND t.path IS NOT NULL LIMIT 1",
+            [test_run, tid, token]))
+        if found is None:
+            continue
+        name, path, is_group = str(found[0]), Path(str(found[1])), bool(found[2])
+        op_dir = path.parent.parent  # .../{token}/{node}/{before|after}/file.bin
+        if not is_group:
+            res = precheck_op(op_dir)
+            if res.supported and res.passed is False:
+                evidence[token] = f"precheck: {name} disagrees with its own re-run on its dumped inputs"
+            elif res.supported and res.passed:
+                evidence[token] = (f"precheck: {name} computes correctly from its dumped inputs "
+                                   "(look at its parameters and inputs)")
+            continue
+        for res in precheck_group(op_dir):
+            if res.supported and res.passed is False:
+                rel = Path(res.op_dir).relative_to(op_dir).as_posix()
+                sub = first_row(con.execute("SELECT node_id FROM nodes WHERE run_id = ? AND name = ?",
+                                            [test_run, f"{name}/{rel}"]))
+                if sub is not None:
+                    verdicts[token] = (gid, int(sub[0]))
+                    evidence[token] = (f"precheck: {name}/{rel} disagrees with its own re-run on its dumped inputs; "
+                                       f"the other ops of {name} before it agree")
+                break
+    return evidence

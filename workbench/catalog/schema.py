@@ -181,6 +181,7 @@ CREATE TABLE IF NOT EXISTS error_born (
     token_id       INTEGER NOT NULL,
     golden_node_id INTEGER,
     test_node_id   INTEGER,
+    evidence       VARCHAR,               -- how the test op was pinned down (e.g. single-op precheck)
     PRIMARY KEY (cmp_id, token_id)
 );
 """

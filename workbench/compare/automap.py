@@ -49,7 +49,7 @@ class _Tree:
     type: dict[int, str]
     layer: dict[int, int | None]
     order: dict[int, float]
-    numel: dict[tuple[int, str, int], int]  # (node, io, idx) -> numel at the first token present
+    numel: dict[tuple[int, str, int], dict[int, int]]  # (node, io, idx) -> token -> numel
 
     @classmethod
     def build(cls, frames: RunFrames) -> _Tree:
@@ -62,9 +62,10 @@ class _Tree:
         for kids in children.values():
             kids.sort(key=lambda n: order[n])
         t = frames.tensors
-        first = t.sort_values("token_id").drop_duplicates(["node_id", "io", "idx"])
-        numel = {(int(n), str(io), int(i)): int(x) for n, io, i, x in
-                 zip(first["node_id"], first["io"], first["idx"], first["numel"]) if x is not None and not pd.isna(x)}
+        numel: dict[tuple[int, str, int], dict[int, int]] = defaultdict(dict)
+        for n, io, i, tok, x in zip(t["node_id"], t["io"], t["idx"], t["token_id"], t["numel"]):
+            if x is not None and not pd.isna(x):
+                numel[(int(n), str(io), int(i))][int(tok)] = int(x)
         return cls(frames, children,
                    dict(zip(nodes["node_id"].astype(int), nodes["name"].astype(str))),
                    {int(n): str(x) if x is not None else "" for n, x in zip(nodes["node_id"], nodes["type"])},
@@ -108,16 +109,17 @@ class _Builder:
 
     def numel_ok(self, gid: int, tid: int, gsel: TensorSel, tsel: TensorSel, transform: str | None) -> str | None:
         """Evidence string when every selected tensor pair agrees on element count, else None."""
-        checks = []
+        keys: list[tuple[tuple[int, str, int], tuple[int, str, int]]] = []
         if gsel.role is None and tsel.role is None:
-            for (n, io, i), x in self.g.numel.items():
-                if n == gid and (tid, io, i) in self.t.numel:
-                    checks.append((x, self.t.numel[(tid, io, i)]))
+            keys = [(k, (tid, k[1], k[2])) for k in self.g.numel if k[0] == gid and (tid, k[1], k[2]) in self.t.numel]
         else:
-            gkey = (gid, gsel.role or "out", gsel.index or 0)
-            tkey = (tid, tsel.role or "out", tsel.index or 0)
-            if gkey in self.g.numel and tkey in self.t.numel:
-                checks.append((self.g.numel[gkey], self.t.numel[tkey]))
+            keys = [((gid, gsel.role or "out", gsel.index or 0), (tid, tsel.role or "out", tsel.index or 0))]
+        checks = []
+        for gkey, tkey in keys:
+            g_tok, t_tok = self.g.numel.get(gkey, {}), self.t.numel.get(tkey, {})
+            common = sorted(set(g_tok) & set(t_tok))
+            if common:  # compare at the same token: prefill and decode shapes differ
+                checks.append((g_tok[common[0]], t_tok[common[0]]))
         if not checks:
             return "no tensors to check shapes on"
         for gn, tn in checks:
@@ -202,7 +204,8 @@ def _match_mlp(b: _Builder, g_mlp: int, t_mlp: int, layer: int) -> None:
 
 def _match_layer(b: _Builder, g_layer: int, t_layer: int, layer: int) -> None:
     g, t = b.g, b.t
-    b.add(g_layer, t_layer, "auto-layer", 0.95, f"layer {layer} by index and execution order")
+    for gsel, tsel in ((IN0, IN0), (OUT0, OUT0)):
+        b.add(g_layer, t_layer, "auto-layer", 0.95, f"layer {layer} by index and execution order", gsel, tsel)
     g_kids, t_kids = g.children.get(g_layer, []), t.children.get(t_layer, [])
     g_norms = [n for n in g_kids if g.is_type(n, "Norm")]
     t_norms = [n for n in t_kids if t.is_type(n, "NormOperation")]
@@ -212,12 +215,15 @@ def _match_layer(b: _Builder, g_layer: int, t_layer: int, layer: int) -> None:
     g_att = [n for n in g_kids if g.is_type(n, "Attention")]
     t_att = [n for n in t_kids if t.is_type(n, "Attention") and not t.is_type(n, "Operation")]
     if len(g_att) == 1 and len(t_att) == 1:
-        b.add(g_att[0], t_att[0], "auto-attention", 0.95, f"layer {layer}: attention block <-> attention graph")
+        for gsel, tsel in ((IN0, IN0), (OUT0, OUT0)):
+            b.add(g_att[0], t_att[0], "auto-attention", 0.95, f"layer {layer}: attention block <-> attention graph",
+                  gsel, tsel)
         _match_attention(b, g_att[0], t_att[0], layer)
     g_mlp = [n for n in g_kids if g.is_type(n, "MLP", "FeedForward")]
     t_mlp = [n for n in t_kids if t.is_type(n, "Mlp", "MLP") and not t.is_type(n, "Operation")]
     if len(g_mlp) == 1 and len(t_mlp) == 1:
-        b.add(g_mlp[0], t_mlp[0], "auto-mlp", 0.95, f"layer {layer}: MLP block <-> MLP graph")
+        for gsel, tsel in ((IN0, IN0), (OUT0, OUT0)):
+            b.add(g_mlp[0], t_mlp[0], "auto-mlp", 0.95, f"layer {layer}: MLP block <-> MLP graph", gsel, tsel)
         _match_mlp(b, g_mlp[0], t_mlp[0], layer)
 
 

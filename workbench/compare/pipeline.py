@@ -68,6 +68,7 @@ class CompareResult:
     test_nodes: int = 0
     born: dict[int, str | None] = field(default_factory=dict)
     born_test: dict[int, str | None] = field(default_factory=dict)
+    born_evidence: dict[int, str] = field(default_factory=dict)
     first_failing_token: int | None = None
     problems: list[str] = field(default_factory=list)
     coverage: dict[str, Any] = field(default_factory=dict)
@@ -559,13 +560,15 @@ def summarize_comparison(con: duckdb.DuckDBPyConnection, catalog: Path, cmp_id: 
                         golden_nodes=cov["golden_nodes"], test_nodes=cov["test_nodes"],
                         problems=list(problems or []), coverage=cov)
     tok_filter = "" if tokens is None else f" AND b.token_id IN ({','.join(str(int(t)) for t in sorted(tokens))})"
-    for tok, gname, tname in con.execute(
-            "SELECT b.token_id, gn.name, tn.name FROM error_born b JOIN comparisons c USING (cmp_id) "
+    for tok, gname, tname, why in con.execute(
+            "SELECT b.token_id, gn.name, tn.name, b.evidence FROM error_born b JOIN comparisons c USING (cmp_id) "
             "LEFT JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = b.golden_node_id "
             "LEFT JOIN nodes tn ON tn.run_id = c.test_run AND tn.node_id = b.test_node_id "
             f"WHERE b.cmp_id = ?{tok_filter} ORDER BY b.token_id", [cmp_id]).fetchall():
         res.born[int(tok)] = gname
         res.born_test[int(tok)] = tname
+        if why:
+            res.born_evidence[int(tok)] = why
     first = next((t for t, n in sorted(res.born.items()) if n is not None), None)
     res.first_failing_token = first
     return res

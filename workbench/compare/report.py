@@ -58,6 +58,8 @@ def format_summary(res: CompareResult, golden_label: str, test_label: str, csv_p
             test_name = res.born_test.get(tok)
             suffix = f"  [test op: {test_name}]" if test_name and test_name != name else ""
             lines.append(f"error born at: {name} (token {tok}){suffix}")
+            if tok in res.born_evidence:
+                lines.append(f"  {res.born_evidence[tok]}")
     if csv_path is not None:
         lines.append(f"report: {csv_path}")
     lines.append(f"catalog: {res.catalog}")

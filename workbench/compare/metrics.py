@@ -1,0 +1,445 @@
+"""Every number the catalog holds about one golden/test tensor pair, computed in one chunked pass.
+
+msit's seven metrics follow msit's definitions exactly (flattened, cast to float32, eps = float32
+machine eps, mask |golden| <= eps, ...); the extra metrics (ULP, SNR, msprobe's thousandth
+ratios) and the per-side statistics come from the same pass. Definitions, and where our numbers
+differ from msit's in the last bits, are documented in `docs/metrics.md`.
+
+Tensors are read in chunks of `CHUNK` elements (a memory-mapped tensor is paged in chunk by
+chunk), so the working set is a few chunk-sized temporaries, not copies of the whole pair.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from workbench.catalog.schema import ALL_METRICS
+
+FLOAT_EPS = float(torch.finfo(torch.float32).eps)  # msit's FLOAT_EPSILON, 1.1920929e-07
+COSINE_NORM_EPS = 1e-8  # torch.cosine_similarity's default eps (clamps each norm)
+SNR_CAP_DB = 400.0  # |SNR| is clamped to this; identical tensors give +SNR_CAP_DB
+CHUNK = 1 << 16  # elements per chunk: 256 KiB of float32, stays in L2 cache
+
+# (mantissa bits, minimum exponent) per test dtype, as in msprobe's ULP standard.
+_ULP_PARAMS: dict[str, tuple[int, int]] = {
+    "float32": (23, -126),
+    "float16": (10, -14),
+    "bfloat16": (7, -126),
+    "float8_e4m3fn": (3, -6),
+    "float8_e5m2": (2, -14),
+}
+_DTYPE_ALIASES: dict[str, str] = {
+    "fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16",
+    "bf16": "bfloat16", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSummary:
+    """Statistics of one tensor; min..norm are over its finite elements (None when there are none)."""
+
+    numel: int
+    min: float | None = None
+    max: float | None = None
+    mean: float | None = None
+    std: float | None = None  # unbiased (torch.std's default), None below 2 finite elements
+    norm: float | None = None  # L2 norm
+    nan_count: int = 0
+    inf_count: int = 0
+
+
+@dataclass(slots=True)
+class PairMetrics:
+    """Metrics of one pair: `values` is keyed by `ALL_METRICS` (None = not computable)."""
+
+    values: dict[str, float | None]
+    golden: TensorSummary
+    test: TensorSummary
+    finite_only: bool = False
+    reason: str | None = None
+
+    @property
+    def golden_nan_count(self) -> int:
+        return self.golden.nan_count
+
+    @property
+    def golden_inf_count(self) -> int:
+        return self.golden.inf_count
+
+    @property
+    def my_nan_count(self) -> int:
+        return self.test.nan_count
+
+    @property
+    def my_inf_count(self) -> int:
+        return self.test.inf_count
+
+
+def canonical_dtype(dtype: str | torch.dtype | None) -> str | None:
+    """`torch.bfloat16`, `bf16`, `BFloat16` ... -> `bfloat16`; None stays None."""
+    if dtype is None:
+        return None
+    text = str(dtype).strip().lower().removeprefix("torch.")
+    return _DTYPE_ALIASES.get(text, text)
+
+
+# ----------------------------------------------------------------------------------------------
+# accumulators
+
+
+@dataclass(slots=True)
+class _Side:
+    """Running statistics of one side's finite elements.
+
+    Sums are kept around a shift (the first chunk's mean) so that std stays accurate when
+    |mean| >> std even though chunks are summed in float32.
+    """
+
+    n: int = 0
+    shift: float | None = None
+    s1: float = 0.0  # sum (x - shift)
+    s2: float = 0.0  # sum (x - shift)^2
+    lo: float = math.inf
+    hi: float = -math.inf
+    nan: int = 0
+    inf: int = 0
+
+    def add(self, x: torch.Tensor, lo: float, hi: float) -> float:
+        """Add finite float32 elements with their min and max; returns their sum of squares."""
+        n = x.numel()
+        if n == 0:
+            return 0.0
+        self.lo = min(self.lo, lo)
+        self.hi = max(self.hi, hi)
+        if self.shift is None:
+            mean = _sum(x) / n
+            # shifting costs a pass; only worth it when the mean is large against the spread
+            self.shift = mean if abs(mean) > (hi - lo) / 8 else 0.0
+        c = self.shift
+        y = torch.sub(x, c) if c else x
+        s1, s2 = _sum(y), _sumsq(y)
+        self.s1 += s1
+        self.s2 += s2
+        self.n += n
+        return s2 + c * (2.0 * s1 + n * c)
+
+    def summary(self, numel: int) -> TensorSummary:
+        if self.n == 0 or self.shift is None:
+            return TensorSummary(numel, nan_count=self.nan, inf_count=self.inf)
+        n, c = self.n, self.shift
+        mean = c + self.s1 / n
+        sumsq = max(self.s2 + c * (2.0 * self.s1 + n * c), 0.0)
+        std: float | None = None
+        if n > 1:
+            var = max(self.s2 - self.s1 * self.s1 / n, 0.0) / (n - 1)
+            std = 0.0 if self.lo == self.hi else math.sqrt(var)
+        return TensorSummary(numel, self.lo, self.hi, mean, std, math.sqrt(sumsq), self.nan, self.inf)
+
+
+@dataclass(slots=True)
+class _Pair:
+    """Running sums of the pair metrics over the elements finite on both sides."""
+
+    ulp: tuple[int, int] | None  # (mantissa bits, min exponent) of the test dtype
+    n: int = 0
+    g2: float = 0.0
+    m2: float = 0.0
+    d2: float = 0.0
+    rel_max: float = 0.0
+    rel_sum: float = 0.0
+    abs_max: float = 0.0
+    abs_sum: float = 0.0
+    n_lt1: int = 0  # elements with msprobe RE < 0.001
+    n_lt5: int = 0  # ... < 0.005
+    ulp_max: float = 0.0
+    # KL(softmax(g) || softmax(m)) = log E_p[e^d] - E_p[d], d = m - g, p = softmax(g):
+    # online over chunks with a running max kl_g of g; sums are scaled by exp(-kl_g)
+    kl_g: float = -math.inf
+    kl_z: float = 0.0  # sum e^(g - kl_g)
+    kl_a: float = 0.0  # sum e^(g - kl_g) * d
+    kl_b: float = 0.0  # sum e^(g - kl_g) * (expm1(d) - d), while kl_series
+    kl_series: bool = True  # every |d| < _SERIES_MAX so far
+    kl_m: float = -math.inf  # running max of m
+    kl_zm: float = 0.0  # sum e^(m - kl_m)
+    _ulp_const: tuple[int, int, int, float] = field(default=(0, 0, 0, 1.0), repr=False)
+
+    def __post_init__(self) -> None:
+        if self.ulp is not None:
+            mant, min_eb = self.ulp
+            # scale 2^(mant - eb) is built as the float32 2^(mant - eb - s), s keeps it normal
+            s = max(0, mant - min_eb - 127)
+            self._ulp_const = ((mant - s + 254) << 23, (min_eb + 127) << 23, s, 2.0 ** s)
+
+    def add(self, g: torch.Tensor, m: torch.Tensor, g2: float | None = None, m2: float | None = None,
+            g_max: float | None = None, m_max: float | None = None) -> None:
+        """Add float32 chunks finite on both sides (same length)."""
+        n = g.numel()
+        if n == 0:
+            return
+        self.n += n
+        self.g2 += _sumsq(g) if g2 is None else g2
+        self.m2 += _sumsq(m) if m2 is None else m2
+        d = m - g
+        self.d2 += _sumsq(d)
+        ad = d.abs()
+        ag = g.abs()
+        # msit ignores positions where |g| <= eps (0 there); masks are built with float ops
+        # (clamp + sign), several times faster than boolean masks in torch on CPU
+        low = float(ag.min()) <= FLOAT_EPS
+        if low:
+            keep = torch.sub(ag, FLOAT_EPS).clamp_(min=0.0).sign_()  # 1.0 where |g| > eps, else 0.0
+            g_div = torch.rsub(keep, 1.0).add_(g)  # g where kept, g + 1 (never 0) elsewhere
+        else:
+            g_div = g
+        # msit: |m/g - 1| (not |m-g|/|g|), elementwise in float32
+        r = torch.div(m, g_div).sub_(1.0).abs_()
+        ad_m = ad
+        if low:
+            r.mul_(keep)
+            ad_m = ad * keep
+        self.rel_max = max(self.rel_max, float(r.max()))
+        self.rel_sum += _sum(r)
+        self.abs_max = max(self.abs_max, float(ad_m.max()))
+        self.abs_sum += _sum(ad_m)
+        # msprobe's RE = |m-g|/|g|, with |g| = 0 replaced by float64 eps (msprobe adds eps to both)
+        rp = torch.div(ad, ag.clamp_(min=_F64_EPS))
+        self.n_lt1 += _count_below(rp, 0.001)
+        self.n_lt5 += _count_below(rp, 0.005)
+        d_max = float(ad.max())
+        if self.ulp is not None:
+            top, floor, _s, _f = self._ulp_const
+            e_bits = g.view(torch.int32).bitwise_and(0x7F800000).clamp_(min=floor)
+            scale = torch.sub(top, e_bits).view(torch.float32)
+            self.ulp_max = max(self.ulp_max, float(ad.mul_(scale).max()))
+        gmax = float(g.max()) if g_max is None else g_max
+        mmax = float(m.max()) if m_max is None else m_max
+        eg = torch.sub(g, gmax).exp_()
+        z = float(eg.sum())
+        zm = float(torch.sub(m, mmax).exp_().sum())
+        q = eg * d
+        a = float(q.sum())
+        if d_max < _SERIES_MAX and self.kl_series:
+            # expm1(d) - d = d^2 (1/2 + d/6 + d^2/24 + d^3/120 + ...), truncation < 3e-7 relative
+            h = torch.mul(d, 1.0 / 120.0).add_(1.0 / 24.0).mul_(d).add_(1.0 / 6.0).mul_(d).add_(0.5)
+            b = float(torch.dot(q.mul_(d), h))
+        else:
+            self.kl_series, b = False, 0.0
+        if gmax > self.kl_g:
+            k = math.exp(self.kl_g - gmax) if self.kl_g > -math.inf else 0.0
+            self.kl_z, self.kl_a, self.kl_b, self.kl_g = self.kl_z * k, self.kl_a * k, self.kl_b * k, gmax
+        else:
+            k = math.exp(gmax - self.kl_g)
+            z, a, b = z * k, a * k, b * k
+        self.kl_z += z
+        self.kl_a += a
+        self.kl_b += b
+        if mmax > self.kl_m:
+            self.kl_zm = self.kl_zm * (math.exp(self.kl_m - mmax) if self.kl_m > -math.inf else 0.0) + zm
+            self.kl_m = mmax
+        else:
+            self.kl_zm += zm * math.exp(mmax - self.kl_m)
+
+    def values(self) -> dict[str, float | None]:
+        n = self.n
+        if self.g2 == 0.0 and self.m2 == 0.0:
+            cos = 1.0
+        else:
+            # g.m = (|g|^2 + |m|^2 - |m-g|^2) / 2: |m-g|^2 carries the rounding of the small
+            # difference only, so this is as exact as msit's float64 dot product
+            dot = 0.5 * (self.g2 + self.m2 - self.d2) if self.g2 and self.m2 else 0.0
+            cos = dot / (max(math.sqrt(self.g2), COSINE_NORM_EPS) * max(math.sqrt(self.m2), COSINE_NORM_EPS))
+            cos = round(min(max(cos, -1.0), 1.0), 10)
+        if math.sqrt(self.g2) <= FLOAT_EPS:
+            red = 0.0
+        else:
+            red = math.sqrt(self.d2 / self.g2)
+        if self.d2 == 0.0:
+            snr = SNR_CAP_DB
+        elif self.g2 == 0.0 or math.isinf(self.d2):
+            snr = -SNR_CAP_DB
+        else:
+            snr = min(max(10.0 * math.log10(self.g2 / self.d2), -SNR_CAP_DB), SNR_CAP_DB)
+        return {
+            "cosine_similarity": cos,
+            "max_relative_error": self.rel_max,
+            "mean_relative_error": self.rel_sum / n,
+            "max_absolute_error": self.abs_max,
+            "mean_absolute_error": self.abs_sum / n,
+            "kl_divergence": self._kl(),
+            "relative_euclidean_distance": red,
+            "max_ulp_error": None if self.ulp is None else self.ulp_max * self._ulp_const[3],
+            "snr_db": snr,
+            "one_thousandth_err_ratio": self.n_lt1 / n,
+            "five_thousandths_err_ratio": self.n_lt5 / n,
+        }
+
+    def _kl(self) -> float | None:
+        if self.kl_series:
+            # log E_p[e^d] - E_p[d] = log1p(x) - x + E_p[expm1(d) - d], x = E_p[expm1(d)]:
+            # no cancellation between O(1) terms, so tiny KLs keep their relative precision
+            x = (self.kl_a + self.kl_b) / self.kl_z
+            kl = self.kl_b / self.kl_z + (math.log1p(x) - x)
+        else:
+            # -E_p[d] + LSE(m) - LSE(g): absolute error ~1e-7 * the terms, like msit's; when they
+            # are large (a big shift between m and g) the float64 two-pass form takes over
+            mean_d = self.kl_a / self.kl_z
+            if abs(mean_d) + abs(self.kl_m - self.kl_g) > _DIRECT_MAX_SHIFT:
+                return None
+            kl = -mean_d - math.log(self.kl_z) + math.log(self.kl_zm) + (self.kl_m - self.kl_g)
+        return max(kl, 0.0) if math.isfinite(kl) else None
+
+
+_F64_EPS = 2.220446049250313e-16  # np.finfo(float).eps, msprobe's
+_SERIES_MAX = 0.1  # largest |m - g| for which KL uses the series for expm1(d) - d
+_COSINE_EXACT_BELOW = 0.999  # below this the one-pass cosine may be off in the 10th decimal: redo in float64
+_DIRECT_MAX_SHIFT = 10.0  # beyond this the one-pass direct KL loses precision: two passes in float64
+
+
+def _count_below(x: torch.Tensor, bound: float) -> int:
+    """Number of elements < bound (NaN counts as below: msprobe's RE is 0 where m == g == 0)."""
+    return int(torch.rsub(x, bound).clamp_(min=0.0).sign_().sum())
+
+
+def _sumsq(x: torch.Tensor) -> float:
+    """Sum of squares: float32 BLAS dot, redone in float64 when float32 overflows."""
+    v = float(torch.dot(x, x))
+    return v if math.isfinite(v) else float(torch.linalg.vector_norm(x, dtype=torch.float64)) ** 2
+
+
+def _sum(x: torch.Tensor) -> float:
+    """Sum (float32 accumulation, pairwise), redone in float64 when float32 overflows."""
+    v = float(x.sum())
+    return v if math.isfinite(v) else float(x.sum(dtype=torch.float64))
+
+
+# ----------------------------------------------------------------------------------------------
+# public API
+
+
+def summarize(t: torch.Tensor) -> TensorSummary:
+    """numel, min, max, mean, std, L2 norm (over the finite elements) and NaN/Inf counts of `t`."""
+    if t.is_complex():
+        return TensorSummary(t.numel())
+    side = _Side()
+    for x in _chunks(t.reshape(-1)):
+        _add_side(side, x)
+    return side.summary(t.numel())
+
+
+def compare_tensors(golden: torch.Tensor, test: torch.Tensor, test_dtype: str | None = None) -> PairMetrics:
+    """All metrics of one pair plus both sides' statistics; never raises on odd data.
+
+    `test_dtype` names the dtype the test run computed in (for the ULP unit); by default the
+    test tensor's own dtype. Tensors are flattened: equal numel is enough (msit compares numel
+    only); a shape difference is recorded in `reason`.
+    """
+    none = dict.fromkeys(ALL_METRICS)
+    if golden.is_complex() or test.is_complex():
+        return PairMetrics(none, summarize(golden), summarize(test), False, "complex tensors are not compared")
+    gshape, tshape = list(golden.shape), list(test.shape)
+    if golden.numel() != test.numel():
+        return PairMetrics(none, summarize(golden), summarize(test), False,
+                           f"data shape doesn't match: golden {gshape} ({golden.numel()} elements) vs "
+                           f"test {tshape} ({test.numel()} elements)")
+    if golden.numel() == 0:
+        return PairMetrics(none, summarize(golden), summarize(test), False, "empty tensor: nothing to compare")
+    reasons: list[str] = []
+    if gshape != tshape:
+        reasons.append(f"shape {gshape} vs {tshape}, compared flattened")
+    dtype = canonical_dtype(test_dtype) or canonical_dtype(test.dtype)
+    gs, ts, pair = _Side(), _Side(), _Pair(_ULP_PARAMS.get(dtype or ""))
+    for g, m in zip(_chunks(golden.reshape(-1)), _chunks(test.reshape(-1)), strict=True):
+        g_lo, g_hi = _extremes(g)
+        m_lo, m_hi = _extremes(m)
+        if math.isfinite(g_lo + g_hi + m_lo + m_hi):  # NaN propagates through min/max
+            g2, m2 = gs.add(g, g_lo, g_hi), ts.add(m, m_lo, m_hi)
+            pair.add(g, m, g2, m2, g_hi, m_hi)
+            continue
+        fg, fm = _add_side(gs, g), _add_side(ts, m)
+        both = fg & fm
+        pair.add(g[both], m[both])
+    summ_g, summ_t = gs.summary(golden.numel()), ts.summary(test.numel())
+    finite_only = bool(summ_g.nan_count or summ_g.inf_count or summ_t.nan_count or summ_t.inf_count)
+    for side, s in (("golden_data", summ_g), ("my_data", summ_t)):
+        if s.nan_count or s.inf_count:
+            reasons.append(f"{side} includes {s.nan_count} NaN and {s.inf_count} Inf")
+    if pair.n == 0:
+        reasons.append("no position is finite on both sides: no metrics")
+        return PairMetrics(none, summ_g, summ_t, finite_only, "; ".join(reasons))
+    if finite_only:
+        reasons.append(f"metrics on the {pair.n} of {golden.numel()} positions finite on both sides")
+    values = pair.values()
+    cos = values["cosine_similarity"]
+    if cos is not None and cos < _COSINE_EXACT_BELOW:
+        values["cosine_similarity"] = _cosine_exact(golden, test)
+    if values["kl_divergence"] is None:
+        values["kl_divergence"] = _kl_direct(golden, test)
+    return PairMetrics(values, summ_g, summ_t, finite_only, "; ".join(reasons) or None)
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+
+
+def _chunks(flat: torch.Tensor) -> Iterator[torch.Tensor]:
+    """float32 chunks of a flat tensor (views when it already is float32)."""
+    n = flat.numel()
+    for start in range(0, n, CHUNK):
+        part = flat[start:start + CHUNK]
+        yield part if part.dtype == torch.float32 else part.to(torch.float32)
+
+
+def _extremes(x: torch.Tensor) -> tuple[float, float]:
+    lo, hi = torch.aminmax(x)
+    return float(lo), float(hi)
+
+
+def _add_side(side: _Side, x: torch.Tensor) -> torch.Tensor:
+    """Count NaN/Inf of chunk `x`, add its finite part to `side`; returns the finite mask."""
+    fin = torch.isfinite(x)
+    n_fin = int(fin.sum())
+    if n_fin < x.numel():
+        n_nan = int(torch.isnan(x).sum())
+        side.nan += n_nan
+        side.inf += x.numel() - n_fin - n_nan
+        x = x[fin]
+    if x.numel():
+        side.add(x, *_extremes(x))
+    return fin
+
+
+def _kl_direct(golden: torch.Tensor, test: torch.Tensor) -> float | None:
+    """KL in float64, two passes: log-softmax of each side, then sum p (log p - log q), as msit."""
+    lse_g = lse_m = torch.tensor(-math.inf, dtype=torch.float64)
+    for g, m in _finite_pairs(golden, test):
+        lse_g = torch.logaddexp(lse_g, torch.logsumexp(g, 0))
+        lse_m = torch.logaddexp(lse_m, torch.logsumexp(m, 0))
+    if not math.isfinite(float(lse_g)) or not math.isfinite(float(lse_m)):
+        return None
+    kl = 0.0
+    for g, m in _finite_pairs(golden, test):
+        lp, lq = g - lse_g, m - lse_m
+        kl += float(torch.dot(torch.exp(lp), lp - lq))
+    return max(kl, 0.0) if math.isfinite(kl) else None
+
+
+def _cosine_exact(golden: torch.Tensor, test: torch.Tensor) -> float:
+    """msit's cosine (float64 dot, torch's per-norm eps clamp), one more pass, for dissimilar pairs."""
+    dot = g2 = m2 = 0.0
+    for g, m in _finite_pairs(golden, test):
+        dot += float(torch.dot(g, m))
+        g2 += float(torch.dot(g, g))
+        m2 += float(torch.dot(m, m))
+    if g2 == 0.0 and m2 == 0.0:
+        return 1.0
+    return round(dot / (max(math.sqrt(g2), COSINE_NORM_EPS) * max(math.sqrt(m2), COSINE_NORM_EPS)), 10)
+
+
+def _finite_pairs(golden: torch.Tensor, test: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    for g, m in zip(_chunks(golden.reshape(-1)), _chunks(test.reshape(-1)), strict=True):
+        both = torch.isfinite(g) & torch.isfinite(m)
+        yield g[both].double(), m[both].double()

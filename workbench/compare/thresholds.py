@@ -1,0 +1,239 @@
+"""Pass/fail bounds per metric and test dtype, with rules for special nodes (logits).
+
+Defaults ship in `workbench/data/thresholds.toml`; a user TOML file of the same structure is
+merged over them (tables key by key, `[[rule]]`s by `name`, other values replaced). The format
+is documented in `docs/metrics.md`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from workbench.catalog.schema import ALL_METRICS
+from workbench.compare.metrics import canonical_dtype
+
+DEFAULTS_RESOURCE = "thresholds.toml"
+NAN_INF = "nan_inf"  # the failed-metric name of a NaN/Inf mismatch
+_TOP_KEYS = {"verdict", "nan_inf_fails", "default_dtype", "dtype", "rule"}
+_RULE_KEYS = {"name", "match", "verdict", "dtype"}
+_QUANTIZED = {"int8", "uint8", "int4", "qint8", "quint8"}
+
+Bounds = dict[str, tuple[float | None, float | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """Extra verdict metrics and bound overrides for nodes whose name or type matches `match`."""
+
+    name: str
+    match: re.Pattern[str]
+    verdict: tuple[str, ...]
+    dtypes: dict[str, Bounds]
+
+    def applies(self, node_name: str, node_type: str) -> bool:
+        return bool(self.match.search(node_name) or (node_type and self.match.search(node_type)))
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Effective thresholds (defaults merged with an optional user file)."""
+
+    verdict: tuple[str, ...]
+    nan_inf_fails: bool
+    default_dtype: str
+    dtypes: dict[str, Bounds]
+    rules: tuple[Rule, ...] = ()
+    config: dict[str, Any] = field(default_factory=dict, repr=False)  # the merged TOML data
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> Thresholds:
+        """Defaults, merged with the TOML file at `path` if given; ValueError names a bad file."""
+        text = resources.files("workbench").joinpath("data", DEFAULTS_RESOURCE).read_text(encoding="utf-8")
+        data = _parse(text, f"<package>/workbench/data/{DEFAULTS_RESOURCE}")
+        if path is not None:
+            p = Path(path)
+            try:
+                user_text = p.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                why = getattr(exc, "strerror", None) or exc
+                raise ValueError(f"{p}: cannot read thresholds file ({why})") from None
+            data = _merge(data, _parse(user_text, str(p)))
+            return cls.from_dict(data, str(p))
+        return cls.from_dict(data, "<package defaults>")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> Thresholds:
+        """Validate a thresholds mapping (the TOML structure); ValueError names `source`."""
+        try:
+            return cls._build(data)
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}") from None
+
+    @classmethod
+    def _build(cls, data: dict[str, Any]) -> Thresholds:
+        unknown = set(data) - _TOP_KEYS
+        if unknown:
+            raise ValueError(f"unknown key(s) {sorted(unknown)}; expected {sorted(_TOP_KEYS)}")
+        verdict = _metric_list(data.get("verdict", []), "verdict")
+        nan_inf = data.get("nan_inf_fails", True)
+        if not isinstance(nan_inf, bool):
+            raise ValueError("nan_inf_fails must be true or false")
+        default_dtype = canonical_dtype(str(data.get("default_dtype", "float32"))) or "float32"
+        dtypes = _dtype_tables(data.get("dtype", {}), "dtype")
+        if default_dtype not in dtypes:
+            raise ValueError(f"default_dtype {default_dtype!r} has no [dtype.{default_dtype}] table")
+        rules = []
+        raw_rules = data.get("rule", [])
+        if not isinstance(raw_rules, list):
+            raise ValueError("rule must be an array of tables ([[rule]])")
+        for i, raw in enumerate(raw_rules):
+            where = f"rule #{i + 1}"
+            if not isinstance(raw, dict):
+                raise ValueError(f"{where} is not a table")
+            bad = set(raw) - _RULE_KEYS
+            if bad:
+                raise ValueError(f"{where}: unknown key(s) {sorted(bad)}; expected {sorted(_RULE_KEYS)}")
+            if not isinstance(raw.get("match"), str) or not raw["match"]:
+                raise ValueError(f"{where}: `match` must be a non-empty regular expression string")
+            try:
+                pattern = re.compile(raw["match"])
+            except re.error as exc:
+                raise ValueError(f"{where}: bad regular expression {raw['match']!r} ({exc})") from None
+            rules.append(Rule(str(raw.get("name", f"rule{i + 1}")), pattern,
+                              _metric_list(raw.get("verdict", []), f"{where} verdict"),
+                              _dtype_tables(raw.get("dtype", {}), f"{where} dtype")))
+        return cls(verdict, nan_inf, default_dtype, dtypes, tuple(rules), copy.deepcopy(data))
+
+    # ------------------------------------------------------------------------------------------
+
+    def table_dtype(self, dtype: str | None) -> str:
+        """The `[dtype.*]` table that applies to a test dtype (quantized ints -> int8, else default)."""
+        dt = canonical_dtype(dtype)
+        if dt in self.dtypes:
+            return dt
+        if dt in _QUANTIZED and "int8" in self.dtypes:
+            return "int8"
+        return self.default_dtype
+
+    def _resolve(self, dtype: str | None, node_name: str, node_type: str) -> tuple[list[str], Bounds]:
+        dt = self.table_dtype(dtype)
+        bounds = dict(self.dtypes.get(dt, {}))
+        verdict = list(self.verdict)
+        for rule in self.rules:
+            if rule.applies(node_name, node_type):
+                bounds.update(rule.dtypes.get(dt, {}))
+                verdict += [m for m in rule.verdict if m not in verdict]
+        return verdict, bounds
+
+    def verdict_metrics(self, dtype: str | None = None, *, node_name: str = "", node_type: str = "") -> list[str]:
+        """Metrics that decide pass/fail for a node of this dtype."""
+        return self._resolve(dtype, node_name, node_type)[0]
+
+    def bounds_for(self, metric: str, dtype: str | None, *, node_name: str = "",
+                   node_type: str = "") -> tuple[float | None, float | None]:
+        """(min, max) of `metric` for a test dtype (and node, for rules); None = unbounded."""
+        return self._resolve(dtype, node_name, node_type)[1].get(metric, (None, None))
+
+    def judge(self, values: dict[str, float | None], dtype: str | None, *, node_name: str = "",
+              node_type: str = "", nan_inf_mismatch: bool = False) -> tuple[bool | None, list[str]]:
+        """(passed, failed metrics): passed is None when no verdict metric could be computed.
+
+        A NaN metric value fails. `nan_inf_mismatch` (NaN/Inf on the test side where golden
+        has none) fails as `nan_inf` when `nan_inf_fails`.
+        """
+        verdict, bounds = self._resolve(dtype, node_name, node_type)
+        failed: list[str] = []
+        if nan_inf_mismatch and self.nan_inf_fails:
+            failed.append(NAN_INF)
+        judged = False
+        for metric in verdict:
+            v = values.get(metric)
+            if v is None:
+                continue
+            judged = True
+            lo, hi = bounds.get(metric, (None, None))
+            if math.isnan(v) or (lo is not None and v < lo) or (hi is not None and v > hi):
+                failed.append(metric)
+        if not judged and not failed:
+            return None, []
+        return not failed, failed
+
+    def to_json(self) -> str:
+        """The effective configuration as canonical JSON (stored with each comparison)."""
+        return json.dumps(self.config, sort_keys=True, separators=(",", ":"))
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def _parse(text: str, source: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{source}: not valid TOML ({exc})") from None
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` merged into a copy of `base`: tables recursively, rules by name, the rest replaced."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if key == "rule" and isinstance(value, list) and isinstance(out.get("rule"), list):
+            rules = out["rule"]
+            for rule in value:
+                name = rule.get("name") if isinstance(rule, dict) else None
+                same = next((i for i, r in enumerate(rules) if name is not None and r.get("name") == name), None)
+                if same is None:
+                    rules.append(copy.deepcopy(rule))
+                else:
+                    rules[same] = _merge(rules[same], rule)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _metric_list(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{where} must be a list of metric names")
+    for m in value:
+        _check_metric(m, where)
+    return tuple(value)
+
+
+def _check_metric(name: str, where: str) -> None:
+    if name not in ALL_METRICS:
+        raise ValueError(f"{where}: unknown metric {name!r}; known: {', '.join(ALL_METRICS)}")
+
+
+def _dtype_tables(value: Any, where: str) -> dict[str, Bounds]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must be a table of dtype tables")
+    out: dict[str, Bounds] = {}
+    for dtype, table in value.items():
+        dt = canonical_dtype(dtype) or dtype
+        if not isinstance(table, dict):
+            raise ValueError(f"[{where}.{dtype}] must be a table of metric = {{ min = .., max = .. }}")
+        bounds: Bounds = {}
+        for metric, bound in table.items():
+            _check_metric(metric, f"[{where}.{dtype}]")
+            if not isinstance(bound, dict) or not bound or set(bound) - {"min", "max"}:
+                raise ValueError(f"[{where}.{dtype}] {metric} must be {{ min = x }}, {{ max = y }} or both")
+            lo, hi = bound.get("min"), bound.get("max")
+            for b in (lo, hi):
+                if b is not None and (isinstance(b, bool) or not isinstance(b, int | float) or math.isnan(b)):
+                    raise ValueError(f"[{where}.{dtype}] {metric}: bounds must be numbers, got {b!r}")
+            if lo is not None and hi is not None and lo > hi:
+                raise ValueError(f"[{where}.{dtype}] {metric}: min {lo} > max {hi}")
+            bounds[metric] = (None if lo is None else float(lo), None if hi is None else float(hi))
+        out[dt] = bounds
+    return out
