@@ -16,7 +16,7 @@ _CSV_INJECTION = ("=", "+", "-", "@", "\t", "\r")
 def write_msit_csv(con: duckdb.DuckDBPyConnection, cmp_id: int, out_dir: Path,
                    tokens: set[int] | None = None) -> Path:
     """msit's report columns by msit's names, rows in token then execution order; returns the file."""
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d%H%M%S")
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%d%H%M%S")
     path = out_dir / f"msit_cmp_report_{stamp}.csv"
     cols = ", ".join(MSIT_CSV_COLUMNS)
     tok = "" if tokens is None else f" AND golden_token_id IN ({','.join(str(int(t)) for t in sorted(tokens))})"

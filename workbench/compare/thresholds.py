@@ -11,12 +11,11 @@ import copy
 import json
 import math
 import re
+import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from workbench.catalog.schema import ALL_METRICS
 from workbench.compare.metrics import canonical_dtype

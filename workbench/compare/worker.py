@@ -84,11 +84,12 @@ def run_pair(task: PairTask) -> dict[str, Any]:
     test, t_err = _load(task.test_path, "my_data_path")
     out: dict[str, Any] = {"pair_id": task.pair_id, "golden_tensor_id": task.golden_tensor_id,
                            "test_tensor_id": task.test_tensor_id}
-    if golden is not None:
-        out["golden"] = _summary_dict(summarize(golden))
-    if test is not None:
-        out["test"] = _summary_dict(summarize(test))
     if golden is None or test is None:
+        # one side unreadable: still describe the other (compare_tensors does it otherwise, in its one pass)
+        if golden is not None:
+            out["golden"] = _summary_dict(summarize(golden))
+        if test is not None:
+            out["test"] = _summary_dict(summarize(test))
         out["values"] = {}
         out["finite_only"] = False
         out["reason"] = " ".join(r for r in (g_err, t_err) if r)
@@ -96,6 +97,7 @@ def run_pair(task: PairTask) -> dict[str, Any]:
     try:
         golden, test = apply_transform(golden, test, task.transform)
     except (ValueError, RuntimeError, IndexError) as exc:
+        out["golden"], out["test"] = _summary_dict(summarize(golden)), _summary_dict(summarize(test))
         out["values"], out["finite_only"] = {}, False
         out["reason"] = f"cannot apply layout transform {task.transform!r}: {exc}"
         return out
