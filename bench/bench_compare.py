@@ -60,6 +60,29 @@ def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+def count_msit_rows(reports: list[Path]) -> int:
+    """Rows msit compared (every sheet of its xlsx, or its CSV)."""
+    import pandas as pd
+
+    n = 0
+    for r in reports:
+        if r.suffix == ".xlsx":
+            n += sum(len(df) for df in pd.read_excel(r, sheet_name=None).values())
+        elif r.suffix == ".csv":
+            n += len(pd.read_csv(r))
+    return n
+
+
+def largest_pair_mb(golden: Path, test: Path) -> float:
+    """Size of the largest golden file plus its test counterpart (the memory bound per worker)."""
+    best = 0
+    for g in golden.rglob("*.pth"):
+        t = test / g.relative_to(golden)
+        if t.exists():
+            best = max(best, g.stat().st_size + t.stat().st_size)
+    return best / 1e6
+
+
 def run_timed(cmd: list[str], cwd: Path) -> tuple[float, int, str]:
     """Wall time, peak RSS (KiB) of the command's process tree, output tail."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -114,9 +137,14 @@ def main() -> None:
     t_ms, rss_ms, _log = run_timed([msit, "llm", "compare", "-gp", str(golden), "-mp", str(test),
                                       "-o", str(out_msit)], base)
     reports = list(out_msit.glob("msit_cmp_report_*"))
-    print(f"msit compare: {t_ms:7.2f} s  report {', '.join(r.name for r in reports) or 'none'}  "
-          f"peak RSS {rss_ms / 1024:.0f} MiB")
-    print(f"throughput ratio wb/msit: {t_ms / t_wb:.1f}x (target >= 10x)")
+    msit_pairs = count_msit_rows(reports)
+    print(f"msit compare: {t_ms:7.2f} s  {msit_pairs} pairs  {msit_pairs / t_ms:8.1f} pairs/s  "
+          f"report {', '.join(r.name for r in reports) or 'none'}  peak RSS {rss_ms / 1024:.0f} MiB")
+    print(f"wall-time ratio msit/wb: {t_ms / t_wb:.1f}x (wb compares {pairs} pairs, msit {msit_pairs})")
+    if msit_pairs:
+        print(f"throughput ratio wb/msit (pairs/s): {(pairs / t_wb) / (msit_pairs / t_ms):.1f}x (target >= 10x)")
+    print(f"peak memory: wb {rss_wb / 1024:.0f} MiB, msit {rss_ms / 1024:.0f} MiB; largest tensor pair "
+          f"{largest_pair_mb(golden, test):.0f} MB")
     if not args.keep:
         shutil.rmtree(base, ignore_errors=True)
 

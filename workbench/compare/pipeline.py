@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,9 +179,17 @@ class _ResultSink:
         self.stat_rows: list[dict[str, Any]] = []
         self.failed = 0
         self.uncomparable = 0
+        self.done_pairs: set[int] = set()
+        self.done_stats: set[tuple[int, int]] = set()
+
+    def is_done(self, task: PairTask | StatsTask) -> bool:
+        if isinstance(task, PairTask):
+            return task.pair_id in self.done_pairs
+        return (task.run_id, task.tensor_id) in self.done_stats
 
     def add(self, res: dict[str, Any]) -> None:
         if "pair_id" in res:
+            self.done_pairs.add(int(res["pair_id"]))
             values = res["values"]
             passed, over = self.judge(res)
             g, t = res.get("golden") or {}, res.get("test") or {}
@@ -201,6 +210,7 @@ class _ResultSink:
                 self.stat_rows.append({"run_id": self.test_run, "tensor_id": res["test_tensor_id"], **t,
                                        "error": None})
         else:
+            self.done_stats.add((int(res["run_id"]), int(res["tensor_id"])))
             s = res.get("summary") or {}
             self.stat_rows.append({"run_id": res["run_id"], "tensor_id": res["tensor_id"],
                                    **{f: s.get(f) for f in SUMMARY_FIELDS}, "error": res.get("error")})
@@ -268,14 +278,82 @@ def _pool_context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("spawn")
 
 
+def _warm_up() -> int:
+    return os.getpid()
+
+
+def _bytes_at_least(root: Path, limit: int) -> bool:
+    """Whether the files below `root` add up to `limit` bytes (stops as soon as they do)."""
+    total, stack = 0, [root]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for e in it:
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(Path(e.path))
+                    else:
+                        total += e.stat(follow_symlinks=False).st_size
+                        if total >= limit:
+                            return True
+        except OSError:
+            continue
+    return False
+
+
+def start_pool(workers: int) -> ProcessPoolExecutor | None:
+    """A worker pool started now, so its processes boot while the dumps are read (None for one worker)."""
+    if workers <= 1:
+        return None
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context())
+    for _ in range(workers):
+        pool.submit(_warm_up)
+    return pool
+
+
 def execute_tasks(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], sink: _ResultSink, *,
                   workers: int, progress: ProgressFn | None, cancel: threading.Event | None,
-                  stage: str = "compare") -> None:
+                  stage: str = "compare", pool: ProcessPoolExecutor | None = None) -> None:
     """Run tasks in a process pool (or in process when small), streaming results into the sink."""
-    total = len(tasks)
     t0 = time.perf_counter()
-    done = 0
-    last_flush = t0
+    if progress:
+        progress(Progress(stage, 0, len(tasks)))
+    if not tasks:
+        return
+    if workers <= 1 or sum(sizes) < IN_PROCESS_BYTES:
+        _run_in_process(tasks, sizes, sink, progress, cancel, stage, t0)
+        return
+    try:
+        _run_in_pool(tasks, sizes, sink, workers, progress, cancel, stage, t0, pool)
+    except BrokenProcessPool:
+        # a worker died (killed, out of memory, an unimportable __main__): finish here, one pair at a time
+        sink.flush()
+        left = [(t, n) for t, n in zip(tasks, sizes) if not sink.is_done(t)]
+        _run_in_process([t for t, _ in left], [n for _, n in left], sink, progress, cancel, stage, t0)
+
+
+def _run_in_process(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], sink: _ResultSink,
+                    progress: ProgressFn | None, cancel: threading.Event | None, stage: str, t0: float) -> None:
+    total, done, last_flush = len(tasks), 0, time.perf_counter()
+    for batch in _batches(tasks, sizes):
+        if cancel is not None and cancel.is_set():
+            sink.flush()
+            raise CompareCancelled()
+        for res in run_batch(batch):
+            sink.add(res)
+        done += len(batch)
+        now = time.perf_counter()
+        if progress:
+            progress(Progress(stage, done, total, done / max(now - t0, 1e-9)))
+        if now - last_flush > 1.0:
+            sink.flush()
+            last_flush = now
+    sink.flush()
+
+
+def _run_in_pool(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], sink: _ResultSink, workers: int,
+                 progress: ProgressFn | None, cancel: threading.Event | None, stage: str, t0: float,
+                 pool: ProcessPoolExecutor | None) -> None:
+    total, done, last_flush = len(tasks), 0, time.perf_counter()
 
     def report(force: bool = False) -> None:
         nonlocal last_flush
@@ -286,25 +364,11 @@ def execute_tasks(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], s
             sink.flush()
             last_flush = now
 
-    if progress:
-        progress(Progress(stage, 0, total))
-    if not tasks:
-        return
-    if workers <= 1 or sum(sizes) < IN_PROCESS_BYTES:
-        for batch in _batches(tasks, sizes):
-            if cancel is not None and cancel.is_set():
-                sink.flush()
-                raise CompareCancelled()
-            for res in run_batch(batch):
-                sink.add(res)
-            done += len(batch)
-            report()
-        sink.flush()
-        if progress:
-            progress(Progress(stage, done, total, done / max(time.perf_counter() - t0, 1e-9)))
-        return
     batches = iter(_batches(tasks, sizes))
-    with ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context()) as pool:
+    own_pool = pool is None
+    if pool is None:
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context())
+    try:
         inflight: dict[Future[list[dict[str, Any]]], int] = {}
 
         def submit_more() -> None:
@@ -319,7 +383,6 @@ def execute_tasks(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], s
             if cancel is not None and cancel.is_set():
                 for f in inflight:
                     f.cancel()
-                pool.shutdown(wait=True, cancel_futures=True)
                 sink.flush()
                 raise CompareCancelled()
             finished, _ = wait(list(inflight), timeout=0.2, return_when=FIRST_COMPLETED)
@@ -330,6 +393,9 @@ def execute_tasks(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], s
                 done += n
             submit_more()
             report()
+    finally:
+        if own_pool:
+            pool.shutdown(wait=True, cancel_futures=True)
     report(force=True)
 
 
@@ -343,7 +409,8 @@ def _tensor_bytes(numel: Any, dtype: Any) -> int:
 def compute_pending(con: duckdb.DuckDBPyConnection, cmp_id: int, golden: RunFrames, test: RunFrames,
                     pairs: pd.DataFrame, thresholds: Thresholds, *, workers: int,
                     progress: ProgressFn | None = None, cancel: threading.Event | None = None,
-                    stats_for_unpaired: bool = True) -> tuple[int, int, int]:
+                    stats_for_unpaired: bool = True, pool: ProcessPoolExecutor | None = None
+                    ) -> tuple[int, int, int]:
     """Compute metrics for pairs without them, and stats of unpaired tensors.
 
     Returns (computed, failed, uncomparable).
@@ -387,7 +454,7 @@ def compute_pending(con: duckdb.DuckDBPyConnection, cmp_id: int, golden: RunFram
         return _judge(thresholds, res, node_info[pair_node[res["pair_id"]]], pair_dtype[res["pair_id"]])
 
     sink = _ResultSink(con, cmp_id, golden.run_id, test.run_id, judge)
-    execute_tasks(tasks, sizes, sink, workers=workers, progress=progress, cancel=cancel)
+    execute_tasks(tasks, sizes, sink, workers=workers, progress=progress, cancel=cancel, pool=pool)
     return len(todo), sink.failed, sink.uncomparable
 
 
@@ -472,6 +539,20 @@ def run_compare(golden: str | Path, test: str | Path, catalog: str | Path, *,
     """Read, ingest, match and compare two dumps into `catalog`; see the module docstring."""
     th = thresholds if isinstance(thresholds, Thresholds) else Thresholds.load(thresholds)
     mf = mapping if isinstance(mapping, MappingFile) or mapping is None else MappingFile.load(mapping)
+    n_workers = workers or default_workers()
+    big = _bytes_at_least(Path(golden), IN_PROCESS_BYTES) and _bytes_at_least(Path(test), IN_PROCESS_BYTES // 2)
+    pool = start_pool(n_workers) if big else None
+    try:
+        return _read_ingest_compare(golden, test, catalog, mf, tokens, th, n_workers, progress, cancel, auto, pool)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _read_ingest_compare(golden: str | Path, test: str | Path, catalog: str | Path, mf: MappingFile | None,
+                         tokens: Collection[int] | None, th: Thresholds, workers: int,
+                         progress: ProgressFn | None, cancel: threading.Event | None, auto: bool,
+                         pool: ProcessPoolExecutor | None) -> CompareResult:
     if progress:
         progress(Progress("read dumps", 0, 2))
     g_dump = open_dump(golden)
@@ -491,8 +572,8 @@ def run_compare(golden: str | Path, test: str | Path, catalog: str | Path, *,
         if cancel is not None and cancel.is_set():
             raise CompareCancelled()
         return _compare_runs(con, Path(catalog), g_ing.run_id, t_ing.run_id, mf, tokens, th,
-                             workers or default_workers(), progress, cancel, auto,
-                             problems=[*g_ing.problems, *t_ing.problems])
+                             workers, progress, cancel, auto,
+                             problems=[*g_ing.problems, *t_ing.problems], pool=pool)
     finally:
         con.close()
 
@@ -510,7 +591,7 @@ def _auto_matcher(auto: bool) -> Any:
 def _compare_runs(con: duckdb.DuckDBPyConnection, catalog: Path, golden_run: int, test_run: int,
                   mapping: MappingFile | None, tokens: Collection[int] | None, thresholds: Thresholds,
                   workers: int, progress: ProgressFn | None, cancel: threading.Event | None, auto: bool,
-                  problems: list[str]) -> CompareResult:
+                  problems: list[str], pool: ProcessPoolExecutor | None = None) -> CompareResult:
     golden = load_frames(con, golden_run)
     test = load_frames(con, test_run)
     cmp_id, th_changed = _comparison_id(con, golden_run, test_run, mapping, thresholds)
@@ -527,7 +608,7 @@ def _compare_runs(con: duckdb.DuckDBPyConnection, catalog: Path, golden_run: int
     if th_changed:
         rejudge(con, cmp_id, thresholds)
     computed, _failed_new, _unc = compute_pending(con, cmp_id, golden, test, pairs, thresholds, workers=workers,
-                                                  progress=progress, cancel=cancel)
+                                                  progress=progress, cancel=cancel, pool=pool)
     if progress:
         progress(Progress("verdict", 0, 1))
     refresh_verdicts(con, cmp_id)

@@ -9,9 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
-import warnings
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +17,7 @@ import numpy as np
 import torch
 
 from workbench.formats.model import DumpError
-from workbench.formats.tensor_io import dtype_name
+from workbench.formats.tensor_io import dtype_name, load_pth
 
 MAX_JSON_BYTES = 256 * 1024 * 1024
 # tensors above this size are hashed on evenly spaced samples (data-flow matching only needs identity)
@@ -68,34 +65,8 @@ def read_json(path: str | Path) -> Any:
 
 
 def load_pth_lazy(path: str) -> torch.Tensor:
-    """`torch.load(weights_only=True, mmap=True)` of one tensor file: the payload stays on disk until touched."""
-    try:
-        size = os.path.getsize(path)
-    except OSError as exc:
-        raise DumpError(path, f"cannot read: {exc.strerror or exc}") from None
-    if size == 0:
-        raise DumpError(path, "empty file")
-    try:
-        is_zip = zipfile.is_zipfile(path)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch warns about pickle protocols before refusing them
-            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
-    except pickle.UnpicklingError as exc:
-        lines = str(exc).splitlines()
-        glob = next((ln.strip() for ln in lines if "GLOBAL" in ln), None)
-        if glob is not None:
-            raise DumpError(path, f"refused: the pickle would run code ({glob[:140]})") from None
-        detail = next((ln.strip() for ln in lines if "Unsupported" in ln or "nvalid" in ln), "")
-        raise DumpError(path, "refused: not a tensor file torch can load safely"
-                        + (f" ({detail[:120]})" if detail else "")) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, KeyError, IndexError,
-            TypeError, AttributeError) as exc:
-        text = str(exc).strip()
-        msg = text.splitlines()[0] if text else type(exc).__name__
-        raise DumpError(path, f"not a readable torch file ({msg[:160]})") from None
-    if not isinstance(obj, torch.Tensor):
-        raise DumpError(path, f"holds a {type(obj).__name__}, not a tensor")
-    return obj
+    """One tensor file, memory-mapped: the payload stays on disk until touched (see `tensor_io`)."""
+    return load_pth(path)
 
 
 def npy_header(path: str) -> tuple[str, tuple[int, ...]]:

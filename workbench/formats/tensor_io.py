@@ -8,11 +8,15 @@ whose message names the file and the reason in one line.
 
 from __future__ import annotations
 
+import collections
+import io
 import os
 import pickle
+import struct
 import warnings
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,24 +40,114 @@ def dtype_name(dtype: torch.dtype | np.dtype | str) -> str:
     return text.removeprefix("torch.")
 
 
-def _load_pth(path: str) -> torch.Tensor:
+_STORAGE_DTYPES: dict[str, torch.dtype] = {
+    "FloatStorage": torch.float32, "HalfStorage": torch.float16, "BFloat16Storage": torch.bfloat16,
+    "DoubleStorage": torch.float64, "LongStorage": torch.int64, "IntStorage": torch.int32,
+    "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8, "BoolStorage": torch.bool,
+}
+_NUMPY_STORAGE = {torch.bfloat16: np.uint16}
+
+
+class _NotPlain(Exception):
+    """The file is not a plain saved tensor: let torch's own (weights-only) loader decide."""
+
+
+class _TensorOnlyUnpickler(pickle.Unpickler):
+    """Knows exactly one thing: `torch.save` of one tensor. Any other global is refused, never imported."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "torch._utils" and name == "_rebuild_tensor_v2":
+            return _rebuild
+        if module == "torch" and name in _STORAGE_DTYPES:
+            return _STORAGE_DTYPES[name]
+        if module == "collections" and name == "OrderedDict":
+            return collections.OrderedDict
+        raise _NotPlain(f"{module}.{name}")
+
+    def persistent_load(self, pid: Any) -> Any:
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], torch.dtype)):
+            raise _NotPlain("storage")
+        return (pid[1], str(pid[2]), int(pid[4]))
+
+
+def _rebuild(storage: Any, offset: int, size: Any, stride: Any, *_rest: Any) -> Any:
+    return ("tensor", storage, int(offset), tuple(int(x) for x in size), tuple(int(x) for x in stride))
+
+
+def _fast_pth(path: str, file_size: int) -> torch.Tensor | None:
+    """Memory-map a plain `torch.save(tensor)` zip without torch.load's machinery; None when not plain."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            pkl = [n for n in zf.namelist() if n.endswith("/data.pkl")]
+            if len(pkl) != 1:
+                return None
+            info = zf.getinfo(pkl[0])
+            if info.file_size > 1 << 20:
+                return None
+            spec = _TensorOnlyUnpickler(io.BytesIO(zf.read(pkl[0]))).load()
+            if not (isinstance(spec, tuple) and len(spec) == 5 and spec[0] == "tensor"):
+                return None
+            _tag, (dtype, key, numel), offset, size, stride = spec
+            entry = zf.getinfo(pkl[0][: -len("data.pkl")] + f"data/{key}")
+        if entry.compress_type != zipfile.ZIP_STORED:
+            return None
+        with open(path, "rb") as fh:
+            fh.seek(entry.header_offset)
+            local = fh.read(30)
+        if len(local) != 30 or local[:4] != b"PK\x03\x04":
+            return None
+        name_len, extra_len = struct.unpack("<HH", local[26:30])
+        data_offset = entry.header_offset + 30 + name_len + extra_len
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if numel * itemsize > entry.file_size or data_offset + entry.file_size > file_size:
+            raise DumpError(path, f"storage of {numel} x {dtype} does not fit the file (truncated?)")
+        span = 1 + sum((d - 1) * st for d, st in zip(size, stride)) if all(d > 0 for d in size) else 0
+        if offset < 0 or any(st < 0 for st in stride) or offset + span > numel:
+            raise DumpError(path, f"tensor view {list(size)} at offset {offset} lies outside its storage")
+        if numel == 0 or span == 0:
+            return torch.empty(size, dtype=dtype)
+        np_dtype = _NUMPY_STORAGE.get(dtype, torch.empty((), dtype=dtype).numpy().dtype)
+        flat = np.memmap(path, dtype=np_dtype, mode="r", offset=data_offset, shape=(numel,))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*non-writable.*")
+            base = torch.from_numpy(flat)
+        if dtype in _NUMPY_STORAGE:
+            base = base.view(dtype)
+        return torch.as_strided(base, size, stride, offset)
+    except (_NotPlain, pickle.UnpicklingError, zipfile.BadZipFile, KeyError, ValueError, EOFError, TypeError,
+            IndexError, struct.error):
+        return None
+
+
+def load_pth(path: str) -> torch.Tensor:
+    """A `.pth`/`.pt` holding one tensor; the payload stays on disk (memory-mapped) until touched."""
     try:
         size = os.path.getsize(path)
     except OSError as exc:
         raise DumpError(path, f"cannot read: {exc.strerror or exc}") from None
     if size == 0:
         raise DumpError(path, "empty file")
+    is_zip = zipfile.is_zipfile(path)
+    if is_zip:
+        fast = _fast_pth(path, size)
+        if fast is not None:
+            return fast
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about pickle protocols before refusing them
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
     except pickle.UnpicklingError as exc:
-        lines = str(exc).strip().splitlines()
-        detail = next((ln for ln in lines if "Unsupported global" in ln or "GLOBAL" in ln), "")
-        if detail:
-            raise DumpError(path, "refused: the pickle would run code or load a non-tensor object "
-                            f"({detail.strip()[:120]})") from None
-        raise DumpError(path, f"not a readable torch file ({(lines[0] if lines else 'bad pickle')[:120]})") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        lines = str(exc).splitlines()
+        glob = next((ln.strip() for ln in lines if "GLOBAL" in ln or "Unsupported global" in ln), None)
+        if glob is not None:
+            raise DumpError(path, f"refused: the pickle would run code ({glob[:140]})") from None
+        detail = next((ln.strip() for ln in lines if "Unsupported" in ln or "nvalid" in ln), "")
+        raise DumpError(path, "refused: not a tensor file torch can load safely"
+                        + (f" ({detail[:120]})" if detail else "")) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, KeyError, IndexError,
+            TypeError, AttributeError) as exc:
+        text = str(exc).strip()
+        msg = text.splitlines()[0] if text else type(exc).__name__
         raise DumpError(path, f"not a readable torch file ({msg[:160]})") from None
     if not isinstance(obj, torch.Tensor):
         raise DumpError(path, f"holds a {type(obj).__name__}, not a tensor")
@@ -95,7 +189,7 @@ def load_tensor(path: str | Path) -> torch.Tensor:
         raise DumpError(p, "is a folder, not a tensor file")
     suffix = Path(p).suffix.lower()
     if suffix in (".pth", ".pt"):
-        return _load_pth(p)
+        return load_pth(p)
     if suffix == ".bin":
         hdr = atb_bin.read_header(p)
         return bin_to_tensor(atb_bin.read_bin(p, hdr), hdr.dtype)
