@@ -68,7 +68,8 @@ TARGET_TYPES = ("Linear", "RMSNorm", "Attention", "MLP")
 def _coverage(catalog: Path, cmp_id: int) -> tuple[int, int, list[str]]:
     con = open_catalog(catalog, read_only=True)
     rows = con.execute(
-        "SELECT n.name, n.type, EXISTS (SELECT 1 FROM node_matches m WHERE m.cmp_id = ? AND m.golden_node_id = n.node_id)"
+        "SELECT n.name, n.type, "
+        "EXISTS (SELECT 1 FROM node_matches m WHERE m.cmp_id = ? AND m.golden_node_id = n.node_id)"
         " FROM nodes n JOIN comparisons c ON c.golden_run = n.run_id WHERE c.cmp_id = ?", [cmp_id, cmp_id]).fetchall()
     con.close()
     targets = [(name, matched) for name, typ, matched in rows if any(t in (typ or "") for t in TARGET_TYPES)]
