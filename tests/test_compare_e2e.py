@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import duckdb
+import torch
 
 from tests.conftest import TinyDumps, run_wb
 from workbench.analysis.queries import run_query
@@ -136,3 +137,17 @@ def test_query_saved_and_read_only(tiny_dumps: TinyDumps, tmp_path: Path) -> Non
     write = run_wb("query", "DELETE FROM runs", "-c", cat)
     assert write.returncode == 2 and "read-only" in write.stderr.lower()
     assert len(write.stderr.strip().splitlines()) == 1
+
+
+def test_two_different_models_are_called_out(tiny_dumps: TinyDumps, tmp_path: Path) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.conftest import dump_run
+
+    torch.manual_seed(0)
+    other = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=2, vocab_size=256)).eval()
+    other_dump, _ = dump_run(other, tmp_path / "other", torch.randint(3, 256, (1, 8)), None)
+    res = run_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(other_dump), "-o", str(tmp_path / "o"))
+    assert "Traceback" not in res.stdout + res.stderr
+    assert "differ in shape: are golden and test dumps of the same model" in res.stdout

@@ -63,6 +63,7 @@ class CompareResult:
     skipped: int = 0  # pairs already in the catalog
     failed: int = 0
     uncomparable: int = 0  # pairs with no metrics (unreadable file, shape mismatch, ...)
+    shape_mismatch: int = 0  # pairs whose element counts differ
     unmatched_golden: int = 0
     unmatched_test: int = 0
     golden_nodes: int = 0
@@ -627,7 +628,8 @@ def summarize_comparison(con: duckdb.DuckDBPyConnection, catalog: Path, cmp_id: 
     con.register("_ids", pd.DataFrame({"pair_id": ids}, dtype="int64"))
     row = first_row(con.execute(
         "SELECT count(*), count(*) FILTER (WHERE passed = false), "
-        "count(*) FILTER (WHERE passed IS NULL) FROM metrics "
+        "count(*) FILTER (WHERE passed IS NULL), "
+        "count(*) FILTER (WHERE cmp_fail_reason LIKE 'data shape doesn''t match%') FROM metrics "
         "WHERE cmp_id = ? AND pair_id IN (SELECT pair_id FROM _ids)",
         [cmp_id]))
     con.unregister("_ids")
@@ -635,7 +637,7 @@ def summarize_comparison(con: duckdb.DuckDBPyConnection, catalog: Path, cmp_id: 
     cov = _coverage(golden, test, matches, pairs)
     res = CompareResult(cmp_id=cmp_id, catalog=catalog, golden_run=golden.run_id, test_run=test.run_id,
                         pairs=len(pairs), computed=computed, skipped=len(pairs) - computed, failed=int(row[1]),
-                        uncomparable=int(row[2]),
+                        uncomparable=int(row[2]), shape_mismatch=int(row[3]),
                         unmatched_golden=cov["golden_nodes"] - cov["golden_matched"],
                         unmatched_test=cov["test_nodes"] - cov["test_matched"],
                         golden_nodes=cov["golden_nodes"], test_nodes=cov["test_nodes"],

@@ -44,6 +44,11 @@ def format_summary(res: CompareResult, golden_label: str, test_label: str, csv_p
     if cov.get("by_method"):
         methods = ", ".join(f"{k} {v}" for k, v in sorted(cov["by_method"].items()))
         lines.append(f"matched by: {methods}")
+    if res.shape_mismatch and res.shape_mismatch * 2 >= res.pairs:
+        lines.append(f"warning: {res.shape_mismatch} of {res.pairs} pairs differ in shape: are golden and test "
+                     "dumps of the same model and the same input?")
+    elif res.shape_mismatch:
+        lines.append(f"note: {res.shape_mismatch} pairs differ in shape (see cmp_fail_reason)")
     for line in res.problems[:20]:
         lines.append(f"problem: {line}")
     if len(res.problems) > 20:
