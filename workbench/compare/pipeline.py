@@ -7,9 +7,12 @@ catalog are not computed again; an interrupted run keeps every batch it committe
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import multiprocessing
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -301,14 +304,37 @@ def _bytes_at_least(root: Path, limit: int) -> bool:
     return False
 
 
+@contextlib.contextmanager
+def _real_stderr() -> Iterator[None]:
+    """multiprocessing hands `sys.stderr.fileno()` to its helper processes; a TUI replaces stderr with an
+    object that has no real descriptor, so put the process's own stderr back while pool processes start."""
+    try:
+        ok = sys.stderr.fileno() >= 0
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        ok = False
+    if ok or sys.__stderr__ is None:
+        yield
+        return
+    saved = sys.stderr
+    sys.stderr = sys.__stderr__
+    try:
+        yield
+    finally:
+        sys.stderr = saved
+
+
+def new_pool(workers: int) -> ProcessPoolExecutor:
+    """A process pool with every worker process started now."""
+    with _real_stderr():
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context())
+        for _ in range(workers):
+            pool.submit(_warm_up)
+    return pool
+
+
 def start_pool(workers: int) -> ProcessPoolExecutor | None:
     """A worker pool started now, so its processes boot while the dumps are read (None for one worker)."""
-    if workers <= 1:
-        return None
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context())
-    for _ in range(workers):
-        pool.submit(_warm_up)
-    return pool
+    return new_pool(workers) if workers > 1 else None
 
 
 def execute_tasks(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], sink: _ResultSink, *,
@@ -368,7 +394,7 @@ def _run_in_pool(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], si
     batches = iter(_batches(tasks, sizes))
     own_pool = pool is None
     if pool is None:
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context())
+        pool = new_pool(workers)
     try:
         inflight: dict[Future[list[dict[str, Any]]], int] = {}
 
