@@ -102,3 +102,19 @@ def test_each_planted_defect_is_localised(stacks: Stacks, kind: str) -> None:
         assert res.born.get(tok) is None, (kind, tok, res.born)
     matched, total, missing = _coverage(catalog, res.cmp_id)
     assert matched / total >= 0.9, missing
+
+
+def test_precheck_cli_names_the_defective_op(stacks: Stacks) -> None:
+    from tests.conftest import run_wb
+
+    _res, defect, dtype, _catalog = stacks.compare("rope_halves")
+    expected = defect.expected_op(defect.start, LAYERS, dtype=dtype)
+    assert expected
+    token_dir = next((stacks.base / "atb_rope_halves").glob(f"msit_dump_*/tensors/*/{defect.start}"))
+    layer = expected.split("/")[0]
+    out = run_wb("precheck", str(token_dir / layer))
+    assert out.returncode == 1, out.stderr
+    fails = [line for line in out.stdout.splitlines() if line.startswith("FAIL")]
+    assert len(fails) == 1 and fails[0].split()[1] == expected, out.stdout
+    clean = run_wb("precheck", str(token_dir / layer.replace(layer.split("_")[0], str(int(layer.split("_")[0]) - 1))))
+    assert clean.returncode == 0, clean.stdout + clean.stderr

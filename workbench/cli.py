@@ -162,6 +162,50 @@ def list_queries() -> None:
         typer.echo(f"{name:28s} {title}   ({path})")
 
 
+@app.command()
+def precheck(
+    path: Annotated[Path, typer.Argument(help="An ATB op folder, a group (layer) folder or a token folder of a dump.")],
+    thresholds: Annotated[Path | None, typer.Option("--thresholds", help="TOML file overriding pass/fail bounds.")
+                          ] = None,
+    show_all: Annotated[bool, typer.Option("--all", help="Also list ops that pass.")] = False,
+) -> None:
+    """Re-run ATB ops alone on their dumped inputs with a float32/64 reference; report the ops that disagree."""
+    from workbench.analysis.precheck import precheck_group, precheck_op
+    from workbench.compare.thresholds import Thresholds
+
+    def go() -> int:
+        th = Thresholds.load(thresholds)
+        if not path.is_dir():
+            raise ValueError(f"{path}: no such folder")
+        has_children = any(c.is_dir() and c.name.split("_", 1)[0].isdigit() for c in path.iterdir())
+        is_op = not has_children and ((path / "after").is_dir() or (path / "before").is_dir())
+        results = [precheck_op(path, thresholds=th)] if is_op else precheck_group(path, thresholds=th)
+        failed = 0
+        for r in results:
+            label = r.name or r.op_dir
+            if not r.supported:
+                if show_all:
+                    typer.echo(f"skip  {label}  ({r.reason})")
+                continue
+            if r.passed is False:
+                failed += 1
+                worst = ", ".join(f"out{o.index}: {','.join(o.failed_metrics) or o.reason}" for o in r.outputs
+                                  if o.passed is False)
+                typer.echo(f"FAIL  {label}  {worst}" + (f"  ({r.reason})" if r.reason else ""))
+            elif r.passed is None:
+                typer.echo(f"?     {label}  ({r.reason})")
+            elif show_all:
+                typer.echo(f"ok    {label}")
+        checked = sum(1 for r in results if r.supported)
+        typer.echo(f"{checked} ops re-run, {failed} disagree with their dumped outputs, "
+                   f"{len(results) - checked} not supported")
+        return 1 if failed else 0
+
+    code = guarded(go)
+    if code:
+        raise typer.Exit(code)
+
+
 @app.command("open")
 def open_cmd(
     golden: Annotated[Path, typer.Argument(help="Golden dump folder, or a catalog.duckdb to open.")],
