@@ -151,3 +151,48 @@ def test_two_different_models_are_called_out(tiny_dumps: TinyDumps, tmp_path: Pa
     res = run_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(other_dump), "-o", str(tmp_path / "o"))
     assert "Traceback" not in res.stdout + res.stderr
     assert "differ in shape: are golden and test dumps of the same model" in res.stdout
+
+
+def test_ingest_cli_is_incremental(tiny_dumps: TinyDumps, tmp_path: Path) -> None:
+    cat = str(tmp_path / "c.duckdb")
+    first = run_wb("ingest", str(tiny_dumps.golden), "--catalog", cat)
+    assert first.returncode == 0, first.stderr
+    assert "ingested as run 1" in first.stdout and "msit_torch" in first.stdout
+    again = run_wb("ingest", str(tiny_dumps.golden), "--catalog", cat)
+    assert "already in the catalog as run 1" in again.stdout
+    missing = run_wb("ingest", str(tmp_path / "nope"), "--catalog", cat)
+    assert missing.returncode == 2 and "nope" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_mapping_files_are_read(tiny_dumps: TinyDumps, tmp_path: Path) -> None:
+    from workbench.compare.mapping import MappingFile, PairSpec, TensorSel
+
+    # ours: compare layer 0's down_proj output with layer 1's (a deliberate cross pairing) and reject a name match
+    mf = MappingFile()
+    mf.add_pair(PairSpec("root.model.layers.0.mlp.down_proj", "root.model.layers.1.mlp.down_proj",
+                         TensorSel("out", 0), TensorSel("out", 0)))
+    mf.remove_pair("root.lm_head", "root.lm_head")
+    path = mf.save(tmp_path / "wb_mapping.json")
+    res = run_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(tiny_dumps.clean), "-o", str(tmp_path / "o"),
+                 "-mf", str(path))
+    assert res.returncode == 0, res.stderr
+    assert "mapping-file 1" in res.stdout
+    con = duckdb.connect(str(tmp_path / "o" / "catalog.duckdb"), read_only=True)
+    rows = con.execute("SELECT golden_node, test_node, match_method, passed FROM comparison "
+                       "WHERE golden_node = 'root.model.layers.0.mlp.down_proj' AND io = 'out'").fetchall()
+    lm_head = con.execute("SELECT count(*) FROM comparison WHERE golden_node = 'root.lm_head'").fetchall()
+    con.close()
+    assert {r[1] for r in rows} == {"root.model.layers.1.mlp.down_proj"}
+    assert all(r[2] == "mapping-file" and r[3] is False for r in rows)  # different layers differ
+    assert lm_head == [(0,)]
+    # msit's op_mapping_file.json in a folder (-mf DIR), string value = one type
+    msit_dir = tmp_path / "msit"
+    msit_dir.mkdir()
+    (msit_dir / "op_mapping_file.json").write_text('{"LlamaRMSNorm": "LlamaRMSNorm"}')
+    res2 = run_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(tiny_dumps.clean), "-o", str(tmp_path / "o2"),
+                  "-mf", str(msit_dir))
+    assert res2.returncode == 0, res2.stderr
+    assert "type-map" in res2.stdout
+    bad = run_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(tiny_dumps.clean), "-o", str(tmp_path / "o3"),
+                 "-mf", str(tmp_path / "nothing.json"))
+    assert bad.returncode == 2 and "nothing.json: mapping file not found" in bad.stderr

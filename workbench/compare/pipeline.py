@@ -545,6 +545,15 @@ def default_workers() -> int:
     return max(1, min(os.cpu_count() or 1, 8))
 
 
+def _category(op_type: str) -> str | None:
+    t = op_type.lower()
+    for cat, needles in (("norm", ("norm",)), ("attention", ("attention",)), ("mlp", ("mlp", "feedforward")),
+                         ("linear", ("linear",))):
+        if any(n in t for n in needles):
+            return cat
+    return None
+
+
 def _coverage(golden: RunFrames, test: RunFrames, matches: list[NodeMatch], pairs: pd.DataFrame) -> dict[str, Any]:
     g_with = set(golden.tensors["node_id"])
     t_with = set(test.tensors["node_id"])
@@ -553,7 +562,15 @@ def _coverage(golden: RunFrames, test: RunFrames, matches: list[NodeMatch], pair
     by_method: dict[str, int] = {}
     for m in matches:
         by_method[m.method.split(":")[0]] = by_method.get(m.method.split(":")[0], 0) + 1
-    return {"golden_nodes": len(g_with), "golden_matched": len(g_matched),
+    # the modules a port is judged on: Linear, norm, attention and MLP blocks of the golden model
+    categories: dict[str, list[int]] = {}
+    for nid, typ in zip(golden.nodes["node_id"], golden.nodes["type"].fillna("")):
+        cat = _category(str(typ))
+        if cat and int(nid) in g_with:
+            categories.setdefault(cat, [0, 0])
+            categories[cat][1] += 1
+            categories[cat][0] += int(nid) in g_matched
+    return {"golden_nodes": len(g_with), "golden_matched": len(g_matched), "categories": categories,
             "test_nodes": len(t_with), "test_matched": len(t_matched), "by_method": by_method,
             "tensor_pairs": len(pairs)}
 

@@ -41,6 +41,13 @@ def format_summary(res: CompareResult, golden_label: str, test_label: str, csv_p
         f"unmatched: golden {res.unmatched_golden} of {res.golden_nodes} nodes, "
         f"test {res.unmatched_test} of {res.test_nodes} nodes",
     ]
+    cats = cov.get("categories") or {}
+    if cats:
+        matched = sum(m for m, _ in cats.values())
+        total = sum(n for _, n in cats.values())
+        parts = ", ".join(f"{k} {m}/{n}" for k, (m, n) in sorted(cats.items()))
+        lines.append(f"coverage: {matched}/{total} golden Linear/norm/attention/MLP modules matched "
+                     f"({100 * matched / max(total, 1):.0f}%: {parts})")
     if cov.get("by_method"):
         methods = ", ".join(f"{k} {v}" for k, v in sorted(cov["by_method"].items()))
         lines.append(f"matched by: {methods}")
