@@ -10,7 +10,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from workbench.catalog.store import first_row
+from workbench.catalog import first_row
 
 app = typer.Typer(
     name="wb",
@@ -30,7 +30,7 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
 def guarded(fn: Callable[[], T]) -> T:
     """Run `fn`, turning every known user-facing error into a one-line message and exit 2."""
-    from workbench.catalog.store import CatalogError
+    from workbench.catalog import CatalogError
     from workbench.compare.mapping import MappingError
     from workbench.formats.model import DumpError
 
@@ -64,7 +64,8 @@ class _ProgressPrinter:
 def run_compare_cli(golden: Path, test: Path, out: Path, mapping: Path | None, tokens: str | None,
                     workers: int | None, thresholds: Path | None, quiet: bool = False) -> Any:
     """Shared by `wb compare`, `wb open` and `wb demo`: compare, write the CSV, print the summary."""
-    from workbench.catalog.store import CATALOG_NAME, open_catalog
+    from workbench.catalog import CATALOG_NAME
+    from workbench.catalog.store import open_catalog
     from workbench.compare.pipeline import parse_tokens, run_compare
     from workbench.compare.report import format_summary, write_msit_csv
 
@@ -216,7 +217,7 @@ def open_cmd(
     theme: Annotated[str | None, typer.Option("--theme", help="Theme name from themes/.")] = None,
 ) -> None:
     """Open the workbench app on two dumps (ingested and compared first) or on an existing catalog."""
-    from workbench.catalog.store import CATALOG_NAME
+    from workbench.catalog import CATALOG_NAME
 
     def go() -> int:
         from workbench.app.launch import launch
@@ -273,7 +274,7 @@ def demo(
     interactive = sys.stdin.isatty() and sys.stdout.isatty() and not os.environ.get("CI")
     if no_tui or not interactive:
         return
-    from workbench.catalog.store import CATALOG_NAME
+    from workbench.catalog import CATALOG_NAME
 
     def launch_app() -> int:
         from workbench.app.launch import launch

@@ -16,20 +16,11 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
+from workbench.catalog import CATALOG_NAME, CatalogError, first_row
+
+__all__ = ["CATALOG_NAME", "CatalogError", "first_row", "ingest_dump", "open_catalog"]
 from workbench.catalog.schema import COMPARISON_VIEW, SCHEMA_VERSION, TABLES_DDL
 from workbench.formats.model import Dump, Node
-
-CATALOG_NAME = "catalog.duckdb"
-
-
-def first_row(result: duckdb.DuckDBPyConnection) -> tuple | None:  # type: ignore[type-arg]
-    """The first row of an executed query, consuming the whole result (DuckDB 2 keeps it open otherwise)."""
-    rows = result.fetchall()
-    return rows[0] if rows else None
-
-
-class CatalogError(Exception):
-    """A catalog that cannot be used; the message names the file."""
 
 
 def _schema_version(con: duckdb.DuckDBPyConnection) -> int | None:
