@@ -1,0 +1,123 @@
+"""`model_tree.json` (msit's module tree) and `wb_manifest.json` (what msit does not record).
+
+The manifest is rewritten atomically (temporary file + rename) at the end of every dumped token, so
+an interrupted run still leaves a valid manifest that describes the tokens finished so far.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.formats.tensor_io import dtype_name
+
+MANIFEST_NAME = "wb_manifest.json"
+MODEL_TREE_NAME = "model_tree.json"
+FORMAT = "wb-dump"
+VERSION = 1
+
+
+def model_tree(model: nn.Module, name: str = "root") -> dict[str, Any]:
+    """msit's tree: `{"name", "type", "children"}`, children in definition order, dotted names."""
+    return {
+        "name": name,
+        "type": type(model).__name__,
+        "children": [model_tree(child, f"{name}.{child_name}") for child_name, child in model.named_children()],
+    }
+
+
+def write_model_tree(model: nn.Module, dump_dir: Path) -> Path:
+    """Write `model_tree.json` exactly as msit does (`json.dump` with default separators)."""
+    path = dump_dir / MODEL_TREE_NAME
+    atomic_write_text(path, json.dumps(model_tree(model)))
+    return path
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file and a rename (readers never see half a file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def _model_dtype_device(model: nn.Module) -> tuple[str | None, str]:
+    dtype: str | None = None
+    device = "cpu"
+    for param in model.parameters():
+        dtype = dtype if dtype is not None else dtype_name(param.dtype)
+        device = str(param.device)  # msit takes the last parameter's device
+    return dtype, device
+
+
+class Manifest:
+    """Run-time facts of one dump: call order per token, kwargs and ModelOutput field names, metadata.
+
+    Filled on the model's thread; `snapshot()` returns a JSON-ready copy that a writer thread can
+    serialise while the model goes on.
+    """
+
+    def __init__(self, model: nn.Module, config: dict[str, Any], dump_dir: Path) -> None:
+        dtype, device = _model_dtype_device(model)
+        self.path = dump_dir / MANIFEST_NAME
+        self.meta: dict[str, Any] = {
+            "command": list(sys.argv),
+            "cwd": os.getcwd(),
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
+            "dtype": dtype,
+            "device": device,
+            "pid": os.getpid(),
+            "config": config,
+            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+        self.exec_order: dict[str, list[str]] = {}
+        self.kwargs_inputs: dict[str, dict[str, dict[str, str]]] = {}
+        self.output_fields: dict[str, dict[str, dict[str, str]]] = {}
+        self.tokens_done: list[int] = []
+        self.errors: list[str] = []
+
+    def start_token(self, token: int) -> list[str]:
+        """Begin a token; returns the list that collects its call order."""
+        order: list[str] = []
+        self.exec_order[str(token)] = order
+        return order
+
+    def note_kwargs(self, token: int, module: str, names: dict[str, str]) -> None:
+        """Record which `input_{i}` came from which keyword argument."""
+        self.kwargs_inputs.setdefault(str(token), {})[module] = names
+
+    def note_fields(self, token: int, module: str, names: dict[str, str]) -> None:
+        """Record which `output_{i}` came from which ModelOutput / dict field."""
+        self.output_fields.setdefault(str(token), {})[module] = names
+
+    def snapshot(self, token: int | None) -> dict[str, Any]:
+        """A JSON-ready copy of the manifest after `token` finished (None: nothing new finished)."""
+        if token is not None and token not in self.tokens_done:
+            self.tokens_done.append(token)
+        done = {str(t) for t in self.tokens_done}
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "tokens": list(self.tokens_done),
+            "exec_order": {t: list(v) for t, v in self.exec_order.items() if t in done},
+            "kwargs_inputs": {t: dict(v) for t, v in self.kwargs_inputs.items() if t in done},
+            "output_fields": {t: dict(v) for t, v in self.output_fields.items() if t in done},
+            **self.meta,
+            "updated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "errors": list(self.errors),
+        }
+
+    def write(self, snapshot: dict[str, Any]) -> None:
+        """Write a snapshot atomically to `wb_manifest.json`."""
+        snapshot["errors"] = list(self.errors)
+        atomic_write_text(self.path, json.dumps(snapshot, indent=1))
