@@ -15,12 +15,24 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
 	touch $(STAMP)
 
+MSIT_STAMP := $(VENV)/.wb-msit
+
 install: $(STAMP)
+
+# msit (the peer we replace) for the compatibility tests only, never a runtime dependency. msit pins numpy<2,
+# so it is installed without its deps and with numpy held where it is; if it fails those tests skip, saying why.
+$(MSIT_STAMP): $(STAMP)
+	-@$(PY) -m pip freeze | grep -iE '^(numpy|pandas|torch)==' > $(VENV)/wb-constraints.txt; \
+	PIP_CONSTRAINT=$(CURDIR)/$(VENV)/wb-constraints.txt timeout 900 $(PY) -m pip install -q --no-deps "msit==8.2.0" \
+	  && PIP_CONSTRAINT=$(CURDIR)/$(VENV)/wb-constraints.txt PATH=$(CURDIR)/$(VENV)/bin:$$PATH \
+	     timeout 900 $(VENV)/bin/msit install llm < /dev/null > $(VENV)/wb-msit-install.log 2>&1 \
+	  || echo "msit could not be installed: its compatibility tests will be skipped (see $(VENV)/wb-msit-install.log)"
+	@touch $(MSIT_STAMP)
 
 demo: install
 	$(VENV)/bin/wb demo
 
-test: install
+test: install $(MSIT_STAMP)
 	@command -v tmux >/dev/null 2>&1 || (command -v apt-get >/dev/null 2>&1 && \
 		(apt-get install -y -qq tmux >/dev/null 2>&1 || (apt-get update -qq >/dev/null 2>&1 && \
 		apt-get install -y -qq tmux >/dev/null 2>&1)) || echo "tmux not installed: the tmux end-to-end test will be skipped")
@@ -34,6 +46,7 @@ bench: install
 	$(PY) bench/bench_dump.py
 	$(PY) bench/bench_metrics.py
 	$(PY) bench/bench_formats_open.py
+	$(PY) bench/bench_app.py
 
 clean:
 	rm -rf $(VENV) wb_demo wb_out .pytest_cache
