@@ -17,6 +17,14 @@ ROOT = Path(__file__).resolve().parents[1]
 WB = [sys.executable, "-m", "workbench.cli"]
 
 
+def shared_fixtures() -> Path:
+    """`shared/formats/fixtures` beside the checkout (as CI lays it out), else the copy in tests/data."""
+    for cand in (ROOT.parent / "shared" / "formats" / "fixtures", Path("/work/shared/formats/fixtures")):
+        if cand.is_dir():
+            return cand
+    return ROOT / "tests" / "data" / "fixtures"
+
+
 def run_wb(*args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     """The real CLI, as a subprocess."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}

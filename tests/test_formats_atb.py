@@ -10,11 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.conftest import shared_fixtures
 from tests.formats_helpers import write_atb_op, write_atb_tree
 from workbench.formats import atb_bin, load_tensor, open_dump
 from workbench.formats.model import TensorStats
 
-FIXTURES = Path("/work/shared/formats/fixtures")
+FIXTURES = shared_fixtures()
 TS = "msit_dump_20250102_080000"
 
 

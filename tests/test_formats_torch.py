@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import shared_fixtures
 from tests.formats_helpers import dump_tiny_llama
 from workbench.formats import DumpError, load_tensor, open_dump
 from workbench.formats.layers import layer_from_name
 
-FIXTURES = Path("/work/shared/formats/fixtures")
+FIXTURES = shared_fixtures()
 DEV = "msit_dump_20250101_120000/torch_tensors/cpu_4242"
 
 

@@ -1,0 +1,76 @@
+"""Shared helpers for the app tests: a small synthetic catalog with real tensor files, built once.
+
+Not a conftest (the lead owns tests/conftest.py): test files import from it. The catalog is made
+by `bench/make_big_catalog.py` at a tiny size (3 layers x 12 ops x 5 tokens, real `.npy` tensors),
+with a defect planted in `root.model.layers.1.down_proj` from token 1 on, a NaN at the last token,
+and `act_fn` renamed `act` on the test side (unmatched on both sides).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DEFECT = "root.model.layers.1.down_proj"
+DEFECT_ID = 27  # node id of DEFECT in the synthetic model
+SIZE = (140, 44)
+
+
+def bench_module() -> ModuleType:
+    """`bench/make_big_catalog.py` as a module (bench/ is not a package)."""
+    name = "wb_make_big_catalog"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / "make_big_catalog.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_BUILT: dict[str, Path] = {}  # one build per session even when several test modules alias a fixture
+
+
+@pytest.fixture(scope="session")
+def small_catalog_master(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if "small" in _BUILT:
+        return _BUILT["small"]
+    root = tmp_path_factory.mktemp("wb_app_catalog")
+    bench_module().make_catalog(root / "catalog.duckdb", layers=3, ops=12, tokens=5, defect_layer=1,
+                                defect_token=1, tensors=root / "tensors", seed=7)
+    _BUILT["small"] = root / "catalog.duckdb"
+    return _BUILT["small"]
+
+
+@pytest.fixture()
+def small_catalog(small_catalog_master: Path, tmp_path: Path) -> Path:
+    """A private copy (tests may write to it); tensor paths still point at the shared files."""
+    dst = tmp_path / "catalog.duckdb"
+    shutil.copyfile(small_catalog_master, dst)
+    return dst
+
+
+@pytest.fixture(scope="session")
+def demo_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`wb demo --out DIR --no-tui` run once per session (real Llama dumps, torch golden vs ATB-structured test)."""
+    import os
+    import subprocess
+
+    if "demo" in _BUILT:
+        return _BUILT["demo"]
+    out = tmp_path_factory.mktemp("wb_app_demo")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    res = subprocess.run([sys.executable, "-m", "workbench.cli", "demo", "--out", str(out), "--no-tui"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    catalog = out / "catalog.duckdb"
+    if res.returncode != 0 or not catalog.exists():
+        pytest.fail(f"wb demo failed ({res.returncode}): {res.stderr[-2000:]}")
+    _BUILT["demo"] = catalog
+    return catalog

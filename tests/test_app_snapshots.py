@@ -1,0 +1,132 @@
+"""SVG snapshots of the app's screens at a fixed size (also the screenshots of docs/app.md).
+
+Update after an intended change with `pytest tests/test_app_snapshots.py --snapshot-update`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.widgets import OptionList, TextArea
+
+from tests import conftest_app
+from tests.conftest_app import SIZE
+from tests.test_app_pilot import ready, wait_for
+from workbench.app.launch import make_app
+
+# fixtures shared by the app tests (pytest finds them by these module-level names)
+small_catalog_master = conftest_app.small_catalog_master
+demo_catalog = conftest_app.demo_catalog
+
+
+def main_app(catalog: Path, **kwargs: object):  # type: ignore[no-untyped-def]
+    return make_app(catalog=catalog, mapping=Path("wb_mapping.json"), **kwargs)  # type: ignore[arg-type]
+
+
+def test_snapshot_demo_main(snap_compare, demo_catalog: Path) -> None:  # type: ignore[no-untyped-def]
+    app = main_app(demo_catalog)
+
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        await ready(pilot, app)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=before)
+
+
+def test_snapshot_demo_born(snap_compare, demo_catalog: Path) -> None:  # type: ignore[no-untyped-def]
+    app = main_app(demo_catalog)
+
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        screen = await ready(pilot, app)
+        await pilot.press("b")
+        await wait_for(pilot, lambda: screen.selected is not None)
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause(0.3)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=before)
+
+
+def test_snapshot_main(snap_compare, small_catalog_master: Path) -> None:  # type: ignore[no-untyped-def]
+    app = main_app(small_catalog_master)
+
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        await ready(pilot, app)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=before)
+
+
+def test_snapshot_drilled_op_detail(snap_compare, small_catalog_master: Path) -> None:  # type: ignore[no-untyped-def]
+    app = main_app(small_catalog_master)
+
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        screen = await ready(pilot, app)
+        await pilot.press("down", "down", "right", "enter")
+        await wait_for(pilot, lambda: screen.drill_layer == 1 and screen.selected is not None)
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause(0.2)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=before)
+
+
+def test_snapshot_high_contrast(snap_compare, small_catalog_master: Path) -> None:  # type: ignore[no-untyped-def]
+    app = main_app(small_catalog_master, theme="high-contrast")
+
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        screen = await ready(pilot, app)
+        await pilot.press("b")
+        await wait_for(pilot, lambda: screen.selected is not None)
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause(0.2)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=before)
+
+
+def test_snapshot_mapping_editor(snap_compare, small_catalog_master: Path) -> None:  # type: ignore[no-untyped-def]
+    app = main_app(small_catalog_master)
+
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        await ready(pilot, app)
+        await pilot.press("e")
+        await wait_for(pilot, lambda: bool(app.screen.query("#golden-list"))
+                       and app.screen.query_one("#golden-list", OptionList).option_count > 0)
+        await pilot.pause(0.2)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=before)
+
+
+def test_snapshot_sql_console(snap_compare, small_catalog_master: Path) -> None:  # type: ignore[no-untyped-def]
+    app = main_app(small_catalog_master)
+
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        await ready(pilot, app)
+        await pilot.press("s")
+        await wait_for(pilot, lambda: bool(app.screen.query("#editor")))
+        app.screen.query_one("#editor", TextArea).text = (
+            "SELECT b.token_id, n.name AS error_born_at\nFROM error_born b JOIN nodes n\n"
+            "  ON n.run_id = 1 AND n.node_id = b.golden_node_id\nWHERE b.cmp_id = getvariable('cmp_id')\n"
+            "ORDER BY 1;")
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: "row(s)" in str(app.screen.query_one("#sql-info").render()))
+        await pilot.pause(0.2)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=before)
+
+
+def test_snapshot_help(snap_compare, small_catalog_master: Path) -> None:  # type: ignore[no-untyped-def]
+    app = main_app(small_catalog_master)
+
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        await ready(pilot, app)
+        await pilot.press("f1")
+        await pilot.pause(0.2)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=before)
+
+
+def test_snapshot_bad_input(snap_compare) -> None:  # type: ignore[no-untyped-def]
+    app = make_app(catalog=Path("/nonexistent/catalog.duckdb"))
+
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        await wait_for(pilot, lambda: type(app.screen).__name__ == "MessageScreen")
+        await pilot.pause(0.1)
+
+    assert snap_compare(app, terminal_size=(100, 20), run_before=before)
