@@ -14,6 +14,8 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+# the app tests' fixtures (a synthetic catalog, the demo catalog), shared by the whole suite
+pytest_plugins = ["tests.conftest_app"]
 WB = [sys.executable, "-m", "workbench.cli"]
 
 

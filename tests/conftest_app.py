@@ -1,6 +1,6 @@
 """Shared helpers for the app tests: a small synthetic catalog with real tensor files, built once.
 
-Not a conftest (the lead owns tests/conftest.py): test files import from it. The catalog is made
+Registered as a plugin by tests/conftest.py, so its fixtures serve the whole suite. The catalog is made
 by `bench/make_big_catalog.py` at a tiny size (3 layers x 12 ops x 5 tokens, real `.npy` tensors),
 with a defect planted in `root.model.layers.1.down_proj` from token 1 on, a NaN at the last token,
 and `act_fn` renamed `act` on the test side (unmatched on both sides).

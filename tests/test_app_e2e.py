@@ -12,10 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests import conftest_app
 from tests.conftest_app import REPO
-
-demo_catalog = conftest_app.demo_catalog
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
 

@@ -10,7 +10,6 @@ import duckdb
 import numpy as np
 import pytest
 
-from tests import conftest_app
 from tests.conftest_app import DEFECT, DEFECT_ID, REPO
 from workbench.analysis.explore import (
     ExploreError,
@@ -20,10 +19,6 @@ from workbench.analysis.explore import (
     severity_array,
 )
 from workbench.catalog.schema import SCHEMA_VERSION
-
-# fixtures shared by the app tests (pytest finds them by these module-level names)
-small_catalog = conftest_app.small_catalog
-small_catalog_master = conftest_app.small_catalog_master
 
 
 def test_comparison_info_and_thresholds(small_catalog: Path) -> None:
@@ -190,3 +185,21 @@ def test_explore_is_headless() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_tensor_diff_in_chunks_matches_one_pass(small_catalog: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import workbench.analysis.explore as explore
+
+    ex = Explorer(small_catalog)
+    try:
+        pair = ex.pair_detail(DEFECT_ID, 3).pairs[0]
+        whole = ex.tensor_diff(pair, k=5)
+        monkeypatch.setattr(explore, "DIFF_CHUNK", 3)  # 16 elements -> 6 chunks
+        chunked = ex.tensor_diff(pair, k=5)
+        assert chunked.top == whole.top and chunked.hist_counts == whole.hist_counts
+        assert chunked.hist_edges == whole.hist_edges and chunked.exact == whole.exact
+        g = np.load(pair.golden["path"]).astype(np.float64).ravel()
+        t = np.load(pair.test["path"]).astype(np.float64).ravel()
+        assert [e for *_, e in whole.top] == pytest.approx(sorted(np.abs(g - t), reverse=True)[:5])
+    finally:
+        ex.close()

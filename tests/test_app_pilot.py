@@ -9,7 +9,6 @@ import duckdb
 import pytest
 from textual.widgets import DataTable, Input, OptionList, Static, TextArea
 
-from tests import conftest_app
 from tests.conftest_app import DEFECT, DEFECT_ID, REPO, SIZE
 from workbench.app.actions import ACTIONS
 from workbench.app.app import WorkbenchApp, WorkbenchCommands
@@ -23,10 +22,6 @@ from workbench.compare.mapping import MappingFile
 
 pytestmark = pytest.mark.anyio
 
-# fixtures shared by the app tests (pytest finds them by these module-level names)
-small_catalog = conftest_app.small_catalog
-small_catalog_master = conftest_app.small_catalog_master
-demo_catalog = conftest_app.demo_catalog
 
 
 @pytest.fixture

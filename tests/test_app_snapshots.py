@@ -9,14 +9,9 @@ from pathlib import Path
 
 from textual.widgets import OptionList, TextArea
 
-from tests import conftest_app
 from tests.conftest_app import SIZE
 from tests.test_app_pilot import ready, wait_for
 from workbench.app.launch import make_app
-
-# fixtures shared by the app tests (pytest finds them by these module-level names)
-small_catalog_master = conftest_app.small_catalog_master
-demo_catalog = conftest_app.demo_catalog
 
 
 def main_app(catalog: Path, **kwargs: object):  # type: ignore[no-untyped-def]
@@ -99,7 +94,8 @@ def test_snapshot_sql_console(snap_compare, small_catalog_master: Path) -> None:
     async def before(pilot) -> None:  # type: ignore[no-untyped-def]
         await ready(pilot, app)
         await pilot.press("s")
-        await wait_for(pilot, lambda: bool(app.screen.query("#editor")))
+        await wait_for(pilot, lambda: bool(app.screen.query("#editor"))
+                       and app.screen.query_one("#saved", OptionList).option_count > 0)
         app.screen.query_one("#editor", TextArea).text = (
             "SELECT b.token_id, n.name AS error_born_at\nFROM error_born b JOIN nodes n\n"
             "  ON n.run_id = 1 AND n.node_id = b.golden_node_id\nWHERE b.cmp_id = getvariable('cmp_id')\n"

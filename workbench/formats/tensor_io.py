@@ -159,7 +159,9 @@ def _load_npy(path: str) -> torch.Tensor:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         raise DumpError(path, f"not a readable .npy file ({str(exc)[:160]})") from None
-    return torch.from_numpy(np.ascontiguousarray(arr))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*non-writable.*")  # read-only map, never written
+        return torch.from_numpy(np.ascontiguousarray(arr))
 
 
 def bin_to_tensor(arr: np.ndarray, dtype: str) -> torch.Tensor:

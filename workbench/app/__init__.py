@@ -1,0 +1,1 @@
+"""The workbench Textual app (`wb open`); `launch.launch` is the entry point."""

@@ -1,0 +1,189 @@
+"""A lazy topology tree (golden or test) coloured by the per-token node roll-ups."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from rich.style import Style
+from rich.text import Text
+from textual.widgets import Tree
+from textual.widgets.tree import TreeNode
+
+from workbench.analysis.explore import NodeStatus, Side, TreeRow, severity
+from workbench.app.heatmap import LEVEL_EDGES
+from workbench.app.themes import DOMAIN_DEFAULTS, HEAT_LEVELS
+
+
+class TopologyTree(Tree[TreeRow]):
+    """One side's modules in execution order; children are created when a node is first expanded."""
+
+    DEFAULT_CSS = """
+    TopologyTree { height: 1fr; }
+    """
+
+    def __init__(self, side: Side, *, id: str | None = None) -> None:
+        super().__init__(side, id=id)
+        self.side = side
+        self.show_root = False
+        self.auto_expand = False
+        self.rows: dict[int, TreeRow] = {}
+        self.children_of: dict[int | None, list[TreeRow]] = defaultdict(list)
+        self.order: list[int] = []  # node ids in execution order
+        self.tree_nodes: dict[int, TreeNode[TreeRow]] = {}
+        self.status: dict[int, NodeStatus] = {}  # by golden node id
+        self.metric = "cosine_similarity"
+        self.bound = 0.99
+        self.added_bound = 0.02
+        self.color_by_added = False
+        self.born_id: int | None = None  # golden node where the error is born at this token
+        self._styles: dict[str, Style] = {}
+
+    # ------------------------------------------------------------------ data
+    def set_rows(self, rows: list[TreeRow]) -> None:
+        """Load the topology (top level shown at once, the rest on expand)."""
+        self.clear()
+        self.rows = {r.node_id: r for r in rows}
+        self.children_of = defaultdict(list)
+        for r in rows:
+            parent = r.parent_id if r.parent_id in self.rows else None
+            self.children_of[parent].append(r)
+        self.order = [r.node_id for r in rows]
+        self.tree_nodes = {}
+        self._populate(self.root, None)
+        # open the top so the user sees the model's main modules
+        for child in list(self.root.children):
+            if child.data is not None and child.data.parent_id is None:
+                self._expand(child)
+
+    def _populate(self, node: TreeNode[TreeRow], node_id: int | None) -> None:
+        for r in self.children_of.get(node_id, []):
+            has_children = bool(self.children_of.get(r.node_id))
+            child = node.add(r.short_name, data=r, allow_expand=has_children)
+            self.tree_nodes[r.node_id] = child
+
+    def _expand(self, node: TreeNode[TreeRow]) -> None:
+        if node.data is not None and not node.children and self.children_of.get(node.data.node_id):
+            self._populate(node, node.data.node_id)
+        node.expand()
+
+    def _on_tree_node_expanded(self, event: Tree.NodeExpanded[TreeRow]) -> None:
+        node = event.node
+        if node.data is not None and not node.children:
+            self._populate(node, node.data.node_id)
+
+    def set_status(self, status: dict[int, NodeStatus], metric: str, bound: float, added_bound: float,
+                   by_added: bool, born_id: int | None) -> None:
+        """Recolour for a token (status is keyed by golden node id)."""
+        before = {nid: self._signature(tn.data) for nid, tn in self.tree_nodes.items() if tn.data is not None}
+        self.status = status
+        self.born_id = born_id
+        mode_changed = (metric, bound, added_bound, by_added) != (self.metric, self.bound, self.added_bound,
+                                                                  self.color_by_added)
+        self.metric, self.bound, self.added_bound, self.color_by_added = metric, bound, added_bound, by_added
+        # repaint only the lines whose mark or colour changed (no layout pass, no full redraw)
+        for nid, tn in self.tree_nodes.items():
+            if tn.data is not None and (mode_changed or before.get(nid) != self._signature(tn.data)):
+                tn.refresh()
+
+    def golden_id(self, row: TreeRow) -> int | None:
+        return row.node_id if self.side == "golden" else row.counterpart
+
+    def status_of(self, row: TreeRow) -> NodeStatus | None:
+        gid = self.golden_id(row)
+        return None if gid is None else self.status.get(gid)
+
+    def failing(self, row: TreeRow) -> bool:
+        st = self.status_of(row)
+        return st is not None and (st.passed is False or st.has_nan_inf)
+
+    # ------------------------------------------------------------------ navigation
+    def reveal(self, node_id: int) -> bool:
+        """Expand the ancestors of a node, move the cursor to it and scroll it into view."""
+        if node_id not in self.rows:
+            return False
+        chain: list[int] = []
+        cur: int | None = node_id
+        while cur is not None and cur in self.rows:
+            chain.append(cur)
+            cur = self.rows[cur].parent_id
+        for nid in reversed(chain[1:]):
+            tn = self.tree_nodes.get(nid)
+            if tn is not None and not tn.is_expanded:
+                self._expand(tn)
+        target = self.tree_nodes.get(node_id)
+        if target is None:
+            return False
+        _ = self._tree_lines  # rebuild line numbers after expanding
+        if self.cursor_node is not target:
+            self.move_cursor(target, animate=False)
+        self.scroll_to_node(target, animate=False)
+        return True
+
+    def next_failing(self, start: int | None, step: int = 1) -> int | None:
+        """The next (or previous) failing node after `start` in execution order, wrapping around."""
+        if not self.order:
+            return None
+        idx = self.order.index(start) if start in self.rows else -1
+        n = len(self.order)
+        for k in range(1, n + 1):
+            nid = self.order[(idx + k * step) % n]
+            if self.failing(self.rows[nid]):
+                return nid
+        return None
+
+    # ------------------------------------------------------------------ rendering
+    def on_mount(self) -> None:
+        self._load_styles()
+        self.watch(self.app, "theme", lambda _t: (self._load_styles(), self._invalidate()), init=False)
+
+    def _load_styles(self) -> None:
+        v = {**DOMAIN_DEFAULTS, **self.app.get_css_variables()}
+        self._styles = {k: Style(color=v[k]) for k in ("ok", "warn", "fail", "nan", "unmatched", "born")}
+        self._styles["heat"] = Style()
+        for i in range(HEAT_LEVELS):
+            self._styles[f"heat-{i}"] = Style(color=v[f"heat-{i}"]) if i >= 2 else Style(color=v["ok"])
+        self._styles["dim"] = Style(dim=True)
+
+    def _signature(self, row: TreeRow) -> tuple[str, int, bool]:
+        """What a label shows of the status: mark, colour level, verdict flag."""
+        st = self.status_of(row)
+        if row.counterpart is None and row.has_tensors:
+            mark = "?"
+        elif st is None or (st.passed is None and not st.has_nan_inf):
+            mark = "·"
+        elif st.has_nan_inf:
+            mark = "!"
+        else:
+            mark = "✗" if st.passed is False else "✓"
+        level = -1
+        if st is not None:
+            raw = st.added_error if self.color_by_added else st.worst
+            if raw is not None and not math.isnan(raw):
+                metric = "added_error" if self.color_by_added else self.metric
+                sev = severity(raw, metric, self.added_bound if self.color_by_added else self.bound)
+                level = sum(1 for e in LEVEL_EDGES if sev >= e)
+        gid = self.golden_id(row)
+        return mark, level, gid is not None and gid == self.born_id
+
+    def render_label(self, node: TreeNode[TreeRow], base_style: Style, style: Style) -> Text:
+        row = node.data
+        if row is None:
+            return super().render_label(node, base_style, style)
+        prefix = ("▼ " if node.is_expanded else "▶ ") if node.allow_expand else "  "
+        mark, level, born = self._signature(row)
+        key = {"?": "unmatched", "·": "unmatched", "!": "nan", "✗": "fail", "✓": "ok"}[mark]
+        mstyle = self._styles.get(key, Style())
+        name_style = self._styles.get(f"heat-{level}", mstyle) if level >= 0 else mstyle
+        text = Text.assemble(
+            (prefix, base_style),
+            (mark + " ", mstyle + Style(bold=True)),
+            (row.short_name, name_style + style),
+            (f" {row.type}", self._styles.get("dim", Style())),
+            (f" {row.shape}" if row.shape else "", self._styles.get("dim", Style())),
+        )
+        if mark == "?":
+            text.append(" unmatched", self._styles.get("unmatched", Style()))
+        if born:
+            text.append(" ◆ error born here", self._styles.get("born", Style()) + Style(bold=True))
+        return text
