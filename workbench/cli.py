@@ -65,15 +65,25 @@ def run_compare_cli(golden: Path, test: Path, out: Path, mapping: Path | None, t
                     workers: int | None, thresholds: Path | None, quiet: bool = False) -> Any:
     """Shared by `wb compare`, `wb open` and `wb demo`: compare, write the CSV, print the summary."""
     from workbench.catalog import CATALOG_NAME
-    from workbench.catalog.store import open_catalog
-    from workbench.compare.pipeline import parse_tokens, run_compare
-    from workbench.compare.report import format_summary, write_msit_csv
+    from workbench.compare.pool import PoolStarter, default_workers, worth_a_pool
 
-    tok = parse_tokens(tokens)
-    out.mkdir(parents=True, exist_ok=True)
-    catalog = out / CATALOG_NAME
-    res = run_compare(golden, test, catalog, mapping=mapping, tokens=tok, workers=workers,
-                      thresholds=thresholds, progress=None if quiet else _ProgressPrinter())
+    # boot the workers first: their torch import overlaps ours and the reading of the dumps
+    n_workers = workers or default_workers()
+    starter = (PoolStarter(n_workers) if golden.exists() and test.exists() and worth_a_pool(golden, test, n_workers)
+               else None)
+    try:
+        from workbench.catalog.store import open_catalog
+        from workbench.compare.pipeline import parse_tokens, run_compare
+        from workbench.compare.report import format_summary, write_msit_csv
+
+        tok = parse_tokens(tokens)
+        out.mkdir(parents=True, exist_ok=True)
+        catalog = out / CATALOG_NAME
+        res = run_compare(golden, test, catalog, mapping=mapping, tokens=tok, workers=n_workers,
+                          thresholds=thresholds, progress=None if quiet else _ProgressPrinter(), pool=starter)
+    finally:
+        if starter is not None:
+            starter.shutdown()
     con = open_catalog(catalog)
     try:
         csv_path = write_msit_csv(con, res.cmp_id, out, tok)

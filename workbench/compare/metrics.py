@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from workbench.catalog.schema import ALL_METRICS
+from workbench.formats.model import canonical_dtype
 
 FLOAT_EPS = float(torch.finfo(torch.float32).eps)  # msit's FLOAT_EPSILON, 1.1920929e-07
 COSINE_NORM_EPS = 1e-8  # torch.cosine_similarity's default eps (clamps each norm)
@@ -32,12 +33,6 @@ _ULP_PARAMS: dict[str, tuple[int, int]] = {
     "float8_e4m3fn": (3, -6),
     "float8_e5m2": (2, -14),
 }
-_DTYPE_ALIASES: dict[str, str] = {
-    "fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16",
-    "bf16": "bfloat16", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
-}
-
-
 @dataclass(frozen=True, slots=True)
 class TensorSummary:
     """Statistics of one tensor; min..norm are over its finite elements (None when there are none)."""
@@ -77,14 +72,6 @@ class PairMetrics:
     @property
     def my_inf_count(self) -> int:
         return self.test.inf_count
-
-
-def canonical_dtype(dtype: str | torch.dtype | None) -> str | None:
-    """`torch.bfloat16`, `bf16`, `BFloat16` ... -> `bfloat16`; None stays None."""
-    if dtype is None:
-        return None
-    text = str(dtype).strip().lower().removeprefix("torch.")
-    return _DTYPE_ALIASES.get(text, text)
 
 
 # ----------------------------------------------------------------------------------------------

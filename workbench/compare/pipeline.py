@@ -7,12 +7,8 @@ catalog are not computed again; an interrupted run keeps every batch it committe
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import multiprocessing
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -30,14 +26,14 @@ from workbench.catalog.schema import ALL_METRICS
 from workbench.catalog.store import first_row, ingest_dump, open_catalog
 from workbench.compare.mapping import MappingFile, PairSpec
 from workbench.compare.matching import NodeMatch, RunFrames, match_nodes, pair_tensors
+from workbench.compare.pool import IN_PROCESS_BYTES, PoolStarter, default_workers, new_pool, worth_a_pool
+from workbench.compare.tasks import SUMMARY_FIELDS, PairTask, StatsTask
 from workbench.compare.thresholds import Thresholds
-from workbench.compare.worker import SUMMARY_FIELDS, PairTask, StatsTask, run_batch
 from workbench.formats import open_dump
 
 ProgressFn = Callable[["Progress"], None]
 BATCH_BYTES = 48 * 1024 * 1024
 BATCH_MAX_TASKS = 64
-IN_PROCESS_BYTES = 32 * 1024 * 1024  # below this, a pool costs more than it saves
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +181,8 @@ class _ResultSink:
         self.uncomparable = 0
         self.done_pairs: set[int] = set()
         self.done_stats: set[tuple[int, int]] = set()
+        # pairs that read exactly the files of another pair (hard-linked dumps): computed once, copied
+        self.aliases: dict[int, list[tuple[int, int, int]]] = {}
 
     def is_done(self, task: PairTask | StatsTask) -> bool:
         if isinstance(task, PairTask):
@@ -192,6 +190,8 @@ class _ResultSink:
         return (task.run_id, task.tensor_id) in self.done_stats
 
     def add(self, res: dict[str, Any]) -> None:
+        for pair_id, g_tid, t_tid in self.aliases.get(int(res.get("pair_id", -1)), ()):
+            self.add({**res, "pair_id": pair_id, "golden_tensor_id": g_tid, "test_tensor_id": t_tid})
         if "pair_id" in res:
             self.done_pairs.add(int(res["pair_id"]))
             values = res["values"]
@@ -273,73 +273,9 @@ def _batches(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int]) -> Ite
         yield batch
 
 
-def _pool_context() -> multiprocessing.context.BaseContext:
-    methods = multiprocessing.get_all_start_methods()
-    if "forkserver" in methods:
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["workbench.compare.worker"])
-        return ctx
-    return multiprocessing.get_context("spawn")
-
-
-def _warm_up() -> int:
-    return os.getpid()
-
-
-def _bytes_at_least(root: Path, limit: int) -> bool:
-    """Whether the files below `root` add up to `limit` bytes (stops as soon as they do)."""
-    total, stack = 0, [root]
-    while stack:
-        try:
-            with os.scandir(stack.pop()) as it:
-                for e in it:
-                    if e.is_dir(follow_symlinks=False):
-                        stack.append(Path(e.path))
-                    else:
-                        total += e.stat(follow_symlinks=False).st_size
-                        if total >= limit:
-                            return True
-        except OSError:
-            continue
-    return False
-
-
-@contextlib.contextmanager
-def _real_stderr() -> Iterator[None]:
-    """multiprocessing hands `sys.stderr.fileno()` to its helper processes; a TUI replaces stderr with an
-    object that has no real descriptor, so put the process's own stderr back while pool processes start."""
-    try:
-        ok = sys.stderr.fileno() >= 0
-    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
-        ok = False
-    if ok or sys.__stderr__ is None:
-        yield
-        return
-    saved = sys.stderr
-    sys.stderr = sys.__stderr__
-    try:
-        yield
-    finally:
-        sys.stderr = saved
-
-
-def new_pool(workers: int) -> ProcessPoolExecutor:
-    """A process pool with every worker process started now."""
-    with _real_stderr():
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context())
-        for _ in range(workers):
-            pool.submit(_warm_up)
-    return pool
-
-
-def start_pool(workers: int) -> ProcessPoolExecutor | None:
-    """A worker pool started now, so its processes boot while the dumps are read (None for one worker)."""
-    return new_pool(workers) if workers > 1 else None
-
-
 def execute_tasks(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], sink: _ResultSink, *,
                   workers: int, progress: ProgressFn | None, cancel: threading.Event | None,
-                  stage: str = "compare", pool: ProcessPoolExecutor | None = None) -> None:
+                  stage: str = "compare", pool: ProcessPoolExecutor | PoolStarter | None = None) -> None:
     """Run tasks in a process pool (or in process when small), streaming results into the sink."""
     t0 = time.perf_counter()
     if progress:
@@ -360,6 +296,8 @@ def execute_tasks(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], s
 
 def _run_in_process(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], sink: _ResultSink,
                     progress: ProgressFn | None, cancel: threading.Event | None, stage: str, t0: float) -> None:
+    from workbench.compare.worker import run_batch  # torch: only when this process computes
+
     total, done, last_flush = len(tasks), 0, time.perf_counter()
     for batch in _batches(tasks, sizes):
         if cancel is not None and cancel.is_set():
@@ -379,7 +317,7 @@ def _run_in_process(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int],
 
 def _run_in_pool(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], sink: _ResultSink, workers: int,
                  progress: ProgressFn | None, cancel: threading.Event | None, stage: str, t0: float,
-                 pool: ProcessPoolExecutor | None) -> None:
+                 pool: ProcessPoolExecutor | PoolStarter | None) -> None:
     total, done, last_flush = len(tasks), 0, time.perf_counter()
 
     def report(force: bool = False) -> None:
@@ -392,6 +330,8 @@ def _run_in_pool(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], si
             last_flush = now
 
     batches = iter(_batches(tasks, sizes))
+    if isinstance(pool, PoolStarter):
+        pool = pool.get()  # started in the background at the very beginning
     own_pool = pool is None
     if pool is None:
         pool = new_pool(workers)
@@ -403,7 +343,7 @@ def _run_in_pool(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], si
                 nxt = next(batches, None)
                 if nxt is None:
                     return
-                inflight[pool.submit(run_batch, nxt)] = len(nxt)
+                inflight[pool.submit(run_worker_batch, nxt)] = len(nxt)
 
         submit_more()
         while inflight:
@@ -426,6 +366,24 @@ def _run_in_pool(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], si
     report(force=True)
 
 
+def _file_identity(path: Any) -> tuple[int, int] | None:
+    """(device, inode) of a file: two names for one file (a hard link) read the same bytes."""
+    if path is None or (isinstance(path, float) and pd.isna(path)):
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def run_worker_batch(tasks: list[PairTask | StatsTask]) -> list[dict[str, Any]]:
+    """Runs in a pool process (which has the worker module preloaded)."""
+    from workbench.compare.worker import run_batch
+
+    return run_batch(tasks)
+
+
 def _tensor_bytes(numel: Any, dtype: Any) -> int:
     n = 0 if numel is None or pd.isna(numel) else int(numel)
     size = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "int16": 2}.get(
@@ -436,7 +394,7 @@ def _tensor_bytes(numel: Any, dtype: Any) -> int:
 def compute_pending(con: duckdb.DuckDBPyConnection, cmp_id: int, golden: RunFrames, test: RunFrames,
                     pairs: pd.DataFrame, thresholds: Thresholds, *, workers: int,
                     progress: ProgressFn | None = None, cancel: threading.Event | None = None,
-                    stats_for_unpaired: bool = True, pool: ProcessPoolExecutor | None = None
+                    stats_for_unpaired: bool = True, pool: ProcessPoolExecutor | PoolStarter | None = None
                     ) -> tuple[int, int, int]:
     """Compute metrics for pairs without them, and stats of unpaired tensors.
 
@@ -452,9 +410,18 @@ def compute_pending(con: duckdb.DuckDBPyConnection, cmp_id: int, golden: RunFram
         ["token_id", "_eo", "golden_node_id"], na_position="last")
     tasks: list[PairTask | StatsTask] = []
     sizes: list[int] = []
+    first_of: dict[tuple[Any, ...], int] = {}
+    aliases: dict[int, list[tuple[int, int, int]]] = {}
     for r in order.itertuples(index=False):
         g = g_tensors.loc[r.golden_tensor_id]
         t = t_tensors.loc[r.test_tensor_id]
+        key = (_file_identity(g["path"]), _file_identity(t["path"]), _none(t["dtype"]), _none(r.transform))
+        if key[0] is not None and key[1] is not None:
+            if key in first_of:
+                aliases.setdefault(first_of[key], []).append(
+                    (int(r.pair_id), int(r.golden_tensor_id), int(r.test_tensor_id)))
+                continue
+            first_of[key] = int(r.pair_id)
         tasks.append(PairTask(int(r.pair_id), _none(g["path"]), _none(t["path"]), _none(t["dtype"]),
                               int(r.golden_tensor_id), int(r.test_tensor_id), _none(r.transform)))
         sizes.append(_tensor_bytes(g["numel"], g["dtype"]) + _tensor_bytes(t["numel"], t["dtype"]))
@@ -481,6 +448,7 @@ def compute_pending(con: duckdb.DuckDBPyConnection, cmp_id: int, golden: RunFram
         return _judge(thresholds, res, node_info[pair_node[res["pair_id"]]], pair_dtype[res["pair_id"]])
 
     sink = _ResultSink(con, cmp_id, golden.run_id, test.run_id, judge)
+    sink.aliases = aliases
     execute_tasks(tasks, sizes, sink, workers=workers, progress=progress, cancel=cancel, pool=pool)
     return len(todo), sink.failed, sink.uncomparable
 
@@ -541,10 +509,6 @@ def _none(v: Any) -> Any:
 _nan_none = _none
 
 
-def default_workers() -> int:
-    return max(1, min(os.cpu_count() or 1, 8))
-
-
 def _category(op_type: str) -> str | None:
     t = op_type.lower()
     for cat, needles in (("norm", ("norm",)), ("attention", ("attention",)), ("mlp", ("mlp", "feedforward")),
@@ -579,24 +543,29 @@ def run_compare(golden: str | Path, test: str | Path, catalog: str | Path, *,
                 mapping: str | Path | MappingFile | None = None, tokens: Collection[int] | None = None,
                 workers: int | None = None, thresholds: str | Path | Thresholds | None = None,
                 progress: ProgressFn | None = None, cancel: threading.Event | None = None,
-                auto: bool = True) -> CompareResult:
-    """Read, ingest, match and compare two dumps into `catalog`; see the module docstring."""
+                auto: bool = True, pool: ProcessPoolExecutor | PoolStarter | None = None) -> CompareResult:
+    """Read, ingest, match and compare two dumps into `catalog`; see the module docstring.
+
+    `pool` (from `workbench.compare.pool.new_pool`) is used and left running; without one, a pool is
+    started here when the dumps are big enough and shut down at the end.
+    """
     th = thresholds if isinstance(thresholds, Thresholds) else Thresholds.load(thresholds)
     mf = mapping if isinstance(mapping, MappingFile) or mapping is None else MappingFile.load(mapping)
     n_workers = workers or default_workers()
-    big = _bytes_at_least(Path(golden), IN_PROCESS_BYTES) and _bytes_at_least(Path(test), IN_PROCESS_BYTES // 2)
-    pool = start_pool(n_workers) if big else None
+    own = pool is None and worth_a_pool(golden, test, n_workers)
+    if own:
+        pool = new_pool(n_workers)
     try:
         return _read_ingest_compare(golden, test, catalog, mf, tokens, th, n_workers, progress, cancel, auto, pool)
     finally:
-        if pool is not None:
+        if own and pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _read_ingest_compare(golden: str | Path, test: str | Path, catalog: str | Path, mf: MappingFile | None,
                          tokens: Collection[int] | None, th: Thresholds, workers: int,
                          progress: ProgressFn | None, cancel: threading.Event | None, auto: bool,
-                         pool: ProcessPoolExecutor | None) -> CompareResult:
+                         pool: ProcessPoolExecutor | PoolStarter | None) -> CompareResult:
     if progress:
         progress(Progress("read dumps", 0, 2))
     g_dump = open_dump(golden)
@@ -635,7 +604,7 @@ def _auto_matcher(auto: bool) -> Any:
 def _compare_runs(con: duckdb.DuckDBPyConnection, catalog: Path, golden_run: int, test_run: int,
                   mapping: MappingFile | None, tokens: Collection[int] | None, thresholds: Thresholds,
                   workers: int, progress: ProgressFn | None, cancel: threading.Event | None, auto: bool,
-                  problems: list[str], pool: ProcessPoolExecutor | None = None) -> CompareResult:
+                  problems: list[str], pool: ProcessPoolExecutor | PoolStarter | None = None) -> CompareResult:
     golden = load_frames(con, golden_run)
     test = load_frames(con, test_run)
     cmp_id, th_changed = _comparison_id(con, golden_run, test_run, mapping, thresholds)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.catalog.schema import ALL_METRICS
-from workbench.compare.metrics import canonical_dtype
+from workbench.formats.model import canonical_dtype
 
 DEFAULTS_RESOURCE = "thresholds.toml"
 NAN_INF = "nan_inf"  # the failed-metric name of a NaN/Inf mismatch

@@ -6,27 +6,14 @@ memory at a time, so a worker's peak is bounded by the largest tensor pair.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from workbench.compare.metrics import compare_tensors, summarize
+from workbench.compare.tasks import SUMMARY_FIELDS, PairTask, StatsTask
 from workbench.formats.model import DumpError
 from workbench.formats.tensor_io import load_tensor
-
-SUMMARY_FIELDS = ("numel", "min", "max", "mean", "std", "norm", "nan_count", "inf_count")
-
-
-@dataclass(frozen=True, slots=True)
-class PairTask:
-    pair_id: int
-    golden_path: str | None
-    test_path: str | None
-    test_dtype: str | None
-    golden_tensor_id: int
-    test_tensor_id: int
-    transform: str | None = None
 
 
 def apply_transform(golden: torch.Tensor, test: torch.Tensor, spec: str | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,13 +43,6 @@ def apply_transform(golden: torch.Tensor, test: torch.Tensor, spec: str | None) 
         else:
             test = target
     return golden, test
-
-
-@dataclass(frozen=True, slots=True)
-class StatsTask:
-    run_id: int
-    tensor_id: int
-    path: str
 
 
 def _summary_dict(s: Any) -> dict[str, Any]:

@@ -22,6 +22,25 @@ TensorRole = Literal["in", "out"]
 OrderSource = Literal["recorded", "topology", "data-flow", "definition"]
 
 
+_DTYPE_ALIASES: dict[str, str] = {
+    "fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16",
+    "bf16": "bfloat16", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
+}
+
+
+def canonical_dtype(dtype: object) -> str | None:
+    """`torch.bfloat16`, `bf16`, `BFloat16` ... -> `bfloat16`; None stays None."""
+    if dtype is None:
+        return None
+    text = str(dtype).strip().lower().removeprefix("torch.")
+    return _DTYPE_ALIASES.get(text, text)
+
+
+def dtype_name(dtype: object) -> str:
+    """Canonical dtype name (`float16`, `bfloat16`, ...) of a torch or numpy dtype or a string."""
+    return str(dtype).removeprefix("torch.")
+
+
 class DumpError(Exception):
     """A problem with one file or folder of a dump; `str()` is a one-line message naming it."""
 

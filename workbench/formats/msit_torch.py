@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.formats.layers import inherit_layers, layer_from_name
-from workbench.formats.model import Dump, DumpError, Node, OrderSource, TensorEntry, TensorStats
-from workbench.formats.scan import content_key, list_dir, load_pth_lazy, read_json
-from workbench.formats.tensor_io import dtype_name
+from workbench.formats.model import Dump, DumpError, Node, OrderSource, TensorEntry, TensorStats, dtype_name
+from workbench.formats.scan import content_key, list_dir, load_pth_lazy, pth_header, read_json
 
 MANIFEST = "wb_manifest.json"
 MODEL_TREE = "model_tree.json"
@@ -246,15 +245,18 @@ def _scan_module(tok: int, module: str, folder: str, out: list[TensorEntry], pro
         for idx, (_nums, path) in enumerate(sorted(by_role[role])):
             st = stats.pop((role, idx), None)
             try:
-                t = load_pth_lazy(path)
+                # headers need no torch; the data-flow order (no manifest) hashes payloads
+                t = load_pth_lazy(path) if hashes is not None else None
+                dt, shape = (dtype_name(t.dtype), tuple(int(d) for d in t.shape)) if t is not None \
+                    else pth_header(path)
             except DumpError as exc:
                 problems.append(str(exc))
                 out.append(TensorEntry(tok, module, role, idx, path, error=exc.reason,  # type: ignore[arg-type]
                                        stats=st[2] if st else None))
                 continue
-            out.append(TensorEntry(tok, module, role, idx, path, dtype=dtype_name(t.dtype),  # type: ignore[arg-type]
-                                   shape=tuple(int(d) for d in t.shape), stats=st[2] if st else None))
-            if hashes is not None:
+            out.append(TensorEntry(tok, module, role, idx, path, dtype=dt,  # type: ignore[arg-type]
+                                   shape=shape, stats=st[2] if st else None))
+            if hashes is not None and t is not None:
                 try:
                     key = content_key(t)
                 except (RuntimeError, OSError, ValueError) as exc:

@@ -30,8 +30,7 @@ from typing import Any
 
 from workbench.formats.layers import inherit_layers, layer_from_name
 from workbench.formats.model import Dump, DumpError, Node, TensorEntry, TensorStats
-from workbench.formats.scan import list_dir, load_pth_lazy, npy_header, read_json
-from workbench.formats.tensor_io import dtype_name
+from workbench.formats.scan import list_dir, npy_header, pth_header, read_json
 
 _MODULE_RE = re.compile(r"^(Module|Cell)\.(.+)\.([^.]+)\.(forward|backward)\.(\d+)$")
 _API_RE = re.compile(r"^([A-Za-z]\w*)\.(.+)\.(\d+)\.(forward|backward)$")
@@ -316,8 +315,7 @@ def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems:
                 if name.endswith(".npy"):
                     dtype, shape = npy_header(path)
                 else:
-                    t = load_pth_lazy(path)
-                    dtype, shape = dtype_name(t.dtype), tuple(int(d) for d in t.shape)
+                    dtype, shape = pth_header(path)
             except DumpError:
                 if not os.path.exists(path):
                     exc = DumpError(path, "missing file")

@@ -11,13 +11,15 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from workbench.formats.model import DumpError
-from workbench.formats.tensor_io import dtype_name, load_pth
+from workbench.formats.model import DumpError, dtype_name
+from workbench.formats.pth_header import read_pth_header
+
+if TYPE_CHECKING:  # torch is imported only when a payload is read
+    import torch
 
 MAX_JSON_BYTES = 256 * 1024 * 1024
 # tensors above this size are hashed on evenly spaced samples (data-flow matching only needs identity)
@@ -64,9 +66,40 @@ def read_json(path: str | Path) -> Any:
         raise DumpError(path, f"not valid JSON ({str(exc)[:120]})") from None
 
 
+_HEADER_CACHE: dict[tuple[int, int, int, int], tuple[str, tuple[int, ...]]] = {}
+_CACHE_MAX = 16384
+
+
 def load_pth_lazy(path: str) -> torch.Tensor:
     """One tensor file, memory-mapped: the payload stays on disk until touched (see `tensor_io`)."""
+    from workbench.formats.tensor_io import load_pth
+
     return load_pth(path)
+
+
+def pth_header(path: str) -> tuple[str, tuple[int, ...]]:
+    """dtype name and shape of a `.pth` tensor file, without torch when the file is a plain saved tensor.
+
+    Our dumper hard-links a tensor seen twice in a token, so most names of a dump share a few
+    files: each file (device, inode, size, mtime) is parsed once.
+    """
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise DumpError(path, f"cannot read: {exc.strerror or exc}") from None
+    if st.st_size == 0:
+        raise DumpError(path, "empty file")
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    hit = _HEADER_CACHE.get(key)
+    if hit is None:
+        hit = read_pth_header(path, st.st_size)
+        if hit is None:  # not a plain tensor zip: torch's weights-only loader decides, and explains
+            t = load_pth_lazy(path)
+            hit = (dtype_name(t.dtype), tuple(int(d) for d in t.shape))
+        if len(_HEADER_CACHE) >= _CACHE_MAX:
+            _HEADER_CACHE.clear()
+        _HEADER_CACHE[key] = hit
+    return hit
 
 
 def npy_header(path: str) -> tuple[str, tuple[int, ...]]:
@@ -93,6 +126,8 @@ def content_key(t: torch.Tensor) -> bytes:
     h.update(f"{t.dtype}|{tuple(t.shape)}|".encode())
     if t.numel() == 0:
         return h.digest()
+    import torch
+
     flat = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
     n = flat.shape[0]
     if n <= FULL_HASH_BYTES:

@@ -8,21 +8,19 @@ whose message names the file and the reason in one line.
 
 from __future__ import annotations
 
-import collections
-import io
 import os
 import pickle
 import struct
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from workbench.formats import atb_bin
-from workbench.formats.model import DumpError
+from workbench.formats.model import DumpError, dtype_name  # noqa: F401 - dtype_name re-exported
+from workbench.formats.pth_header import plain_spec
 
 TORCH_DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
@@ -32,63 +30,22 @@ TORCH_DTYPE_NAMES: dict[torch.dtype, str] = {
 NAME_TO_TORCH: dict[str, torch.dtype] = {v: k for k, v in TORCH_DTYPE_NAMES.items()}
 
 
-def dtype_name(dtype: torch.dtype | np.dtype | str) -> str:
-    """Canonical dtype name (`float16`, `bfloat16`, ...) for a torch/numpy dtype or a string."""
-    if isinstance(dtype, torch.dtype):
-        return TORCH_DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
-    text = str(dtype)
-    return text.removeprefix("torch.")
-
-
-_STORAGE_DTYPES: dict[str, torch.dtype] = {
-    "FloatStorage": torch.float32, "HalfStorage": torch.float16, "BFloat16Storage": torch.bfloat16,
-    "DoubleStorage": torch.float64, "LongStorage": torch.int64, "IntStorage": torch.int32,
-    "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8, "BoolStorage": torch.bool,
+_TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
+    "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
+    "bool": torch.bool,
 }
-_NUMPY_STORAGE = {torch.bfloat16: np.uint16}
-
-
-class _NotPlain(Exception):
-    """The file is not a plain saved tensor: let torch's own (weights-only) loader decide."""
-
-
-class _TensorOnlyUnpickler(pickle.Unpickler):
-    """Knows exactly one thing: `torch.save` of one tensor. Any other global is refused, never imported."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if module == "torch._utils" and name == "_rebuild_tensor_v2":
-            return _rebuild
-        if module == "torch" and name in _STORAGE_DTYPES:
-            return _STORAGE_DTYPES[name]
-        if module == "collections" and name == "OrderedDict":
-            return collections.OrderedDict
-        raise _NotPlain(f"{module}.{name}")
-
-    def persistent_load(self, pid: Any) -> Any:
-        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], torch.dtype)):
-            raise _NotPlain("storage")
-        return (pid[1], str(pid[2]), int(pid[4]))
-
-
-def _rebuild(storage: Any, offset: int, size: Any, stride: Any, *_rest: Any) -> Any:
-    return ("tensor", storage, int(offset), tuple(int(x) for x in size), tuple(int(x) for x in stride))
 
 
 def _fast_pth(path: str, file_size: int) -> torch.Tensor | None:
     """Memory-map a plain `torch.save(tensor)` zip without torch.load's machinery; None when not plain."""
     try:
         with zipfile.ZipFile(path) as zf:
-            pkl = [n for n in zf.namelist() if n.endswith("/data.pkl")]
-            if len(pkl) != 1:
+            spec = plain_spec(zf)
+            if spec is None:
                 return None
-            info = zf.getinfo(pkl[0])
-            if info.file_size > 1 << 20:
-                return None
-            spec = _TensorOnlyUnpickler(io.BytesIO(zf.read(pkl[0]))).load()
-            if not (isinstance(spec, tuple) and len(spec) == 5 and spec[0] == "tensor"):
-                return None
-            _tag, (dtype, key, numel), offset, size, stride = spec
-            entry = zf.getinfo(pkl[0][: -len("data.pkl")] + f"data/{key}")
+            dtype_s, itemsize, key, numel, offset, size, stride, prefix = spec
+            entry = zf.getinfo(f"{prefix}data/{key}")
         if entry.compress_type != zipfile.ZIP_STORED:
             return None
         with open(path, "rb") as fh:
@@ -98,24 +55,23 @@ def _fast_pth(path: str, file_size: int) -> torch.Tensor | None:
             return None
         name_len, extra_len = struct.unpack("<HH", local[26:30])
         data_offset = entry.header_offset + 30 + name_len + extra_len
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        dtype = _TORCH_DTYPES[dtype_s]
         if numel * itemsize > entry.file_size or data_offset + entry.file_size > file_size:
-            raise DumpError(path, f"storage of {numel} x {dtype} does not fit the file (truncated?)")
+            raise DumpError(path, f"storage of {numel} x {dtype_s} does not fit the file (truncated?)")
         span = 1 + sum((d - 1) * st for d, st in zip(size, stride)) if all(d > 0 for d in size) else 0
         if offset < 0 or any(st < 0 for st in stride) or offset + span > numel:
             raise DumpError(path, f"tensor view {list(size)} at offset {offset} lies outside its storage")
         if numel == 0 or span == 0:
             return torch.empty(size, dtype=dtype)
-        np_dtype = _NUMPY_STORAGE.get(dtype, torch.empty((), dtype=dtype).numpy().dtype)
+        np_dtype = np.uint16 if dtype == torch.bfloat16 else torch.empty((), dtype=dtype).numpy().dtype
         flat = np.memmap(path, dtype=np_dtype, mode="r", offset=data_offset, shape=(numel,))
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*non-writable.*")
             base = torch.from_numpy(flat)
-        if dtype in _NUMPY_STORAGE:
-            base = base.view(dtype)
+        if dtype == torch.bfloat16:
+            base = base.view(torch.bfloat16)
         return torch.as_strided(base, size, stride, offset)
-    except (_NotPlain, pickle.UnpicklingError, zipfile.BadZipFile, KeyError, ValueError, EOFError, TypeError,
-            IndexError, struct.error):
+    except (zipfile.BadZipFile, KeyError, ValueError, EOFError, TypeError, IndexError, struct.error):
         return None
 
 
