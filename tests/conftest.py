@@ -42,6 +42,16 @@ def tiny_llama(seed: int = 7):  # type: ignore[no-untyped-def]
     return LlamaForCausalLM(cfg).eval()
 
 
+def atb_test_llama(init: float = 0.02, layers: int = 2):  # type: ignore[no-untyped-def]
+    """The small Llama the ATB-stack tests share (GQA, 128 hidden); `init` sharpens attention."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(3)
+    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=layers, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=300, max_position_embeddings=64, initializer_range=init)
+    return LlamaForCausalLM(cfg).eval()
+
+
 @dataclass
 class TinyDumps:
     golden: Path  # torch_tensors/cpu_PID of the fp32 golden run

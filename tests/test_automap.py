@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
-from tests.conftest import dump_run
+from tests.conftest import atb_test_llama, dump_run
 from workbench.backends import AtbDumpConfig, AtbLlama, Defect
 from workbench.catalog.store import open_catalog
 from workbench.compare.pipeline import CompareResult, run_compare
@@ -24,10 +24,7 @@ INIT = {"attn_scale": 0.1, "rope_base": 0.1, "rope_halves": 0.1, "kv_slot": 0.1}
 
 
 def _model(init: float) -> LlamaForCausalLM:
-    torch.manual_seed(3)
-    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=LAYERS, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=300, max_position_embeddings=64, initializer_range=init)
-    return LlamaForCausalLM(cfg).eval()
+    return atb_test_llama(init, LAYERS)
 
 
 class Stacks:

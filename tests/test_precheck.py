@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
+from tests.conftest import atb_test_llama
 from workbench.analysis.precheck import SUPPORTED_OPS, PrecheckResult, precheck_group, precheck_op
 from workbench.backends import AtbDumpConfig, AtbLlama, Defect
 from workbench.formats import atb_bin
@@ -23,10 +24,7 @@ INIT = {"attn_scale": 0.1}  # a missing attention scale shows only with sharper 
 
 
 def _model(init: float) -> LlamaForCausalLM:
-    torch.manual_seed(3)
-    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=LAYERS, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=300, max_position_embeddings=64, initializer_range=init)
-    return LlamaForCausalLM(cfg).eval()
+    return atb_test_llama(init, LAYERS)
 
 
 class Dumps:

@@ -79,9 +79,17 @@ def read_pth_header(path: str, file_size: int) -> tuple[str, tuple[int, ...]] | 
             entry = zf.getinfo(f"{prefix}data/{key}")
     except (zipfile.BadZipFile, KeyError, OSError, EOFError):
         return None  # torch's loader reports it
-    if numel * itemsize > entry.file_size or entry.header_offset + entry.file_size > file_size:
+    check_bounds(path, dtype, itemsize, numel, offset, size, stride, entry.file_size,
+                 entry.header_offset + entry.file_size, file_size)
+    return dtype, size
+
+
+def check_bounds(path: str, dtype: str, itemsize: int, numel: int, offset: int, size: tuple[int, ...],
+                 stride: tuple[int, ...], stored: int, end: int, file_size: int) -> int:
+    """Raise `DumpError` unless the storage fits the file and the view fits the storage; returns the view's span."""
+    if numel * itemsize > stored or end > file_size:
         raise DumpError(path, f"storage of {numel} x {dtype} does not fit the file (truncated?)")
     span = 1 + sum((d - 1) * st for d, st in zip(size, stride)) if all(d > 0 for d in size) else 0
     if offset < 0 or any(st < 0 for st in stride) or offset + span > numel:
         raise DumpError(path, f"tensor view {list(size)} at offset {offset} lies outside its storage")
-    return dtype, size
+    return span

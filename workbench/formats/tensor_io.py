@@ -20,7 +20,7 @@ import torch
 
 from workbench.formats import atb_bin
 from workbench.formats.model import DumpError, dtype_name  # noqa: F401 - dtype_name re-exported
-from workbench.formats.pth_header import plain_spec
+from workbench.formats.pth_header import check_bounds, plain_spec
 
 TORCH_DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
@@ -56,11 +56,8 @@ def _fast_pth(path: str, file_size: int) -> torch.Tensor | None:
         name_len, extra_len = struct.unpack("<HH", local[26:30])
         data_offset = entry.header_offset + 30 + name_len + extra_len
         dtype = _TORCH_DTYPES[dtype_s]
-        if numel * itemsize > entry.file_size or data_offset + entry.file_size > file_size:
-            raise DumpError(path, f"storage of {numel} x {dtype_s} does not fit the file (truncated?)")
-        span = 1 + sum((d - 1) * st for d, st in zip(size, stride)) if all(d > 0 for d in size) else 0
-        if offset < 0 or any(st < 0 for st in stride) or offset + span > numel:
-            raise DumpError(path, f"tensor view {list(size)} at offset {offset} lies outside its storage")
+        span = check_bounds(path, dtype_s, itemsize, numel, offset, size, stride, entry.file_size,
+                            data_offset + entry.file_size, file_size)
         if numel == 0 or span == 0:
             return torch.empty(size, dtype=dtype)
         np_dtype = np.uint16 if dtype == torch.bfloat16 else torch.empty((), dtype=dtype).numpy().dtype
