@@ -351,7 +351,8 @@ async def test_escape_cancels_the_compare(demo_catalog: Path, tmp_path: Path) ->
         await wait_for(pilot, lambda: isinstance(app.screen, ProgressScreen))
         await pilot.press("escape")
         assert app.cancel_event.is_set()
-        await wait_for(pilot, lambda: isinstance(app.screen, (MessageScreen, MainScreen)), timeout=60)
+        await wait_for(pilot, lambda: isinstance(app.screen, MainScreen) or (
+            isinstance(app.screen, MessageScreen) and len(app.screen.query("#message")) > 0), timeout=60)
         if isinstance(app.screen, MessageScreen):  # cancelled before the end (else it had finished)
             assert "cancelled" in _text(app.screen.query_one("#message", Static))
 
@@ -385,7 +386,9 @@ async def test_bad_input_shows_a_message_screen(case: str, tmp_path: Path, small
         kwargs, expect = {"catalog": tmp_path / "out.duckdb", "golden": g, "test": t}, str(g)
     app = make_app(**kwargs)  # type: ignore[arg-type]
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: isinstance(app.screen, MessageScreen), timeout=60)
+        # the screen is pushed before it is composed: wait for the message itself
+        await wait_for(pilot, lambda: isinstance(app.screen, MessageScreen) and len(app.screen.query("#message")) > 0,
+                       timeout=60)
         assert expect in _text(app.screen.query_one("#message", Static))
         await pilot.press("q")
     assert app.return_code == 2
