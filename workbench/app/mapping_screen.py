@@ -15,6 +15,7 @@ from textual.widgets.option_list import Option
 
 from workbench.analysis.explore import Explorer, NodePair, Unmatched
 from workbench.app.actions import bindings
+from workbench.app.screens import UsesAppExplorer
 from workbench.compare.mapping import WB_MAPPING_NAME, MappingError, MappingFile, PairSpec, TensorSel
 
 
@@ -25,7 +26,7 @@ class MappingLists(Message):
     pairs: list[NodePair]
 
 
-class MappingScreen(Screen[None]):
+class MappingScreen(UsesAppExplorer, Screen[None]):
     """Two filterable lists of unmatched ops and the list of current pairs."""
 
     SCOPE = "mapping"
@@ -82,12 +83,6 @@ class MappingScreen(Screen[None]):
         self.query_one("#golden-list").focus()
         self._status("")
         self.load_lists()
-
-    @property
-    def explorer(self) -> Explorer:
-        ex = getattr(self.app, "explorer", None)
-        assert isinstance(ex, Explorer)
-        return ex
 
     def set_explorer(self, explorer: Explorer) -> None:
         """Reload after an edit reopened the catalog."""

@@ -12,12 +12,25 @@ from textual.containers import Center, Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, ProgressBar, Static
 
+from workbench.analysis.explore import Explorer
 from workbench.app.actions import ACTIONS, bindings
 
 SCOPE_TITLES = {
     "app": "Everywhere", "main": "Main screen", "heatmap": "Heatmap", "tree": "Trees",
     "mapping": "Mapping editor", "sql": "SQL console", "help": "Help",
 }
+
+
+class UsesAppExplorer:
+    """For screens that query the app's current (read-only) catalog explorer, reopened after edits."""
+
+    app: object
+
+    @property
+    def explorer(self) -> Explorer:
+        ex = getattr(self.app, "explorer", None)
+        assert isinstance(ex, Explorer)
+        return ex
 
 
 class MessageScreen(Screen[None]):

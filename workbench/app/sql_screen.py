@@ -16,6 +16,7 @@ from textual.widgets.option_list import Option
 
 from workbench.analysis.explore import Explorer, ResultSet
 from workbench.app.actions import bindings
+from workbench.app.screens import UsesAppExplorer
 
 ROW_LIMIT = 1000
 MAX_CELL = 60
@@ -33,7 +34,7 @@ class SqlDone(Message):
     error: str | None
 
 
-class SqlScreen(Screen[None]):
+class SqlScreen(UsesAppExplorer, Screen[None]):
     """Type SQL (Ctrl+R runs it) or pick a saved query; `getvariable('cmp_id')` is the shown comparison."""
 
     SCOPE = "sql"
@@ -89,12 +90,6 @@ class SqlScreen(Screen[None]):
             saved.add_options([Option(f"{name}", id=name) for name in self.saved])
         else:
             saved.add_option(Option("(no queries/*.sql found)", disabled=True))
-
-    @property
-    def explorer(self) -> Explorer:
-        ex = getattr(self.app, "explorer", None)
-        assert isinstance(ex, Explorer)
-        return ex
 
     def set_explorer(self, explorer: Explorer) -> None:
         """Nothing cached here: the next query uses the reopened catalog."""
