@@ -68,17 +68,26 @@ def plain_spec(zf: zipfile.ZipFile) -> tuple[str, int, str, int, int, tuple[int,
     return dtype, itemsize, key, numel, offset, size, stride, pkl[0][: -len("data.pkl")]
 
 
-def read_pth_header(path: str, file_size: int) -> tuple[str, tuple[int, ...]] | None:
-    """(dtype name, shape) of a plain `.pth`, checked against the file's size; None when not plain."""
+def plain_entry(path: str) -> tuple[tuple[str, int, str, int, int, tuple[int, ...], tuple[int, ...], str],
+                                   zipfile.ZipInfo] | None:
+    """The spec of a plain saved tensor and the zip entry of its storage; None when not plain (or unreadable:
+    torch's loader then reports the problem)."""
     try:
         with zipfile.ZipFile(path) as zf:
             spec = plain_spec(zf)
             if spec is None:
                 return None
-            dtype, itemsize, key, numel, offset, size, stride, prefix = spec
-            entry = zf.getinfo(f"{prefix}data/{key}")
+            return spec, zf.getinfo(f"{spec[7]}data/{spec[2]}")
     except (zipfile.BadZipFile, KeyError, OSError, EOFError):
-        return None  # torch's loader reports it
+        return None
+
+
+def read_pth_header(path: str, file_size: int) -> tuple[str, tuple[int, ...]] | None:
+    """(dtype name, shape) of a plain `.pth`, checked against the file's size; None when not plain."""
+    found = plain_entry(path)
+    if found is None:
+        return None
+    (dtype, itemsize, _key, numel, offset, size, stride, _prefix), entry = found
     check_bounds(path, dtype, itemsize, numel, offset, size, stride, entry.file_size,
                  entry.header_offset + entry.file_size, file_size)
     return dtype, size

@@ -20,7 +20,7 @@ import torch
 
 from workbench.formats import atb_bin
 from workbench.formats.model import DumpError, dtype_name  # noqa: F401 - dtype_name re-exported
-from workbench.formats.pth_header import check_bounds, plain_spec
+from workbench.formats.pth_header import check_bounds, plain_entry
 
 TORCH_DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
@@ -40,12 +40,10 @@ _TORCH_DTYPES: dict[str, torch.dtype] = {
 def _fast_pth(path: str, file_size: int) -> torch.Tensor | None:
     """Memory-map a plain `torch.save(tensor)` zip without torch.load's machinery; None when not plain."""
     try:
-        with zipfile.ZipFile(path) as zf:
-            spec = plain_spec(zf)
-            if spec is None:
-                return None
-            dtype_s, itemsize, key, numel, offset, size, stride, prefix = spec
-            entry = zf.getinfo(f"{prefix}data/{key}")
+        found = plain_entry(path)
+        if found is None:
+            return None
+        (dtype_s, itemsize, _key, numel, offset, size, stride, _prefix), entry = found
         if entry.compress_type != zipfile.ZIP_STORED:
             return None
         with open(path, "rb") as fh:
