@@ -455,6 +455,7 @@ def compute_pending(con: duckdb.DuckDBPyConnection, cmp_id: int, golden: RunFram
 
 def _judge(thresholds: Thresholds, res: dict[str, Any], node: tuple[str, str], dtype: str | None
            ) -> tuple[bool | None, list[str]]:
+    """Pass/fail of one pair: NaN/Inf on the test side that the golden side does not have fails it."""
     values = res["values"]
     if not values or all(values.get(m) is None for m in ALL_METRICS):
         g, t = res.get("golden") or {}, res.get("test") or {}
@@ -462,10 +463,8 @@ def _judge(thresholds: Thresholds, res: dict[str, Any], node: tuple[str, str], d
             return False, ["nan_inf"]
         return None, []
     g, t = res.get("golden") or {}, res.get("test") or {}
-    g_bad = (g.get("nan_count") or 0) + (g.get("inf_count") or 0)
     t_bad = (t.get("nan_count") or 0) + (t.get("inf_count") or 0)
     mismatch = t_bad > 0 and (t.get("nan_count"), t.get("inf_count")) != (g.get("nan_count"), g.get("inf_count"))
-    del g_bad
     return thresholds.judge(values, dtype or "float32", node_name=node[0], node_type=node[1],
                             nan_inf_mismatch=bool(mismatch))
 
@@ -482,9 +481,9 @@ def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds)
         return
     passed, failed = [], []
     for r in df.to_dict("records"):
-        res = {"values": {m: _nan_none(r[m]) for m in ALL_METRICS},
-               "golden": {"nan_count": _nan_none(r["golden_nan_count"]), "inf_count": _nan_none(r["golden_inf_count"])},
-               "test": {"nan_count": _nan_none(r["my_nan_count"]), "inf_count": _nan_none(r["my_inf_count"])}}
+        res = {"values": {m: _none(r[m]) for m in ALL_METRICS},
+               "golden": {"nan_count": _none(r["golden_nan_count"]), "inf_count": _none(r["golden_inf_count"])},
+               "test": {"nan_count": _none(r["my_nan_count"]), "inf_count": _none(r["my_inf_count"])}}
         p, over = _judge(thresholds, res, (str(r["_node"]), str(r["_type"] or "")), _none(r["_dtype"]))
         passed.append(p)
         failed.append(",".join(over) if over else None)
@@ -506,7 +505,6 @@ def _none(v: Any) -> Any:
     return v
 
 
-_nan_none = _none
 
 
 def _category(op_type: str) -> str | None:
