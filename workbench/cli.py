@@ -181,16 +181,14 @@ def precheck(
     show_all: Annotated[bool, typer.Option("--all", help="Also list ops that pass.")] = False,
 ) -> None:
     """Re-run ATB ops alone on their dumped inputs with a float32/64 reference; report the ops that disagree."""
-    from workbench.analysis.precheck import precheck_group, precheck_op
+    from workbench.analysis.precheck import precheck_group
     from workbench.compare.thresholds import Thresholds
 
     def go() -> int:
         th = Thresholds.load(thresholds)
         if not path.is_dir():
             raise ValueError(f"{path}: no such folder")
-        has_children = any(c.is_dir() and c.name.split("_", 1)[0].isdigit() for c in path.iterdir())
-        is_op = not has_children and ((path / "after").is_dir() or (path / "before").is_dir())
-        results = [precheck_op(path, thresholds=th)] if is_op else precheck_group(path, thresholds=th)
+        results = precheck_group(path, thresholds=th)  # an op folder yields itself
         failed = 0
         for r in results:
             label = r.name or r.op_dir

@@ -119,34 +119,29 @@ def _refine_with_precheck(con: duckdb.DuckDBPyConnection, cmp_id: int,
                                 "WHERE c.cmp_id = ?", [cmp_id]))
     if row is None or row[0] != "atb":
         return {}
-    try:
-        from workbench.analysis.precheck import precheck_group, precheck_op
-    except ImportError:
-        return {}
+    from workbench.analysis.precheck import precheck_group
     test_run = int(row[1])
     evidence: dict[int, str] = {}
     for token, (gid, tid) in list(verdicts.items()):
         if gid is None or tid is None:
             continue
         found = first_row(con.execute(
-            "SELECT n.name, t.path, "
-            "EXISTS (SELECT 1 FROM nodes c WHERE c.run_id = n.run_id AND c.parent_id = n.node_id)"
-            " FROM nodes n JOIN tensors t ON t.run_id = n.run_id AND t.node_id = n.node_id"
+            "SELECT n.name, t.path FROM nodes n JOIN tensors t ON t.run_id = n.run_id AND t.node_id = n.node_id"
             " WHERE n.run_id = ? AND n.node_id = ? AND t.token_id = ? AND t.path IS NOT NULL LIMIT 1",
             [test_run, tid, token]))
         if found is None:
             continue
-        name, path, is_group = str(found[0]), Path(str(found[1])), bool(found[2])
-        op_dir = path.parent.parent  # .../{token}/{node}/{before|after}/file.bin
-        if not is_group:
-            res = precheck_op(op_dir)
+        name, op_dir = str(found[0]), Path(str(found[1])).parent.parent  # .../{node}/{before|after}/x.bin
+        results = precheck_group(op_dir)  # a leaf op folder yields just itself
+        if [Path(r.op_dir) for r in results] == [op_dir]:
+            res = results[0]
             if res.supported and res.passed is False:
                 evidence[token] = f"precheck: {name} disagrees with its own re-run on its dumped inputs"
             elif res.supported and res.passed:
                 evidence[token] = (f"precheck: {name} computes correctly from its dumped inputs "
                                    "(look at its parameters and inputs)")
             continue
-        for res in precheck_group(op_dir):
+        for res in results:
             if res.supported and res.passed is False:
                 rel = Path(res.op_dir).relative_to(op_dir).as_posix()
                 sub = first_row(con.execute("SELECT node_id FROM nodes WHERE run_id = ? AND name = ?",
@@ -154,6 +149,6 @@ def _refine_with_precheck(con: duckdb.DuckDBPyConnection, cmp_id: int,
                 if sub is not None:
                     verdicts[token] = (gid, int(sub[0]))
                     evidence[token] = (f"precheck: {name}/{rel} disagrees with its own re-run on its dumped inputs; "
-                                       f"the other ops of {name} before it agree")
+                                       f"the ops of {name} before it that could be re-run agree")
                 break
     return evidence

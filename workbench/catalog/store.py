@@ -17,10 +17,10 @@ import duckdb
 import pandas as pd
 
 from workbench.catalog import CATALOG_NAME, CatalogError, first_row
-
-__all__ = ["CATALOG_NAME", "CatalogError", "first_row", "ingest_dump", "open_catalog"]
 from workbench.catalog.schema import COMPARISON_VIEW, SCHEMA_VERSION, TABLES_DDL
 from workbench.formats.model import Dump, Node
+
+__all__ = ["CATALOG_NAME", "CatalogError", "first_row", "ingest_dump", "open_catalog"]
 
 
 def _schema_version(con: duckdb.DuckDBPyConnection) -> int | None:

@@ -232,29 +232,25 @@ def _match_outside_layers(b: _Builder) -> None:
     g_out = [n for n in g.name if g.layer[n] is None]
     t_top = [n for n in t.children.get(None, []) if t.layer[n] is None]
     # an ATB dump's top level is per graph; the same op name may appear in both graphs (one node)
-
-    def one(nodes: list[int], tree: _Tree, pred: object) -> list[int]:
-        return [n for n in nodes if pred(tree, n)]  # type: ignore[operator]
-
-    g_embed = one(g_out, g, lambda tr, n: tr.is_type(n, "Embedding") and not tr.is_type(n, "Rotary", "Positional"))
-    t_embed = one(t_top, t, lambda tr, n: tr.is_type(n, "WordEmbedding") or tr.leaf_name(n).endswith("WordEmbedding"))
+    g_embed = [n for n in g_out if g.is_type(n, "Embedding") and not g.is_type(n, "Rotary", "Positional")]
+    t_embed = [n for n in t_top if t.is_type(n, "WordEmbedding") or t.leaf_name(n).endswith("WordEmbedding")]
     if len(g_embed) == 1 and len(t_embed) >= 1:
         for tid in t_embed:
             b.add(g_embed[0], tid, "auto-embedding", 0.95, "word embedding output", OUT0, OUT0)
             # ATB gathers from (weight, ids): the token ids are its second input
             b.add(g_embed[0], tid, "auto-embedding", 0.95, "token ids", IN0, TensorSel("in", 1))
-    g_rot = one(g_out, g, lambda tr, n: tr.is_type(n, "Rotary"))
-    t_rot = one(t_top, t, lambda tr, n: tr.is_type(n, "PositionalEmbedding") or "Positional" in tr.leaf_name(n))
+    g_rot = [n for n in g_out if g.is_type(n, "Rotary")]
+    t_rot = [n for n in t_top if t.is_type(n, "PositionalEmbedding") or "Positional" in t.leaf_name(n)]
     if len(g_rot) == 1 and len(t_rot) >= 1:
         for tid in t_rot:
             b.add(g_rot[0], tid, "auto-rotary", 0.8, "cos/sin tables", TensorSel("out"), TensorSel("out"))
-    g_norm = one(g_out, g, lambda tr, n: tr.is_type(n, "Norm"))
-    t_norm = one(t_top, t, lambda tr, n: tr.is_type(n, "NormOperation"))
+    g_norm = [n for n in g_out if g.is_type(n, "Norm")]
+    t_norm = [n for n in t_top if t.is_type(n, "NormOperation")]
     if len(g_norm) == 1 and len(t_norm) >= 1:
         for tid in t_norm:
             b.add(g_norm[0], tid, "auto-norm", 0.95, "final norm")
-    g_head = one(g_out, g, lambda tr, n: tr.leaf_name(n) in ("lm_head", "output", "embed_out"))
-    t_head = one(t_top, t, lambda tr, n: tr.is_type(n, "LmHead") or "LmHead" in tr.leaf_name(n))
+    g_head = [n for n in g_out if g.leaf_name(n) in ("lm_head", "output", "embed_out")]
+    t_head = [n for n in t_top if t.is_type(n, "LmHead") or "LmHead" in t.leaf_name(n)]
     if len(g_head) == 1 and len(t_head) >= 1:
         for tid in t_head:
             b.add(g_head[0], tid, "auto-lm-head", 0.95, "LM head (logits)", TensorSel("out"), TensorSel("out"))

@@ -123,7 +123,11 @@ class TypeRule:
     test_type: str
     golden_types: list[str]
     test_tensor: TensorSel = TensorSel()
-    golden_tensors: list[TensorSel] = field(default_factory=list)
+    golden_tensors: list[TensorSel] = field(default_factory=list)  # one per golden type; default: all outputs
+
+    def __post_init__(self) -> None:
+        if not self.golden_tensors:
+            self.golden_tensors = [TensorSel("out", None)] * len(self.golden_types)
 
 
 def _file_sel(file_part: str) -> TensorSel:
@@ -254,7 +258,7 @@ class MappingFile:
             key = (t.test_type if t.test_tensor == TensorSel("out", None)
                    else f"{t.test_type}_{_sel_file(t.test_tensor)}")
             vals = [g if s == TensorSel("out", None) else f"{g}_{_sel_file(s, torch=True)}"
-                    for g, s in zip(t.golden_types, t.golden_tensors or [TensorSel("out", None)] * len(t.golden_types))]
+                    for g, s in zip(t.golden_types, t.golden_tensors)]
             types.setdefault(key, []).extend(vals)
         return {
             "format": MAPPING_FORMAT,

@@ -107,7 +107,7 @@ def match_nodes(golden: RunFrames, test: RunFrames, mapping: MappingFile | None 
         # 3. type maps, zipped per layer when counts agree
         for tr in mapping.types:
             t_sel = tr.test_tensor
-            for golden_type, g_sel in zip(tr.golden_types, tr.golden_tensors or [TensorSel("out")] * 99):
+            for golden_type, g_sel in zip(tr.golden_types, tr.golden_tensors):
                 g_hits = golden.nodes[golden.nodes["type"].fillna("").str.contains(golden_type, regex=False)]
                 t_hits = test.nodes[test.nodes["type"].fillna("").str.contains(tr.test_type, regex=False)]
                 g_groups = {k: _ordered(v) for k, v in g_hits.groupby(g_hits["layer"].map(_layer_key), dropna=False)}

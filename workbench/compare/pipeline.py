@@ -129,21 +129,27 @@ def _comparison_id(con: duckdb.DuckDBPyConnection, golden_run: int, test_run: in
     return cmp_id, False
 
 
-def _store_node_matches(con: duckdb.DuckDBPyConnection, cmp_id: int, matches: list[NodeMatch]) -> None:
+def _insert_node_matches(con: duckdb.DuckDBPyConnection, cmp_id: int, matches: list[NodeMatch]) -> None:
+    if not matches:
+        return
     df = pd.DataFrame({
         "golden_node_id": [m.golden_node_id for m in matches],
         "test_node_id": [m.test_node_id for m in matches],
         "method": [m.method for m in matches],
         "confidence": [m.confidence for m in matches],
         "evidence": [m.evidence for m in matches],
-    }, columns=["golden_node_id", "test_node_id", "method", "confidence", "evidence"])
+    })
+    con.register("_nm", df)
+    con.execute("INSERT INTO node_matches SELECT ?, golden_node_id, test_node_id, method, confidence, evidence "
+                "FROM _nm", [cmp_id])
+    con.unregister("_nm")
+
+
+def _store_node_matches(con: duckdb.DuckDBPyConnection, cmp_id: int, matches: list[NodeMatch]) -> None:
+    """Replace the node pairs of a comparison."""
     con.execute("BEGIN TRANSACTION")
     con.execute("DELETE FROM node_matches WHERE cmp_id = ?", [cmp_id])
-    if len(df):
-        con.register("_nm", df)
-        con.execute("INSERT INTO node_matches SELECT ?, golden_node_id, test_node_id, method, confidence, evidence "
-                    "FROM _nm", [cmp_id])
-        con.unregister("_nm")
+    _insert_node_matches(con, cmp_id, matches)
     con.execute("COMMIT")
 
 
@@ -294,41 +300,44 @@ def execute_tasks(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], s
         _run_in_process([t for t, _ in left], [n for _, n in left], sink, progress, cancel, stage, t0)
 
 
+class _Reporter:
+    """Progress callbacks and periodic flushes of the sink, shared by the in-process and pool paths."""
+
+    def __init__(self, sink: _ResultSink, progress: ProgressFn | None, stage: str, total: int, t0: float) -> None:
+        self.sink, self.progress, self.stage, self.total, self.t0 = sink, progress, stage, total, t0
+        self.done = 0
+        self.last_flush = time.perf_counter()
+
+    def advance(self, n: int, force_flush: bool = False) -> None:
+        self.done += n
+        now = time.perf_counter()
+        if self.progress:
+            self.progress(Progress(self.stage, self.done, self.total, self.done / max(now - self.t0, 1e-9)))
+        pending = len(self.sink.metric_rows) + len(self.sink.stat_rows)
+        if force_flush or now - self.last_flush > 1.0 or pending > 5000:
+            self.sink.flush()
+            self.last_flush = now
+
+
 def _run_in_process(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], sink: _ResultSink,
                     progress: ProgressFn | None, cancel: threading.Event | None, stage: str, t0: float) -> None:
     from workbench.compare.worker import run_batch  # torch: only when this process computes
 
-    total, done, last_flush = len(tasks), 0, time.perf_counter()
+    reporter = _Reporter(sink, progress, stage, len(tasks), t0)
     for batch in _batches(tasks, sizes):
         if cancel is not None and cancel.is_set():
             sink.flush()
             raise CompareCancelled()
         for res in run_batch(batch):
             sink.add(res)
-        done += len(batch)
-        now = time.perf_counter()
-        if progress:
-            progress(Progress(stage, done, total, done / max(now - t0, 1e-9)))
-        if now - last_flush > 1.0:
-            sink.flush()
-            last_flush = now
+        reporter.advance(len(batch))
     sink.flush()
 
 
 def _run_in_pool(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], sink: _ResultSink, workers: int,
                  progress: ProgressFn | None, cancel: threading.Event | None, stage: str, t0: float,
                  pool: ProcessPoolExecutor | PoolStarter | None) -> None:
-    total, done, last_flush = len(tasks), 0, time.perf_counter()
-
-    def report(force: bool = False) -> None:
-        nonlocal last_flush
-        now = time.perf_counter()
-        if progress:
-            progress(Progress(stage, done, total, done / max(now - t0, 1e-9)))
-        if force or now - last_flush > 1.0 or len(sink.metric_rows) + len(sink.stat_rows) > 5000:
-            sink.flush()
-            last_flush = now
-
+    reporter = _Reporter(sink, progress, stage, len(tasks), t0)
     batches = iter(_batches(tasks, sizes))
     if isinstance(pool, PoolStarter):
         pool = pool.get()  # started in the background at the very beginning
@@ -353,17 +362,17 @@ def _run_in_pool(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], si
                 sink.flush()
                 raise CompareCancelled()
             finished, _ = wait(list(inflight), timeout=0.2, return_when=FIRST_COMPLETED)
+            n_done = 0
             for f in finished:
-                n = inflight.pop(f)
+                n_done += inflight.pop(f)
                 for res in f.result():
                     sink.add(res)
-                done += n
             submit_more()
-            report()
+            reporter.advance(n_done)
     finally:
         if own_pool:
             pool.shutdown(wait=True, cancel_futures=True)
-    report(force=True)
+    reporter.advance(0, force_flush=True)
 
 
 def _file_identity(path: Any) -> tuple[int, int] | None:
@@ -503,8 +512,6 @@ def _none(v: Any) -> Any:
     except (TypeError, ValueError):
         pass
     return v
-
-
 
 
 def _category(op_type: str) -> str | None:
@@ -702,13 +709,7 @@ def add_node_pairs(catalog: str | Path, cmp_id: int, pairs: Sequence[PairSpec],
                 raise ValueError(f"test node {p.test!r} is not in comparison {cmp_id}")
             new_matches.append(NodeMatch(gid, tid, "editor", 1.0, "paired in the mapping editor",
                                          p.golden_tensor, p.test_tensor))
-        if new_matches:
-            nm = pd.DataFrame({"g": [m.golden_node_id for m in new_matches],
-                               "t": [m.test_node_id for m in new_matches]})
-            con.register("_nm", nm)
-            con.execute("INSERT INTO node_matches SELECT ?, g, t, 'editor', 1.0, 'paired in the mapping editor' "
-                        "FROM _nm", [cmp_id])
-            con.unregister("_nm")
+        _insert_node_matches(con, cmp_id, new_matches)
         tp = pair_tensors(new_matches, golden, test)
         before = first_row(con.execute("SELECT count(*) FROM matches WHERE cmp_id = ?", [cmp_id]))
         stored = _store_pairs(con, cmp_id, tp) if len(tp) else tp.assign(pair_id=pd.Series(dtype=int))
