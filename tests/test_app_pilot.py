@@ -41,8 +41,14 @@ async def wait_for(pilot, cond, timeout: float = 10.0) -> None:  # type: ignore[
 async def ready(pilot, app: WorkbenchApp) -> MainScreen:  # type: ignore[no-untyped-def]
     await wait_for(pilot, lambda: isinstance(app.screen, MainScreen) and app.screen.first_paint_at is not None
                    and bool(app.screen.status))
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
+    # settle: a finished worker can start follow-on work (the linked tree selects and scrolls to the
+    # counterpart), so wait until a round of waiting finds no worker running and no animation left
+    for _ in range(50):
+        await pilot.app.workers.wait_for_complete()
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause(0.05)
+        if not any(w.is_running for w in pilot.app.workers):
+            break
     screen = app.screen
     assert isinstance(screen, MainScreen)
     return screen
