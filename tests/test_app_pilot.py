@@ -332,6 +332,33 @@ async def test_demo_born_op_and_its_atb_counterpart(demo_catalog: Path) -> None:
         assert "error born here" in _text(detail) and test_name in _text(detail)
 
 
+async def test_decode_tokens_link_to_the_decoder_graph(demo_catalog: Path) -> None:
+    """A golden module pairs with the prefill graph's op at token 0 and the decoder graph's at later tokens:
+    the linked tree and the detail pane follow the token."""
+    con = duckdb.connect(str(demo_catalog), read_only=True)
+    rows = con.execute(
+        "SELECT b.token_id, t.name FROM error_born b JOIN comparisons c USING (cmp_id) "
+        "JOIN nodes t ON t.run_id = c.test_run AND t.node_id = b.test_node_id "
+        "WHERE b.cmp_id = (SELECT max(cmp_id) FROM comparisons) AND b.token_id IN (0, 1) ORDER BY 1").fetchall()
+    con.close()
+    expected = dict(rows)
+    assert "Prefill_layer" in expected[0] and "Decoder_layer" in expected[1]
+    app = make_app(catalog=demo_catalog)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot, app)
+        golden, test = trees(screen)
+        for token in (0, 1):
+            while screen.token != token:
+                await pilot.press("]" if screen.token < token else "[")
+                await wait_for(pilot, lambda: screen.status_token == screen.token)
+            await pilot.press("b")
+            await wait_for(pilot, lambda: cursor_id(golden) == screen.born_id)
+            await wait_for(pilot, lambda t=token: cursor_id(test) is not None
+                           and test.rows[cursor_id(test)].name == expected[t])  # type: ignore[index]
+            detail = screen.query_one("#detail", Static)
+            await wait_for(pilot, lambda t=token, d=detail: f"test: {expected[t]}" in _text(d), timeout=20)
+
+
 async def test_open_two_dumps_compares_with_progress_then_opens(demo_catalog: Path, tmp_path: Path) -> None:
     from workbench.app.app import CompareProgress
     from workbench.app.screens import ProgressScreen

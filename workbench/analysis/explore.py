@@ -519,11 +519,14 @@ class Explorer:
     def pair_detail(self, golden_node_id: int, token: int) -> PairDetail:
         """Metrics and statistics of every tensor pair of a golden node at a token, and the verdict."""
         info = self.info
+        # the counterpart at this token (node_results), else any match: prefill and decode graphs differ
         names = self._rows(
-            "SELECT g.name, g.type, t.name, t.type FROM nodes g LEFT JOIN node_matches m ON m.cmp_id = ? AND "
-            "m.golden_node_id = g.node_id LEFT JOIN nodes t ON t.run_id = ? AND t.node_id = m.test_node_id "
+            "SELECT g.name, g.type, t.name, t.type FROM nodes g "
+            "LEFT JOIN node_results r ON r.cmp_id = ? AND r.token_id = ? AND r.golden_node_id = g.node_id "
+            "LEFT JOIN node_matches m ON m.cmp_id = ? AND m.golden_node_id = g.node_id "
+            "LEFT JOIN nodes t ON t.run_id = ? AND t.node_id = coalesce(r.test_node_id, m.test_node_id) "
             "WHERE g.run_id = ? AND g.node_id = ? LIMIT 1",
-            [info.cmp_id, info.test_run, info.golden_run, golden_node_id])
+            [info.cmp_id, token, info.cmp_id, info.test_run, info.golden_run, golden_node_id])
         gname, gtype, tname, ttype = names[0] if names else (f"#{golden_node_id}", "", None, None)
         stat_cols = "dtype, shape, min, max, mean, std, norm, nan_count, inf_count, path"
         rows = self._rows(f"""

@@ -310,11 +310,22 @@ class MainScreen(Screen[None]):
         src = self._tree(side)
         other = self._tree("test" if side == "golden" else "golden")
         row = src.rows.get(node_id)
-        if row is None or row.counterpart is None:
+        if row is None:
+            return
+        counterpart = self._counterpart_now(side, node_id, row.counterpart)
+        if counterpart is None:
             return
         cur = other.cursor_node
-        if cur is None or cur.data is None or cur.data.node_id != row.counterpart:
-            other.reveal(row.counterpart)
+        if cur is None or cur.data is None or cur.data.node_id != counterpart:
+            other.reveal(counterpart)
+
+    def _counterpart_now(self, side: str, node_id: int, fallback: int | None) -> int | None:
+        """The counterpart at the current token (a golden module pairs with the prefill graph's op at token 0
+        and the decoder graph's at later tokens); the first match when the token says nothing."""
+        if side == "golden":
+            st = self.status.get(node_id)
+            return st.counterpart if st is not None and st.counterpart is not None else fallback
+        return next((st.node_id for st in self.status.values() if st.counterpart == node_id), fallback)
 
     @on(Tree.NodeHighlighted)
     def _tree_highlighted(self, event: Tree.NodeHighlighted[TreeRow]) -> None:
