@@ -118,6 +118,9 @@ class TopologyTree(Tree[TreeRow]):
         if self.cursor_node is not target:
             self.move_cursor(target, animate=False)
         self.scroll_to_node(target, animate=False)
+        # a reveal right after start-up can run before layout gives this tree its final height, and the
+        # scroll above is clamped to the size it has now: scroll again once the screen has been laid out
+        self.call_after_refresh(self.scroll_to_node, target, animate=False)
         return True
 
     def next_failing(self, start: int | None, step: int = 1) -> int | None:
