@@ -66,21 +66,33 @@ def run_compare_cli(golden: Path, test: Path, out: Path, mapping: Path | None, t
     """Shared by `wb compare`, `wb open` and `wb demo`: compare, write the CSV, print the summary."""
     from workbench.catalog import CATALOG_NAME
     from workbench.compare.pool import PoolStarter, default_workers, worth_a_pool
+    from workbench.compare.tasks import parse_tokens
 
-    # boot the workers first: their torch import overlaps ours and the reading of the dumps
+    # boot the workers first, then read the dumps and hand the workers the pairs that are obvious
+    # (same place in two dumps of one kind) while this process imports pandas/DuckDB and builds the catalog
     n_workers = workers or default_workers()
     starter = (PoolStarter(n_workers) if golden.exists() and test.exists() and worth_a_pool(golden, test, n_workers)
                else None)
     try:
-        from workbench.catalog.store import open_catalog
-        from workbench.compare.pipeline import parse_tokens, run_compare
-        from workbench.compare.report import format_summary, write_msit_csv
+        from workbench.formats import open_dump
 
         tok = parse_tokens(tokens)
+        g_dump, t_dump = open_dump(golden), open_dump(test)
+        early = None
+        if starter is not None and g_dump.kind == t_dump.kind:
+            from workbench.compare.early import EarlyPairs
+
+            early = EarlyPairs(g_dump, t_dump, starter, tok)
+
+        from workbench.catalog.store import open_catalog
+        from workbench.compare.pipeline import run_compare
+        from workbench.compare.report import format_summary, write_msit_csv
+
         out.mkdir(parents=True, exist_ok=True)
         catalog = out / CATALOG_NAME
-        res = run_compare(golden, test, catalog, mapping=mapping, tokens=tok, workers=n_workers,
-                          thresholds=thresholds, progress=None if quiet else _ProgressPrinter(), pool=starter)
+        res = run_compare(g_dump, t_dump, catalog, mapping=mapping, tokens=tok, workers=n_workers,
+                          thresholds=thresholds, progress=None if quiet else _ProgressPrinter(), pool=starter,
+                          early=early)
     finally:
         if starter is not None:
             starter.shutdown()

@@ -6,24 +6,29 @@ ratios) and the per-side statistics come from the same pass. Definitions, and wh
 differ from msit's in the last bits, are documented in `docs/metrics.md`.
 
 Tensors are read in chunks of `CHUNK` elements (a memory-mapped tensor is paged in chunk by
-chunk), so the working set is a few chunk-sized temporaries, not copies of the whole pair.
+chunk) and every step writes into reused chunk-sized scratch buffers, so the working set stays in
+the L2 cache and nothing the size of the pair is ever allocated. The kernel is numpy: a compare
+worker never imports torch (torch tensors are accepted too, viewed as arrays without a copy).
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
-import torch
+import numpy as np
 
 from workbench.catalog.schema import ALL_METRICS
+from workbench.formats.arrays import RawTensor, as_raw
 from workbench.formats.model import canonical_dtype
 
-FLOAT_EPS = float(torch.finfo(torch.float32).eps)  # msit's FLOAT_EPSILON, 1.1920929e-07
+FLOAT_EPS = float(np.finfo(np.float32).eps)  # msit's FLOAT_EPSILON, 1.1920929e-07
 COSINE_NORM_EPS = 1e-8  # torch.cosine_similarity's default eps (clamps each norm)
 SNR_CAP_DB = 400.0  # |SNR| is clamped to this; identical tensors give +SNR_CAP_DB
-CHUNK = 1 << 16  # elements per chunk: 256 KiB of float32, stays in L2 cache
+CHUNK = 1 << 15  # elements per chunk: 128 KiB of float32; the ~10 scratch buffers stay in L2 cache
 
 # (mantissa bits, minimum exponent) per test dtype, as in msprobe's ULP standard.
 _ULP_PARAMS: dict[str, tuple[int, int]] = {
@@ -33,6 +38,8 @@ _ULP_PARAMS: dict[str, tuple[int, int]] = {
     "float8_e4m3fn": (3, -6),
     "float8_e5m2": (2, -14),
 }
+
+
 @dataclass(frozen=True, slots=True)
 class TensorSummary:
     """Statistics of one tensor; min..norm are over its finite elements (None when there are none)."""
@@ -75,6 +82,36 @@ class PairMetrics:
 
 
 # ----------------------------------------------------------------------------------------------
+# scratch memory
+
+
+class _Scratch(threading.local):
+    """Chunk-sized buffers reused by every pair a thread compares (allocating them per chunk costs page faults)."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def get(self, n: int) -> _Scratch:
+        if n > self.size:
+            self.size = max(n, CHUNK)
+            f = self.size
+            self.conv_g = np.empty(f, np.float32)
+            self.conv_m = np.empty(f, np.float32)
+            self.d = np.empty(f, np.float32)
+            self.ad = np.empty(f, np.float32)
+            self.ag = np.empty(f, np.float32)
+            self.r = np.empty(f, np.float32)
+            self.e = np.empty(f, np.float32)
+            self.f = np.empty(f, np.float32)
+            self.mask = np.empty(f, np.bool_)
+            self.ones = np.ones(f, np.float32)
+        return self
+
+
+_SCRATCH = _Scratch()
+
+
+# ----------------------------------------------------------------------------------------------
 # accumulators
 
 
@@ -95,9 +132,9 @@ class _Side:
     nan: int = 0
     inf: int = 0
 
-    def add(self, x: torch.Tensor, lo: float, hi: float) -> float:
+    def add(self, x: np.ndarray, lo: float, hi: float) -> float:
         """Add finite float32 elements with their min and max; returns their sum of squares."""
-        n = x.numel()
+        n = x.size
         if n == 0:
             return 0.0
         self.lo = min(self.lo, lo)
@@ -107,8 +144,8 @@ class _Side:
             # shifting costs a pass; only worth it when the mean is large against the spread
             self.shift = mean if abs(mean) > (hi - lo) / 8 else 0.0
         c = self.shift
-        y = torch.sub(x, c) if c else x
-        s1, s2 = _sum(y), _sumsq(y)
+        y = np.subtract(x, np.float32(c), out=_SCRATCH.get(n).f[:n]) if c else x
+        s1, s2 = _dot_sum(y), _sumsq(y)
         self.s1 += s1
         self.s2 += s2
         self.n += n
@@ -151,7 +188,8 @@ class _Pair:
     kl_b: float = 0.0  # sum e^(g - kl_g) * (expm1(d) - d), while kl_series
     kl_series: bool = True  # every |d| < _SERIES_MAX so far
     kl_m: float = -math.inf  # running max of m
-    kl_zm: float = 0.0  # sum e^(m - kl_m)
+    kl_zm: float = 0.0  # sum e^(m - kl_m), over the chunks since the series stopped
+    kl_zm_partial: bool = False  # some chunks before the series stopped are missing from kl_zm
     _ulp_const: tuple[int, int, int, float] = field(default=(0, 0, 0, 1.0), repr=False)
 
     def __post_init__(self) -> None:
@@ -161,60 +199,82 @@ class _Pair:
             s = max(0, mant - min_eb - 127)
             self._ulp_const = ((mant - s + 254) << 23, (min_eb + 127) << 23, s, 2.0 ** s)
 
-    def add(self, g: torch.Tensor, m: torch.Tensor, g2: float | None = None, m2: float | None = None,
+    def add(self, g: np.ndarray, m: np.ndarray, g2: float | None = None, m2: float | None = None,
             g_max: float | None = None, m_max: float | None = None) -> None:
-        """Add float32 chunks finite on both sides (same length)."""
-        n = g.numel()
+        """Add contiguous float32 chunks finite on both sides (same length)."""
+        n = g.size
         if n == 0:
             return
+        sc = _SCRATCH.get(n)
+        ones = sc.ones[:n]
         self.n += n
         self.g2 += _sumsq(g) if g2 is None else g2
         self.m2 += _sumsq(m) if m2 is None else m2
-        d = m - g
+        d = np.subtract(m, g, out=sc.d[:n])
         self.d2 += _sumsq(d)
-        ad = d.abs()
-        ag = g.abs()
-        # msit ignores positions where |g| <= eps (0 there); masks are built with float ops
-        # (clamp + sign), several times faster than boolean masks in torch on CPU
-        low = float(ag.min()) <= FLOAT_EPS
-        if low:
-            keep = torch.sub(ag, FLOAT_EPS).clamp_(min=0.0).sign_()  # 1.0 where |g| > eps, else 0.0
-            g_div = torch.rsub(keep, 1.0).add_(g)  # g where kept, g + 1 (never 0) elsewhere
-        else:
-            g_div = g
-        # msit: |m/g - 1| (not |m-g|/|g|), elementwise in float32
-        r = torch.div(m, g_div).sub_(1.0).abs_()
-        ad_m = ad
-        if low:
-            r.mul_(keep)
+        ad = np.abs(d, out=sc.ad[:n])
+        ag = np.abs(g, out=sc.ag[:n])
+        r = sc.r[:n]
+        # msit ignores positions where |g| <= eps (0 there)
+        ag_min = float(ag.min())
+        if ag_min <= FLOAT_EPS:
+            keep = np.greater(ag, FLOAT_EPS, out=sc.mask[:n])
+            np.divide(m, np.where(keep, g, np.float32(1.0)), out=r)
+            np.subtract(r, np.float32(1.0), out=r)
+            np.abs(r, out=r)
+            r *= keep
             ad_m = ad * keep
+        else:
+            # msit: |m/g - 1| (not |m-g|/|g|), elementwise in float32
+            np.divide(m, g, out=r)
+            np.subtract(r, np.float32(1.0), out=r)
+            np.abs(r, out=r)
+            ad_m = ad
         self.rel_max = max(self.rel_max, float(r.max()))
         self.rel_sum += _sum(r)
         self.abs_max = max(self.abs_max, float(ad_m.max()))
         self.abs_sum += _sum(ad_m)
         # msprobe's RE = |m-g|/|g|, with |g| = 0 replaced by float64 eps (msprobe adds eps to both)
-        rp = torch.div(ad, ag.clamp_(min=_F64_EPS))
-        self.n_lt1 += _count_below(rp, 0.001)
-        self.n_lt5 += _count_below(rp, 0.005)
+        if ag_min < _F64_EPS:
+            np.maximum(ag, np.float32(_F64_EPS), out=ag)
+        rp = np.divide(ad, ag, out=r)
+        self.n_lt1 += int(np.count_nonzero(np.less(rp, np.float32(0.001), out=sc.mask[:n])))
+        self.n_lt5 += int(np.count_nonzero(np.less(rp, np.float32(0.005), out=sc.mask[:n])))
         d_max = float(ad.max())
         if self.ulp is not None:
             top, floor, _s, _f = self._ulp_const
-            e_bits = g.view(torch.int32).bitwise_and(0x7F800000).clamp_(min=floor)
-            scale = torch.sub(top, e_bits).view(torch.float32)
-            self.ulp_max = max(self.ulp_max, float(ad.mul_(scale).max()))
+            # bit arithmetic modulo 2^32: the float32 whose bits are (top - exponent bits) is the scale
+            e_bits = np.bitwise_and(g.view(np.uint32), np.uint32(0x7F800000), out=sc.r[:n].view(np.uint32))
+            if ag_min < 2.0 ** ((floor >> 23) - 127):  # below the test dtype's normal range: clamp to its floor
+                np.maximum(e_bits, np.uint32(floor), out=e_bits)
+            np.subtract(np.uint32(top % (1 << 32)), e_bits, out=e_bits)
+            np.multiply(ad, e_bits.view(np.float32), out=ad)
+            self.ulp_max = max(self.ulp_max, float(ad.max()))
         gmax = float(g.max()) if g_max is None else g_max
         mmax = float(m.max()) if m_max is None else m_max
-        eg = torch.sub(g, gmax).exp_()
-        z = float(eg.sum())
-        zm = float(torch.sub(m, mmax).exp_().sum())
-        q = eg * d
-        a = float(q.sum())
-        if d_max < _SERIES_MAX and self.kl_series:
+        eg = np.subtract(g, np.float32(gmax), out=sc.e[:n])
+        np.exp(eg, out=eg)
+        z = float(np.dot(eg, ones))
+        a = float(np.dot(eg, d))
+        series = self.kl_series and d_max < _SERIES_MAX
+        if series:
             # expm1(d) - d = d^2 (1/2 + d/6 + d^2/24 + d^3/120 + ...), truncation < 3e-7 relative
-            h = torch.mul(d, 1.0 / 120.0).add_(1.0 / 24.0).mul_(d).add_(1.0 / 6.0).mul_(d).add_(0.5)
-            b = float(torch.dot(q.mul_(d), h))
+            h = np.multiply(d, np.float32(1.0 / 120.0), out=sc.f[:n])
+            h += np.float32(1.0 / 24.0)
+            h *= d
+            h += np.float32(1.0 / 6.0)
+            h *= d
+            h += np.float32(0.5)
+            h *= d
+            eg *= d
+            b = float(np.dot(eg, h))
+            zm = 0.0  # the series needs no sum over m; should it stop later, _kl takes the float64 path
+            self.kl_zm_partial = True
         else:
             self.kl_series, b = False, 0.0
+            em = np.subtract(m, np.float32(mmax), out=sc.f[:n])
+            np.exp(em, out=em)
+            zm = float(np.dot(em, ones))
         if gmax > self.kl_g:
             k = math.exp(self.kl_g - gmax) if self.kl_g > -math.inf else 0.0
             self.kl_z, self.kl_a, self.kl_b, self.kl_g = self.kl_z * k, self.kl_a * k, self.kl_b * k, gmax
@@ -274,7 +334,7 @@ class _Pair:
             # -E_p[d] + LSE(m) - LSE(g): absolute error ~1e-7 * the terms, like msit's; when they
             # are large (a big shift between m and g) the float64 two-pass form takes over
             mean_d = self.kl_a / self.kl_z
-            if abs(mean_d) + abs(self.kl_m - self.kl_g) > _DIRECT_MAX_SHIFT:
+            if self.kl_zm_partial or abs(mean_d) + abs(self.kl_m - self.kl_g) > _DIRECT_MAX_SHIFT:
                 return None
             kl = -mean_d - math.log(self.kl_z) + math.log(self.kl_zm) + (self.kl_m - self.kl_g)
         return max(kl, 0.0) if math.isfinite(kl) else None
@@ -286,62 +346,76 @@ _COSINE_EXACT_BELOW = 0.999  # below this the one-pass cosine may be off in the 
 _DIRECT_MAX_SHIFT = 10.0  # beyond this the one-pass direct KL loses precision: two passes in float64
 
 
-def _count_below(x: torch.Tensor, bound: float) -> int:
-    """Number of elements < bound (NaN counts as below: msprobe's RE is 0 where m == g == 0)."""
-    return int(torch.rsub(x, bound).clamp_(min=0.0).sign_().sum())
-
-
-def _sumsq(x: torch.Tensor) -> float:
+def _sumsq(x: np.ndarray) -> float:
     """Sum of squares: float32 BLAS dot, redone in float64 when float32 overflows."""
-    v = float(torch.dot(x, x))
-    return v if math.isfinite(v) else float(torch.linalg.vector_norm(x, dtype=torch.float64)) ** 2
+    v = float(np.dot(x, x))
+    if math.isfinite(v):
+        return v
+    x64 = x.astype(np.float64)
+    return float(np.dot(x64, x64))
 
 
-def _sum(x: torch.Tensor) -> float:
+def _dot_sum(x: np.ndarray) -> float:
+    """Sum as a BLAS dot with ones (3x faster than numpy's pairwise sum, a little less exact), float64 on
+    overflow; for sums whose rounding does not reach a reported digit."""
+    v = float(np.dot(x, _SCRATCH.get(x.size).ones[:x.size]))
+    return v if math.isfinite(v) else float(x.sum(dtype=np.float64))
+
+
+def _sum(x: np.ndarray) -> float:
     """Sum (float32 accumulation, pairwise), redone in float64 when float32 overflows."""
     v = float(x.sum())
-    return v if math.isfinite(v) else float(x.sum(dtype=torch.float64))
+    return v if math.isfinite(v) else float(x.sum(dtype=np.float64))
 
 
 # ----------------------------------------------------------------------------------------------
 # public API
 
+TensorLike = Any  # a RawTensor, a numpy array or a torch tensor
 
-def summarize(t: torch.Tensor) -> TensorSummary:
+
+def summarize(t: TensorLike) -> TensorSummary:
     """numel, min, max, mean, std, L2 norm (over the finite elements) and NaN/Inf counts of `t`."""
-    if t.is_complex():
-        return TensorSummary(t.numel())
+    raw = as_raw(t)
+    if raw.array.dtype.kind == "c":
+        return TensorSummary(raw.numel)
     side = _Side()
-    for x in _chunks(t.reshape(-1)):
-        _add_side(side, x)
-    return side.summary(t.numel())
+    with np.errstate(all="ignore"):
+        for x in _chunks(raw, "g"):
+            _add_side(side, x)
+    return side.summary(raw.numel)
 
 
-def compare_tensors(golden: torch.Tensor, test: torch.Tensor, test_dtype: str | None = None) -> PairMetrics:
+def compare_tensors(golden: TensorLike, test: TensorLike, test_dtype: str | None = None) -> PairMetrics:
     """All metrics of one pair plus both sides' statistics; never raises on odd data.
 
     `test_dtype` names the dtype the test run computed in (for the ULP unit); by default the
     test tensor's own dtype. Tensors are flattened: equal numel is enough (msit compares numel
     only); a shape difference is recorded in `reason`.
     """
+    with np.errstate(all="ignore"):  # overflow to Inf and 0/0 are data here, handled, not warnings
+        return _compare(as_raw(golden), as_raw(test), test_dtype)
+
+
+def _compare(g_raw: RawTensor, t_raw: RawTensor, test_dtype: str | None) -> PairMetrics:
     none = dict.fromkeys(ALL_METRICS)
-    if golden.is_complex() or test.is_complex():
-        return PairMetrics(none, summarize(golden), summarize(test), False, "complex tensors are not compared")
-    gshape, tshape = list(golden.shape), list(test.shape)
-    if golden.numel() != test.numel():
-        return PairMetrics(none, summarize(golden), summarize(test), False,
-                           f"data shape doesn't match: golden {gshape} ({golden.numel()} elements) vs "
-                           f"test {tshape} ({test.numel()} elements)")
-    if golden.numel() == 0:
-        return PairMetrics(none, summarize(golden), summarize(test), False, "empty tensor: nothing to compare")
+    if g_raw.array.dtype.kind == "c" or t_raw.array.dtype.kind == "c":
+        return PairMetrics(none, summarize(g_raw), summarize(t_raw), False, "complex tensors are not compared")
+    gshape, tshape = list(g_raw.shape), list(t_raw.shape)
+    if g_raw.numel != t_raw.numel:
+        return PairMetrics(none, summarize(g_raw), summarize(t_raw), False,
+                           f"data shape doesn't match: golden {gshape} ({g_raw.numel} elements) vs "
+                           f"test {tshape} ({t_raw.numel} elements)")
+    if g_raw.numel == 0:
+        return PairMetrics(none, summarize(g_raw), summarize(t_raw), False, "empty tensor: nothing to compare")
     reasons: list[str] = []
     if gshape != tshape:
         reasons.append(f"shape {gshape} vs {tshape}, compared flattened")
-    dtype = canonical_dtype(test_dtype) or canonical_dtype(test.dtype)
+    dtype = canonical_dtype(test_dtype) or canonical_dtype(t_raw.dtype)
     gs, ts, pair = _Side(), _Side(), _Pair(_ULP_PARAMS.get(dtype or ""))
-    for g, m in zip(_chunks(golden.reshape(-1)), _chunks(test.reshape(-1)), strict=True):
-        g_lo, g_hi = _extremes(g)
-        m_lo, m_hi = _extremes(m)
+    for g, m in zip(_chunks(g_raw, "g"), _chunks(t_raw, "m"), strict=True):
+        g_lo, g_hi = float(g.min()), float(g.max())
+        m_lo, m_hi = float(m.min()), float(m.max())
         if math.isfinite(g_lo + g_hi + m_lo + m_hi):  # NaN propagates through min/max
             g2, m2 = gs.add(g, g_lo, g_hi), ts.add(m, m_lo, m_hi)
             pair.add(g, m, g2, m2, g_hi, m_hi)
@@ -349,7 +423,7 @@ def compare_tensors(golden: torch.Tensor, test: torch.Tensor, test_dtype: str | 
         fg, fm = _add_side(gs, g), _add_side(ts, m)
         both = fg & fm
         pair.add(g[both], m[both])
-    summ_g, summ_t = gs.summary(golden.numel()), ts.summary(test.numel())
+    summ_g, summ_t = gs.summary(g_raw.numel), ts.summary(t_raw.numel)
     finite_only = bool(summ_g.nan_count or summ_g.inf_count or summ_t.nan_count or summ_t.inf_count)
     for side, s in (("golden_data", summ_g), ("my_data", summ_t)):
         if s.nan_count or s.inf_count:
@@ -358,13 +432,13 @@ def compare_tensors(golden: torch.Tensor, test: torch.Tensor, test_dtype: str | 
         reasons.append("no position is finite on both sides: no metrics")
         return PairMetrics(none, summ_g, summ_t, finite_only, "; ".join(reasons))
     if finite_only:
-        reasons.append(f"metrics on the {pair.n} of {golden.numel()} positions finite on both sides")
+        reasons.append(f"metrics on the {pair.n} of {g_raw.numel} positions finite on both sides")
     values = pair.values()
     cos = values["cosine_similarity"]
     if cos is not None and cos < _COSINE_EXACT_BELOW:
-        values["cosine_similarity"] = _cosine_exact(golden, test)
+        values["cosine_similarity"] = _cosine_exact(g_raw, t_raw)
     if values["kl_divergence"] is None:
-        values["kl_divergence"] = _kl_direct(golden, test)
+        values["kl_divergence"] = _kl_direct(g_raw, t_raw)
     return PairMetrics(values, summ_g, summ_t, finite_only, "; ".join(reasons) or None)
 
 
@@ -372,61 +446,83 @@ def compare_tensors(golden: torch.Tensor, test: torch.Tensor, test_dtype: str | 
 # helpers
 
 
-def _chunks(flat: torch.Tensor) -> Iterator[torch.Tensor]:
-    """float32 chunks of a flat tensor (views when it already is float32)."""
-    n = flat.numel()
+def _chunks(raw: RawTensor, side: str) -> Iterator[np.ndarray]:
+    """Contiguous float32 chunks of a tensor, flattened: views when it is float32, else converted into the
+    side's scratch buffer (valid until the next chunk)."""
+    flat = np.asarray(raw.array).reshape(-1)  # a plain ndarray: memmap's subclass hooks cost per call
+    n = flat.size
     for start in range(0, n, CHUNK):
         part = flat[start:start + CHUNK]
-        yield part if part.dtype == torch.float32 else part.to(torch.float32)
+        if part.dtype == np.float32:
+            yield part
+            continue
+        k = part.size
+        sc = _SCRATCH.get(k)
+        buf = (sc.conv_g if side == "g" else sc.conv_m)[:k]
+        if raw.dtype == "bfloat16":
+            np.left_shift(part, 16, out=buf.view(np.uint32), dtype=np.uint32)
+        else:
+            np.copyto(buf, part, casting="unsafe")
+        yield buf
 
 
-def _extremes(x: torch.Tensor) -> tuple[float, float]:
-    lo, hi = torch.aminmax(x)
-    return float(lo), float(hi)
-
-
-def _add_side(side: _Side, x: torch.Tensor) -> torch.Tensor:
+def _add_side(side: _Side, x: np.ndarray) -> np.ndarray:
     """Count NaN/Inf of chunk `x`, add its finite part to `side`; returns the finite mask."""
-    fin = torch.isfinite(x)
-    n_fin = int(fin.sum())
-    if n_fin < x.numel():
-        n_nan = int(torch.isnan(x).sum())
+    fin = np.isfinite(x)
+    n_fin = int(np.count_nonzero(fin))
+    if n_fin < x.size:
+        n_nan = int(np.count_nonzero(np.isnan(x)))
         side.nan += n_nan
-        side.inf += x.numel() - n_fin - n_nan
+        side.inf += x.size - n_fin - n_nan
         x = x[fin]
-    if x.numel():
-        side.add(x, *_extremes(x))
+    if x.size:
+        side.add(x, float(x.min()), float(x.max()))
     return fin
 
 
-def _kl_direct(golden: torch.Tensor, test: torch.Tensor) -> float | None:
+def _logsumexp(x: np.ndarray) -> float:
+    top = float(x.max())
+    return top + math.log(float(np.exp(x - top).sum()))
+
+
+def _logaddexp(a: float, b: float) -> float:
+    if a == -math.inf:
+        return b
+    if b == -math.inf:
+        return a
+    top = max(a, b)
+    return top + math.log(math.exp(a - top) + math.exp(b - top))
+
+
+def _kl_direct(golden: RawTensor, test: RawTensor) -> float | None:
     """KL in float64, two passes: log-softmax of each side, then sum p (log p - log q), as msit."""
-    lse_g = lse_m = torch.tensor(-math.inf, dtype=torch.float64)
+    lse_g = lse_m = -math.inf
     for g, m in _finite_pairs(golden, test):
-        lse_g = torch.logaddexp(lse_g, torch.logsumexp(g, 0))
-        lse_m = torch.logaddexp(lse_m, torch.logsumexp(m, 0))
-    if not math.isfinite(float(lse_g)) or not math.isfinite(float(lse_m)):
+        if g.size:
+            lse_g = _logaddexp(lse_g, _logsumexp(g))
+            lse_m = _logaddexp(lse_m, _logsumexp(m))
+    if not math.isfinite(lse_g) or not math.isfinite(lse_m):
         return None
     kl = 0.0
     for g, m in _finite_pairs(golden, test):
         lp, lq = g - lse_g, m - lse_m
-        kl += float(torch.dot(torch.exp(lp), lp - lq))
+        kl += float(np.dot(np.exp(lp), lp - lq))
     return max(kl, 0.0) if math.isfinite(kl) else None
 
 
-def _cosine_exact(golden: torch.Tensor, test: torch.Tensor) -> float:
+def _cosine_exact(golden: RawTensor, test: RawTensor) -> float:
     """msit's cosine (float64 dot, torch's per-norm eps clamp), one more pass, for dissimilar pairs."""
     dot = g2 = m2 = 0.0
     for g, m in _finite_pairs(golden, test):
-        dot += float(torch.dot(g, m))
-        g2 += float(torch.dot(g, g))
-        m2 += float(torch.dot(m, m))
+        dot += float(np.dot(g, m))
+        g2 += float(np.dot(g, g))
+        m2 += float(np.dot(m, m))
     if g2 == 0.0 and m2 == 0.0:
         return 1.0
     return round(dot / (max(math.sqrt(g2), COSINE_NORM_EPS) * max(math.sqrt(m2), COSINE_NORM_EPS)), 10)
 
 
-def _finite_pairs(golden: torch.Tensor, test: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    for g, m in zip(_chunks(golden.reshape(-1)), _chunks(test.reshape(-1)), strict=True):
-        both = torch.isfinite(g) & torch.isfinite(m)
-        yield g[both].double(), m[both].double()
+def _finite_pairs(golden: RawTensor, test: RawTensor) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    for g, m in zip(_chunks(golden, "g"), _chunks(test, "m"), strict=True):
+        both = np.isfinite(g) & np.isfinite(m)
+        yield g[both].astype(np.float64), m[both].astype(np.float64)

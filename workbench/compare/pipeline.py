@@ -8,10 +8,9 @@ catalog are not computed again; an interrupted run keeps every batch it committe
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -24,16 +23,17 @@ import pandas as pd
 from workbench.analysis.born import refresh_verdicts
 from workbench.catalog.schema import ALL_METRICS
 from workbench.catalog.store import first_row, ingest_dump, open_catalog
+from workbench.compare.early import EarlyPairs, PairKey
 from workbench.compare.mapping import MappingFile, PairSpec
 from workbench.compare.matching import NodeMatch, RunFrames, match_nodes, pair_tensors
 from workbench.compare.pool import IN_PROCESS_BYTES, PoolStarter, default_workers, new_pool, worth_a_pool
-from workbench.compare.tasks import SUMMARY_FIELDS, PairTask, StatsTask
+from workbench.compare.tasks import SUMMARY_FIELDS, PairTask, StatsTask, batches, file_identity, tensor_bytes
 from workbench.compare.thresholds import Thresholds
+from workbench.compare.worker import run_batch
 from workbench.formats import open_dump
+from workbench.formats.model import Dump
 
 ProgressFn = Callable[["Progress"], None]
-BATCH_BYTES = 48 * 1024 * 1024
-BATCH_MAX_TASKS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,26 +73,6 @@ class CompareResult:
     first_failing_token: int | None = None
     problems: list[str] = field(default_factory=list)
     coverage: dict[str, Any] = field(default_factory=dict)
-
-
-def parse_tokens(text: str | None) -> set[int] | None:
-    """`0-3,7` -> {0, 1, 2, 3, 7}; None or empty -> None (all tokens)."""
-    if not text:
-        return None
-    out: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, sep, hi = part.partition("-")
-        if not lo.strip().isdigit() or (sep and not hi.strip().isdigit()):
-            raise ValueError(f"--tokens {text!r}: expected numbers and ranges like 0-3,7")
-        a = int(lo)
-        b = int(hi) if sep else a
-        if b < a:
-            raise ValueError(f"--tokens {text!r}: range {part} goes backwards")
-        out.update(range(a, b + 1))
-    return out
 
 
 def load_frames(con: duckdb.DuckDBPyConnection, run_id: int) -> RunFrames:
@@ -266,23 +246,14 @@ class _ResultSink:
         self.stat_rows.clear()
 
 
-def _batches(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int]) -> Iterator[list[PairTask | StatsTask]]:
-    batch: list[PairTask | StatsTask] = []
-    acc = 0
-    for task, size in zip(tasks, sizes):
-        batch.append(task)
-        acc += size
-        if acc >= BATCH_BYTES or len(batch) >= BATCH_MAX_TASKS:
-            yield batch
-            batch, acc = [], 0
-    if batch:
-        yield batch
-
-
 def execute_tasks(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], sink: _ResultSink, *,
                   workers: int, progress: ProgressFn | None, cancel: threading.Event | None,
-                  stage: str = "compare", pool: ProcessPoolExecutor | PoolStarter | None = None) -> None:
-    """Run tasks in a process pool (or in process when small), streaming results into the sink."""
+                  stage: str = "compare", pool: ProcessPoolExecutor | PoolStarter | None = None,
+                  early: EarlyPairs | None = None, claims: dict[PairKey, PairTask] | None = None) -> None:
+    """Run tasks in a process pool (or in process when small), streaming results into the sink.
+
+    `claims` maps pairs computed early (`early`) to the tasks that take their results.
+    """
     t0 = time.perf_counter()
     if progress:
         progress(Progress(stage, 0, len(tasks)))
@@ -292,7 +263,7 @@ def execute_tasks(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], s
         _run_in_process(tasks, sizes, sink, progress, cancel, stage, t0)
         return
     try:
-        _run_in_pool(tasks, sizes, sink, workers, progress, cancel, stage, t0, pool)
+        _run_in_pool(tasks, sizes, sink, workers, progress, cancel, stage, t0, pool, early, claims or {})
     except BrokenProcessPool:
         # a worker died (killed, out of memory, an unimportable __main__): finish here, one pair at a time
         sink.flush()
@@ -321,10 +292,8 @@ class _Reporter:
 
 def _run_in_process(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], sink: _ResultSink,
                     progress: ProgressFn | None, cancel: threading.Event | None, stage: str, t0: float) -> None:
-    from workbench.compare.worker import run_batch  # torch: only when this process computes
-
     reporter = _Reporter(sink, progress, stage, len(tasks), t0)
-    for batch in _batches(tasks, sizes):
+    for batch in batches(tasks, sizes):
         if cancel is not None and cancel.is_set():
             sink.flush()
             raise CompareCancelled()
@@ -336,34 +305,47 @@ def _run_in_process(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int],
 
 def _run_in_pool(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], sink: _ResultSink, workers: int,
                  progress: ProgressFn | None, cancel: threading.Event | None, stage: str, t0: float,
-                 pool: ProcessPoolExecutor | PoolStarter | None) -> None:
+                 pool: ProcessPoolExecutor | PoolStarter | None, early: EarlyPairs | None,
+                 claims: dict[PairKey, PairTask]) -> None:
     reporter = _Reporter(sink, progress, stage, len(tasks), t0)
-    batches = iter(_batches(tasks, sizes))
+    claimed = {t.pair_id for t in claims.values()}
+    rest = [(t, n) for t, n in zip(tasks, sizes) if not (isinstance(t, PairTask) and t.pair_id in claimed)]
+    todo = iter(batches([t for t, _ in rest], [n for _, n in rest]))
     if isinstance(pool, PoolStarter):
         pool = pool.get()  # started in the background at the very beginning
     own_pool = pool is None
     if pool is None:
         pool = new_pool(workers)
+    early_futures: set[Future[list[dict[str, Any]]]] = set()
+    if early is not None:
+        if claims:
+            early_futures = set(early.wait_submitted())
+        else:
+            early.cancel()
     try:
         inflight: dict[Future[list[dict[str, Any]]], int] = {}
 
         def submit_more() -> None:
             while len(inflight) < 2 * workers:
-                nxt = next(batches, None)
+                nxt = next(todo, None)
                 if nxt is None:
                     return
-                inflight[pool.submit(run_worker_batch, nxt)] = len(nxt)
+                inflight[pool.submit(run_batch, nxt)] = len(nxt)
 
         submit_more()
-        while inflight:
+        while inflight or early_futures:
             if cancel is not None and cancel.is_set():
-                for f in inflight:
+                for f in [*inflight, *early_futures]:
                     f.cancel()
                 sink.flush()
                 raise CompareCancelled()
-            finished, _ = wait(list(inflight), timeout=0.2, return_when=FIRST_COMPLETED)
+            finished, _ = wait([*inflight, *early_futures], timeout=0.2, return_when=FIRST_COMPLETED)
             n_done = 0
             for f in finished:
+                if f in early_futures:
+                    early_futures.discard(f)
+                    n_done += _take_early(f.result(), early, claims, sink) if early is not None else 0
+                    continue
                 n_done += inflight.pop(f)
                 for res in f.result():
                     sink.add(res)
@@ -375,90 +357,88 @@ def _run_in_pool(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], si
     reporter.advance(0, force_flush=True)
 
 
-def _file_identity(path: Any) -> tuple[int, int] | None:
-    """(device, inode) of a file: two names for one file (a hard link) read the same bytes."""
-    if path is None or (isinstance(path, float) and pd.isna(path)):
-        return None
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino)
+def _take_early(results: list[dict[str, Any]], early: EarlyPairs, claims: dict[PairKey, PairTask],
+                sink: _ResultSink) -> int:
+    """Hand the claimed results of one early batch to the sink, under the claiming task's ids."""
+    n = 0
+    for res in results:
+        task = claims.get(early.keys[int(res["pair_id"])])
+        if task is not None and not sink.is_done(task):
+            sink.add({**res, "pair_id": task.pair_id, "golden_tensor_id": task.golden_tensor_id,
+                      "test_tensor_id": task.test_tensor_id})
+            n += 1
+    early.taken += n
+    return n
 
 
-def run_worker_batch(tasks: list[PairTask | StatsTask]) -> list[dict[str, Any]]:
-    """Runs in a pool process (which has the worker module preloaded)."""
-    from workbench.compare.worker import run_batch
-
-    return run_batch(tasks)
-
-
-def _tensor_bytes(numel: Any, dtype: Any) -> int:
-    n = 0 if numel is None or pd.isna(numel) else int(numel)
-    size = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "int16": 2}.get(
-        str(dtype), 1 if dtype in ("int8", "uint8", "bool") else 4)
-    return n * size
+def _tensor_info(frames: RunFrames) -> dict[int, tuple[str | None, str | None, Any]]:
+    """tensor_id -> (path, dtype, numel) of one run (dict lookups: pandas' per-row .loc is far slower)."""
+    t = frames.tensors
+    return {int(tid): (_none(p), _none(d), _none(n))
+            for tid, p, d, n in zip(t["tensor_id"], t["path"], t["dtype"], t["numel"])}
 
 
 def compute_pending(con: duckdb.DuckDBPyConnection, cmp_id: int, golden: RunFrames, test: RunFrames,
                     pairs: pd.DataFrame, thresholds: Thresholds, *, workers: int,
                     progress: ProgressFn | None = None, cancel: threading.Event | None = None,
-                    stats_for_unpaired: bool = True, pool: ProcessPoolExecutor | PoolStarter | None = None
-                    ) -> tuple[int, int, int]:
+                    stats_for_unpaired: bool = True, pool: ProcessPoolExecutor | PoolStarter | None = None,
+                    early: EarlyPairs | None = None) -> tuple[int, int, int]:
     """Compute metrics for pairs without them, and stats of unpaired tensors.
 
     Returns (computed, failed, uncomparable).
     """
     done_ids = {int(x) for x in con.execute("SELECT pair_id FROM metrics WHERE cmp_id = ?", [cmp_id]).df()["pair_id"]}
     todo = pairs[~pairs["pair_id"].isin(done_ids)]
-    g_tensors = golden.tensors.set_index("tensor_id")
-    t_tensors = test.tensors.set_index("tensor_id")
-    g_nodes = golden.nodes.set_index("node_id")
+    g_info, t_info = _tensor_info(golden), _tensor_info(test)
+    g_order = dict(zip(golden.nodes["node_id"], golden.nodes["exec_order"]))
     # feed pairs in token then execution order so partial results are the useful ones
-    order = todo.assign(_eo=todo["golden_node_id"].map(g_nodes["exec_order"])).sort_values(
+    order = todo.assign(_eo=todo["golden_node_id"].map(g_order)).sort_values(
         ["token_id", "_eo", "golden_node_id"], na_position="last")
     tasks: list[PairTask | StatsTask] = []
     sizes: list[int] = []
     first_of: dict[tuple[Any, ...], int] = {}
     aliases: dict[int, list[tuple[int, int, int]]] = {}
-    for r in order.itertuples(index=False):
-        g = g_tensors.loc[r.golden_tensor_id]
-        t = t_tensors.loc[r.test_tensor_id]
-        key = (_file_identity(g["path"]), _file_identity(t["path"]), _none(t["dtype"]), _none(r.transform))
+    claims: dict[PairKey, PairTask] = {}
+    for pair_id, g_tid, t_tid, transform in zip(order["pair_id"], order["golden_tensor_id"],
+                                                order["test_tensor_id"], order["transform"]):
+        pair_id, g_tid, t_tid, transform = int(pair_id), int(g_tid), int(t_tid), _none(transform)
+        g_path, g_dtype, g_numel = g_info[g_tid]
+        t_path, t_dtype, t_numel = t_info[t_tid]
+        key = (file_identity(g_path), file_identity(t_path), t_dtype, transform)
         if key[0] is not None and key[1] is not None:
             if key in first_of:
-                aliases.setdefault(first_of[key], []).append(
-                    (int(r.pair_id), int(r.golden_tensor_id), int(r.test_tensor_id)))
+                aliases.setdefault(first_of[key], []).append((pair_id, g_tid, t_tid))
                 continue
-            first_of[key] = int(r.pair_id)
-        tasks.append(PairTask(int(r.pair_id), _none(g["path"]), _none(t["path"]), _none(t["dtype"]),
-                              int(r.golden_tensor_id), int(r.test_tensor_id), _none(r.transform)))
-        sizes.append(_tensor_bytes(g["numel"], g["dtype"]) + _tensor_bytes(t["numel"], t["dtype"]))
+            first_of[key] = pair_id
+        task = PairTask(pair_id, g_path, t_path, t_dtype, g_tid, t_tid, transform)
+        if early is not None and early.has(key):
+            claims[key] = task
+        tasks.append(task)
+        sizes.append(tensor_bytes(g_numel, g_dtype) + tensor_bytes(t_numel, t_dtype))
     if stats_for_unpaired:
-        for run, frames, used in ((golden.run_id, golden, set(pairs["golden_tensor_id"])),
-                                  (test.run_id, test, set(pairs["test_tensor_id"]))):
+        for run, info, used in ((golden.run_id, g_info, set(pairs["golden_tensor_id"])),
+                                (test.run_id, t_info, set(pairs["test_tensor_id"]))):
             missing = con.execute("SELECT tensor_id FROM tensors WHERE run_id = ? AND std IS NULL AND path IS NOT NULL "
                                   "AND error IS NULL", [run]).df()["tensor_id"]
-            tf = frames.tensors.set_index("tensor_id")
             for tid in missing:
                 if int(tid) in used:
                     continue
-                row = tf.loc[int(tid)]
-                tasks.append(StatsTask(run, int(tid), str(row["path"])))
-                sizes.append(_tensor_bytes(row["numel"], row["dtype"]))
+                path, dtype, numel = info[int(tid)]
+                tasks.append(StatsTask(run, int(tid), str(path)))
+                sizes.append(tensor_bytes(numel, dtype))
 
     node_info = {int(n): (str(nm), str(tp) if tp is not None else "") for n, nm, tp in
                  zip(golden.nodes["node_id"], golden.nodes["name"], golden.nodes["type"])}
     pair_node = dict(zip(pairs["pair_id"].astype(int), pairs["golden_node_id"].astype(int)))
-    pair_dtype = {int(p): _none(t_tensors.loc[tid]["dtype"])
-                  for p, tid in zip(pairs["pair_id"], pairs["test_tensor_id"])}
+    pair_dtype = {int(p): t_info[int(tid)][1] for p, tid in zip(pairs["pair_id"], pairs["test_tensor_id"])}
 
     def judge(res: dict[str, Any]) -> tuple[bool | None, list[str]]:
         return _judge(thresholds, res, node_info[pair_node[res["pair_id"]]], pair_dtype[res["pair_id"]])
 
     sink = _ResultSink(con, cmp_id, golden.run_id, test.run_id, judge)
     sink.aliases = aliases
-    execute_tasks(tasks, sizes, sink, workers=workers, progress=progress, cancel=cancel, pool=pool)
+    execute_tasks(tasks, sizes, sink, workers=workers, progress=progress, cancel=cancel, pool=pool, early=early,
+                  claims=claims)
     return len(todo), sink.failed, sink.uncomparable
 
 
@@ -544,41 +524,50 @@ def _coverage(golden: RunFrames, test: RunFrames, matches: list[NodeMatch], pair
             "tensor_pairs": len(pairs)}
 
 
-def run_compare(golden: str | Path, test: str | Path, catalog: str | Path, *,
+def run_compare(golden: str | Path | Dump, test: str | Path | Dump, catalog: str | Path, *,
                 mapping: str | Path | MappingFile | None = None, tokens: Collection[int] | None = None,
                 workers: int | None = None, thresholds: str | Path | Thresholds | None = None,
                 progress: ProgressFn | None = None, cancel: threading.Event | None = None,
-                auto: bool = True, pool: ProcessPoolExecutor | PoolStarter | None = None) -> CompareResult:
-    """Read, ingest, match and compare two dumps into `catalog`; see the module docstring.
+                auto: bool = True, pool: ProcessPoolExecutor | PoolStarter | None = None,
+                early: EarlyPairs | None = None) -> CompareResult:
+    """Read (unless given read), ingest, match and compare two dumps into `catalog`; see the module docstring.
 
     `pool` (from `workbench.compare.pool.new_pool`) is used and left running; without one, a pool is
-    started here when the dumps are big enough and shut down at the end.
+    started here when the dumps are big enough and shut down at the end. With a pool, same-kind dumps
+    get their same-place pairs computed while the catalog is prepared (`early`, made here if not given).
     """
     th = thresholds if isinstance(thresholds, Thresholds) else Thresholds.load(thresholds)
     mf = mapping if isinstance(mapping, MappingFile) or mapping is None else MappingFile.load(mapping)
     n_workers = workers or default_workers()
-    own = pool is None and worth_a_pool(golden, test, n_workers)
+    own = pool is None and worth_a_pool(_root(golden), _root(test), n_workers)
     if own:
         pool = new_pool(n_workers)
     try:
-        return _read_ingest_compare(golden, test, catalog, mf, tokens, th, n_workers, progress, cancel, auto, pool)
+        return _read_ingest_compare(golden, test, catalog, mf, tokens, th, n_workers, progress, cancel, auto, pool,
+                                    early)
     finally:
         if own and pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _read_ingest_compare(golden: str | Path, test: str | Path, catalog: str | Path, mf: MappingFile | None,
-                         tokens: Collection[int] | None, th: Thresholds, workers: int,
+def _root(dump: str | Path | Dump) -> Path:
+    return dump.root if isinstance(dump, Dump) else Path(dump)
+
+
+def _read_ingest_compare(golden: str | Path | Dump, test: str | Path | Dump, catalog: str | Path,
+                         mf: MappingFile | None, tokens: Collection[int] | None, th: Thresholds, workers: int,
                          progress: ProgressFn | None, cancel: threading.Event | None, auto: bool,
-                         pool: ProcessPoolExecutor | PoolStarter | None) -> CompareResult:
+                         pool: ProcessPoolExecutor | PoolStarter | None, early: EarlyPairs | None) -> CompareResult:
     if progress:
         progress(Progress("read dumps", 0, 2))
-    g_dump = open_dump(golden)
+    g_dump = golden if isinstance(golden, Dump) else open_dump(golden)
     if progress:
         progress(Progress("read dumps", 1, 2))
-    t_dump = open_dump(test)
+    t_dump = test if isinstance(test, Dump) else open_dump(test)
     if progress:
         progress(Progress("read dumps", 2, 2))
+    if early is None and pool is not None and g_dump.kind == t_dump.kind:
+        early = EarlyPairs(g_dump, t_dump, pool, tokens)
     con = open_catalog(catalog)
     try:
         if progress:
@@ -591,9 +580,11 @@ def _read_ingest_compare(golden: str | Path, test: str | Path, catalog: str | Pa
             raise CompareCancelled()
         return _compare_runs(con, Path(catalog), g_ing.run_id, t_ing.run_id, mf, tokens, th,
                              workers, progress, cancel, auto,
-                             problems=[*g_ing.problems, *t_ing.problems], pool=pool)
+                             problems=[*g_ing.problems, *t_ing.problems], pool=pool, early=early)
     finally:
         con.close()
+        if early is not None:
+            early.cancel()  # whatever was not claimed
 
 
 def _auto_matcher(auto: bool) -> Any:
@@ -609,7 +600,8 @@ def _auto_matcher(auto: bool) -> Any:
 def _compare_runs(con: duckdb.DuckDBPyConnection, catalog: Path, golden_run: int, test_run: int,
                   mapping: MappingFile | None, tokens: Collection[int] | None, thresholds: Thresholds,
                   workers: int, progress: ProgressFn | None, cancel: threading.Event | None, auto: bool,
-                  problems: list[str], pool: ProcessPoolExecutor | PoolStarter | None = None) -> CompareResult:
+                  problems: list[str], pool: ProcessPoolExecutor | PoolStarter | None = None,
+                  early: EarlyPairs | None = None) -> CompareResult:
     golden = load_frames(con, golden_run)
     test = load_frames(con, test_run)
     cmp_id, th_changed = _comparison_id(con, golden_run, test_run, mapping, thresholds)
@@ -626,7 +618,7 @@ def _compare_runs(con: duckdb.DuckDBPyConnection, catalog: Path, golden_run: int
     if th_changed:
         rejudge(con, cmp_id, thresholds)
     computed, _failed_new, _unc = compute_pending(con, cmp_id, golden, test, pairs, thresholds, workers=workers,
-                                                  progress=progress, cancel=cancel, pool=pool)
+                                                  progress=progress, cancel=cancel, pool=pool, early=early)
     if progress:
         progress(Progress("verdict", 0, 1))
     refresh_verdicts(con, cmp_id)

@@ -1,10 +1,18 @@
-"""The units of work a compare worker receives: plain data, importable without torch."""
+"""The units of work a compare worker receives, and the plain helpers that plan them: no torch, no pandas."""
 
 from __future__ import annotations
 
+import math
+import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 SUMMARY_FIELDS = ("numel", "min", "max", "mean", "std", "norm", "nan_count", "inf_count")
+BATCH_BYTES = 48 * 1024 * 1024  # tasks go to a worker in batches of about this much tensor data
+BATCH_MAX_TASKS = 64
+_ITEMSIZE = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "int16": 2,
+             "int8": 1, "uint8": 1, "bool": 1}
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,3 +31,57 @@ class StatsTask:
     run_id: int
     tensor_id: int
     path: str
+
+
+Task = PairTask | StatsTask
+
+
+def tensor_bytes(numel: Any, dtype: Any) -> int:
+    """Bytes of a tensor of `numel` elements of `dtype` (None/NaN numel counts as 0)."""
+    n = 0 if numel is None or (isinstance(numel, float) and math.isnan(numel)) else int(numel)
+    return n * _ITEMSIZE.get(str(dtype), 4)
+
+
+def batches(tasks: Sequence[Task], sizes: Sequence[int]) -> Iterator[list[Task]]:
+    """Consecutive tasks grouped up to `BATCH_BYTES` or `BATCH_MAX_TASKS` (fewer round trips to the pool)."""
+    batch: list[Task] = []
+    acc = 0
+    for task, size in zip(tasks, sizes):
+        batch.append(task)
+        acc += size
+        if acc >= BATCH_BYTES or len(batch) >= BATCH_MAX_TASKS:
+            yield batch
+            batch, acc = [], 0
+    if batch:
+        yield batch
+
+
+def file_identity(path: str | None) -> tuple[int, int] | None:
+    """(device, inode) of a file: two names for one file (a hard link) read the same bytes."""
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def parse_tokens(text: str | None) -> set[int] | None:
+    """`0-3,7` -> {0, 1, 2, 3, 7}; None or empty -> None (all tokens)."""
+    if not text:
+        return None
+    out: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        if not lo.strip().isdigit() or (sep and not hi.strip().isdigit()):
+            raise ValueError(f"--tokens {text!r}: expected numbers and ranges like 0-3,7")
+        a = int(lo)
+        b = int(hi) if sep else a
+        if b < a:
+            raise ValueError(f"--tokens {text!r}: range {part} goes backwards")
+        out.update(range(a, b + 1))
+    return out

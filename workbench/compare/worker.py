@@ -1,22 +1,48 @@
 """What one compare worker process does: load a pair (memory-mapped), compute every metric, return numbers.
 
-Kept free of DuckDB and of the catalog so it can run in a process pool; one pair is in
-memory at a time, so a worker's peak is bounded by the largest tensor pair.
+Kept free of DuckDB, of the catalog and of torch (numpy only: a worker starts in a tenth of a second)
+so it can run in a process pool; one pair is in memory at a time, so a worker's peak is bounded by
+the largest tensor pair. A `.pth` that is not a plain saved tensor still loads: torch is imported
+then, in that worker only.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
+import numpy as np
 
 from workbench.compare.metrics import compare_tensors, summarize
 from workbench.compare.tasks import SUMMARY_FIELDS, PairTask, StatsTask
+from workbench.formats.arrays import RawTensor, read_array
 from workbench.formats.model import DumpError
-from workbench.formats.tensor_io import load_tensor
 
 
-def apply_transform(golden: torch.Tensor, test: torch.Tensor, spec: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _along(arr: np.ndarray, dim: int, start: int, stop: int) -> np.ndarray:
+    if arr.ndim == 0 or not -arr.ndim <= dim < arr.ndim:
+        raise IndexError(f"dimension {dim} out of range for a {arr.ndim}-d tensor")
+    index = [slice(None)] * arr.ndim
+    index[dim] = slice(start, stop)
+    return arr[tuple(index)]
+
+
+def _chunk(arr: np.ndarray, dim: int, idx: int, n: int) -> np.ndarray:
+    """Chunk `idx` of `torch.chunk(arr, n, dim)`: chunks of ceil(size / n), the last one shorter."""
+    size = arr.shape[dim] if arr.ndim and -arr.ndim <= dim < arr.ndim else 0
+    step = -(-size // n) if n > 0 else 0
+    if n <= 0 or step == 0 or not 0 <= idx < -(-size // step):
+        raise IndexError(f"chunk {idx} of {n} does not exist along dimension {dim} (size {size})")
+    return _along(arr, dim, idx * step, min(size, (idx + 1) * step))
+
+
+def _narrow(arr: np.ndarray, dim: int, start: int, stop: int) -> np.ndarray:
+    size = arr.shape[dim] if arr.ndim and -arr.ndim <= dim < arr.ndim else 0
+    if not 0 <= start <= stop <= size:
+        raise ValueError(f"slice {start}:{stop} is outside dimension {dim} (size {size})")
+    return _along(arr, dim, start, stop)
+
+
+def apply_transform(golden: RawTensor, test: RawTensor, spec: str | None) -> tuple[RawTensor, RawTensor]:
     """Layout fixes recorded on a pair, `;`-separated, each for one side (`g.` golden, `t.` test):
 
     `t.chunk:DIM:I:N` keeps chunk I of N along DIM (a fused gate-up output holds gate then up);
@@ -30,12 +56,12 @@ def apply_transform(golden: torch.Tensor, test: torch.Tensor, spec: str | None) 
         target = golden if side == "g" else test
         if parts[0] == "chunk":
             dim, idx, n = (int(x) for x in parts[1:4])
-            target = torch.chunk(target, n, dim=dim)[idx]
+            target = RawTensor(_chunk(target.array, dim, idx, n), target.dtype)
         elif parts[0] == "slice":
             dim, start, stop = (int(x) for x in parts[1:4])
-            target = target.narrow(dim, start, stop - start)
+            target = RawTensor(_narrow(target.array, dim, start, stop), target.dtype)
         elif parts[0] == "flat":
-            target = target.reshape(-1)
+            target = RawTensor(target.array.reshape(-1), target.dtype)
         else:
             raise ValueError(f"unknown pair transform {step!r}")
         if side == "g":
@@ -49,11 +75,11 @@ def _summary_dict(s: Any) -> dict[str, Any]:
     return {f: getattr(s, f) for f in SUMMARY_FIELDS}
 
 
-def _load(path: str | None, side: str) -> tuple[torch.Tensor | None, str | None]:
+def _load(path: str | None, side: str) -> tuple[RawTensor | None, str | None]:
     if path is None:
         return None, f"{side}: no tensor data (statistics-only dump)"
     try:
-        return load_tensor(path), None
+        return read_array(path), None
     except DumpError as exc:
         return None, str(exc)
 
@@ -104,5 +130,4 @@ def run_stats(task: StatsTask) -> dict[str, Any]:
 
 def run_batch(tasks: list[PairTask | StatsTask]) -> list[dict[str, Any]]:
     """A batch of tasks (batched to keep inter-process traffic low)."""
-    torch.set_num_threads(1)
     return [run_pair(t) if isinstance(t, PairTask) else run_stats(t) for t in tasks]

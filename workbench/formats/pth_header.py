@@ -2,8 +2,9 @@
 
 A plain `.pth` is a zip holding `<name>/data.pkl` (a tiny pickle that rebuilds the tensor from a
 storage) and `<name>/data/<key>` (the raw bytes). A restricted unpickler that knows exactly the
-rebuild function and the storage types reads the header in a few hundred microseconds; any other
-global makes it give up (returns None) and the caller falls back to torch's weights-only loader,
+rebuild function and the storage types reads the header; the zip's directory is parsed here too, from
+one or two reads of the file (tens of microseconds). Any other global, or a zip this reader does not
+handle, makes it give up (returns None) and the caller falls back to torch's weights-only loader,
 which decides (and refuses code). Nothing is ever imported or executed from the file.
 """
 
@@ -11,8 +12,10 @@ from __future__ import annotations
 
 import collections
 import io
+import os
 import pickle
-import zipfile
+import struct
+from dataclasses import dataclass
 from typing import Any
 
 from workbench.formats.model import DumpError
@@ -53,44 +56,141 @@ def _rebuild(storage: Any, offset: int, size: Any, stride: Any, *_rest: Any) -> 
     return ("tensor", storage, int(offset), tuple(int(x) for x in size), tuple(int(x) for x in stride))
 
 
-def plain_spec(zf: zipfile.ZipFile) -> tuple[str, int, str, int, int, tuple[int, ...], tuple[int, ...], str] | None:
-    """(dtype, itemsize, storage key, storage numel, offset, size, stride, record prefix) of a plain saved tensor."""
-    pkl = [n for n in zf.namelist() if n.endswith("/data.pkl")]
-    if len(pkl) != 1 or zf.getinfo(pkl[0]).file_size > 1 << 20:
+_EOCD = b"PK\x05\x06"
+_CENTRAL = b"PK\x01\x02"
+_LOCAL = b"PK\x03\x04"
+_HEAD_BYTES = 4096  # data.pkl and the payload's local header come first in torch's zips
+_WHOLE_FILE_BYTES = 64 * 1024  # smaller files are read in one go
+
+
+@dataclass(frozen=True, slots=True)
+class PlainTensor:
+    """Where a plain saved tensor's bytes lie: storage `numel` x `dtype` at `data_offset`, viewed by
+    (`offset`, `size`, `stride`); checked against the file's size."""
+
+    dtype: str
+    itemsize: int
+    numel: int
+    offset: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    data_offset: int
+    span: int
+    whole_file: bytes | None = None  # the file's bytes when it was small enough to read in one go
+
+
+class _Bytes:
+    """Reads of one file through a head buffer and a tail buffer (two system calls for most files)."""
+
+    def __init__(self, fd: int, file_size: int) -> None:
+        self.fd, self.size = fd, file_size
+        if file_size <= _WHOLE_FILE_BYTES:
+            self.head = self.tail = os.pread(fd, file_size, 0)
+            self.tail_start = 0
+        else:
+            self.head = os.pread(fd, _HEAD_BYTES, 0)
+            self.tail_start = file_size - _HEAD_BYTES
+            self.tail = os.pread(fd, _HEAD_BYTES, self.tail_start)
+
+    def read(self, start: int, n: int) -> bytes:
+        if start + n <= len(self.head):
+            return self.head[start:start + n]
+        if start >= self.tail_start:
+            return self.tail[start - self.tail_start:start - self.tail_start + n]
+        return os.pread(self.fd, n, start)
+
+
+def _central_directory(buf: _Bytes) -> dict[str, tuple[int, int, int]] | None:
+    """name -> (local header offset, compression method, stored size); None for zips this reader does not
+    handle (zip64 sizes, a long comment, encryption): torch's loader takes those."""
+    at = buf.tail.rfind(_EOCD)
+    if at < 0 or len(buf.tail) - at < 22:
         return None
+    count, cd_size, cd_offset = struct.unpack_from("<HII", buf.tail, at + 10)
+    if 0xFFFFFFFF in (cd_size, cd_offset) or count == 0xFFFF or cd_offset + cd_size > buf.size:
+        return None
+    cd = buf.read(cd_offset, cd_size)
+    entries: dict[str, tuple[int, int, int]] = {}
+    pos = 0
+    for _ in range(count):
+        if cd[pos:pos + 4] != _CENTRAL or len(cd) < pos + 46:
+            return None
+        flags, method = struct.unpack_from("<HH", cd, pos + 8)
+        stored, = struct.unpack_from("<I", cd, pos + 20)
+        name_len, extra_len, comment_len = struct.unpack_from("<HHH", cd, pos + 28)
+        local, = struct.unpack_from("<I", cd, pos + 42)
+        if flags & 1 or 0xFFFFFFFF in (stored, local):
+            return None
+        entries[cd[pos + 46:pos + 46 + name_len].decode("utf-8", "replace")] = (local, method, stored)
+        pos += 46 + name_len + extra_len + comment_len
+    return entries
+
+
+def _payload_offset(buf: _Bytes, local: int) -> int | None:
+    header = buf.read(local, 30)
+    if len(header) != 30 or header[:4] != _LOCAL:
+        return None
+    name_len, extra_len = struct.unpack_from("<HH", header, 26)
+    return local + 30 + name_len + extra_len
+
+
+def _unpickle_spec(data: bytes) -> tuple[str, int, str, int, int, tuple[int, ...], tuple[int, ...]] | None:
     try:
-        spec = _HeaderUnpickler(io.BytesIO(zf.read(pkl[0]))).load()
+        spec = _HeaderUnpickler(io.BytesIO(data)).load()
     except (NotPlain, pickle.UnpicklingError, EOFError, TypeError, ValueError, IndexError, KeyError):
         return None
     if not (isinstance(spec, tuple) and len(spec) == 5 and spec[0] == "tensor"):
         return None
     _tag, ((dtype, itemsize), key, numel), offset, size, stride = spec
-    return dtype, itemsize, key, numel, offset, size, stride, pkl[0][: -len("data.pkl")]
+    return dtype, itemsize, key, numel, offset, size, stride
 
 
-def plain_entry(path: str) -> tuple[tuple[str, int, str, int, int, tuple[int, ...], tuple[int, ...], str],
-                                   zipfile.ZipInfo] | None:
-    """The spec of a plain saved tensor and the zip entry of its storage; None when not plain (or unreadable:
-    torch's loader then reports the problem)."""
+def plain_tensor(path: str, file_size: int) -> PlainTensor | None:
+    """Where the tensor of a plain `torch.save(tensor)` file lies, read with a few system calls and no torch.
+
+    None when the file is not such a zip (torch's weights-only loader decides then); `DumpError` when
+    its header promises more bytes than the file has.
+    """
     try:
-        with zipfile.ZipFile(path) as zf:
-            spec = plain_spec(zf)
-            if spec is None:
-                return None
-            return spec, zf.getinfo(f"{spec[7]}data/{spec[2]}")
-    except (zipfile.BadZipFile, KeyError, OSError, EOFError):
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
         return None
+    try:
+        buf = _Bytes(fd, file_size)
+        entries = _central_directory(buf)
+        if entries is None:
+            return None
+        pkl = [n for n in entries if n.endswith("/data.pkl")]
+        if len(pkl) != 1:
+            return None
+        local, method, stored = entries[pkl[0]]
+        start = _payload_offset(buf, local)
+        if method != 0 or start is None or stored > 1 << 20 or start + stored > file_size:
+            return None
+        spec = _unpickle_spec(buf.read(start, stored))
+        if spec is None:
+            return None
+        dtype, itemsize, key, numel, offset, size, stride = spec
+        entry = entries.get(f"{pkl[0][: -len('data.pkl')]}data/{key}")
+        if entry is None or entry[1] != 0:
+            return None
+        data_offset = _payload_offset(buf, entry[0])
+        if data_offset is None:
+            return None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    span = check_bounds(path, dtype, itemsize, numel, offset, size, stride, entry[2], data_offset + entry[2],
+                        file_size)
+    return PlainTensor(dtype, itemsize, numel, offset, size, stride, data_offset, span,
+                       buf.head if file_size <= _WHOLE_FILE_BYTES else None)
 
 
 def read_pth_header(path: str, file_size: int) -> tuple[str, tuple[int, ...]] | None:
     """(dtype name, shape) of a plain `.pth`, checked against the file's size; None when not plain."""
-    found = plain_entry(path)
-    if found is None:
-        return None
-    (dtype, itemsize, _key, numel, offset, size, stride, _prefix), entry = found
-    check_bounds(path, dtype, itemsize, numel, offset, size, stride, entry.file_size,
-                 entry.header_offset + entry.file_size, file_size)
-    return dtype, size
+    found = plain_tensor(path, file_size)
+    return None if found is None else (found.dtype, found.size)
 
 
 def check_bounds(path: str, dtype: str, itemsize: int, numel: int, offset: int, size: tuple[int, ...],

@@ -1,0 +1,88 @@
+"""The pool path of compare (real worker processes), the pairs computed early, and the torch-free worker."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+import torch
+
+import workbench.compare.pipeline as pipeline
+from tests.conftest import TinyDumps
+from workbench.catalog.schema import ALL_METRICS
+from workbench.compare.early import EarlyPairs
+from workbench.compare.pool import new_pool
+from workbench.compare.worker import apply_transform
+from workbench.formats import open_dump
+from workbench.formats.arrays import RawTensor, as_raw
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _metrics(catalog: Path) -> dict[tuple[str, int, str, int], tuple[object, ...]]:
+    """Every pair's metrics and verdict, keyed by what it compares (ids differ between catalogs)."""
+    con = duckdb.connect(str(catalog), read_only=True)
+    rows = con.execute(f"SELECT golden_node, token_id, io, golden_index, {', '.join(ALL_METRICS)}, passed, "
+                       "golden_std, my_std FROM comparison").fetchall()
+    con.close()
+    return {tuple(r[:4]): tuple(r[4:]) for r in rows}  # type: ignore[misc]
+
+
+def test_pool_and_early_pairs_give_the_in_process_numbers(tiny_dumps: TinyDumps, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    in_process = pipeline.run_compare(tiny_dumps.golden, tiny_dumps.bf16, tmp_path / "a.duckdb", workers=1)
+    monkeypatch.setattr(pipeline, "IN_PROCESS_BYTES", 0)  # tiny dumps: force the pool
+    pool = new_pool(2)
+    try:
+        g, t = open_dump(tiny_dumps.golden), open_dump(tiny_dumps.bf16)
+        early = EarlyPairs(g, t, pool)
+        pooled = pipeline.run_compare(g, t, tmp_path / "b.duckdb", workers=2, pool=pool, early=early)
+        assert early.taken > 0 and all(f.done() for f in early.futures)
+        # a token selection leaves most early pairs unclaimed: they are dropped, the rest is right
+        early_all = EarlyPairs(g, t, pool)
+        one_token = pipeline.run_compare(g, t, tmp_path / "c.duckdb", workers=2, pool=pool, early=early_all,
+                                         tokens={1})
+        assert 0 < early_all.taken < len(early_all.keys)
+    finally:
+        pool.shutdown()
+    assert (pooled.pairs, pooled.failed) == (in_process.pairs, in_process.failed)
+    ref = _metrics(tmp_path / "a.duckdb")
+    assert _metrics(tmp_path / "b.duckdb") == ref
+    sub = _metrics(tmp_path / "c.duckdb")
+    assert sub and all(k[1] == 1 for k in sub) and sub == {k: v for k, v in ref.items() if k[1] == 1}
+    assert one_token.pairs == len(sub)
+
+
+def test_worker_never_imports_torch(tiny_dumps: TinyDumps) -> None:
+    pth = next(tiny_dumps.golden.rglob("output.pth"))
+    code = ("import sys\nfrom workbench.compare.worker import run_pair\nfrom workbench.compare.tasks import PairTask\n"
+            f"r = run_pair(PairTask(0, {str(pth)!r}, {str(pth)!r}, 'float32', 0, 0))\n"
+            "assert r['values']['cosine_similarity'] == 1.0, r\n"
+            "assert 'torch' not in sys.modules\nprint('ok')")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layout_transforms_follow_torch(dtype: torch.dtype) -> None:
+    x = torch.arange(2 * 7 * 5, dtype=torch.float32).reshape(2, 7, 5).to(dtype)
+    raw = as_raw(x)
+
+    def same(got: RawTensor, want: torch.Tensor) -> None:
+        assert got.dtype == str(want.dtype).removeprefix("torch.")
+        np.testing.assert_array_equal(as_raw(want.contiguous()).array, np.ascontiguousarray(got.array))
+
+    for dim in (1, 2):
+        for n in (2, 3, 4):
+            for i, part in enumerate(torch.chunk(x, n, dim=dim)):
+                same(apply_transform(raw, raw, f"t.chunk:{dim}:{i}:{n}")[1], part)
+    same(apply_transform(raw, raw, "g.slice:-1:1:4")[0], x.narrow(-1, 1, 3))
+    same(apply_transform(raw, raw, "t.flat;t.slice:0:3:9")[1], x.reshape(-1)[3:9])
+    with pytest.raises(IndexError):
+        apply_transform(raw, raw, "t.chunk:2:3:4")  # torch.chunk of 5 into 4 makes only 3 chunks (2, 2, 1)
+    with pytest.raises(ValueError):
+        apply_transform(raw, raw, "t.slice:2:3:9")

@@ -1,0 +1,92 @@
+"""Pairs computed while the catalog is still being prepared.
+
+Between reading the dumps and knowing the pairs, the main process imports pandas and DuckDB,
+ingests both dumps and matches their nodes: about a second in which the workers would wait. For
+two dumps of the same kind, nearly every pair the matcher will find is a tensor at the same place in
+both (same token, node, role and index), so those are handed to the pool as soon as both dumps are
+read. `compute_pending` later claims the results of the pairs it really wants (by the files they
+read) and the rest are dropped. Nothing here imports pandas, DuckDB or torch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Collection, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Any
+
+from workbench.compare.pool import PoolStarter
+from workbench.compare.tasks import PairTask, batches, file_identity, tensor_bytes
+from workbench.compare.worker import run_batch
+from workbench.formats.model import Dump
+
+PairKey = tuple[tuple[int, int], tuple[int, int], str | None, str | None]  # files, test dtype, transform
+
+
+class EarlyPairs:
+    """Same-place pairs of two dumps of one kind, submitted to the pool from a background thread."""
+
+    def __init__(self, golden: Dump, test: Dump, pool: ProcessPoolExecutor | PoolStarter,
+                 tokens: Collection[int] | None = None) -> None:
+        self.keys: dict[int, PairKey] = {}  # early id -> the files it compares
+        self.ids: dict[PairKey, int] = {}
+        self.futures: list[Future[list[dict[str, Any]]]] = []
+        self.taken = 0  # results handed to the catalog (counted by the pipeline)
+        self._submitted = threading.Event()
+        tasks, sizes = self._plan(golden, test, tokens)
+        threading.Thread(target=self._submit, args=(pool, tasks, sizes), name="wb-early-pairs",
+                         daemon=True).start()
+
+    def _plan(self, golden: Dump, test: Dump, tokens: Collection[int] | None) -> tuple[list[PairTask], list[int]]:
+        wanted = None if tokens is None else set(tokens)
+        by_place = {(t.token, t.node, t.role, t.index): t for t in test.tensors if t.path and not t.error}
+        tasks: list[PairTask] = []
+        sizes: list[int] = []
+        for g in golden.tensors:
+            if not g.path or g.error or (wanted is not None and g.token not in wanted):
+                continue
+            t = by_place.get((g.token, g.node, g.role, g.index))
+            if t is None or t.path is None:
+                continue
+            g_id, t_id = file_identity(g.path), file_identity(t.path)
+            if g_id is None or t_id is None:
+                continue
+            key: PairKey = (g_id, t_id, t.dtype, None)
+            if key in self.ids:
+                continue
+            early_id = len(self.keys)
+            self.keys[early_id], self.ids[key] = key, early_id
+            tasks.append(PairTask(early_id, g.path, t.path, t.dtype, -1, -1))
+            sizes.append(tensor_bytes(_numel(g.shape), g.dtype) + tensor_bytes(_numel(t.shape), t.dtype))
+        return tasks, sizes
+
+    def _submit(self, pool: ProcessPoolExecutor | PoolStarter, tasks: list[PairTask], sizes: list[int]) -> None:
+        try:
+            executor = pool.get() if isinstance(pool, PoolStarter) else pool
+            if executor is not None:
+                for batch in batches(tasks, sizes):
+                    self.futures.append(executor.submit(run_batch, batch))
+        except RuntimeError:  # the pool was shut down meanwhile: nothing was computed early
+            pass
+        finally:
+            self._submitted.set()
+
+    def has(self, key: PairKey) -> bool:
+        return key in self.ids
+
+    def wait_submitted(self) -> Sequence[Future[list[dict[str, Any]]]]:
+        """Every future submitted (waits for the background thread to finish submitting)."""
+        self._submitted.wait()
+        return self.futures
+
+    def cancel(self) -> None:
+        for f in self.wait_submitted():
+            f.cancel()
+
+
+def _numel(shape: tuple[int, ...] | None) -> int:
+    n = 1
+    for d in shape or ():
+        n *= d
+    return n
+

@@ -1,0 +1,143 @@
+"""Reading one tensor file as a numpy array, without importing torch where the file allows it.
+
+`.pth`/`.pt` files that hold one plain saved tensor are memory-mapped straight from the zip (the
+header is read by `pth_header`'s restricted unpickler); anything else goes to torch's weights-only
+loader (imported only then), which refuses a pickle that would run code. `.bin` is memory-mapped
+after its header is validated; `.npy` is memory-mapped by numpy with pickles refused. Every
+failure is a `DumpError` whose message names the file and the reason in one line.
+
+numpy has no bfloat16: a bfloat16 tensor is held as its raw uint16 words, and `RawTensor.dtype`
+says what they are.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from workbench.formats import atb_bin
+from workbench.formats.model import DumpError, dtype_name
+from workbench.formats.pth_header import plain_tensor
+
+NUMPY_STORAGE: dict[str, str] = {
+    "float32": "<f4", "float16": "<f2", "bfloat16": "<u2", "float64": "<f8", "int64": "<i8", "int32": "<i4",
+    "int16": "<i2", "int8": "i1", "uint8": "u1", "bool": "?",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RawTensor:
+    """A tensor as numpy holds it: `array` with the logical `dtype` name (bfloat16 as its uint16 words)."""
+
+    array: np.ndarray
+    dtype: str
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in self.array.shape)
+
+    @property
+    def numel(self) -> int:
+        return int(self.array.size)
+
+
+def as_raw(x: Any) -> RawTensor:
+    """A `RawTensor` view of a `RawTensor`, numpy array or torch tensor (no copy where the layout allows)."""
+    if isinstance(x, RawTensor):
+        return x
+    if isinstance(x, np.ndarray):
+        return RawTensor(x, dtype_name(x.dtype))
+    if type(x).__module__.startswith("torch"):  # a torch.Tensor: torch is loaded already, by whoever made it
+        import torch
+
+        t = x.detach().cpu()
+        if t.dtype == torch.bfloat16:
+            return RawTensor(t.view(torch.int16).numpy().view(np.uint16), "bfloat16")
+        try:
+            return RawTensor(t.numpy(), dtype_name(t.dtype))
+        except TypeError:  # float8 and other types numpy lacks: compare their float32 values
+            return RawTensor(t.float().numpy(), dtype_name(t.dtype))
+    return RawTensor(np.asarray(x), dtype_name(np.asarray(x).dtype))
+
+
+def _plain_pth(path: str, file_size: int) -> RawTensor | None:
+    """Memory-map a plain `torch.save(tensor)` zip; None when it is not plain (torch's loader decides then)."""
+    found = plain_tensor(path, file_size)
+    if found is None or found.dtype not in NUMPY_STORAGE:
+        return None
+    np_dtype = np.dtype(NUMPY_STORAGE[found.dtype])
+    size = found.size
+    if found.numel == 0 or found.span == 0:
+        return RawTensor(np.empty(size, dtype=np_dtype), found.dtype)
+    if found.whole_file is not None:  # already in memory: a map would cost more than the bytes
+        flat = np.frombuffer(found.whole_file, np_dtype, count=found.numel, offset=found.data_offset)
+    else:
+        # a plain ndarray over the map: memmap's subclass hooks cost on every operation
+        flat = np.asarray(np.memmap(path, dtype=np_dtype, mode="r", offset=found.data_offset, shape=(found.numel,)))
+    if found.stride == _contiguous_strides(size):
+        arr = flat[found.offset:found.offset + found.span].reshape(size)
+    else:
+        arr = np.lib.stride_tricks.as_strided(flat[found.offset:], shape=size, writeable=False,
+                                              strides=tuple(s * found.itemsize for s in found.stride))
+    return RawTensor(arr, found.dtype)
+
+
+def _contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for d in reversed(size):
+        strides.append(step)
+        step *= d
+    return tuple(reversed(strides))
+
+
+def read_pth_array(path: str, file_size: int | None = None) -> RawTensor:
+    """A `.pth`/`.pt` holding one tensor; the payload stays on disk (memory-mapped) until touched."""
+    if file_size is None:
+        try:
+            file_size = os.path.getsize(path)
+        except OSError as exc:
+            raise DumpError(path, f"cannot read: {exc.strerror or exc}") from None
+    if file_size == 0:
+        raise DumpError(path, "empty file")
+    fast = _plain_pth(path, file_size)
+    if fast is not None:
+        return fast
+    from workbench.formats.tensor_io import torch_load_pth  # only for files that are not plain saved tensors
+
+    return as_raw(torch_load_pth(path, mmap=zipfile.is_zipfile(path)))
+
+
+def _read_npy(path: str) -> RawTensor:
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise DumpError(path, f"not a readable .npy file ({str(exc)[:160]})") from None
+    return RawTensor(arr, dtype_name(arr.dtype))
+
+
+def read_array(path: str | Path) -> RawTensor:
+    """Read one tensor file (.pth/.pt/.bin/.npy) as a numpy array; raises `DumpError` on any problem."""
+    p = str(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise DumpError(p, "missing file") from None
+    except OSError as exc:
+        raise DumpError(p, f"cannot read: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise DumpError(p, "is a folder, not a tensor file")
+    suffix = os.path.splitext(p)[1].lower()
+    if suffix in (".pth", ".pt"):
+        return read_pth_array(p, st.st_size)
+    if suffix == ".bin":
+        hdr = atb_bin.read_header(p)
+        return RawTensor(atb_bin.read_bin(p, hdr), hdr.dtype)
+    if suffix == ".npy":
+        return _read_npy(p)
+    raise DumpError(p, f"unknown tensor file type {suffix!r}")
