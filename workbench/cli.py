@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import sys
 from collections.abc import Callable
@@ -87,6 +89,8 @@ def run_compare_cli(golden: Path, test: Path, out: Path, mapping: Path | None, t
         from workbench.catalog.store import open_catalog
         from workbench.compare.pipeline import run_compare
         from workbench.compare.report import format_summary, write_msit_csv
+
+        gc.freeze()  # the imported modules' objects need no more collecting: ~0.1 s less of GC per run
 
         out.mkdir(parents=True, exist_ok=True)
         catalog = out / CATALOG_NAME
@@ -307,7 +311,19 @@ def demo(
 
 
 def main() -> None:
-    app()
+    """The `wb` console script. Ends the process without the interpreter's teardown: every catalog and
+    file is closed by then, and tearing down pandas/DuckDB/numpy objects costs ~0.15 s per command."""
+    code: int = 0
+    try:
+        app()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if isinstance(exc.code, str):
+            sys.stderr.write(exc.code + "\n")
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
