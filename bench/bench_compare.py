@@ -2,9 +2,10 @@
 
 The dumps: an 8-layer, 1024-hidden Llama (fp32 golden, bf16 test), 384-token prompt, 4 decoded
 tokens, dumped by our dumper in msit's layout (about 600 MB together). Prints wall time, pairs/s,
-MB/s and peak memory (max RSS of the child process) of both tools and their ratio.
+MB/s and peak memory (max RSS of the child process) of both tools over interleaved runs, and the ratio of
+the medians.
 
-    .venv/bin/python bench/bench_compare.py [--quick] [--keep DIR] [--workers N]
+    .venv/bin/python bench/bench_compare.py [--quick] [--keep DIR] [--workers N] [--repeat R]
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import copy
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -105,6 +107,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a small model, for a smoke run")
     ap.add_argument("--keep", type=Path, help="keep (or reuse) the dumps in this folder")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--repeat", type=int, default=5, help="interleaved runs of each tool (medians are reported)")
     args = ap.parse_args()
     base = args.keep or Path(tempfile.mkdtemp(prefix="wb_bench_compare_"))
     base.mkdir(parents=True, exist_ok=True)
@@ -119,32 +122,50 @@ def main() -> None:
     print(f"dump size: {size_mb:.0f} MB (golden {du(golden) / 1e6:.0f} MB, test {du(test) / 1e6:.0f} MB)")
 
     wb = shutil.which("wb") or str(Path(sys.executable).with_name("wb"))
-    out_wb = base / "out_wb"
-    shutil.rmtree(out_wb, ignore_errors=True)
-    t_wb, rss_wb, log_wb = run_timed([wb, "compare", "-gp", str(golden), "-mp", str(test), "-o", str(out_wb),
-                                      "--workers", str(args.workers)], base)
-    pairs = next((int(line.split()[2]) for line in log_wb.splitlines() if line.startswith("pairs compared:")), 0)
-    print(f"wb compare:   {t_wb:7.2f} s  {pairs} pairs  {pairs / t_wb:8.1f} pairs/s  {size_mb / t_wb:7.1f} MB/s  "
-          f"peak RSS {rss_wb / 1024:.0f} MiB (workers {args.workers})")
-
     msit = shutil.which("msit") or str(Path(sys.executable).with_name("msit"))
-    if not Path(msit).exists():
+    has_msit = Path(msit).exists()
+    out_wb, out_msit = base / "out_wb", base / "out_msit"
+    wb_runs: list[tuple[float, int, int]] = []  # wall, peak RSS KiB, pairs
+    msit_runs: list[tuple[float, int, int]] = []
+    for i in range(args.repeat):  # interleaved, so both tools see the same machine load
+        shutil.rmtree(out_wb, ignore_errors=True)
+        t_wb, rss_wb, log_wb = run_timed([wb, "compare", "-gp", str(golden), "-mp", str(test), "-o", str(out_wb),
+                                          "--workers", str(args.workers)], base)
+        pairs = next((int(line.split()[2]) for line in log_wb.splitlines() if line.startswith("pairs compared:")), 0)
+        wb_runs.append((t_wb, rss_wb, pairs))
+        print(f"run {i + 1}: wb compare   {t_wb:6.2f} s  {pairs} pairs  {pairs / t_wb:7.1f} pairs/s  "
+              f"{size_mb / t_wb:6.1f} MB/s  peak RSS {rss_wb / 1024:.0f} MiB (workers {args.workers})")
+        if not has_msit:
+            continue
+        shutil.rmtree(out_msit, ignore_errors=True)
+        out_msit.mkdir()
+        t_ms, rss_ms, _log = run_timed([msit, "llm", "compare", "-gp", str(golden), "-mp", str(test),
+                                          "-o", str(out_msit)], base)
+        reports = list(out_msit.glob("msit_cmp_report_*"))
+        msit_pairs = count_msit_rows(reports)
+        msit_runs.append((t_ms, rss_ms, msit_pairs))
+        print(f"run {i + 1}: msit compare {t_ms:6.2f} s  {msit_pairs} pairs  {msit_pairs / t_ms:7.1f} pairs/s  "
+              f"peak RSS {rss_ms / 1024:.0f} MiB  ({', '.join(r.name for r in reports) or 'no report'})")
+    wb_med = statistics.median(r[0] for r in wb_runs)
+    wb_pairs = wb_runs[0][2]
+    print(f"wb compare:   median {wb_med:.2f} s, best {min(r[0] for r in wb_runs):.2f} s of {len(wb_runs)}: "
+          f"{wb_pairs / wb_med:.1f} pairs/s (median)")
+    if not msit_runs:
         print("msit not installed (pip install msit && msit install llm): no reference measured")
-        return
-    out_msit = base / "out_msit"
-    shutil.rmtree(out_msit, ignore_errors=True)
-    out_msit.mkdir()
-    t_ms, rss_ms, _log = run_timed([msit, "llm", "compare", "-gp", str(golden), "-mp", str(test),
-                                      "-o", str(out_msit)], base)
-    reports = list(out_msit.glob("msit_cmp_report_*"))
-    msit_pairs = count_msit_rows(reports)
-    print(f"msit compare: {t_ms:7.2f} s  {msit_pairs} pairs  {msit_pairs / t_ms:8.1f} pairs/s  "
-          f"report {', '.join(r.name for r in reports) or 'none'}  peak RSS {rss_ms / 1024:.0f} MiB")
-    print(f"wall-time ratio msit/wb: {t_ms / t_wb:.1f}x (wb compares {pairs} pairs, msit {msit_pairs})")
-    if msit_pairs:
-        print(f"throughput ratio wb/msit (pairs/s): {(pairs / t_wb) / (msit_pairs / t_ms):.1f}x (target >= 10x)")
-    print(f"peak memory: wb {rss_wb / 1024:.0f} MiB, msit {rss_ms / 1024:.0f} MiB; largest tensor pair "
-          f"{largest_pair_mb(golden, test):.0f} MB")
+    else:
+        ms_med = statistics.median(r[0] for r in msit_runs)
+        ms_pairs = msit_runs[0][2]
+        print(f"msit compare: median {ms_med:.2f} s, best {min(r[0] for r in msit_runs):.2f} s of {len(msit_runs)}: "
+              f"{ms_pairs / ms_med:.1f} pairs/s (median)")
+        print(f"wall-time ratio msit/wb (medians): {ms_med / wb_med:.1f}x "
+              f"(wb compares {wb_pairs} pairs, msit {ms_pairs})")
+        if ms_pairs:
+            ratios = sorted((w[2] / w[0]) / (m[2] / m[0]) for w, m in zip(wb_runs, msit_runs))
+            print(f"throughput ratio wb/msit (pairs/s, medians): {(wb_pairs / wb_med) / (ms_pairs / ms_med):.1f}x "
+                  f"(per interleaved run: {', '.join(f'{r:.1f}' for r in ratios)}; target >= 10x)")
+        print(f"peak memory: wb {max(r[1] for r in wb_runs) / 1024:.0f} MiB, msit "
+              f"{max(r[1] for r in msit_runs) / 1024:.0f} MiB; "
+              f"largest tensor pair {largest_pair_mb(golden, test):.0f} MB")
     if not args.keep:
         shutil.rmtree(base, ignore_errors=True)
 
