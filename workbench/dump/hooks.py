@@ -265,18 +265,11 @@ class DumpHandle:
 
     # -- handing tensors to the writer ------------------------------------------------------------
     def _emit(self, folder_name: str, type_name: str, leaves: list[tuple[str, torch.Tensor]]) -> None:
-        if not leaves:
-            return
-        # Our copies and reductions run single-threaded: hundreds of small intra-op parallel regions
-        # per token cost more in thread hand-offs than they save, worst when other jobs share the cores.
-        threads = torch.get_num_threads()
-        if threads != 1:
-            torch.set_num_threads(1)
-        try:
+        # Copies and reductions run with the model's own intra-op threads: a big activation is cloned
+        # and reduced in parallel, and the statistics are the bits msit's hook computes (a reduction's
+        # rounding depends on how it is split across threads). Small tensors never go parallel anyway.
+        if leaves:
             self._emit_leaves(folder_name, type_name, leaves)
-        finally:
-            if threads != 1:
-                torch.set_num_threads(threads)
 
     def _emit_leaves(self, folder_name: str, type_name: str, leaves: list[tuple[str, torch.Tensor]]) -> None:
         folder = os.path.join(self._dir, str(self.token), folder_name)

@@ -9,6 +9,7 @@ bound is reached the model's thread waits, so memory stays bounded by the queue 
 from __future__ import annotations
 
 import csv
+import io
 import logging
 import os
 import queue
@@ -16,13 +17,14 @@ import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 
 log = logging.getLogger("workbench.dump")
 
 STATS_HEADER = ["NodeName", "NodeType", "InputOutput", "Index", "DataType", "Shape", "Max", "Min", "Mean", "L2Norm"]
+_STATS_HEADER_LINE = ",".join(STATS_HEADER) + "\r\n"  # what csv.writer writes for it
 ANALYZE_HEADER = ["Node Name", "Node Type", "Tensor Path", "dtype", "shape", "max", "min", "variance", "mean"]
 
 
@@ -73,7 +75,7 @@ class AsyncWriter:
         # first, so that a hard link made to its earlier content keeps that content
         self._written: set[str] = set()
         self._analyze_lock = threading.Lock()
-        self._local = threading.local()  # per writer thread: open statistics.csv handles
+        self._local = threading.local()  # per writer thread: statistics.csv rows not yet written
         self._queues: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(threads)]
         self._threads = [
             threading.Thread(target=self._run, args=(q,), name=f"wb-dump-writer-{i}", daemon=True)
@@ -155,8 +157,8 @@ class AsyncWriter:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         except (AttributeError, OSError):  # not Linux / not permitted: normal priority
             pass
-        files: dict[str, TextIO] = {}
-        self._local.files = files
+        rows: dict[str, io.StringIO] = {}
+        self._local.rows = rows
         while True:
             job = q.get()
             if job is None:
@@ -164,23 +166,37 @@ class AsyncWriter:
             fn, args = job
             try:
                 if fn == self._do_barrier:
-                    self._close_files(files)
+                    self._write_rows(rows)
                 fn(*args)
             except Exception as exc:  # a failed file must not stop the writer or the model
                 self._on_error(f"{args[0] if args and isinstance(args[0], str) else 'writer'}: {_reason(exc)}")
-        self._close_files(files)
+        self._write_rows(rows)
 
-    def _close_files(self, files: dict[str, TextIO]) -> None:
-        for path, fh in files.items():
+    def _write_rows(self, rows: dict[str, io.StringIO]) -> None:
+        """Append the buffered rows of every statistics.csv: one open, one write, one close per file."""
+        for path, buf in rows.items():
             try:
-                fh.close()
+                self._mkdir(os.path.dirname(path))
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+                try:
+                    data = buf.getvalue()
+                    if os.fstat(fd).st_size == 0:
+                        data = _STATS_HEADER_LINE + data
+                    os.write(fd, data.encode("utf-8"))
+                finally:
+                    os.close(fd)
             except OSError as exc:
                 self._on_error(f"{path}: {_reason(exc)}")
-        files.clear()
+        rows.clear()
 
     def _mkdir(self, folder: str) -> None:
         if folder not in self._made_dirs:
-            os.makedirs(folder, mode=0o750, exist_ok=True)
+            try:
+                os.mkdir(folder, 0o750)  # the token folder exists after its first module: one system call
+            except FileExistsError:
+                pass
+            except FileNotFoundError:
+                os.makedirs(folder, mode=0o750, exist_ok=True)
             self._made_dirs.add(folder)
 
     def _fresh(self, path: str) -> None:
@@ -218,15 +234,11 @@ class AsyncWriter:
             shutil.copyfile(src.path, path)
 
     def _do_stats(self, csv_path: str, head: list[Any], stats: torch.Tensor | None, ready: Ready | None) -> None:
-        files: dict[str, TextIO] = self._local.files
-        fh = files.get(csv_path)
-        if fh is None:
-            self._mkdir(os.path.dirname(csv_path))
-            fh = open(csv_path, "a", encoding="utf-8", newline="")  # kept open until the next barrier
-            files[csv_path] = fh
-            if fh.tell() == 0:
-                csv.writer(fh).writerow(STATS_HEADER)
-        csv.writer(fh).writerow(head + _stat_values(stats, ready, 4))
+        rows: dict[str, io.StringIO] = self._local.rows
+        buf = rows.get(csv_path)
+        if buf is None:  # written at the next barrier (token end, flush): creating files is what costs
+            buf = rows[csv_path] = io.StringIO()
+        csv.writer(buf).writerow(head + _stat_values(stats, ready, 4))
 
     def _do_analyze(self, csv_path: str, row: list[Any], stats: torch.Tensor | None, ready: Ready | None) -> None:
         values = _stat_values(stats, ready, 5)
