@@ -6,7 +6,8 @@ a 384-token prompt; `generate(max_new_tokens=4, do_sample=False)`; every forward
 Each measurement runs in a fresh subprocess (msit's config is a process-wide singleton and its hooks
 cannot be registered twice): build the model, one undumped warm-up generate, register the dumper,
 time generate (+ `remove()` for ours, which waits for the background writer). Best of N per variant.
-Dump folders live under /tmp and are deleted after each run.
+Dump folders live under `--dump-root` (/tmp by default) and are deleted after each run; the disk is
+synced before each run so no variant pays for the previous one's writes.
 
     python bench/bench_dump.py            # full size, writes docs/performance.md "## Dumper"
     python bench/bench_dump.py --quick    # small model smoke run (no docs update)
@@ -95,9 +96,9 @@ def _quiet_disk() -> None:
     time.sleep(0.5)
 
 
-def _measure(variant: str, size: dict[str, int]) -> dict[str, float] | str:
+def _measure(variant: str, size: dict[str, int], dump_root: str) -> dict[str, float] | str:
     _quiet_disk()
-    out_dir = tempfile.mkdtemp(prefix=f"wb_bench_dump_{variant}_", dir="/tmp")
+    out_dir = tempfile.mkdtemp(prefix=f"wb_bench_dump_{variant}_", dir=dump_root)
     try:
         proc = subprocess.run(
             [sys.executable, __file__, "--child", variant, "--size", json.dumps(size), "--out", out_dir],
@@ -143,6 +144,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small model smoke run; docs are not updated")
     parser.add_argument("--repeat", type=int, default=None, help="runs per variant, best kept (default 3, quick 1)")
     parser.add_argument("--no-docs", action="store_true", help="do not update docs/performance.md")
+    parser.add_argument("--dump-root", default="/tmp", help="where the dumps are written (default /tmp; /dev/shm "
+                        "takes the filesystem's per-file cost out of the comparison)")
     parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--size", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -159,7 +162,7 @@ def main() -> None:
     failures: dict[str, str] = {}
     for rep in range(repeat):
         for variant in variants:  # interleaved so drifts in machine load hit every variant alike
-            result = _measure(variant, size)
+            result = _measure(variant, size, args.dump_root)
             if isinstance(result, str):
                 failures[variant] = result
                 print(f"[{rep + 1}/{repeat}] {variant:10s} {result}", flush=True)

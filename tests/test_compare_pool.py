@@ -47,6 +47,16 @@ def test_pool_and_early_pairs_give_the_in_process_numbers(tiny_dumps: TinyDumps,
         one_token = pipeline.run_compare(g, t, tmp_path / "c.duckdb", workers=2, pool=pool, early=early_all,
                                          tokens={1})
         assert 0 < early_all.taken < len(early_all.keys)
+        # a re-run into the same catalog has nothing left to compute: the early batches are all dropped
+        again = EarlyPairs(g, t, pool)
+        rerun = pipeline.run_compare(g, t, tmp_path / "b.duckdb", workers=2, pool=pool, early=again)
+        assert rerun.computed == 0 and again.taken == 0
+        # a pool that is gone: nothing is submitted early, every pair is computed the usual way
+        gone = new_pool(2)
+        gone.shutdown()
+        lost = EarlyPairs(g, t, gone)
+        late = pipeline.run_compare(g, t, tmp_path / "d.duckdb", workers=2, pool=pool, early=lost)
+        assert lost.taken == 0 and not lost.futures and late.pairs == in_process.pairs
     finally:
         pool.shutdown()
     assert (pooled.pairs, pooled.failed) == (in_process.pairs, in_process.failed)
@@ -55,6 +65,7 @@ def test_pool_and_early_pairs_give_the_in_process_numbers(tiny_dumps: TinyDumps,
     sub = _metrics(tmp_path / "c.duckdb")
     assert sub and all(k[1] == 1 for k in sub) and sub == {k: v for k, v in ref.items() if k[1] == 1}
     assert one_token.pairs == len(sub)
+    assert _metrics(tmp_path / "d.duckdb") == ref
 
 
 def test_worker_never_imports_torch(tiny_dumps: TinyDumps) -> None:

@@ -11,7 +11,7 @@ read) and the rest are dropped. Nothing here imports pandas, DuckDB or torch.
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
@@ -30,7 +30,8 @@ class EarlyPairs:
                  tokens: Collection[int] | None = None) -> None:
         self.keys: dict[int, PairKey] = {}  # early id -> the files it compares
         self.ids: dict[PairKey, int] = {}
-        self.futures: list[Future[list[dict[str, Any]]]] = []
+        self.batches: list[tuple[Future[list[dict[str, Any]]], list[int]]] = []  # submitted, with their ids
+        self._submitted_ids: set[int] = set()
         self.taken = 0  # results handed to the catalog (counted by the pipeline)
         self._submitted = threading.Event()
         tasks, sizes = self._plan(golden, test, tokens)
@@ -65,23 +66,43 @@ class EarlyPairs:
             executor = pool.get() if isinstance(pool, PoolStarter) else pool
             if executor is not None:
                 for batch in batches(tasks, sizes):
-                    self.futures.append(executor.submit(run_batch, batch))
+                    ids = [t.pair_id for t in batch]
+                    self.batches.append((executor.submit(run_batch, batch), ids))
+                    self._submitted_ids.update(ids)
         except RuntimeError:  # the pool was shut down meanwhile: nothing was computed early
             pass
         finally:
             self._submitted.set()
 
-    def has(self, key: PairKey) -> bool:
-        return key in self.ids
+    @property
+    def futures(self) -> list[Future[list[dict[str, Any]]]]:
+        return [f for f, _ in self.batches]
 
-    def wait_submitted(self) -> Sequence[Future[list[dict[str, Any]]]]:
-        """Every future submitted (waits for the background thread to finish submitting)."""
+    def wait_submitted(self) -> None:
+        """Wait until the background thread has handed every batch to the pool (or given up)."""
         self._submitted.wait()
-        return self.futures
+
+    def has(self, key: PairKey) -> bool:
+        """Whether the pair reading these files was submitted (call `wait_submitted` first)."""
+        early_id = self.ids.get(key)
+        return early_id is not None and early_id in self._submitted_ids
+
+    def keep_only(self, claimed: Collection[PairKey]) -> list[Future[list[dict[str, Any]]]]:
+        """Cancel the batches none of whose pairs is claimed (an incremental re-run claims nothing); returns
+        the futures still wanted."""
+        wanted_ids = {self.ids[k] for k in claimed if k in self.ids}
+        kept = []
+        for future, ids in self.batches:
+            if wanted_ids.intersection(ids):
+                kept.append(future)
+            else:
+                future.cancel()
+        return kept
 
     def cancel(self) -> None:
-        for f in self.wait_submitted():
-            f.cancel()
+        self.wait_submitted()
+        for future, _ in self.batches:
+            future.cancel()
 
 
 def _numel(shape: tuple[int, ...] | None) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -310,7 +311,7 @@ def _run_in_pool(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], si
     reporter = _Reporter(sink, progress, stage, len(tasks), t0)
     claimed = {t.pair_id for t in claims.values()}
     rest = [(t, n) for t, n in zip(tasks, sizes) if not (isinstance(t, PairTask) and t.pair_id in claimed)]
-    todo = iter(batches([t for t, _ in rest], [n for _, n in rest]))
+    todo: deque[list[PairTask | StatsTask]] = deque(batches([t for t, _ in rest], [n for _, n in rest]))
     if isinstance(pool, PoolStarter):
         pool = pool.get()  # started in the background at the very beginning
     own_pool = pool is None
@@ -318,18 +319,13 @@ def _run_in_pool(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], si
         pool = new_pool(workers)
     early_futures: set[Future[list[dict[str, Any]]]] = set()
     if early is not None:
-        if claims:
-            early_futures = set(early.wait_submitted())
-        else:
-            early.cancel()
+        early_futures = set(early.keep_only(claims))
     try:
         inflight: dict[Future[list[dict[str, Any]]], int] = {}
 
         def submit_more() -> None:
-            while len(inflight) < 2 * workers:
-                nxt = next(todo, None)
-                if nxt is None:
-                    return
+            while len(inflight) < 2 * workers and todo:
+                nxt = todo.popleft()
                 inflight[pool.submit(run_batch, nxt)] = len(nxt)
 
         submit_more()
@@ -344,7 +340,11 @@ def _run_in_pool(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], si
             for f in finished:
                 if f in early_futures:
                     early_futures.discard(f)
-                    n_done += _take_early(f.result(), early, claims, sink) if early is not None else 0
+                    if early is not None and not f.cancelled():
+                        n_done += _take_early(f.result(), early, claims, sink)
+                    if not early_futures:  # whatever the early batches did not deliver is computed now
+                        left = [t for t in claims.values() if not sink.is_done(t)]
+                        todo.extend(batches(left, [0] * len(left)))
                     continue
                 n_done += inflight.pop(f)
                 for res in f.result():
@@ -399,6 +399,8 @@ def compute_pending(con: duckdb.DuckDBPyConnection, cmp_id: int, golden: RunFram
     first_of: dict[tuple[Any, ...], int] = {}
     aliases: dict[int, list[tuple[int, int, int]]] = {}
     claims: dict[PairKey, PairTask] = {}
+    if early is not None:
+        early.wait_submitted()
     for pair_id, g_tid, t_tid, transform in zip(order["pair_id"], order["golden_tensor_id"],
                                                 order["test_tensor_id"], order["transform"]):
         pair_id, g_tid, t_tid, transform = int(pair_id), int(g_tid), int(t_tid), _none(transform)
