@@ -238,6 +238,49 @@ def test_views_repeat_calls_and_kwargs(tmp_path: Path) -> None:
     torch.testing.assert_close(load(d / "0" / "root.lin" / "input_0.pth"), model.lin(x).detach())
 
 
+class _Reshape(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(x.shape)  # a new tensor object over the very same bytes
+
+
+class _AddInPlace(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.add_(1.0)
+
+
+class _Chain(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.same = _Reshape()
+        self.bump = _AddInPlace()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bump(self.same(self.lin(x)))
+
+
+def test_views_of_the_same_bytes_are_written_once_and_in_place_changes_are_not(tmp_path: Path) -> None:
+    model = _Chain()
+    handle = register_hook(model, DumpConfig(dump_path=tmp_path))
+    with torch.no_grad():
+        x = torch.randn(4, 8)
+        before_bump = model.lin(x).clone()
+        model(x)
+    handle.remove()
+    d = handle.dump_dir
+    assert d is not None
+    tok = d / "0"
+    # lin's output, same's input and same's output (a view object) are one file under three names
+    inodes = {os.stat(tok / m / f).st_ino for m, f in
+              (("root.lin", "output.pth"), ("root.same", "input_0.pth"), ("root.same", "output.pth"))}
+    assert len(inodes) == 1
+    torch.testing.assert_close(load(tok / "root.same" / "output.pth"), before_bump)
+    # bump changed the tensor in place: its output is a new file with the new values; the earlier ones keep theirs
+    assert os.stat(tok / "root.bump" / "output.pth").st_ino not in inodes
+    torch.testing.assert_close(load(tok / "root.bump" / "output.pth"), before_bump + 1.0)
+    torch.testing.assert_close(load(tok / "root.lin" / "output.pth"), before_bump)
+
+
 def test_remove_restores_and_second_model(llama, prompt, tmp_path: Path) -> None:
     ref = llama(prompt).logits
     other = Twice()

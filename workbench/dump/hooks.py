@@ -101,6 +101,7 @@ class DumpHandle:
         self._order: list[str] = []
         self._stack: list[str] = []
         self._seen: dict[int, _Seen] = {}
+        self._views: dict[tuple[Any, ...], _Seen] = {}
         self._api_counts: dict[str, int] = {}
         self._last: tuple[str, str, Any] | None = None
         self._mode: ApiDumpMode | None = None
@@ -161,6 +162,7 @@ class DumpHandle:
         self.token += 1
         self.active = self.token in self.config.token_set
         self._seen.clear()
+        self._views.clear()
         self._stack.clear()
         self._api_counts.clear()
         self._last = None
@@ -180,6 +182,7 @@ class DumpHandle:
             self._dump_outputs(name, type_name, last_out)
             self._last = None
         self._seen.clear()
+        self._views.clear()
         assert self.manifest is not None
         manifest = self.manifest
         snapshot = manifest.snapshot(self.token)
@@ -318,7 +321,9 @@ class DumpHandle:
         return to_host(stats, fresh=True)
 
     def _remember(self, tensor: torch.Tensor) -> _Seen | None:
-        """The record of this very tensor (same object, not modified since) if seen in this token."""
+        """The record of this tensor's data if already handed over in this token: the same tensor object, or
+        another tensor object viewing the same bytes the same way (same storage, offset, shape, stride, dtype),
+        and not modified since (a module returning `x.view(x.shape)` of its input: one file, two names)."""
         try:
             version = tensor._version
         except RuntimeError:  # inference tensors have no version counter: never de-duplicated
@@ -327,10 +332,22 @@ class DumpHandle:
         seen = self._seen.get(key)
         if seen is not None and seen.ref() is tensor and seen.version == version:
             return seen
+        view = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride(),
+                tensor.dtype, tensor.device)
+        same = self._views.get(view)
+        if same is not None:
+            earlier = same.ref()
+            # the earlier tensor still alive keeps its storage alive: the address cannot have been reused;
+            # views share one version counter, so an in-place change since then shows here too
+            if earlier is not None and same.version == version and earlier._version == version:
+                self._seen[key] = same
+                return same
         if len(self._seen) >= _CACHE_LIMIT:
             self._seen.clear()
+            self._views.clear()
         seen = _Seen(weakref.ref(tensor), version)
         self._seen[key] = seen
+        self._views[view] = seen
         return seen
 
     # -- errors, flushing, removal --------------------------------------------------------------
