@@ -6,6 +6,7 @@ import csv
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -385,3 +386,31 @@ def test_seed_all_sets_msits_switches(monkeypatch: pytest.MonkeyPatch) -> None:
         torch.use_deterministic_algorithms(False)
     with pytest.raises(ValueError, match="seed"):
         seed_all("7")  # type: ignore[arg-type]
+
+
+def _task_ids() -> set[int]:
+    return {int(t) for t in os.listdir("/proc/self/task")}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or not hasattr(os, "SCHED_IDLE"), reason="Linux only")
+def test_writer_threads_take_only_idle_cpu(llama, prompt, tmp_path: Path) -> None:
+    """Writers are SCHED_IDLE; a tensor dump's writer owns an OpenMP team (so libgomp stops spinning idle
+    workers), a statistics-only dump's does not, and both are gone after remove()."""
+    torch.randn(1 << 20).sum()  # this thread's own OpenMP team exists before counting
+    for mode, team in ((0, True), (1, False)):
+        before = _task_ids()
+        handle = register_hook(llama, DumpConfig(dump_path=tmp_path / str(mode), dump_statistics_mode=mode))
+        handle.flush()  # the writer threads have started and run their set-up
+        writers = [t.native_id for t in handle.writer._threads]
+        assert writers and all(os.sched_getscheduler(tid) == os.SCHED_IDLE for tid in writers)
+        added = _task_ids() - before
+        openmp_workers = (torch.get_num_threads() - 1) * len(writers) if team else 0
+        assert len(added) == len(writers) + openmp_workers
+        llama.generate(prompt, max_new_tokens=1, do_sample=False, pad_token_id=0)
+        handle.remove()
+        # join() returns once the Python thread is done; the OS thread (libgomp's team destructor) a moment later
+        deadline = time.monotonic() + 5
+        while added & _task_ids() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not (added & _task_ids())  # the writers and their OpenMP workers have exited
+        assert list(handle.dump_dir.glob("0/*/output*.pth" if team else "0/*/statistics.csv"))

@@ -111,8 +111,10 @@ class DumpHandle:
         self.dump_dir = _claim_dump_dir(config.dump_path, self.device)
         self._dir = str(self.dump_dir)
         self.manifest = Manifest(model, config.to_json(), self.dump_dir)
-        self.writer = AsyncWriter(config.writer_threads, config.max_queue_bytes, self._writer_error)
         self._want_tensors = config.dump_statistics_mode != 1
+        self.writer = AsyncWriter(
+            config.writer_threads, config.max_queue_bytes, self._writer_error, openmp_team=self._want_tensors
+        )
         self._want_stats = config.dump_statistics_mode != 0 or config.analyze
         self._analyze_csv = str(self.dump_dir.parent.parent / "tensor_analyze.csv")
         write_model_tree(model, self.dump_dir)

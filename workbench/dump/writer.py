@@ -65,8 +65,12 @@ def _stat_values(stats: torch.Tensor | None, ready: Ready | None, count: int) ->
 class AsyncWriter:
     """Writer threads with per-thread FIFO queues and a byte bound on queued tensors."""
 
-    def __init__(self, threads: int, max_bytes: int, on_error: Callable[[str], None]) -> None:
+    def __init__(
+        self, threads: int, max_bytes: int, on_error: Callable[[str], None], openmp_team: bool = False
+    ) -> None:
+        """`openmp_team`: see `run_when_idle`; worth it when the threads will write tensors."""
         self._max_bytes = max_bytes
+        self._openmp_team = openmp_team
         self._pending_bytes = 0
         self._cond = threading.Condition()
         self._on_error = on_error
@@ -150,13 +154,7 @@ class AsyncWriter:
 
     # -- writer threads -------------------------------------------------------------------------
     def _run(self, q: queue.SimpleQueue[Any]) -> None:
-        # Lowest OS priority: writing fills idle CPU time and never preempts the model's compute
-        # threads (with as many intra-op threads as cores, a preempted one stalls every parallel op).
-        # Memory stays bounded by the byte limit on the queue either way.
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except (AttributeError, OSError):  # not Linux / not permitted: normal priority
-            pass
+        run_when_idle(self._openmp_team)
         rows: dict[str, io.StringIO] = {}
         self._local.rows = rows
         while True:
@@ -261,6 +259,32 @@ class AsyncWriter:
             self._on_error(f"manifest: {_reason(exc)}")
         finally:
             barrier.done.set()
+
+
+def run_when_idle(openmp_team: bool) -> None:
+    """Let the calling thread use only CPU time the model leaves idle.
+
+    The thread is scheduled `SCHED_IDLE` (nice 19 where that is refused): any normal thread that wakes
+    takes its core at once. With nice 19 alone, an intra-op worker woken for the next parallel op may
+    wait a scheduler slice behind the writer while the whole op waits at its barrier.
+    With `openmp_team` the thread also runs one parallel op, so libgomp gives it an OpenMP team of its
+    own. libgomp spins idle workers for milliseconds after every parallel op (GOMP_SPINCOUNT), which on
+    a machine whose cores are all intra-op threads leaves a background thread no CPU until the model
+    stops. Once libgomp manages more threads than there are CPUs it spins only briefly, as
+    GOMP_SPINCOUNT documents. That costs the model a wake-up per parallel op, so it pays only when
+    there is much to write (tensors, not statistics rows). The effect ends when this thread exits and its
+    team goes with it. Other OpenMP runtimes are left as they are.
+    """
+    tid = threading.get_native_id()
+    try:
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):  # not Linux: the lowest nice level, or normal priority
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, 19)
+        except (AttributeError, OSError):
+            pass
+    if openmp_team and torch.get_num_threads() > 1:
+        torch.empty(1 << 18).fill_(0.0)  # above ATen's grain size (32768): a parallel region
 
 
 def _reason(exc: BaseException) -> str:
