@@ -57,6 +57,19 @@ def small_catalog(small_catalog_master: Path, tmp_path: Path) -> Path:
     return dst
 
 
+# The demo's metrics are shown to 6 digits in snapshots. CPU kernels pick their code by instruction set (AVX-512,
+# native bf16 dot products, AMX) and so round differently from machine to machine; capped at AVX2 with a fixed thread
+# count, every x86-64 machine with AVX2 runs the same code and gets the same digits.
+PINNED_NUMERICS = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_CBWR": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "OMP_NUM_THREADS": "2",
+    "MKL_NUM_THREADS": "2",
+}
+
+
 @pytest.fixture(scope="session")
 def demo_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`wb demo --out DIR --no-tui` run once per session (real Llama dumps, torch golden vs ATB-structured test)."""
@@ -66,7 +79,7 @@ def demo_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if "demo" in _BUILT:
         return _BUILT["demo"]
     out = tmp_path_factory.mktemp("wb_app_demo")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, **PINNED_NUMERICS, "PYTHONPATH": str(REPO)}
     res = subprocess.run([sys.executable, "-m", "workbench.cli", "demo", "--out", str(out), "--no-tui"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     catalog = out / "catalog.duckdb"
