@@ -392,25 +392,60 @@ def _task_ids() -> set[int]:
     return {int(t) for t in os.listdir("/proc/self/task")}
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or not hasattr(os, "SCHED_IDLE"), reason="Linux only")
-def test_writer_threads_take_only_idle_cpu(llama, prompt, tmp_path: Path) -> None:
-    """Writers are SCHED_IDLE; a tensor dump's writer owns an OpenMP team (so libgomp stops spinning idle
-    workers), a statistics-only dump's does not, and both are gone after remove()."""
+LINUX_THREADS = pytest.mark.skipif(
+    not os.path.isdir("/proc/self/task") or not hasattr(os, "SCHED_IDLE"), reason="Linux only"
+)
+
+
+def _check_writers(llama, prompt, cfg: DumpConfig, team: bool | None, threads: int) -> None:
+    """Register, check the writer threads (SCHED_IDLE, with or without an OpenMP team), dump one token, remove.
+
+    `team=None`: as the dumper decided from what creating the dump folder cost on this storage."""
     torch.randn(1 << 20).sum()  # this thread's own OpenMP team exists before counting
-    for mode, team in ((0, True), (1, False)):
-        before = _task_ids()
-        handle = register_hook(llama, DumpConfig(dump_path=tmp_path / str(mode), dump_statistics_mode=mode))
-        handle.flush()  # the writer threads have started and run their set-up
-        writers = [t.native_id for t in handle.writer._threads]
-        assert writers and all(os.sched_getscheduler(tid) == os.SCHED_IDLE for tid in writers)
-        added = _task_ids() - before
-        openmp_workers = (torch.get_num_threads() - 1) * len(writers) if team else 0
-        assert len(added) == len(writers) + openmp_workers
-        llama.generate(prompt, max_new_tokens=1, do_sample=False, pad_token_id=0)
-        handle.remove()
-        # join() returns once the Python thread is done; the OS thread (libgomp's team destructor) a moment later
-        deadline = time.monotonic() + 5
-        while added & _task_ids() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert not (added & _task_ids())  # the writers and their OpenMP workers have exited
-        assert list(handle.dump_dir.glob("0/*/output*.pth" if team else "0/*/statistics.csv"))
+    before = _task_ids()
+    handle = register_hook(llama, cfg)
+    handle.flush()  # the writer threads have started and run their set-up
+    if team is None:
+        team = handle.manifest.meta["writer"]["openmp_team"]
+    writers = [t.native_id for t in handle.writer._threads]
+    assert len(writers) == threads
+    assert all(os.sched_getscheduler(tid) == os.SCHED_IDLE for tid in writers)
+    added = _task_ids() - before
+    openmp_workers = (torch.get_num_threads() - 1) * len(writers) if team else 0
+    assert len(added) == len(writers) + openmp_workers
+    llama.generate(prompt, max_new_tokens=1, do_sample=False, pad_token_id=0)
+    handle.remove()
+    # join() returns once the Python thread is done; the OS thread (libgomp's team destructor) a moment later
+    deadline = time.monotonic() + 5
+    while added & _task_ids() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not (added & _task_ids())  # the writers and their OpenMP workers have exited
+    manifest = json.loads((handle.dump_dir / "wb_manifest.json").read_text())
+    assert manifest["writer"]["threads"] == threads and manifest["writer"]["openmp_team"] == team
+    assert list(handle.dump_dir.glob("0/*/output*.pth" if cfg.dump_statistics_mode != 1 else "0/*/statistics.csv"))
+
+
+@LINUX_THREADS
+def test_writer_threads_take_only_idle_cpu(llama, prompt, tmp_path: Path, monkeypatch) -> None:
+    """Writers are SCHED_IDLE; a tensor dump's writer owns an OpenMP team (so libgomp stops spinning idle
+    workers), a statistics-only dump's does not unless creating a folder on that storage is slow."""
+    _check_writers(llama, prompt, DumpConfig(dump_path=tmp_path / "full", writer_threads=1), team=True, threads=1)
+    cfg = DumpConfig(dump_path=tmp_path / "stats", dump_statistics_mode=1, writer_threads=1)
+    _check_writers(llama, prompt, cfg, team=None, threads=1)
+    import workbench.dump.hooks as hooks
+
+    monkeypatch.setattr(hooks, "_SLOW_FOLDER_S", 10.0)  # no storage is that slow: no team
+    _check_writers(llama, prompt, cfg, team=False, threads=1)
+
+
+@LINUX_THREADS
+def test_slow_storage_gets_a_team_and_a_second_writer(llama, prompt, tmp_path: Path, monkeypatch) -> None:
+    """Where creating a folder is slow (threshold 0 here: every folder is), statistics-only dumps write while the
+    model runs too, with two threads unless the user chose the count."""
+    import workbench.dump.hooks as hooks
+
+    monkeypatch.setattr(hooks, "_SLOW_FOLDER_S", 0.0)
+    auto = DumpConfig(dump_path=tmp_path / "auto", dump_statistics_mode=1)
+    _check_writers(llama, prompt, auto, team=True, threads=max(2, auto.writer_threads))
+    chosen = DumpConfig(dump_path=tmp_path / "chosen", dump_statistics_mode=1, writer_threads=1)
+    _check_writers(llama, prompt, chosen, team=True, threads=1)

@@ -63,7 +63,8 @@ class DumpConfig:
     1 statistics.csv only, 2 both; dump_last_logits: dump only the last submodule output of each token;
     mode: "module", "api" or a list of both; dump_weight: save every parameter once; layer_name: glob
     (`*` only) on module/API names; seed: call `seed_all(seed)` now.
-    writer_threads: background writer threads (default: by CPU count); max_queue_bytes: bound on the
+    writer_threads: background writer threads (default: by CPU count, at least 2 on storage where creating a
+    folder is slow); max_queue_bytes: bound on the
     bytes of tensors waiting to be written (the model waits when it is reached).
     """
 
@@ -134,6 +135,7 @@ class DumpConfig:
             raise DumpConfigError(f"DumpConfig: seed must be an int or None, got {seed!r}")
         self.seed = seed
 
+        self.writer_threads_auto = writer_threads is None  # the dumper may add a thread for slow storage
         if writer_threads is None:
             writer_threads = min(4, max(1, (os.cpu_count() or 1) // 4))
         if isinstance(writer_threads, bool) or not isinstance(writer_threads, int) or not 1 <= writer_threads <= 64:

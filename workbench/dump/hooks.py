@@ -32,6 +32,10 @@ from workbench.formats.model import DumpError
 log = logging.getLogger("workbench.dump")
 
 _CACHE_LIMIT = 4096  # tensors remembered per token for de-duplication (weak references only)
+# Creating a folder slower than this marks slow storage (network filesystems; some VM disks, where we measured
+# 0.3-2 ms against ~40 us on a healthy local disk and ~10 us on tmpfs). msit's layout makes a folder and a file
+# per module per token, so there even a statistics-only dump has seconds of file creation to hide.
+_SLOW_FOLDER_S = 200e-6
 
 
 def model_device(model: nn.Module) -> str:
@@ -48,8 +52,12 @@ def _device_selected(device: str, device_id: int | None) -> bool:
     return device == f"{device.rstrip('0123456789')}{device_id}"
 
 
-def _claim_dump_dir(root: Path, device: str) -> Path:
-    """Create `msit_dump_{TS}/torch_tensors/{device}_{pid}`; a later second of TS if it is taken."""
+def _claim_dump_dir(root: Path, device: str) -> tuple[Path, float]:
+    """Create `msit_dump_{TS}/torch_tensors/{device}_{pid}`; a later second of TS if it is taken.
+
+    Also returns the seconds the last folder took to create: a new folder in a new folder, as the dump
+    makes one per module per token, so it tells what the storage's metadata operations cost.
+    """
     now = int(time.time())
     leaf = f"{device}_{os.getpid()}"
     for shift in range(3600):
@@ -57,8 +65,9 @@ def _claim_dump_dir(root: Path, device: str) -> Path:
         folder = root / f"msit_dump_{stamp}" / "torch_tensors" / leaf
         try:
             folder.parent.mkdir(parents=True, mode=0o750, exist_ok=True)
+            start = time.perf_counter()
             folder.mkdir(mode=0o750)
-            return folder
+            return folder, time.perf_counter() - start
         except FileExistsError:
             continue
         except OSError as exc:
@@ -108,13 +117,24 @@ class DumpHandle:
         if not self.enabled:
             log.info("model is on %s, not device %s: nothing is dumped", self.device, config.device_id)
             return
-        self.dump_dir = _claim_dump_dir(config.dump_path, self.device)
+        self.dump_dir, folder_seconds = _claim_dump_dir(config.dump_path, self.device)
         self._dir = str(self.dump_dir)
         self.manifest = Manifest(model, config.to_json(), self.dump_dir)
         self._want_tensors = config.dump_statistics_mode != 1
-        self.writer = AsyncWriter(
-            config.writer_threads, config.max_queue_bytes, self._writer_error, openmp_team=self._want_tensors
-        )
+        # Much to write (tensors), or slow storage: the writers take an OpenMP team so that they write while
+        # the model runs (see `run_when_idle`); slow storage also gets a second thread, since file creation
+        # runs in parallel.
+        slow_storage = folder_seconds > _SLOW_FOLDER_S
+        threads = config.writer_threads
+        if slow_storage and config.writer_threads_auto:
+            threads = max(2, threads)
+        openmp_team = self._want_tensors or slow_storage
+        self.manifest.meta["writer"] = {
+            "threads": threads,
+            "openmp_team": openmp_team,
+            "folder_create_us": round(folder_seconds * 1e6),
+        }
+        self.writer = AsyncWriter(threads, config.max_queue_bytes, self._writer_error, openmp_team=openmp_team)
         self._want_stats = config.dump_statistics_mode != 0 or config.analyze
         self._analyze_csv = str(self.dump_dir.parent.parent / "tensor_analyze.csv")
         write_model_tree(model, self.dump_dir)
