@@ -68,7 +68,7 @@ class AsyncWriter:
     def __init__(
         self, threads: int, max_bytes: int, on_error: Callable[[str], None], openmp_team: bool = False
     ) -> None:
-        """`openmp_team`: see `run_when_idle`; worth it when the threads will write tensors."""
+        """`openmp_team`: see `run_when_idle`; worth it when there is much to write."""
         self._max_bytes = max_bytes
         self._openmp_team = openmp_team
         self._pending_bytes = 0
@@ -272,8 +272,8 @@ def run_when_idle(openmp_team: bool) -> None:
     a machine whose cores are all intra-op threads leaves a background thread no CPU until the model
     stops. Once libgomp manages more threads than there are CPUs it spins only briefly, as
     GOMP_SPINCOUNT documents. That costs the model a wake-up per parallel op, so it pays only when
-    there is much to write (tensors, not statistics rows). The effect ends when this thread exits and its
-    team goes with it. Other OpenMP runtimes are left as they are.
+    there is much to write (tensors; statistics rows only where each new file costs milliseconds). The effect
+    ends when this thread exits and its team goes with it. Other OpenMP runtimes are left as they are.
     """
     tid = threading.get_native_id()
     try:
