@@ -78,7 +78,7 @@ def _child(variant: str, size: dict[str, int], out_dir: str) -> dict[str, float]
         handle.remove()
     seconds = time.perf_counter() - start
     cpu = _cpu_seconds() - cpu_start
-    writer = json.loads(handle.manifest.path.read_text()).get("writer", {}) if handle and handle.manifest else {}
+    writer = handle.manifest.meta.get("writer", {}) if handle is not None and handle.manifest is not None else {}
     files = sum(len(f) for _, _, f in os.walk(out_dir))
     size_bytes = sum(os.path.getsize(os.path.join(d, x)) for d, _, f in os.walk(out_dir) for x in f)
     return {"seconds": seconds, "cpu": cpu, "files": files, "bytes": size_bytes, "writer": writer}
@@ -122,7 +122,7 @@ def _measure(variant: str, size: dict[str, int], dump_root: str) -> dict[str, fl
 
 
 def _create_cost(root: str, count: int = 100) -> float:
-    """CPU microseconds to create one file in a new folder under `root`, nested as a dump nests them
+    """CPU microseconds to create a folder and a file in it under `root`, nested as a dump nests them
     (`msit_dump_TS/torch_tensors/cpu_PID/TOKEN/MODULE/`). On some disks this, not the dumper, decides the figures:
     on a freshly booted VM's ext4 we saw ~0.6-0.9 ms in some folders and ~40 us in others of the same disk."""
     probe = tempfile.mkdtemp(prefix="wb_bench_probe_", dir=root)
@@ -147,28 +147,37 @@ def _writer_text(writer: dict[str, object] | None) -> str:
     return f"[writer: {writer.get('threads')} thread(s), {team}, folder {writer.get('folder_create_us')} us]"
 
 
+FULL_TARGET = 0.5  # a full dump's extra time, as a share of msit's extra time
+STATS_TARGET = 1.3  # a statistics-only run's time, as a multiple of the undumped run's
+
+FULL_SHARE = "full dump extra, ours / msit"
+STATS_RATIO = "statistics-only / undumped"
+
+
+def _extra_share(ours: float, theirs: float, undumped: float) -> float:
+    """Our extra time over the undumped run as a share of theirs (nan when theirs is not positive)."""
+    return (ours - undumped) / (theirs - undumped) if theirs > undumped else float("nan")
+
+
+def _verdict(what: str, value: float, target: float, spread: str = "") -> str:
+    return f"{what} = {value:.2f} ({spread}target <= {target}): {'PASS' if value <= target else 'FAIL'}"
+
+
 def _round_verdicts(rounds: list[dict[str, float]]) -> list[str]:
     """The targets as medians of per-round ratios: each round runs every variant once, back to back, so a
     slow spell on a shared machine moves the numerator and the denominator of a round's ratio alike."""
     full = [
-        (r["wb_full"] - r["undumped"]) / (r["msit_full"] - r["undumped"])
+        _extra_share(r["wb_full"], r["msit_full"], r["undumped"])
         for r in rounds
         if {"undumped", "wb_full", "msit_full"} <= r.keys() and r["msit_full"] > r["undumped"]
     ]
     stats = [r["wb_stats"] / r["undumped"] for r in rounds if {"undumped", "wb_stats"} <= r.keys()]
     out = []
-    if full:
-        m = statistics.median(full)
-        out.append(
-            f"wall, median of {len(full)} rounds: full dump extra, ours / msit = {m:.2f} "
-            f"(rounds {min(full):.2f}-{max(full):.2f}; target <= 0.5): {'PASS' if m <= 0.5 else 'FAIL'}"
-        )
-    if stats:
-        m = statistics.median(stats)
-        out.append(
-            f"wall, median of {len(stats)} rounds: statistics-only / undumped = {m:.2f} "
-            f"(rounds {min(stats):.2f}-{max(stats):.2f}; target <= 1.3): {'PASS' if m <= 1.3 else 'FAIL'}"
-        )
+    for what, values, target in ((FULL_SHARE, full, FULL_TARGET), (STATS_RATIO, stats, STATS_TARGET)):
+        if values:
+            spread = f"rounds {min(values):.2f}-{max(values):.2f}; "
+            out.append(f"wall, median of {len(values)} rounds: " + _verdict(what, statistics.median(values), target,
+                                                                            spread))
     return out
 
 
@@ -214,7 +223,7 @@ def main() -> None:
     msit_problem = _msit_available()
     variants = [v for v in VARIANTS if not v.startswith("msit_") or msit_problem is None]
     create_us = _create_cost(args.dump_root)
-    print(f"dump root {args.dump_root}: {create_us:.0f} us of CPU to create a file in a new folder", flush=True)
+    print(f"dump root {args.dump_root}: {create_us:.0f} us of CPU to create a folder and a file in it", flush=True)
     best: dict[str, dict[str, float]] = {}
     rounds: list[dict[str, float]] = []  # wall seconds per variant, one dict per interleaved round
     failures: dict[str, str] = {}
@@ -267,22 +276,13 @@ def main() -> None:
         if not ref:
             continue
         if "wb_full" in best and "msit_full" in best:
-            ours, theirs = best["wb_full"][key] - ref, best["msit_full"][key] - ref
-            share = ours / theirs if theirs > 0 else float("nan")
-            verdicts.append(
-                f"{label}: full dump extra, ours / msit = {share:.2f} (target <= 0.5): "
-                f"{'PASS' if share <= 0.5 else 'FAIL'}"
-            )
+            share = _extra_share(best["wb_full"][key], best["msit_full"][key], ref)
+            verdicts.append(f"{label}: " + _verdict(FULL_SHARE, share, FULL_TARGET))
         if "wb_stats" in best and "msit_stats" in best:
-            ours, theirs = best["wb_stats"][key] - ref, best["msit_stats"][key] - ref
-            share = ours / theirs if theirs > 0 else float("nan")
+            share = _extra_share(best["wb_stats"][key], best["msit_stats"][key], ref)
             verdicts.append(f"{label}: statistics-only extra, ours / msit's statistics-only = {share:.2f} (no target)")
         if "wb_stats" in best:
-            ratio = best["wb_stats"][key] / ref
-            verdicts.append(
-                f"{label}: statistics-only / undumped = {ratio:.2f} (target <= 1.3): "
-                f"{'PASS' if ratio <= 1.3 else 'FAIL'}"
-            )
+            verdicts.append(f"{label}: " + _verdict(STATS_RATIO, best["wb_stats"][key] / ref, STATS_TARGET))
     verdicts += _round_verdicts(rounds)
     verdicts += [f"{v}: {why}" for v, why in failures.items()]
     report = "\n".join(lines + [""] + [f"- {v}" for v in verdicts])

@@ -278,7 +278,7 @@ def run_when_idle(openmp_team: bool) -> None:
     tid = threading.get_native_id()
     try:
         os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):  # not Linux: the lowest nice level, or normal priority
+    except (AttributeError, OSError):  # not Linux, or refused: the lowest nice level, else normal priority
         try:
             os.setpriority(os.PRIO_PROCESS, tid, 19)
         except (AttributeError, OSError):
