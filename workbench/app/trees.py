@@ -117,11 +117,20 @@ class TopologyTree(Tree[TreeRow]):
         _ = self._tree_lines  # rebuild line numbers after expanding
         if self.cursor_node is not target:
             self.move_cursor(target, animate=False)
-        self.scroll_to_node(target, animate=False)
+        self._center_on(target)
         # a reveal right after start-up can run before layout gives this tree its final height, and the
         # scroll above is clamped to the size it has now: scroll again once the screen has been laid out
-        self.call_after_refresh(self.scroll_to_node, target, animate=False)
+        self.call_after_refresh(self._center_on, target)
         return True
+
+    def _center_on(self, node: TreeNode[int]) -> None:
+        """Scroll so that `node` is in the middle: where it lands then depends only on the tree's final
+        height, not on where the view was (a minimal scroll left it one line apart between runs)."""
+        before, self.center_scroll = self.center_scroll, True
+        try:
+            self.scroll_to_node(node, animate=False)
+        finally:
+            self.center_scroll = before
 
     def next_failing(self, start: int | None, step: int = 1) -> int | None:
         """The next (or previous) failing node after `start` in execution order, wrapping around."""
