@@ -64,8 +64,13 @@ def child_first_paint(catalog: str, started: float) -> None:
 def first_paint(catalog: Path) -> dict[str, float]:
     started = time.time()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, __file__, "--child", str(catalog), str(started)], env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", str(catalog), str(started)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("{")), None)
     if line is None:
         raise SystemExit(f"child failed: {out.stderr[-2000:]}")
@@ -119,8 +124,9 @@ async def repaints(catalog: Path, moves: int) -> dict[str, list[float]]:
             painted.clear()
             t0 = time.perf_counter()
             await pilot.press("right" if i % 2 == 0 else "left")
-            times["token"].append(await first_paint_after(
-                t0, lambda cur, tok, col=col, token=token: cur[1] == col and tok == token))
+            times["token"].append(
+                await first_paint_after(t0, lambda cur, tok, col=col, token=token: cur[1] == col and tok == token)
+            )
             await pilot.pause()
     return times
 
@@ -173,17 +179,24 @@ def main() -> None:
     ref_tok, _ = stats(ref["token"])
     print(f"catalog: {big} ({n_pairs:,} compared pairs, {big.stat().st_size / 2**20:.0f} MiB)")
     runs = ", ".join(f"{r['first_paint_s']:.2f}" for r in fp_big)
-    print(f"first paint, big catalog:   {best_big:.2f} s (best of 3; runs {runs})  target {FIRST_PAINT_TARGET} s  "
-          f"ratio {best_big / FIRST_PAINT_TARGET:.2f}")
+    print(
+        f"first paint, big catalog:   {best_big:.2f} s (best of 3; runs {runs})  target {FIRST_PAINT_TARGET} s  "
+        f"ratio {best_big / FIRST_PAINT_TARGET:.2f}"
+    )
     print(f"first paint, tiny catalog:  {best_tiny:.2f} s   big/tiny ratio {best_big / best_tiny:.2f}")
     print(f"peak RSS: big {rss_big:.0f} MiB, tiny {rss_tiny:.0f} MiB   big/tiny ratio {rss_big / rss_tiny:.2f}")
-    print(f"cursor move -> repainted: median {cur_med:.1f} ms, p95 {cur_p95:.1f} ms  "
-          f"target {REPAINT_TARGET_MS:.0f} ms  p95 ratio {cur_p95 / REPAINT_TARGET_MS:.2f}  "
-          f"(tiny catalog median {ref_cur:.1f} ms, big/tiny {cur_med / ref_cur:.2f})")
-    print(f"token change -> heatmap and both trees repainted: median {tok_med:.1f} ms, p95 {tok_p95:.1f} ms  "
-          f"target {REPAINT_TARGET_MS:.0f} ms  p95 ratio {tok_p95 / REPAINT_TARGET_MS:.2f}  "
-          f"(tiny catalog median {ref_tok:.1f} ms, big/tiny {tok_med / ref_tok:.2f})")
+    print(
+        f"cursor move -> repainted: median {cur_med:.1f} ms, p95 {cur_p95:.1f} ms  "
+        f"target {REPAINT_TARGET_MS:.0f} ms  p95 ratio {cur_p95 / REPAINT_TARGET_MS:.2f}  "
+        f"(tiny catalog median {ref_cur:.1f} ms, big/tiny {cur_med / ref_cur:.2f})"
+    )
+    print(
+        f"token change -> heatmap and both trees repainted: median {tok_med:.1f} ms, p95 {tok_p95:.1f} ms  "
+        f"target {REPAINT_TARGET_MS:.0f} ms  p95 ratio {tok_p95 / REPAINT_TARGET_MS:.2f}  "
+        f"(tiny catalog median {ref_tok:.1f} ms, big/tiny {tok_med / ref_tok:.2f})"
+    )
     print(f"load average while measuring: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+
 
 if __name__ == "__main__":
     main()

@@ -35,12 +35,24 @@ def build_dumps(base: Path, quick: bool) -> tuple[Path, Path]:
     from workbench.dump import DumpConfig, register_hook
 
     if quick:
-        cfg = LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
-                          num_key_value_heads=8, vocab_size=4000)
+        cfg = LlamaConfig(
+            hidden_size=256,
+            intermediate_size=688,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=8,
+            vocab_size=4000,
+        )
         prompt_len = 96
     else:
-        cfg = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
-                          num_key_value_heads=16, vocab_size=32000)
+        cfg = LlamaConfig(
+            hidden_size=1024,
+            intermediate_size=2816,
+            num_hidden_layers=8,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            vocab_size=32000,
+        )
         prompt_len = 384
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).eval()
@@ -89,8 +101,13 @@ def run_timed(cmd: list[str], cwd: Path) -> tuple[float, int, str]:
     """Wall time, peak RSS (KiB) of the command's process tree, output tail."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
-    proc = subprocess.run(["/usr/bin/time", "-f", "MAXRSS_KB=%M", *cmd], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.run(
+        ["/usr/bin/time", "-f", "MAXRSS_KB=%M", *cmd],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     dt = time.perf_counter() - t0
     out = proc.stdout + proc.stderr
     rss = max(before, 0)
@@ -129,43 +146,59 @@ def main() -> None:
     msit_runs: list[tuple[float, int, int]] = []
     for i in range(args.repeat):  # interleaved, so both tools see the same machine load
         shutil.rmtree(out_wb, ignore_errors=True)
-        t_wb, rss_wb, log_wb = run_timed([wb, "compare", "-gp", str(golden), "-mp", str(test), "-o", str(out_wb),
-                                          "--workers", str(args.workers)], base)
+        t_wb, rss_wb, log_wb = run_timed(
+            [wb, "compare", "-gp", str(golden), "-mp", str(test), "-o", str(out_wb), "--workers", str(args.workers)],
+            base,
+        )
         pairs = next((int(line.split()[2]) for line in log_wb.splitlines() if line.startswith("pairs compared:")), 0)
         wb_runs.append((t_wb, rss_wb, pairs))
-        print(f"run {i + 1}: wb compare   {t_wb:6.2f} s  {pairs} pairs  {pairs / t_wb:7.1f} pairs/s  "
-              f"{size_mb / t_wb:6.1f} MB/s  peak RSS {rss_wb / 1024:.0f} MiB (workers {args.workers})")
+        print(
+            f"run {i + 1}: wb compare   {t_wb:6.2f} s  {pairs} pairs  {pairs / t_wb:7.1f} pairs/s  "
+            f"{size_mb / t_wb:6.1f} MB/s  peak RSS {rss_wb / 1024:.0f} MiB (workers {args.workers})"
+        )
         if not has_msit:
             continue
         shutil.rmtree(out_msit, ignore_errors=True)
         out_msit.mkdir()
-        t_ms, rss_ms, _log = run_timed([msit, "llm", "compare", "-gp", str(golden), "-mp", str(test),
-                                          "-o", str(out_msit)], base)
+        t_ms, rss_ms, _log = run_timed(
+            [msit, "llm", "compare", "-gp", str(golden), "-mp", str(test), "-o", str(out_msit)], base
+        )
         reports = list(out_msit.glob("msit_cmp_report_*"))
         msit_pairs = count_msit_rows(reports)
         msit_runs.append((t_ms, rss_ms, msit_pairs))
-        print(f"run {i + 1}: msit compare {t_ms:6.2f} s  {msit_pairs} pairs  {msit_pairs / t_ms:7.1f} pairs/s  "
-              f"peak RSS {rss_ms / 1024:.0f} MiB  ({', '.join(r.name for r in reports) or 'no report'})")
+        print(
+            f"run {i + 1}: msit compare {t_ms:6.2f} s  {msit_pairs} pairs  {msit_pairs / t_ms:7.1f} pairs/s  "
+            f"peak RSS {rss_ms / 1024:.0f} MiB  ({', '.join(r.name for r in reports) or 'no report'})"
+        )
     wb_med = statistics.median(r[0] for r in wb_runs)
     wb_pairs = wb_runs[0][2]
-    print(f"wb compare:   median {wb_med:.2f} s, best {min(r[0] for r in wb_runs):.2f} s of {len(wb_runs)}: "
-          f"{wb_pairs / wb_med:.1f} pairs/s (median)")
+    print(
+        f"wb compare:   median {wb_med:.2f} s, best {min(r[0] for r in wb_runs):.2f} s of {len(wb_runs)}: "
+        f"{wb_pairs / wb_med:.1f} pairs/s (median)"
+    )
     if not msit_runs:
         print("msit not installed (pip install msit && msit install llm): no reference measured")
     else:
         ms_med = statistics.median(r[0] for r in msit_runs)
         ms_pairs = msit_runs[0][2]
-        print(f"msit compare: median {ms_med:.2f} s, best {min(r[0] for r in msit_runs):.2f} s of {len(msit_runs)}: "
-              f"{ms_pairs / ms_med:.1f} pairs/s (median)")
-        print(f"wall-time ratio msit/wb (medians): {ms_med / wb_med:.1f}x "
-              f"(wb compares {wb_pairs} pairs, msit {ms_pairs})")
+        print(
+            f"msit compare: median {ms_med:.2f} s, best {min(r[0] for r in msit_runs):.2f} s of {len(msit_runs)}: "
+            f"{ms_pairs / ms_med:.1f} pairs/s (median)"
+        )
+        print(
+            f"wall-time ratio msit/wb (medians): {ms_med / wb_med:.1f}x (wb compares {wb_pairs} pairs, msit {ms_pairs})"
+        )
         if ms_pairs:
             ratios = sorted((w[2] / w[0]) / (m[2] / m[0]) for w, m in zip(wb_runs, msit_runs))
-            print(f"throughput ratio wb/msit (pairs/s, medians): {(wb_pairs / wb_med) / (ms_pairs / ms_med):.1f}x "
-                  f"(per interleaved run: {', '.join(f'{r:.1f}' for r in ratios)}; target >= 10x)")
-        print(f"peak memory: wb {max(r[1] for r in wb_runs) / 1024:.0f} MiB, msit "
-              f"{max(r[1] for r in msit_runs) / 1024:.0f} MiB; "
-              f"largest tensor pair {largest_pair_mb(golden, test):.0f} MB")
+            print(
+                f"throughput ratio wb/msit (pairs/s, medians): {(wb_pairs / wb_med) / (ms_pairs / ms_med):.1f}x "
+                f"(per interleaved run: {', '.join(f'{r:.1f}' for r in ratios)}; target >= 10x)"
+            )
+        print(
+            f"peak memory: wb {max(r[1] for r in wb_runs) / 1024:.0f} MiB, msit "
+            f"{max(r[1] for r in msit_runs) / 1024:.0f} MiB; "
+            f"largest tensor pair {largest_pair_mb(golden, test):.0f} MB"
+        )
     if not args.keep:
         shutil.rmtree(base, ignore_errors=True)
 

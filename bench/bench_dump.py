@@ -176,8 +176,9 @@ def _round_verdicts(rounds: list[dict[str, float]]) -> list[str]:
     for what, values, target in ((FULL_SHARE, full, FULL_TARGET), (STATS_RATIO, stats, STATS_TARGET)):
         if values:
             spread = f"rounds {min(values):.2f}-{max(values):.2f}; "
-            out.append(f"wall, median of {len(values)} rounds: " + _verdict(what, statistics.median(values), target,
-                                                                            spread))
+            out.append(
+                f"wall, median of {len(values)} rounds: " + _verdict(what, statistics.median(values), target, spread)
+            )
     return out
 
 
@@ -207,8 +208,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small model smoke run; docs are not updated")
     parser.add_argument("--repeat", type=int, default=None, help="runs per variant, best kept (default 3, quick 1)")
     parser.add_argument("--no-docs", action="store_true", help="do not update docs/performance.md")
-    parser.add_argument("--dump-root", default="/tmp", help="where the dumps are written (default /tmp; /dev/shm "
-                        "takes the filesystem's per-file cost out of the comparison)")
+    parser.add_argument(
+        "--dump-root",
+        default="/tmp",
+        help="where the dumps are written (default /tmp; /dev/shm "
+        "takes the filesystem's per-file cost out of the comparison)",
+    )
     parser.add_argument("--title", default="Dumper", help="the docs/performance.md section this run rewrites")
     parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--size", help=argparse.SUPPRESS)

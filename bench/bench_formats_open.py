@@ -34,8 +34,9 @@ def make_torch_dump(dev: Path, n_files: int, numel: int, tokens: int = 2) -> lis
         names.append(base)
         kids = [f"{base}.{k}" for k in ("norm", "attn", "mlp")]
         names.extend(kids)
-        children.append({"name": base, "type": "Block",
-                         "children": [{"name": k, "type": "Op", "children": []} for k in kids]})
+        children.append(
+            {"name": base, "type": "Block", "children": [{"name": k, "type": "Op", "children": []} for k in kids]}
+        )
     dev.mkdir(parents=True)
     (dev / "model_tree.json").write_text(json.dumps({"name": "root", "type": "Net", "children": children}))
     gen = torch.Generator().manual_seed(0)
@@ -59,8 +60,9 @@ def make_atb_dump(dev: Path, n_files: int, numel: int, tokens: int = 2) -> None:
     payload = rng.standard_normal(numel).astype(np.float16)
     for tok in range(tokens):
         for i in range(n_layers):
-            for j, op in enumerate(("RmsNormOperation", "LinearOperation", "SelfAttentionOperation",
-                                    "ElewiseOperation")):
+            for j, op in enumerate(
+                ("RmsNormOperation", "LinearOperation", "SelfAttentionOperation", "ElewiseOperation")
+            ):
                 folder = dev / str(tok) / f"{i}_Decoder_layer" / f"{j}_{op}"
                 (folder / "before").mkdir(parents=True)
                 (folder / "after").mkdir()
@@ -106,18 +108,24 @@ def main() -> None:
         names = make_torch_dump(torch_dev, args.files, args.numel)
         man_dev = base / "m" / "torch_tensors" / "cpu_1"
         make_torch_dump(man_dev, args.files, args.numel)
-        (man_dev / "wb_manifest.json").write_text(json.dumps({"format": "wb-dump", "version": 1,
-                                                              "exec_order": {"0": names}}))
+        (man_dev / "wb_manifest.json").write_text(
+            json.dumps({"format": "wb-dump", "version": 1, "exec_order": {"0": names}})
+        )
         atb_dev = base / "a" / "tensors" / "0_1"
         make_atb_dump(atb_dev, args.files, args.numel)
-        for label, path in (("msit torch, data-flow order", torch_dev), ("msit torch, manifest", man_dev),
-                            ("ATB .bin", atb_dev)):
+        for label, path in (
+            ("msit torch, data-flow order", torch_dev),
+            ("msit torch, manifest", man_dev),
+            ("ATB .bin", atb_dev),
+        ):
             d = open_dump(path)
             assert not d.problems, d.problems[:3]
             ours = timed(lambda p=path: open_dump(p), args.repeat)
             ref = timed(lambda p=path: read_everything(p), args.repeat)
-            print(f"{label:30s} {len(d.tensors):5d} files  open_dump {ours:6.3f} s  "
-                  f"read-all reference {ref:6.3f} s  ratio {ref / ours:5.2f}x  ({d.order_source})")
+            print(
+                f"{label:30s} {len(d.tensors):5d} files  open_dump {ours:6.3f} s  "
+                f"read-all reference {ref:6.3f} s  ratio {ref / ours:5.2f}x  ({d.order_source})"
+            )
 
 
 if __name__ == "__main__":

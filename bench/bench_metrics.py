@@ -39,8 +39,8 @@ def _kl_divergence(g: torch.Tensor, m: torch.Tensor) -> tuple[float, str]:
 
 
 def _relative_euclidean_distance(g: torch.Tensor, m: torch.Tensor) -> tuple[float, str]:
-    s = (g ** 2).sum()
-    if s ** 0.5 <= FLOAT_EPSILON:
+    s = (g**2).sum()
+    if s**0.5 <= FLOAT_EPSILON:
         return 0.0, ""
     return torch.sqrt(((m - g) ** 2).sum() / s).item(), ""
 
@@ -58,8 +58,11 @@ REFERENCE_ALGS: dict[str, Callable[[torch.Tensor, torch.Tensor], tuple[float, st
 
 def msit_algorithms() -> tuple[str, dict[str, Callable[..., Any]]]:
     """msit's CMP_ALG_MAP when installed, else the re-implementation above."""
-    for mod in ("msit_llm.common.utils.cmp_algorithm", "components.utils.cmp_algorithm",
-                "msit_llm.compare.cmp_algorithm"):
+    for mod in (
+        "msit_llm.common.utils.cmp_algorithm",
+        "components.utils.cmp_algorithm",
+        "msit_llm.compare.cmp_algorithm",
+    ):
         try:
             return f"msit ({mod})", dict(importlib.import_module(mod).CMP_ALG_MAP)
         except (ImportError, AttributeError):
@@ -101,16 +104,22 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     print(f"reference: {name}; torch threads: {args.threads}")
     ratios = []
-    for shape, dtype in (((384, 1024), torch.bfloat16), ((384, 2816), torch.bfloat16),
-                         ((384, 2816), torch.float16), ((8, 384, 4096), torch.bfloat16)):
+    for shape, dtype in (
+        ((384, 1024), torch.bfloat16),
+        ((384, 2816), torch.bfloat16),
+        ((384, 2816), torch.float16),
+        ((8, 384, 4096), torch.bfloat16),
+    ):
         golden = torch.randn(shape, generator=gen) * 2
         golden[golden.abs() < 0.01] = 0.0  # some exact zeros, as after masks and activations
         test = golden.to(dtype)
         t_ref = _best(lambda g=golden, m=test: msit_compare(algs, g, m), args.repeat)
         t_ours = _best(lambda g=golden, m=test: compare_tensors(g, m), args.repeat)
         ratios.append(t_ref / t_ours)
-        print(f"{list(shape)!s:>16} fp32 vs {str(dtype).removeprefix('torch.'):<8} reference {t_ref * 1e3:8.2f} ms"
-              f"  ours {t_ours * 1e3:8.2f} ms  ratio {t_ref / t_ours:5.2f}x")
+        print(
+            f"{list(shape)!s:>16} fp32 vs {str(dtype).removeprefix('torch.'):<8} reference {t_ref * 1e3:8.2f} ms"
+            f"  ours {t_ours * 1e3:8.2f} ms  ratio {t_ref / t_ours:5.2f}x"
+        )
     print(f"geometric mean ratio {torch.tensor(ratios).log().mean().exp().item():.2f}x (target >= 3x)")
 
 

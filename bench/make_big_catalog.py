@@ -28,10 +28,18 @@ from workbench.analysis.born import refresh_verdicts
 from workbench.catalog.schema import COMPARISON_VIEW, SCHEMA_VERSION, TABLES_DDL
 
 OPS: tuple[tuple[str, str], ...] = (
-    ("input_layernorm", "LlamaRMSNorm"), ("q_proj", "Linear"), ("k_proj", "Linear"), ("v_proj", "Linear"),
-    ("rotary_emb", "LlamaRotaryEmbedding"), ("attn", "SDPA"), ("o_proj", "Linear"),
-    ("post_attention_layernorm", "LlamaRMSNorm"), ("gate_proj", "Linear"), ("up_proj", "Linear"),
-    ("act_fn", "SiLU"), ("down_proj", "Linear"),
+    ("input_layernorm", "LlamaRMSNorm"),
+    ("q_proj", "Linear"),
+    ("k_proj", "Linear"),
+    ("v_proj", "Linear"),
+    ("rotary_emb", "LlamaRotaryEmbedding"),
+    ("attn", "SDPA"),
+    ("o_proj", "Linear"),
+    ("post_attention_layernorm", "LlamaRMSNorm"),
+    ("gate_proj", "Linear"),
+    ("up_proj", "Linear"),
+    ("act_fn", "SiLU"),
+    ("down_proj", "Linear"),
 )
 # the structure of workbench/data/thresholds.toml, as a comparison stores it
 THRESHOLDS = {
@@ -40,8 +48,11 @@ THRESHOLDS = {
     "default_dtype": "float32",
     "dtype": {
         "float32": {"cosine_similarity": {"min": 0.99999}, "relative_euclidean_distance": {"max": 0.001}},
-        "float16": {"cosine_similarity": {"min": 0.99}, "relative_euclidean_distance": {"max": 0.05},
-                    "kl_divergence": {"max": 0.005}},
+        "float16": {
+            "cosine_similarity": {"min": 0.99},
+            "relative_euclidean_distance": {"max": 0.05},
+            "kl_divergence": {"max": 0.005},
+        },
     },
 }
 
@@ -92,10 +103,19 @@ def _node_table(layers: int, ops: int, rename_test: bool) -> str:
     """
 
 
-def make_catalog(path: str | Path, *, layers: int = 80, ops: int = 12, tokens: int = 1000,
-                 defect_layer: int | None = None, defect_token: int | None = None,
-                 tensors: str | Path | None = None, hidden: int = 16, rename_test: bool = True,
-                 seed: int = 0) -> CatalogPlan:
+def make_catalog(
+    path: str | Path,
+    *,
+    layers: int = 80,
+    ops: int = 12,
+    tokens: int = 1000,
+    defect_layer: int | None = None,
+    defect_token: int | None = None,
+    tensors: str | Path | None = None,
+    hidden: int = 16,
+    rename_test: bool = True,
+    seed: int = 0,
+) -> CatalogPlan:
     """Write a fresh catalog at `path` (replacing it) and return what it holds."""
     path = Path(path)
     if path.exists():
@@ -116,19 +136,27 @@ def make_catalog(path: str | Path, *, layers: int = 80, ops: int = 12, tokens: i
     con.execute(f"CREATE TEMP TABLE m AS {_node_table(layers, ops, rename_test)}")
     tdir = Path(tensors) if tensors is not None else None
     for run_id, kind, dtype in ((1, "golden", "float32"), (2, "test", "float16")):
-        con.execute("INSERT INTO runs (run_id, kind, path, fingerprint, model_name, order_source, n_nodes, "
-                    "n_tensors, problems, meta) VALUES (?, 'msit_torch', ?, ?, 'synthetic-llama', 'recorded', "
-                    "?, ?, [], '{}')",
-                    [run_id, str((tdir or path.parent) / kind), f"synthetic-{kind}-{seed}",
-                     layers * per + 4, layers * per * tokens * 2 + 3 * tokens * 2])
+        con.execute(
+            "INSERT INTO runs (run_id, kind, path, fingerprint, model_name, order_source, n_nodes, "
+            "n_tensors, problems, meta) VALUES (?, 'msit_torch', ?, ?, 'synthetic-llama', 'recorded', "
+            "?, ?, [], '{}')",
+            [
+                run_id,
+                str((tdir or path.parent) / kind),
+                f"synthetic-{kind}-{seed}",
+                layers * per + 4,
+                layers * per * tokens * 2 + 3 * tokens * 2,
+            ],
+        )
         name_col = "name" if run_id == 1 else "test_name"
-        con.execute(f"INSERT INTO nodes (run_id, node_id, name, type, parent_id, depth, exec_order, end_order, "
-                    f"layer) SELECT {run_id}, node_id, {name_col}, type, parent_id, depth, exec_order, "
-                    f"CASE WHEN node_id = 0 THEN {last_exec} WHEN depth = 1 AND layer IS NOT NULL "
-                    f"THEN exec_order + {n_ops} ELSE exec_order END, layer FROM m")
+        con.execute(
+            f"INSERT INTO nodes (run_id, node_id, name, type, parent_id, depth, exec_order, end_order, "
+            f"layer) SELECT {run_id}, node_id, {name_col}, type, parent_id, depth, exec_order, "
+            f"CASE WHEN node_id = 0 THEN {last_exec} WHEN depth = 1 AND layer IS NOT NULL "
+            f"THEN exec_order + {n_ops} ELSE exec_order END, layer FROM m"
+        )
         # every module except the root has one input and one output per token
-        path_sql = (f"'{tdir / kind}/' || t.tok || '/' || n.node_id || '_' || io.io || '.npy'" if tdir
-                    else "NULL")
+        path_sql = f"'{tdir / kind}/' || t.tok || '/' || n.node_id || '_' || io.io || '.npy'" if tdir else "NULL"
         con.execute(f"""
             INSERT INTO tensors (run_id, tensor_id, token_id, node_id, io, idx, path, dtype, shape, layout, numel,
                                  min, max, mean, std, norm, nan_count, inf_count)
@@ -137,10 +165,15 @@ def make_catalog(path: str | Path, *, layers: int = 80, ops: int = 12, tokens: i
                    -3.0, 3.0, 0.0, 1.0, sqrt({hidden}), 0, 0
             FROM range({tokens}) t(tok), m n, (VALUES (0, 'in'), (1, 'out')) io(o, io)
             WHERE n.parent_id IS NOT NULL""")
-    con.execute("INSERT INTO comparisons (cmp_id, golden_run, test_run, mapping_digest, mapping, thresholds) "
-                "VALUES (1, 1, 2, 'none', NULL, ?)", [json.dumps(THRESHOLDS)])
-    con.execute("INSERT INTO node_matches SELECT 1, g.node_id, t.node_id, 'name', 1.0, 'same name' FROM nodes g "
-                "JOIN nodes t ON t.run_id = 2 AND t.name = g.name WHERE g.run_id = 1 AND g.parent_id IS NOT NULL")
+    con.execute(
+        "INSERT INTO comparisons (cmp_id, golden_run, test_run, mapping_digest, mapping, thresholds) "
+        "VALUES (1, 1, 2, 'none', NULL, ?)",
+        [json.dumps(THRESHOLDS)],
+    )
+    con.execute(
+        "INSERT INTO node_matches SELECT 1, g.node_id, t.node_id, 'name', 1.0, 'same name' FROM nodes g "
+        "JOIN nodes t ON t.run_id = 2 AND t.name = g.name WHERE g.run_id = 1 AND g.parent_id IS NOT NULL"
+    )
     con.execute("""
         INSERT INTO matches
         SELECT 1, row_number() OVER (ORDER BY gt.tensor_id) - 1, gt.token_id, gt.token_id, gt.tensor_id,
@@ -180,8 +213,9 @@ def make_catalog(path: str | Path, *, layers: int = 80, ops: int = 12, tokens: i
         _write_tensors(con, tdir, hidden, seed)
     con.execute("CHECKPOINT")
     con.close()
-    return CatalogPlan(path, layers, n_ops, tokens, n_pairs, d_layer, d_token,
-                       f"root.model.layers.{d_layer}.down_proj", nan_token)
+    return CatalogPlan(
+        path, layers, n_ops, tokens, n_pairs, d_layer, d_token, f"root.model.layers.{d_layer}.down_proj", nan_token
+    )
 
 
 def _write_tensors(con: duckdb.DuckDBPyConnection, tdir: Path, hidden: int, seed: int) -> None:
@@ -216,9 +250,11 @@ def main() -> None:
     args = ap.parse_args()
     start = time.perf_counter()
     plan = make_catalog(args.out, layers=args.layers, ops=args.ops, tokens=args.tokens, tensors=args.tensors)
-    print(f"{plan.path}: {plan.pairs:,} compared pairs ({plan.layers} layers x {plan.ops} ops x {plan.tokens} "
-          f"tokens), defect at {plan.defect_node} from token {plan.defect_token}, built in "
-          f"{time.perf_counter() - start:.1f} s")
+    print(
+        f"{plan.path}: {plan.pairs:,} compared pairs ({plan.layers} layers x {plan.ops} ops x {plan.tokens} "
+        f"tokens), defect at {plan.defect_node} from token {plan.defect_token}, built in "
+        f"{time.perf_counter() - start:.1f} s"
+    )
 
 
 if __name__ == "__main__":

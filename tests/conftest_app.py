@@ -43,8 +43,16 @@ def small_catalog_master(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if "small" in _BUILT:
         return _BUILT["small"]
     root = tmp_path_factory.mktemp("wb_app_catalog")
-    bench_module().make_catalog(root / "catalog.duckdb", layers=3, ops=12, tokens=5, defect_layer=1,
-                                defect_token=1, tensors=root / "tensors", seed=7)
+    bench_module().make_catalog(
+        root / "catalog.duckdb",
+        layers=3,
+        ops=12,
+        tokens=5,
+        defect_layer=1,
+        defect_token=1,
+        tensors=root / "tensors",
+        seed=7,
+    )
     _BUILT["small"] = root / "catalog.duckdb"
     return _BUILT["small"]
 
@@ -80,8 +88,14 @@ def demo_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return _BUILT["demo"]
     out = tmp_path_factory.mktemp("wb_app_demo")
     env = {**os.environ, **PINNED_NUMERICS, "PYTHONPATH": str(REPO)}
-    res = subprocess.run([sys.executable, "-m", "workbench.cli", "demo", "--out", str(out), "--no-tui"],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-m", "workbench.cli", "demo", "--out", str(out), "--no-tui"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     catalog = out / "catalog.duckdb"
     if res.returncode != 0 or not catalog.exists():
         pytest.fail(f"wb demo failed ({res.returncode}): {res.stderr[-2000:]}")

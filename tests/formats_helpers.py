@@ -21,14 +21,23 @@ def tiny_llama(seed: int = 0) -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=256)
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
 def _tree(module: nn.Module, name: str) -> dict[str, Any]:
-    return {"name": name, "type": type(module).__name__,
-            "children": [_tree(child, f"{name}.{cname}") for cname, child in module.named_children()]}
+    return {
+        "name": name,
+        "type": type(module).__name__,
+        "children": [_tree(child, f"{name}.{cname}") for cname, child in module.named_children()],
+    }
 
 
 def _save(obj: Any, folder: Path, base: str) -> None:
@@ -64,6 +73,7 @@ class MsitStyleDumper:
         def hook(_m: nn.Module, _args: Any) -> None:
             if self.token == 0:
                 self.call_order.append(name)
+
         return hook
 
     def _post(self, name: str):  # type: ignore[no-untyped-def]
@@ -76,6 +86,7 @@ class MsitStyleDumper:
                     _save(output, folder, "output")
                 elif isinstance(output, list | tuple):
                     _save(output, folder, "output")
+
         return hook
 
     def remove(self) -> None:
@@ -99,8 +110,10 @@ def dump_tiny_llama(dev_dir: Path, *, tokens: int = 2, tensor_part: int = 2, see
 
 # ---------------------------------------------------------------------------------------------- ATB
 
-def write_atb_op(folder: Path, op: dict[str, Any], *, seed: int = 0, shape: tuple[int, ...] = (2, 4),
-                 layout_code: int = 2) -> None:
+
+def write_atb_op(
+    folder: Path, op: dict[str, Any], *, seed: int = 0, shape: tuple[int, ...] = (2, 4), layout_code: int = 2
+) -> None:
     """Write one ATB op folder as the probe does: op_param.json, before/intensor*, after/outtensor*, children."""
     import numpy as np
 
@@ -112,17 +125,26 @@ def write_atb_op(folder: Path, op: dict[str, Any], *, seed: int = 0, shape: tupl
     (folder / "before").mkdir(exist_ok=True)
     (folder / "after").mkdir(exist_ok=True)
     for k in range(len(op.get("inTensors", []))):
-        atb_bin.write_bin(folder / "before" / f"intensor{k}.bin", rng.standard_normal(shape).astype(np.float16),
-                          "float16", layout_code=layout_code)
+        atb_bin.write_bin(
+            folder / "before" / f"intensor{k}.bin",
+            rng.standard_normal(shape).astype(np.float16),
+            "float16",
+            layout_code=layout_code,
+        )
     for k in range(len(op.get("outTensors", []))):
-        atb_bin.write_bin(folder / "after" / f"outtensor{k}.bin", rng.standard_normal(shape).astype(np.float16),
-                          "float16", layout_code=layout_code)
+        atb_bin.write_bin(
+            folder / "after" / f"outtensor{k}.bin",
+            rng.standard_normal(shape).astype(np.float16),
+            "float16",
+            layout_code=layout_code,
+        )
     for i, child in enumerate(op.get("nodes", []) or []):
         write_atb_op(folder / f"{i}_{child['opType']}", child, seed=seed * 31 + i + 1, shape=shape)
 
 
-def write_atb_tree(dev_dir: Path, count: int, topology: dict[str, Any], start: int | None = None,
-                   folder_names: list[str] | None = None) -> None:
+def write_atb_tree(
+    dev_dir: Path, count: int, topology: dict[str, Any], start: int | None = None, folder_names: list[str] | None = None
+) -> None:
     """Write the op folders of one model topology under `dev_dir/{count}/`, top-level folders `{start+i}_{...}`."""
     import re
 
@@ -137,11 +159,19 @@ def write_atb_tree(dev_dir: Path, count: int, topology: dict[str, Any], start: i
 
 # ---------------------------------------------------------------------------------------------- msprobe
 
+
 def _desc(t: torch.Tensor, data_name: str | None) -> dict[str, Any]:
     f = t.detach().float()
-    d: dict[str, Any] = {"type": "torch.Tensor", "dtype": str(t.dtype), "shape": list(t.shape),
-                         "Max": float(f.max()), "Min": float(f.min()), "Mean": float(f.mean()),
-                         "Norm": float(f.norm()), "requires_grad": False}
+    d: dict[str, Any] = {
+        "type": "torch.Tensor",
+        "dtype": str(t.dtype),
+        "shape": list(t.shape),
+        "Max": float(f.max()),
+        "Min": float(f.min()),
+        "Mean": float(f.mean()),
+        "Norm": float(f.norm()),
+        "requires_grad": False,
+    }
     if data_name is not None:
         d["data_name"] = data_name
     return d
@@ -190,13 +220,18 @@ class MsprobeStyleDumper:
             call = f"{key}.{k}"
             self.construct[call] = self.stack[-1] if self.stack else None
             self.stack.append(call)
+
         return hook
 
     def _post(self):  # type: ignore[no-untyped-def]
         def hook(_m: nn.Module, args: Any, output: Any) -> None:
             call = self.stack.pop()
-            self.data[call] = {"input_args": self._tensors(call, "input", args), "input_kwargs": {},
-                               "output": self._tensors(call, "output", output)}
+            self.data[call] = {
+                "input_args": self._tensors(call, "input", args),
+                "input_kwargs": {},
+                "output": self._tensors(call, "output", output),
+            }
+
         return hook
 
     def _silu(self, x: torch.Tensor, inplace: bool = False) -> torch.Tensor:
@@ -205,8 +240,11 @@ class MsprobeStyleDumper:
         call = f"Functional.silu.{k}.forward"
         self.construct[call] = self.stack[-1] if self.stack else None
         y = self._orig_silu(x, inplace=inplace)
-        self.data[call] = {"input_args": self._tensors(call, "input", [x]), "input_kwargs": {"inplace": {
-            "type": "bool", "value": inplace}}, "output": self._tensors(call, "output", [y])}
+        self.data[call] = {
+            "input_args": self._tensors(call, "input", [x]),
+            "input_kwargs": {"inplace": {"type": "bool", "value": inplace}},
+            "output": self._tensors(call, "output", [y]),
+        }
         return y
 
     def close(self) -> None:
@@ -214,15 +252,24 @@ class MsprobeStyleDumper:
         for h in self.handles:
             h.remove()
         task = "tensor" if self.save else "statistics"
-        (self.rank_dir / "dump.json").write_text(json.dumps(
-            {"task": task, "level": "mix", "framework": "pytorch",
-             "dump_data_dir": str(self.rank_dir / "dump_tensor_data") if self.save else None, "data": self.data}))
+        (self.rank_dir / "dump.json").write_text(
+            json.dumps(
+                {
+                    "task": task,
+                    "level": "mix",
+                    "framework": "pytorch",
+                    "dump_data_dir": str(self.rank_dir / "dump_tensor_data") if self.save else None,
+                    "data": self.data,
+                }
+            )
+        )
         (self.rank_dir / "construct.json").write_text(json.dumps(self.construct))
         (self.rank_dir / "stack.json").write_text("{}")
 
 
-def dump_msprobe_llama(dump_path: Path, *, steps: int = 1, forwards_per_step: int = 2,
-                       save_tensors: bool = True, seed: int = 0) -> None:
+def dump_msprobe_llama(
+    dump_path: Path, *, steps: int = 1, forwards_per_step: int = 2, save_tensors: bool = True, seed: int = 0
+) -> None:
     """Run the tiny Llama under the msprobe-style dumper: `steps` steps of `forwards_per_step` forwards."""
     model = tiny_llama(seed)
     gen = torch.Generator().manual_seed(seed)

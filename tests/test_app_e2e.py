@@ -38,15 +38,19 @@ def _wait_screen(session: str, text: str, timeout: float = 30.0) -> str:
 
 def test_wb_open_in_tmux(demo_catalog: Path) -> None:
     con = duckdb.connect(str(demo_catalog), read_only=True)
-    born = con.execute("SELECT n.name FROM error_born b JOIN comparisons c USING (cmp_id) JOIN nodes n "
-                       "ON n.run_id = c.golden_run AND n.node_id = b.golden_node_id ORDER BY b.token_id "
-                       "LIMIT 1").fetchone()
+    born = con.execute(
+        "SELECT n.name FROM error_born b JOIN comparisons c USING (cmp_id) JOIN nodes n "
+        "ON n.run_id = c.golden_run AND n.node_id = b.golden_node_id ORDER BY b.token_id "
+        "LIMIT 1"
+    ).fetchone()
     con.close()
     assert born is not None
     session = f"wb-e2e-{os.getpid()}"
     # COLUMNS/LINES from the test runner would override the tmux window size
-    cmd = (f"cd {REPO} && env -u COLUMNS -u LINES PYTHONPATH={REPO} TERM=xterm-256color {sys.executable} "
-           f"-m workbench.cli open {demo_catalog}; echo WB-EXIT-$?; sleep 30")
+    cmd = (
+        f"cd {REPO} && env -u COLUMNS -u LINES PYTHONPATH={REPO} TERM=xterm-256color {sys.executable} "
+        f"-m workbench.cli open {demo_catalog}; echo WB-EXIT-$?; sleep 30"
+    )
     _tmux("new-session", "-d", "-s", session, "-x", "150", "-y", "45", cmd)
     _tmux("set-option", "-t", session, "window-size", "manual")
     _tmux("resize-window", "-t", session, "-x", "150", "-y", "45")

@@ -37,8 +37,10 @@ def test_comparison_info_and_thresholds(small_catalog: Path) -> None:
 
 
 def test_bounds_and_severity() -> None:
-    th = {"default_dtype": "float32", "dtype": {"float16": {"cosine_similarity": {"min": 0.95}},
-                                                "float32": {"cosine_similarity": {"min": 0.99}}}}
+    th = {
+        "default_dtype": "float32",
+        "dtype": {"float16": {"cosine_similarity": {"min": 0.95}}, "float32": {"cosine_similarity": {"min": 0.99}}},
+    }
     assert bound_from_thresholds(th, "cosine_similarity") == 0.99
     assert bound_from_thresholds(th, "cosine_similarity", "float16") == 0.95
     assert bound_from_thresholds(th, "cosine_similarity", "bfloat16") == 0.99  # default dtype's table
@@ -140,8 +142,9 @@ def test_tensor_diff_reports_bad_files_in_one_line(small_catalog: Path, tmp_path
 def test_sql_console_is_read_only(small_catalog: Path) -> None:
     ex = Explorer(small_catalog)
     try:
-        res = ex.run_sql("SELECT token_id, count(*) AS n FROM comparison WHERE cmp_id = getvariable('cmp_id') "
-                         "GROUP BY 1 ORDER BY 1")
+        res = ex.run_sql(
+            "SELECT token_id, count(*) AS n FROM comparison WHERE cmp_id = getvariable('cmp_id') GROUP BY 1 ORDER BY 1"
+        )
         assert res.columns == ["token_id", "n"] and [r[0] for r in res.rows] == [0, 1, 2, 3, 4]
         big = ex.run_sql("SELECT * FROM range(50)", limit=10)
         assert len(big.rows) == 10 and big.truncated
@@ -179,11 +182,19 @@ def test_bad_catalogs_give_one_line_errors(tmp_path: Path) -> None:
 
 
 def test_explore_is_headless() -> None:
-    code = ("import sys, workbench.analysis.explore; "
-            "bad = [m for m in ('textual', 'torch', 'pandas') if m in sys.modules]; print(bad); "
-            "sys.exit(1 if bad else 0)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
-                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    code = (
+        "import sys, workbench.analysis.explore; "
+        "bad = [m for m in ('textual', 'torch', 'pandas') if m in sys.modules]; print(bad); "
+        "sys.exit(1 if bad else 0)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 

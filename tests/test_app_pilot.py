@@ -23,7 +23,6 @@ from workbench.compare.mapping import MappingFile
 pytestmark = pytest.mark.anyio
 
 
-
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
@@ -39,8 +38,12 @@ async def wait_for(pilot, cond, timeout: float = 10.0) -> None:  # type: ignore[
 
 
 async def ready(pilot, app: WorkbenchApp) -> MainScreen:  # type: ignore[no-untyped-def]
-    await wait_for(pilot, lambda: isinstance(app.screen, MainScreen) and app.screen.first_paint_at is not None
-                   and bool(app.screen.status))
+    await wait_for(
+        pilot,
+        lambda: (
+            isinstance(app.screen, MainScreen) and app.screen.first_paint_at is not None and bool(app.screen.status)
+        ),
+    )
     # settle: a finished worker can start follow-on work (the linked tree selects and scrolls to the
     # counterpart), so wait until a round of waiting finds no worker running and no animation left
     for _ in range(50):
@@ -166,8 +169,12 @@ async def test_mapping_editor_pairs_unpairs_and_saves(small_catalog: Path, tmp_p
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
         await pilot.press("e")
-        await wait_for(pilot, lambda: app.screen.query("#golden-list") and
-                       app.screen.query_one("#golden-list", OptionList).option_count == 3)
+        await wait_for(
+            pilot,
+            lambda: (
+                app.screen.query("#golden-list") and app.screen.query_one("#golden-list", OptionList).option_count == 3
+            ),
+        )
         mapping = app.screen
         tlist = mapping.query_one("#test-list", OptionList)
         assert tlist.option_count == 3
@@ -183,18 +190,21 @@ async def test_mapping_editor_pairs_unpairs_and_saves(small_catalog: Path, tmp_p
         assert mapping.mapping.pairs[0].golden == "root.model.layers.2.act_fn"
         try:
             import workbench.compare.pipeline  # noqa: F401
+
             pipeline = True
         except ImportError:
             pipeline = False
         if pipeline:  # metrics of the new pair are computed at once and shown
-            await wait_for(pilot, lambda: any(p.golden == "root.model.layers.2.act_fn"
-                                              for p in mapping.pairs), timeout=60)
+            await wait_for(
+                pilot, lambda: any(p.golden == "root.model.layers.2.act_fn" for p in mapping.pairs), timeout=60
+            )
         await pilot.press("ctrl+s")
         await pilot.pause()
         assert target.exists()
         saved = MappingFile.load(target)  # what `wb compare -mf` reads
         assert [(p.golden, p.test, str(p.golden_tensor)) for p in saved.pairs] == [
-            ("root.model.layers.2.act_fn", "root.model.layers.2.act", "out:0")]
+            ("root.model.layers.2.act_fn", "root.model.layers.2.act", "out:0")
+        ]
         data = json.loads(target.read_text())
         assert data["format"] == "wb-mapping"
         # unpair a wrong pair
@@ -313,7 +323,8 @@ async def test_demo_born_op_and_its_atb_counterpart(demo_catalog: Path) -> None:
         "SELECT b.token_id, g.name, t.name FROM error_born b JOIN comparisons c USING (cmp_id) "
         "JOIN nodes g ON g.run_id = c.golden_run AND g.node_id = b.golden_node_id "
         "JOIN nodes t ON t.run_id = c.test_run AND t.node_id = b.test_node_id "
-        "WHERE b.cmp_id = (SELECT max(cmp_id) FROM comparisons) ORDER BY b.token_id LIMIT 1").fetchone()
+        "WHERE b.cmp_id = (SELECT max(cmp_id) FROM comparisons) ORDER BY b.token_id LIMIT 1"
+    ).fetchone()
     con.close()
     assert first is not None
     token, golden_name, test_name = first
@@ -325,8 +336,7 @@ async def test_demo_born_op_and_its_atb_counterpart(demo_catalog: Path) -> None:
         await pilot.press("b")
         await wait_for(pilot, lambda: cursor_id(golden) == screen.born_id)
         assert golden.rows[cursor_id(golden)].name == golden_name  # type: ignore[index]
-        await wait_for(pilot, lambda: cursor_id(test) is not None
-                       and test.rows[cursor_id(test)].name == test_name)  # type: ignore[index]
+        await wait_for(pilot, lambda: cursor_id(test) is not None and test.rows[cursor_id(test)].name == test_name)  # type: ignore[index]
         detail = screen.query_one("#detail", Static)
         await wait_for(pilot, lambda: "distribution of out0" in _text(detail), timeout=20)
         assert "error born here" in _text(detail) and test_name in _text(detail)
@@ -339,7 +349,8 @@ async def test_decode_tokens_link_to_the_decoder_graph(demo_catalog: Path) -> No
     rows = con.execute(
         "SELECT b.token_id, t.name FROM error_born b JOIN comparisons c USING (cmp_id) "
         "JOIN nodes t ON t.run_id = c.test_run AND t.node_id = b.test_node_id "
-        "WHERE b.cmp_id = (SELECT max(cmp_id) FROM comparisons) AND b.token_id IN (0, 1) ORDER BY 1").fetchall()
+        "WHERE b.cmp_id = (SELECT max(cmp_id) FROM comparisons) AND b.token_id IN (0, 1) ORDER BY 1"
+    ).fetchall()
     con.close()
     expected = dict(rows)
     assert "Prefill_layer" in expected[0] and "Decoder_layer" in expected[1]
@@ -353,8 +364,9 @@ async def test_decode_tokens_link_to_the_decoder_graph(demo_catalog: Path) -> No
                 await wait_for(pilot, lambda: screen.status_token == screen.token)
             await pilot.press("b")
             await wait_for(pilot, lambda: cursor_id(golden) == screen.born_id)
-            await wait_for(pilot, lambda t=token: cursor_id(test) is not None
-                           and test.rows[cursor_id(test)].name == expected[t])  # type: ignore[index]
+            await wait_for(
+                pilot, lambda t=token: cursor_id(test) is not None and test.rows[cursor_id(test)].name == expected[t]
+            )  # type: ignore[index]
             detail = screen.query_one("#detail", Static)
             await wait_for(pilot, lambda t=token, d=detail: f"test: {expected[t]}" in _text(d), timeout=20)
 
@@ -384,8 +396,14 @@ async def test_escape_cancels_the_compare(demo_catalog: Path, tmp_path: Path) ->
         await wait_for(pilot, lambda: isinstance(app.screen, ProgressScreen))
         await pilot.press("escape")
         assert app.cancel_event.is_set()
-        await wait_for(pilot, lambda: isinstance(app.screen, MainScreen) or (
-            isinstance(app.screen, MessageScreen) and len(app.screen.query("#message")) > 0), timeout=60)
+        await wait_for(
+            pilot,
+            lambda: (
+                isinstance(app.screen, MainScreen)
+                or (isinstance(app.screen, MessageScreen) and len(app.screen.query("#message")) > 0)
+            ),
+            timeout=60,
+        )
         if isinstance(app.screen, MessageScreen):  # cancelled before the end (else it had finished)
             assert "cancelled" in _text(app.screen.query_one("#message", Static))
 
@@ -420,8 +438,9 @@ async def test_bad_input_shows_a_message_screen(case: str, tmp_path: Path, small
     app = make_app(**kwargs)  # type: ignore[arg-type]
     async with app.run_test(size=SIZE) as pilot:
         # the screen is pushed before it is composed: wait for the message itself
-        await wait_for(pilot, lambda: isinstance(app.screen, MessageScreen) and len(app.screen.query("#message")) > 0,
-                       timeout=60)
+        await wait_for(
+            pilot, lambda: isinstance(app.screen, MessageScreen) and len(app.screen.query("#message")) > 0, timeout=60
+        )
         assert expect in _text(app.screen.query_one("#message", Static))
         await pilot.press("q")
     assert app.return_code == 2

@@ -81,8 +81,13 @@ def test_snapshot_mapping_editor(snap_compare, small_catalog_master: Path) -> No
     async def before(pilot) -> None:  # type: ignore[no-untyped-def]
         await ready(pilot, app)
         await pilot.press("e")
-        await wait_for(pilot, lambda: bool(app.screen.query("#golden-list"))
-                       and app.screen.query_one("#golden-list", OptionList).option_count > 0)
+        await wait_for(
+            pilot,
+            lambda: (
+                bool(app.screen.query("#golden-list"))
+                and app.screen.query_one("#golden-list", OptionList).option_count > 0
+            ),
+        )
         await pilot.pause(0.2)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=before)
@@ -94,12 +99,15 @@ def test_snapshot_sql_console(snap_compare, small_catalog_master: Path) -> None:
     async def before(pilot) -> None:  # type: ignore[no-untyped-def]
         await ready(pilot, app)
         await pilot.press("s")
-        await wait_for(pilot, lambda: bool(app.screen.query("#editor"))
-                       and app.screen.query_one("#saved", OptionList).option_count > 0)
+        await wait_for(
+            pilot,
+            lambda: bool(app.screen.query("#editor")) and app.screen.query_one("#saved", OptionList).option_count > 0,
+        )
         app.screen.query_one("#editor", TextArea).text = (
             "SELECT b.token_id, n.name AS error_born_at\nFROM error_born b JOIN nodes n\n"
             "  ON n.run_id = 1 AND n.node_id = b.golden_node_id\nWHERE b.cmp_id = getvariable('cmp_id')\n"
-            "ORDER BY 1;")
+            "ORDER BY 1;"
+        )
         await pilot.press("ctrl+r")
         await wait_for(pilot, lambda: "row(s)" in str(app.screen.query_one("#sql-info").render()))
         await pilot.pause(0.2)

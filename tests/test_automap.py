@@ -67,7 +67,9 @@ def _coverage(catalog: Path, cmp_id: int) -> tuple[int, int, list[str]]:
     rows = con.execute(
         "SELECT n.name, n.type, "
         "EXISTS (SELECT 1 FROM node_matches m WHERE m.cmp_id = ? AND m.golden_node_id = n.node_id)"
-        " FROM nodes n JOIN comparisons c ON c.golden_run = n.run_id WHERE c.cmp_id = ?", [cmp_id, cmp_id]).fetchall()
+        " FROM nodes n JOIN comparisons c ON c.golden_run = n.run_id WHERE c.cmp_id = ?",
+        [cmp_id, cmp_id],
+    ).fetchall()
     con.close()
     targets = [(name, matched) for name, typ, matched in rows if any(t in (typ or "") for t in TARGET_TYPES)]
     return sum(m for _, m in targets), len(targets), [n for n, m in targets if not m]
@@ -86,8 +88,7 @@ def test_clean_run_all_pairs_pass_and_coverage(stacks: Stacks) -> None:
     assert res.coverage["by_method"].get("auto-fused-qkv", 0) > 0
 
 
-@pytest.mark.parametrize("kind", ["rmsnorm_eps", "rope_base", "rope_halves", "fp16_overflow", "kv_slot",
-                                  "attn_scale"])
+@pytest.mark.parametrize("kind", ["rmsnorm_eps", "rope_base", "rope_halves", "fp16_overflow", "kv_slot", "attn_scale"])
 def test_each_planted_defect_is_localised(stacks: Stacks, kind: str) -> None:
     res, defect, dtype, catalog = stacks.compare(kind)
     start = defect.start

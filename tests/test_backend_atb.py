@@ -23,8 +23,15 @@ NEW = 3
 @pytest.fixture(scope="module")
 def hf() -> LlamaForCausalLM:
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=512, max_position_embeddings=128)
+    cfg = LlamaConfig(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+        max_position_embeddings=128,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -48,8 +55,11 @@ def token_dir(root: Path, token: int) -> Path:
 
 def leaf_ops(tok: Path) -> list[str]:
     """Leaf op folders below a token folder, in execution order."""
-    found = [os.path.relpath(d, tok) for d, subs, _ in os.walk(tok)
-             if "after" in subs and not any(s[0].isdigit() for s in subs)]
+    found = [
+        os.path.relpath(d, tok)
+        for d, subs, _ in os.walk(tok)
+        if "after" in subs and not any(s[0].isdigit() for s in subs)
+    ]
     return sorted(found, key=lambda p: [int(s.split("_")[0]) for s in p.split("/")])
 
 
@@ -62,7 +72,7 @@ def test_greedy_tokens_match_hf(hf: LlamaForCausalLM, prompt: torch.Tensor, dtyp
     run = AtbLlama.from_hf(hf, dtype=dtype).run(prompt, 6)
     assert run.tokens.tolist() == ref.tolist()
     with torch.no_grad():
-        ref_logits = ref_model(run.tokens[:, :-1]).logits[0, prompt.shape[1] - 1:].float()
+        ref_logits = ref_model(run.tokens[:, :-1]).logits[0, prompt.shape[1] - 1 :].float()
     for step, logits in enumerate(run.logits):
         cos = torch.nn.functional.cosine_similarity(logits, ref_logits[step], dim=0)
         assert cos > 0.999, f"step {step}: cosine {cos}"
@@ -75,8 +85,13 @@ def test_dump_layout_and_tensors(dump_root: Path, hf: LlamaForCausalLM, prompt: 
     assert sorted(p.name for p in dev.iterdir()) == [str(t) for t in range(NEW)]
     tok0 = token_dir(dump_root, 0)
     assert [p.name for p in sorted(tok0.iterdir(), key=lambda p: int(p.name.split("_")[0]))] == [
-        "0_WordEmbedding", "1_PositionalEmbeddingGather", "2_Prefill_layer", "3_Prefill_layer",
-        "4_RmsNormOperation", "5_LmHead"]
+        "0_WordEmbedding",
+        "1_PositionalEmbeddingGather",
+        "2_Prefill_layer",
+        "3_Prefill_layer",
+        "4_RmsNormOperation",
+        "5_LmHead",
+    ]
     dec = sorted(token_dir(dump_root, 1).iterdir(), key=lambda p: int(p.name.split("_")[0]))
     assert [p.name for p in dec][:3] == ["6_WordEmbedding", "7_PositionalEmbeddingGather", "8_Decoder_layer"]
     leaves = leaf_ops(tok0)
@@ -170,8 +185,9 @@ def test_options(hf: LlamaForCausalLM, prompt: torch.Tensor, tmp_path: Path) -> 
     data = load_tensor(token_dir(full, 1) / rel).double()
     assert hdr.stats.max == pytest.approx(float(data.max())) and hdr.stats.min == pytest.approx(float(data.min()))
     assert hdr.stats.norm == pytest.approx(float(data.norm()), rel=1e-6)
-    both = model.run(prompt, 1, dump=AtbDumpConfig(tmp_path / "both", save_time=2, save_tensor_part=1,
-                                                    warmup=True)).dump_root
+    both = model.run(
+        prompt, 1, dump=AtbDumpConfig(tmp_path / "both", save_time=2, save_tensor_part=1, warmup=True)
+    ).dump_root
     assert both is not None
     assert sorted(p.name for p in token_dir(both, 0).parent.iterdir()) == ["0", "1"]  # warmup + prefill
     rc = token_dir(both, 1) / "2_Prefill_layer/1_Attention/2_ReshapeAndCacheOperation"

@@ -19,8 +19,16 @@ LAYERS = 2
 
 def _model(init: float) -> LlamaForCausalLM:
     torch.manual_seed(3)
-    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=LAYERS, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=300, max_position_embeddings=64, initializer_range=init)
+    cfg = LlamaConfig(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=300,
+        max_position_embeddings=64,
+        initializer_range=init,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -43,7 +51,8 @@ class Runs:
             hf = self.models.setdefault(init, _model(init))
             forced = AtbLlama.from_hf(hf, dtype=torch.float32).run(PROMPT, NEW).tokens[0, -NEW:].tolist()
             run = AtbLlama.from_hf(hf, dtype=dtype, defect=defect).run(
-                PROMPT, NEW, dump=AtbDumpConfig(self.base / "_".join(map(str, key))), forced=forced)
+                PROMPT, NEW, dump=AtbDumpConfig(self.base / "_".join(map(str, key))), forced=forced
+            )
             assert run.dump_root is not None
             (dev,) = list((run.dump_root / "tensors").iterdir())
             self.roots[key] = dev
@@ -57,8 +66,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
 
 def leaf_ops(tok: Path) -> list[str]:
     """Leaf op folders of a token folder in execution order (pre-order of the index paths)."""
-    leaves = [os.path.relpath(d, tok) for d, subs, _ in os.walk(tok)
-              if "after" in subs and not any(s[0].isdigit() for s in subs)]
+    leaves = [
+        os.path.relpath(d, tok)
+        for d, subs, _ in os.walk(tok)
+        if "after" in subs and not any(s[0].isdigit() for s in subs)
+    ]
     return sorted(leaves, key=lambda p: [int(s.split("_")[0]) for s in p.split("/")])
 
 
@@ -78,8 +90,7 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(a @ b / (a.norm() * b.norm()))
 
 
-@pytest.mark.parametrize("kind", ["rmsnorm_eps", "rope_base", "rope_halves", "fp16_overflow", "kv_slot",
-                                  "attn_scale"])
+@pytest.mark.parametrize("kind", ["rmsnorm_eps", "rope_base", "rope_halves", "fp16_overflow", "kv_slot", "attn_scale"])
 def test_defect_is_born_in_the_expected_op(runs: Runs, kind: str) -> None:
     init = INIT.get(kind, 0.02)
     dtype = torch.float16 if kind == "fp16_overflow" else torch.bfloat16
@@ -124,8 +135,13 @@ def test_clean_bf16_stays_close_to_fp32(runs: Runs) -> None:
     fp32 = runs.dump(0.02, torch.float32, None)
     for token in range(NEW):
         ops = leaf_ops(bf16 / str(token))
-        cos = [cosine(load_tensor(bf16 / str(token) / op / "after/outtensor0.bin").float(),
-                      load_tensor(fp32 / str(token) / op / "after/outtensor0.bin").float()) for op in ops]
+        cos = [
+            cosine(
+                load_tensor(bf16 / str(token) / op / "after/outtensor0.bin").float(),
+                load_tensor(fp32 / str(token) / op / "after/outtensor0.bin").float(),
+            )
+            for op in ops
+        ]
         assert min(cos) > 0.999, (token, min(cos))
 
 

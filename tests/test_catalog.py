@@ -20,11 +20,20 @@ def _dump(root: Path, n_layers: int = 2) -> Dump:
     for i in range(n_layers):
         nodes.append(Node(f"root.layers.{i}", "Layer", "root", 1, i + 1, layer=i))
         for tok in range(2):
-            tensors.append(TensorEntry(tok, f"root.layers.{i}", "out", 0, str(root / f"{tok}/{i}.pth"), "float32",
-                                       (2, 3)))
+            tensors.append(
+                TensorEntry(tok, f"root.layers.{i}", "out", 0, str(root / f"{tok}/{i}.pth"), "float32", (2, 3))
+            )
     tensors.append(TensorEntry(0, "root", "out", 0, None, "float32", (4,), stats=TensorStats(1.0, -1.0, 0.0, 2.0)))
-    return Dump("msit_torch", root, nodes, tensors, "definition", model_name="Tiny", meta={"command": ["x"]},
-                problems=[f"{root}/bad.pth: empty file"])
+    return Dump(
+        "msit_torch",
+        root,
+        nodes,
+        tensors,
+        "definition",
+        model_name="Tiny",
+        meta={"command": ["x"]},
+        problems=[f"{root}/bad.pth: empty file"],
+    )
 
 
 def test_ingest_is_incremental_and_complete(tmp_path: Path) -> None:
@@ -36,8 +45,12 @@ def test_ingest_is_incremental_and_complete(tmp_path: Path) -> None:
     assert not first.skipped and again.skipped and again.run_id == first.run_id
     assert first_row(con.execute("SELECT count(*) FROM runs")) == (1,)
     assert first_row(con.execute("SELECT count(*) FROM tensors")) == (5,)
-    row = first_row(con.execute("SELECT n.name, n.layer, p.name FROM nodes n JOIN nodes p ON p.run_id = n.run_id "
-                      "AND p.node_id = n.parent_id WHERE n.name = 'root.layers.1'"))
+    row = first_row(
+        con.execute(
+            "SELECT n.name, n.layer, p.name FROM nodes n JOIN nodes p ON p.run_id = n.run_id "
+            "AND p.node_id = n.parent_id WHERE n.name = 'root.layers.1'"
+        )
+    )
     assert row == ("root.layers.1", 1, "root")
     stats = first_row(con.execute("SELECT min, max, mean, norm, shape FROM tensors WHERE path IS NULL"))
     assert stats == (-1.0, 1.0, 0.0, 2.0, [4])

@@ -42,8 +42,9 @@ def test_planted_defect_is_named_not_downstream(tiny_dumps: TinyDumps, tmp_path:
     con = duckdb.connect(str(tmp_path / "catalog.duckdb"), read_only=True)
     failed = first_row(con.execute("SELECT count(*) FROM comparison WHERE passed = false"))
     assert failed is not None and failed[0] > 0
-    first_fail = first_row(con.execute(
-        "SELECT golden_node FROM comparison WHERE passed = false AND token_id = 0 ORDER BY data_id LIMIT 1"))
+    first_fail = first_row(
+        con.execute("SELECT golden_node FROM comparison WHERE passed = false AND token_id = 0 ORDER BY data_id LIMIT 1")
+    )
     con.close()
     # the first failing row in execution order belongs to the defective module (or its parents' outputs)
     assert first_fail is not None and "layers.1" in first_fail[0]
@@ -77,18 +78,21 @@ def test_bf16_noise_passes_default_thresholds(tiny_dumps: TinyDumps, tmp_path: P
 
 
 def test_token_selection(tiny_dumps: TinyDumps, tmp_path: Path) -> None:
-    res = run_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(tiny_dumps.defect), "-o", str(tmp_path),
-                 "--tokens", "1-2")
+    res = run_wb(
+        "compare", "-gp", str(tiny_dumps.golden), "-mp", str(tiny_dumps.defect), "-o", str(tmp_path), "--tokens", "1-2"
+    )
     assert res.returncode == 0, res.stderr
     born = _born_lines(res.stdout)
     assert [b.rsplit("(", 1)[1] for b in born] == ["token 1)", "token 2)"]
-    bad = run_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(tiny_dumps.defect), "-o", str(tmp_path),
-                 "--tokens", "3-1")
+    bad = run_wb(
+        "compare", "-gp", str(tiny_dumps.golden), "-mp", str(tiny_dumps.defect), "-o", str(tmp_path), "--tokens", "3-1"
+    )
     assert bad.returncode == 2 and "backwards" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_damaged_files_are_reported_and_good_pairs_still_compared(tiny_dumps: TinyDumps, copy_tree, tmp_path: Path
-                                                                  ) -> None:  # type: ignore[no-untyped-def]
+def test_damaged_files_are_reported_and_good_pairs_still_compared(
+    tiny_dumps: TinyDumps, copy_tree, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     test = copy_tree(tiny_dumps.defect, "damaged")
     victim = test / "0" / "root.model.layers.0.mlp.up_proj" / "output.pth"
     victim.write_bytes(victim.read_bytes()[:100])  # truncated
@@ -99,8 +103,9 @@ def test_damaged_files_are_reported_and_good_pairs_still_compared(tiny_dumps: Ti
     assert "Traceback" not in res.stdout + res.stderr
     assert "error born at: root.model.layers.1.mlp.down_proj (token 0)" in res.stdout
     con = duckdb.connect(str(out / "catalog.duckdb"), read_only=True)
-    reasons = [r[0] for r in con.execute(
-        "SELECT cmp_fail_reason FROM comparison WHERE cmp_fail_reason IS NOT NULL").fetchall()]
+    reasons = [
+        r[0] for r in con.execute("SELECT cmp_fail_reason FROM comparison WHERE cmp_fail_reason IS NOT NULL").fetchall()
+    ]
     con.close()
     assert any(str(victim) in r for r in reasons), reasons
 
@@ -115,17 +120,26 @@ def test_nothing_comparable_exits_nonzero(tiny_dumps: TinyDumps, tmp_path: Path)
 
 
 def test_query_saved_and_read_only(tiny_dumps: TinyDumps, tmp_path: Path) -> None:
-    assert run_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(tiny_dumps.defect), "-o",
-                  str(tmp_path)).returncode == 0
+    assert (
+        run_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(tiny_dumps.defect), "-o", str(tmp_path)).returncode
+        == 0
+    )
     cat = str(tmp_path / "catalog.duckdb")
     born = run_wb("query", "error_born_per_token", "-c", cat, "--format", "csv")
     assert born.returncode == 0, born.stderr
     lines = born.stdout.strip().splitlines()
     assert lines[0].startswith("token_id,golden_op")
     assert all("root.model.layers.1.mlp.down_proj" in line for line in lines[1:])
-    results = {name: json.loads(run_query(Path(cat), name, fmt="json"))
-               for name in ("first_divergent_token", "worst_ops_per_metric", "unmatched_nodes", "nan_inf_locations",
-                            "layer_error_growth")}
+    results = {
+        name: json.loads(run_query(Path(cat), name, fmt="json"))
+        for name in (
+            "first_divergent_token",
+            "worst_ops_per_metric",
+            "unmatched_nodes",
+            "nan_inf_locations",
+            "layer_error_growth",
+        )
+    }
     assert results["first_divergent_token"][0]["token_id"] == 0
     assert results["first_divergent_token"][0]["passed"] is False
     assert results["unmatched_nodes"] == []  # same model on both sides: everything matched by name
@@ -145,8 +159,16 @@ def test_two_different_models_are_called_out(tiny_dumps: TinyDumps, tmp_path: Pa
     from tests.conftest import dump_run
 
     torch.manual_seed(0)
-    other = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=2, num_key_value_heads=2, vocab_size=256)).eval()
+    other = LlamaForCausalLM(
+        LlamaConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            vocab_size=256,
+        )
+    ).eval()
     other_dump, _ = dump_run(other, tmp_path / "other", torch.randint(3, 256, (1, 8)), None)
     res = run_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(other_dump), "-o", str(tmp_path / "o"))
     assert "Traceback" not in res.stdout + res.stderr
@@ -169,17 +191,34 @@ def test_mapping_files_are_read(tiny_dumps: TinyDumps, tmp_path: Path) -> None:
 
     # ours: compare layer 0's down_proj output with layer 1's (a deliberate cross pairing) and reject a name match
     mf = MappingFile()
-    mf.add_pair(PairSpec("root.model.layers.0.mlp.down_proj", "root.model.layers.1.mlp.down_proj",
-                         TensorSel("out", 0), TensorSel("out", 0)))
+    mf.add_pair(
+        PairSpec(
+            "root.model.layers.0.mlp.down_proj",
+            "root.model.layers.1.mlp.down_proj",
+            TensorSel("out", 0),
+            TensorSel("out", 0),
+        )
+    )
     mf.remove_pair("root.lm_head", "root.lm_head")
     path = mf.save(tmp_path / "wb_mapping.json")
-    res = run_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(tiny_dumps.clean), "-o", str(tmp_path / "o"),
-                 "-mf", str(path))
+    res = run_wb(
+        "compare",
+        "-gp",
+        str(tiny_dumps.golden),
+        "-mp",
+        str(tiny_dumps.clean),
+        "-o",
+        str(tmp_path / "o"),
+        "-mf",
+        str(path),
+    )
     assert res.returncode == 0, res.stderr
     assert "mapping-file 1" in res.stdout
     con = duckdb.connect(str(tmp_path / "o" / "catalog.duckdb"), read_only=True)
-    rows = con.execute("SELECT golden_node, test_node, match_method, passed FROM comparison "
-                       "WHERE golden_node = 'root.model.layers.0.mlp.down_proj' AND io = 'out'").fetchall()
+    rows = con.execute(
+        "SELECT golden_node, test_node, match_method, passed FROM comparison "
+        "WHERE golden_node = 'root.model.layers.0.mlp.down_proj' AND io = 'out'"
+    ).fetchall()
     lm_head = con.execute("SELECT count(*) FROM comparison WHERE golden_node = 'root.lm_head'").fetchall()
     con.close()
     assert {r[1] for r in rows} == {"root.model.layers.1.mlp.down_proj"}
@@ -189,10 +228,28 @@ def test_mapping_files_are_read(tiny_dumps: TinyDumps, tmp_path: Path) -> None:
     msit_dir = tmp_path / "msit"
     msit_dir.mkdir()
     (msit_dir / "op_mapping_file.json").write_text('{"LlamaRMSNorm": "LlamaRMSNorm"}')
-    res2 = run_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(tiny_dumps.clean), "-o", str(tmp_path / "o2"),
-                  "-mf", str(msit_dir))
+    res2 = run_wb(
+        "compare",
+        "-gp",
+        str(tiny_dumps.golden),
+        "-mp",
+        str(tiny_dumps.clean),
+        "-o",
+        str(tmp_path / "o2"),
+        "-mf",
+        str(msit_dir),
+    )
     assert res2.returncode == 0, res2.stderr
     assert "type-map" in res2.stdout
-    bad = run_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(tiny_dumps.clean), "-o", str(tmp_path / "o3"),
-                 "-mf", str(tmp_path / "nothing.json"))
+    bad = run_wb(
+        "compare",
+        "-gp",
+        str(tiny_dumps.golden),
+        "-mp",
+        str(tiny_dumps.clean),
+        "-o",
+        str(tmp_path / "o3"),
+        "-mf",
+        str(tmp_path / "nothing.json"),
+    )
     assert bad.returncode == 2 and "nothing.json: mapping file not found" in bad.stderr

@@ -26,14 +26,17 @@ ROOT = Path(__file__).resolve().parents[1]
 def _metrics(catalog: Path) -> dict[tuple[str, int, str, int], tuple[object, ...]]:
     """Every pair's metrics and verdict, keyed by what it compares (ids differ between catalogs)."""
     con = duckdb.connect(str(catalog), read_only=True)
-    rows = con.execute(f"SELECT golden_node, token_id, io, golden_index, {', '.join(ALL_METRICS)}, passed, "
-                       "golden_std, my_std FROM comparison").fetchall()
+    rows = con.execute(
+        f"SELECT golden_node, token_id, io, golden_index, {', '.join(ALL_METRICS)}, passed, "
+        "golden_std, my_std FROM comparison"
+    ).fetchall()
     con.close()
     return {tuple(r[:4]): tuple(r[4:]) for r in rows}  # type: ignore[misc]
 
 
-def test_pool_and_early_pairs_give_the_in_process_numbers(tiny_dumps: TinyDumps, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pool_and_early_pairs_give_the_in_process_numbers(
+    tiny_dumps: TinyDumps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     in_process = pipeline.run_compare(tiny_dumps.golden, tiny_dumps.bf16, tmp_path / "a.duckdb", workers=1)
     monkeypatch.setattr(pipeline, "IN_PROCESS_BYTES", 0)  # tiny dumps: force the pool
     pool = new_pool(2)
@@ -44,8 +47,7 @@ def test_pool_and_early_pairs_give_the_in_process_numbers(tiny_dumps: TinyDumps,
         assert early.taken > 0 and all(f.done() for f in early.futures)
         # a token selection leaves most early pairs unclaimed: they are dropped, the rest is right
         early_all = EarlyPairs(g, t, pool)
-        one_token = pipeline.run_compare(g, t, tmp_path / "c.duckdb", workers=2, pool=pool, early=early_all,
-                                         tokens={1})
+        one_token = pipeline.run_compare(g, t, tmp_path / "c.duckdb", workers=2, pool=pool, early=early_all, tokens={1})
         assert 0 < early_all.taken < len(early_all.keys)
         # a re-run into the same catalog has nothing left to compute: the early batches are all dropped
         again = EarlyPairs(g, t, pool)
@@ -70,10 +72,12 @@ def test_pool_and_early_pairs_give_the_in_process_numbers(tiny_dumps: TinyDumps,
 
 def test_worker_never_imports_torch(tiny_dumps: TinyDumps) -> None:
     pth = next(tiny_dumps.golden.rglob("output.pth"))
-    code = ("import sys\nfrom workbench.compare.worker import run_pair\nfrom workbench.compare.tasks import PairTask\n"
-            f"r = run_pair(PairTask(0, {str(pth)!r}, {str(pth)!r}, 'float32', 0, 0))\n"
-            "assert r['values']['cosine_similarity'] == 1.0, r\n"
-            "assert 'torch' not in sys.modules\nprint('ok')")
+    code = (
+        "import sys\nfrom workbench.compare.worker import run_pair\nfrom workbench.compare.tasks import PairTask\n"
+        f"r = run_pair(PairTask(0, {str(pth)!r}, {str(pth)!r}, 'float32', 0, 0))\n"
+        "assert r['values']['cosine_similarity'] == 1.0, r\n"
+        "assert 'torch' not in sys.modules\nprint('ok')"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 

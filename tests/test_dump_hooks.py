@@ -272,8 +272,10 @@ def test_views_of_the_same_bytes_are_written_once_and_in_place_changes_are_not(t
     assert d is not None
     tok = d / "0"
     # lin's output, same's input and same's output (a view object) are one file under three names
-    inodes = {os.stat(tok / m / f).st_ino for m, f in
-              (("root.lin", "output.pth"), ("root.same", "input_0.pth"), ("root.same", "output.pth"))}
+    inodes = {
+        os.stat(tok / m / f).st_ino
+        for m, f in (("root.lin", "output.pth"), ("root.same", "input_0.pth"), ("root.same", "output.pth"))
+    }
     assert len(inodes) == 1
     torch.testing.assert_close(load(tok / "root.same" / "output.pth"), before_bump)
     # bump changed the tensor in place: its output is a new file with the new values; the earlier ones keep theirs

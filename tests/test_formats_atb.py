@@ -42,8 +42,11 @@ def test_bloom_fixture_topology(tmp_path: Path) -> None:
     assert attn.type == "SelfAttentionOperation" and attn.params is not None
     assert attn.params["headNum"] == 32 and attn.layer == 0 and attn.depth == 1
     assert attn.in_names is not None
-    assert attn.in_names[:3] == ["Bloom7bCommonLayer_3_internal_2", "Bloom7bCommonLayer_3_internal_3",
-                             "Bloom7bCommonLayer_3_internal_4"]
+    assert attn.in_names[:3] == [
+        "Bloom7bCommonLayer_3_internal_2",
+        "Bloom7bCommonLayer_3_internal_3",
+        "Bloom7bCommonLayer_3_internal_4",
+    ]
     deep = nodes["3_BloomLayer/7_MlpGateLayerV2/0_ParallelLinearBaseV2/1_ElewiseOperation"]
     assert deep.parent == "3_BloomLayer/7_MlpGateLayerV2/0_ParallelLinearBaseV2" and deep.depth == 3
     assert deep.out_names == ["MlpGateLayerV2_3_7_internal_0"]
@@ -52,7 +55,8 @@ def test_bloom_fixture_topology(tmp_path: Path) -> None:
     assert order[:3] == ["3_BloomLayer", "3_BloomLayer/0_LayerNormOperation", "3_BloomLayer/1_LinearOperation"]
     assert order.index("3_BloomLayer/10_ElewiseOperation") == len(order) - 1
     assert order.index("3_BloomLayer/4_ParallelLinearBaseV2/1_ElewiseOperation") < order.index(
-        "3_BloomLayer/5_ElewiseOperation")
+        "3_BloomLayer/5_ElewiseOperation"
+    )
     # tensors: one per topology in/out tensor, readable
     split = [t for t in d.tensors if t.node == "3_BloomLayer/2_SplitOperation"]
     assert sorted((t.role, t.index) for t in split) == [("in", 0), ("out", 0), ("out", 1), ("out", 2)]
@@ -76,23 +80,59 @@ def test_bloom_levels(tmp_path: Path) -> None:
 
 
 def _layer(name: str, n: int) -> dict[str, Any]:
-    return {"opName": name, "opType": "LlamaLayer", "param": {"rmsNormEps": 1e-6},
-            "inTensors": [f"M_input_{n}", f"M_weight_{n}"], "outTensors": [f"M_internal_{n}"],
-            "nodes": [{"opName": f"RmsNormOperation_{n}_0", "opType": "RmsNormOperation", "param": {"epsilon": 1e-6},
-                       "inTensors": [f"M_input_{n}", f"M_weight_{n}"], "outTensors": [f"L_{n}_internal_0"]},
-                      {"opName": f"LinearOperation_{n}_1", "opType": "LinearOperation", "param": {"hasBias": False},
-                       "inTensors": [f"L_{n}_internal_0"], "outTensors": [f"M_internal_{n}"]}]}
+    return {
+        "opName": name,
+        "opType": "LlamaLayer",
+        "param": {"rmsNormEps": 1e-6},
+        "inTensors": [f"M_input_{n}", f"M_weight_{n}"],
+        "outTensors": [f"M_internal_{n}"],
+        "nodes": [
+            {
+                "opName": f"RmsNormOperation_{n}_0",
+                "opType": "RmsNormOperation",
+                "param": {"epsilon": 1e-6},
+                "inTensors": [f"M_input_{n}", f"M_weight_{n}"],
+                "outTensors": [f"L_{n}_internal_0"],
+            },
+            {
+                "opName": f"LinearOperation_{n}_1",
+                "opType": "LinearOperation",
+                "param": {"hasBias": False},
+                "inTensors": [f"L_{n}_internal_0"],
+                "outTensors": [f"M_internal_{n}"],
+            },
+        ],
+    }
 
 
 def _graph(start: int) -> dict[str, Any]:
-    emb = {"opName": f"WordEmbedding_{start}", "opType": "WordEmbedding", "param": {},
-           "inTensors": ["M_input_0", "M_weight_0"], "outTensors": ["M_internal_0"],
-           "nodes": [{"opName": f"GatherOperation_{start}_0", "opType": "GatherOperation", "param": {"axis": 0},
-                      "inTensors": ["M_weight_0", "M_input_0"], "outTensors": ["M_internal_0"]}]}
-    norm = {"opName": f"RmsNormOperation_{start + 3}", "opType": "RmsNormOperation", "param": {"epsilon": 1e-6},
-            "inTensors": ["M_internal_2", "M_weight_9"], "outTensors": ["M_output_0"]}
-    return {"modelName": "LlamaModel", "nodes": [emb, _layer(f"Layer_{start + 1}", start + 1),
-                                                 _layer(f"Layer_{start + 2}", start + 2), norm]}
+    emb = {
+        "opName": f"WordEmbedding_{start}",
+        "opType": "WordEmbedding",
+        "param": {},
+        "inTensors": ["M_input_0", "M_weight_0"],
+        "outTensors": ["M_internal_0"],
+        "nodes": [
+            {
+                "opName": f"GatherOperation_{start}_0",
+                "opType": "GatherOperation",
+                "param": {"axis": 0},
+                "inTensors": ["M_weight_0", "M_input_0"],
+                "outTensors": ["M_internal_0"],
+            }
+        ],
+    }
+    norm = {
+        "opName": f"RmsNormOperation_{start + 3}",
+        "opType": "RmsNormOperation",
+        "param": {"epsilon": 1e-6},
+        "inTensors": ["M_internal_2", "M_weight_9"],
+        "outTensors": ["M_output_0"],
+    }
+    return {
+        "modelName": "LlamaModel",
+        "nodes": [emb, _layer(f"Layer_{start + 1}", start + 1), _layer(f"Layer_{start + 2}", start + 2), norm],
+    }
 
 
 def _two_graph_dump(root: Path, counts: dict[int, tuple[str, ...]]) -> Path:
@@ -102,8 +142,10 @@ def _two_graph_dump(root: Path, counts: dict[int, tuple[str, ...]]) -> Path:
     graphs = {"prefill": _graph(0), "decode": _graph(4)}
     (model / "LlamaModel_Decoder.json").write_text(json.dumps(graphs["decode"]))  # sorts before Prefill
     (model / "LlamaModel_Prefill.json").write_text(json.dumps(graphs["prefill"]))
-    names = {"prefill": ["WordEmbedding", "Prefill_layer", "Prefill_layer", "RmsNormOperation"],
-             "decode": ["WordEmbedding", "Decoder_layer", "Decoder_layer", "RmsNormOperation"]}
+    names = {
+        "prefill": ["WordEmbedding", "Prefill_layer", "Prefill_layer", "RmsNormOperation"],
+        "decode": ["WordEmbedding", "Decoder_layer", "Decoder_layer", "RmsNormOperation"],
+    }
     for count, phases in counts.items():
         for ph in phases:
             write_atb_tree(dump / "tensors" / "0_77", count, graphs[ph], folder_names=names[ph])
@@ -122,9 +164,17 @@ def test_two_graphs_warmup_and_phases(tmp_path: Path) -> None:
     assert nodes["1_Prefill_layer"].phase == "prefill" and nodes["5_Decoder_layer"].phase == "decode"
     assert nodes["5_Decoder_layer/1_LinearOperation"].phase == "decode"
     assert nodes["1_Prefill_layer"].type == "LlamaLayer"
-    assert [nodes[n].layer for n in ("0_WordEmbedding", "1_Prefill_layer", "2_Prefill_layer", "3_RmsNormOperation",
-                                     "5_Decoder_layer", "6_Decoder_layer/0_RmsNormOperation")] == [
-        None, 0, 1, None, 0, 1]
+    assert [
+        nodes[n].layer
+        for n in (
+            "0_WordEmbedding",
+            "1_Prefill_layer",
+            "2_Prefill_layer",
+            "3_RmsNormOperation",
+            "5_Decoder_layer",
+            "6_Decoder_layer/0_RmsNormOperation",
+        )
+    ] == [None, 0, 1, None, 0, 1]
     by_token: dict[int, set[str | None]] = {}
     for t in d.tensors:
         by_token.setdefault(t.token, set()).add(nodes[t.node].phase)
@@ -148,8 +198,9 @@ def test_layouts_stats_and_descriptor_only(tmp_path: Path) -> None:
     folder = dev / "0" / "1_RmsNormOperation"
     (folder / "before").mkdir(parents=True)
     (folder / "after").mkdir()
-    atb_bin.write_bin_stats(folder / "before" / "intensor0.bin", "bfloat16", (1, 8),
-                            TensorStats(max=2.5, min=None, mean=0.125, norm=3.0))
+    atb_bin.write_bin_stats(
+        folder / "before" / "intensor0.bin", "bfloat16", (1, 8), TensorStats(max=2.5, min=None, mean=0.125, norm=3.0)
+    )
     with open(folder / "after" / "outtensor0.bin", "wb") as fh:  # -sd: header only, no stats
         fh.write(b"$Version=1.0\n$Object.Count=0\n$Object.Length=0\nformat=2\ndtype=27\ndims=1,8\n$End=1\n")
     # -time 1: the input only exists after the op ran
@@ -194,8 +245,9 @@ def test_bf16_bin_roundtrip(tmp_path: Path, shape: tuple[int, int]) -> None:
     dev = tmp_path / "tensors" / "0_1"
     (dev / "0" / "0_Op" / "after").mkdir(parents=True)
     ref = torch.randn(shape).to(torch.bfloat16)
-    atb_bin.write_bin(dev / "0" / "0_Op" / "after" / "outtensor0.bin", ref.view(torch.int16).numpy().view(np.uint16),
-                      "bfloat16")
+    atb_bin.write_bin(
+        dev / "0" / "0_Op" / "after" / "outtensor0.bin", ref.view(torch.int16).numpy().view(np.uint16), "bfloat16"
+    )
     d = open_dump(tmp_path)
     (t,) = d.tensors
     assert t.dtype == "bfloat16" and t.shape == shape

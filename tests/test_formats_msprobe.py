@@ -43,8 +43,10 @@ def test_nodes_tokens_and_order(two_forwards: Path) -> None:
             assert pos[n.parent] < pos[n.name]
     rotary = "Module.model.rotary_emb.LlamaRotaryEmbedding.forward"
     assert pos["Module.model.embed_tokens.Embedding.forward"] < pos[rotary]
-    assert pos[f"{MLP0[:-len('LlamaMLP.forward')]}act_fn.SiLUActivation.forward"] < pos[
-        "Module.model.layers.0.mlp.up_proj.Linear.forward"]
+    assert (
+        pos[f"{MLP0[: -len('LlamaMLP.forward')]}act_fn.SiLUActivation.forward"]
+        < pos["Module.model.layers.0.mlp.up_proj.Linear.forward"]
+    )
 
 
 def test_tensor_files_and_stats(two_forwards: Path) -> None:
@@ -77,8 +79,15 @@ def test_repeated_module_and_api_outside_modules(tmp_path: Path) -> None:
     rank.mkdir(parents=True)
 
     def desc(v: float) -> dict[str, object]:
-        return {"type": "torch.Tensor", "dtype": "torch.float16", "shape": [2], "Max": v, "Min": v, "Mean": v,
-                "Norm": v}
+        return {
+            "type": "torch.Tensor",
+            "dtype": "torch.float16",
+            "shape": [2],
+            "Max": v,
+            "Min": v,
+            "Mean": v,
+            "Norm": v,
+        }
 
     data = {
         "Tensor.__add__.0.forward": {"input_args": [desc(1.0)], "input_kwargs": {}, "output": [desc(2.0)]},
@@ -88,13 +97,17 @@ def test_repeated_module_and_api_outside_modules(tmp_path: Path) -> None:
         "Module.act.GELU.parameters_grad.0": {"weight": [desc(0.3)]},
     }
     (rank / "dump.json").write_text(json.dumps({"task": "statistics", "level": "mix", "data": data}))
-    (rank / "construct.json").write_text(json.dumps({"Module.act.GELU.forward.0": None,
-                                                     "Module.act.GELU.forward.1": None}))
+    (rank / "construct.json").write_text(
+        json.dumps({"Module.act.GELU.forward.0": None, "Module.act.GELU.forward.1": None})
+    )
     d = open_dump(tmp_path)
     assert d.meta["skipped_entries"] == 2
     # a module called twice in one forward would look like two forwards: two top-level counters -> tokens 0, 1
     assert sorted((t.token, t.node) for t in d.tensors if t.role == "out") == [
-        (0, "Module.act.GELU.forward"), (0, "Tensor.__add__.0.forward"), (1, "Module.act.GELU.forward")]
+        (0, "Module.act.GELU.forward"),
+        (0, "Tensor.__add__.0.forward"),
+        (1, "Module.act.GELU.forward"),
+    ]
 
 
 def test_missing_pt_is_a_problem(tmp_path: Path) -> None:

@@ -63,19 +63,25 @@ def test_bad_pth_files(tmp_path: Path) -> None:
     os.symlink(tmp_path / "nowhere.pth", bad / "output_6.pth")  # dangling link: missing file
     d = open_dump(dev)
     assert not marker.exists(), "a pickle ran code"
-    _check(d, {
-        str(bad / "output_0.pth"): "not a readable torch file",
-        str(bad / "output_1.pth"): "empty file",
-        str(bad / "output_2.pth"): "holds a dict, not a tensor",
-        str(bad / "output_3.pth"): "refused: not a tensor file torch can load safely",
-        str(bad / "output_4.pth"): "refused: the pickle would run code",
-        str(bad / "output_5.pth"): "refused: the pickle would run code",
-        str(bad / "output_6.pth"): "No such file",
-    })
+    _check(
+        d,
+        {
+            str(bad / "output_0.pth"): "not a readable torch file",
+            str(bad / "output_1.pth"): "empty file",
+            str(bad / "output_2.pth"): "holds a dict, not a tensor",
+            str(bad / "output_3.pth"): "refused: not a tensor file torch can load safely",
+            str(bad / "output_4.pth"): "refused: the pickle would run code",
+            str(bad / "output_5.pth"): "refused: the pickle would run code",
+            str(bad / "output_6.pth"): "No such file",
+        },
+    )
     errs = {t.index: t.error for t in d.tensors if t.node == "root.bad" and t.role == "out"}
     assert sorted(errs) == list(range(7)) and all(errs.values())
     assert {(t.node, t.role) for t in d.tensors if t.error is None} == {
-        ("root.good", "in"), ("root.good", "out"), ("root.bad", "in")}
+        ("root.good", "in"),
+        ("root.good", "out"),
+        ("root.bad", "in"),
+    }
 
 
 def test_bad_bin_files(tmp_path: Path) -> None:
@@ -91,16 +97,20 @@ def test_bad_bin_files(tmp_path: Path) -> None:
     (op / "before" / "intensor2.bin").write_bytes(hdr + b"dims=2,4\n$Object.data=0,1000\n$End=1\n" + bytes(16))
     (op / "after" / "outtensor0.bin").write_bytes(b"\x00\x01garbage without header")
     (op / "after" / "outtensor1.bin").write_bytes(b"")
-    (op / "after" / "outtensor2.bin").write_bytes(hdr.replace(b"dtype=1", b"dtype=999") +
-                                                  b"dims=2,4\n$End=1\n" + bytes(16))
+    (op / "after" / "outtensor2.bin").write_bytes(
+        hdr.replace(b"dtype=1", b"dtype=999") + b"dims=2,4\n$End=1\n" + bytes(16)
+    )
     d = open_dump(dev)
-    _check(d, {
-        str(op / "before" / "intensor1.bin"): "need 32 bytes but the payload has 16",
-        str(op / "before" / "intensor2.bin"): "truncated file or lying header",
-        str(op / "after" / "outtensor0.bin"): "not an ATB tensor file",
-        str(op / "after" / "outtensor1.bin"): "empty file",
-        str(op / "after" / "outtensor2.bin"): "unsupported ATB dtype code 999",
-    })
+    _check(
+        d,
+        {
+            str(op / "before" / "intensor1.bin"): "need 32 bytes but the payload has 16",
+            str(op / "before" / "intensor2.bin"): "truncated file or lying header",
+            str(op / "after" / "outtensor0.bin"): "not an ATB tensor file",
+            str(op / "after" / "outtensor1.bin"): "empty file",
+            str(op / "after" / "outtensor2.bin"): "unsupported ATB dtype code 999",
+        },
+    )
     (good,) = [t for t in d.tensors if t.error is None]
     assert good.role == "in" and good.index == 0 and good.shape == (2, 4)
 

@@ -88,8 +88,14 @@ def test_manifest_gives_recorded_order(llama_dump: tuple[Path, list[str]], tmp_p
     src, true_order = llama_dump
     dev = tmp_path / "cpu_1"
     shutil.copytree(src / DEV, dev)
-    manifest = {"format": "wb-dump", "version": 1, "exec_order": {"0": true_order, "1": true_order},
-                "command": ["python", "run.py"], "cwd": "/x", "model_class": "LlamaForCausalLM"}
+    manifest = {
+        "format": "wb-dump",
+        "version": 1,
+        "exec_order": {"0": true_order, "1": true_order},
+        "command": ["python", "run.py"],
+        "cwd": "/x",
+        "model_class": "LlamaForCausalLM",
+    }
     (dev / "wb_manifest.json").write_text(json.dumps(manifest))
     d = open_dump(dev)
     assert d.order_source == "recorded" and d.order_known
@@ -112,8 +118,9 @@ def test_levels_token_and_module(llama_dump: tuple[Path, list[str]]) -> None:
     assert len(tok.tensors) == sum(1 for t in full.tensors if t.token == 1)
     mod = open_dump(dev / "0" / "root.model.layers.1.mlp")
     assert mod.tokens == [0]
-    assert {t.node for t in mod.tensors} == {f"root.model.layers.1.mlp{s}" for s in
-                                             ("", ".gate_proj", ".up_proj", ".act_fn", ".down_proj")}
+    assert {t.node for t in mod.tensors} == {
+        f"root.model.layers.1.mlp{s}" for s in ("", ".gate_proj", ".up_proj", ".act_fn", ".down_proj")
+    }
 
 
 def test_outputs_only_falls_back_to_definition(tmp_path: Path) -> None:
@@ -131,13 +138,18 @@ def test_nested_inputs_and_tuple_outputs(tmp_path: Path) -> None:
     (dev / "0" / "root.a").mkdir(parents=True)
     (dev / "model_tree.json").write_text(json.dumps(tree))
     folder = dev / "0" / "root.a"
-    for stem, value in (("input_0_0", 1.0), ("input_0_1", 2.0), ("input_1", 3.0), ("input_10", 4.0),
-                        ("output_0", 5.0), ("output_1", 6.0)):
+    for stem, value in (
+        ("input_0_0", 1.0),
+        ("input_0_1", 2.0),
+        ("input_1", 3.0),
+        ("input_10", 4.0),
+        ("output_0", 5.0),
+        ("output_1", 6.0),
+    ):
         torch.save(torch.full((2,), value), folder / f"{stem}.pth")
     d = open_dump(dev)
     got = {(t.role, t.index): float(load_tensor(t.path)[0]) for t in d.tensors}
-    assert got == {("in", 0): 1.0, ("in", 1): 2.0, ("in", 2): 3.0, ("in", 3): 4.0,
-                   ("out", 0): 5.0, ("out", 1): 6.0}
+    assert got == {("in", 0): 1.0, ("in", 1): 2.0, ("in", 2): 3.0, ("in", 3): 4.0, ("out", 0): 5.0, ("out", 1): 6.0}
 
 
 def test_statistics_only_dump(tmp_path: Path) -> None:
@@ -146,8 +158,10 @@ def test_statistics_only_dump(tmp_path: Path) -> None:
     (dev / "0" / "root.fc").mkdir(parents=True)
     (dev / "model_tree.json").write_text(json.dumps(tree))
     header = "NodeName,NodeType,InputOutput,Index,DataType,Shape,Max,Min,Mean,L2Norm\n"
-    call = ("root.fc,Linear,Input,0,torch.float16,\"(1, 4, 8)\",1.5,-2.0,0.25,3.0\n"
-            "root.fc,Linear,Output,0,torch.float16,\"(1, 4, 16)\",{mx},-1.0,0.5,4.0\n")
+    call = (
+        'root.fc,Linear,Input,0,torch.float16,"(1, 4, 8)",1.5,-2.0,0.25,3.0\n'
+        'root.fc,Linear,Output,0,torch.float16,"(1, 4, 16)",{mx},-1.0,0.5,4.0\n'
+    )
     # the module ran twice in this token: the last call's rows win
     (dev / "0" / "root.fc" / "statistics.csv").write_text(header + call.format(mx=9.0) + call.format(mx=7.0))
     d = open_dump(dev)
@@ -174,8 +188,11 @@ def test_bloom_model_tree_fixture_old_layout(tmp_path: Path) -> None:
     assert nodes["root.transformer.h.2.mlp.gelu_impl"].parent == "root.transformer.h.2.mlp"
     assert all(n.layer == 2 for n in d.nodes)
     assert d.order_source == "definition"
-    assert _order(d)[:3] == ["root.transformer.h.2", "root.transformer.h.2.input_layernorm",
-                             "root.transformer.h.2.self_attention"]
+    assert _order(d)[:3] == [
+        "root.transformer.h.2",
+        "root.transformer.h.2.input_layernorm",
+        "root.transformer.h.2.self_attention",
+    ]
 
 
 def test_missing_model_tree_rebuilt_from_folders(tmp_path: Path) -> None:
@@ -190,11 +207,20 @@ def test_missing_model_tree_rebuilt_from_folders(tmp_path: Path) -> None:
     assert nodes["root.model.layers.0.mlp.softmax"].layer == 0
 
 
-@pytest.mark.parametrize(("name", "layer"), [
-    ("root.model.layers.12.mlp", 12), ("root.transformer.h.2.self_attention", 2), ("encoder.layer.5", 5),
-    ("blocks.7.attn", 7), ("Module.model.layers.3.mlp.LlamaMLP.forward", 3), ("root.model.norm", None),
-    ("root.hidden.3", None), ("root.model.layers", None), ("root.h", None),
-])
+@pytest.mark.parametrize(
+    ("name", "layer"),
+    [
+        ("root.model.layers.12.mlp", 12),
+        ("root.transformer.h.2.self_attention", 2),
+        ("encoder.layer.5", 5),
+        ("blocks.7.attn", 7),
+        ("Module.model.layers.3.mlp.LlamaMLP.forward", 3),
+        ("root.model.norm", None),
+        ("root.hidden.3", None),
+        ("root.model.layers", None),
+        ("root.h", None),
+    ],
+)
 def test_layer_from_name(name: str, layer: int | None) -> None:
     assert layer_from_name(name) == layer
 

@@ -42,8 +42,11 @@ def test_wb_mapping_round_trip(tmp_path: Path) -> None:
 
 
 def test_msit_mapping_file_string_value_is_one_type(tmp_path: Path) -> None:
-    (tmp_path / "op_mapping_file.json").write_text(json.dumps(
-        {"RmsNormOperation": "LlamaRMSNorm", "SelfAttentionOperation_outtensor0": ["CoreAttention_output_0"]}))
+    (tmp_path / "op_mapping_file.json").write_text(
+        json.dumps(
+            {"RmsNormOperation": "LlamaRMSNorm", "SelfAttentionOperation_outtensor0": ["CoreAttention_output_0"]}
+        )
+    )
     mf = MappingFile.load(tmp_path)
     types = {t.test_type: t for t in mf.types}
     assert types["RmsNormOperation"].golden_types == ["LlamaRMSNorm"]  # msit would iterate characters
@@ -52,12 +55,15 @@ def test_msit_mapping_file_string_value_is_one_type(tmp_path: Path) -> None:
     assert sa.golden_types == ["CoreAttention"] and sa.golden_tensors == [TensorSel("out", 0)]
 
 
-@pytest.mark.parametrize("content, reason", [
-    ("{not json", "not valid JSON"),
-    ('["a"]', "expected a JSON object"),
-    ('{"Rms-Norm": "X"}', "letters, digits"),
-    ('{"format": "wb-mapping", "version": 99}', "newer"),
-])
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        ("{not json", "not valid JSON"),
+        ('["a"]', "expected a JSON object"),
+        ('{"Rms-Norm": "X"}', "letters, digits"),
+        ('{"format": "wb-mapping", "version": 99}', "newer"),
+    ],
+)
 def test_bad_mapping_files_name_the_file(tmp_path: Path, content: str, reason: str) -> None:
     f = tmp_path / "m.json"
     f.write_text(content)
@@ -67,11 +73,19 @@ def test_bad_mapping_files_name_the_file(tmp_path: Path, content: str, reason: s
 
 
 def _frames(run_id: int, kind: str, nodes: list[tuple[str, str, int | None]], tokens: int = 2) -> RunFrames:
-    ndf = pd.DataFrame({
-        "node_id": range(len(nodes)), "name": [n[0] for n in nodes], "type": [n[1] for n in nodes],
-        "parent_id": [None] * len(nodes), "depth": [1] * len(nodes), "exec_order": range(len(nodes)),
-        "layer": pd.array([n[2] for n in nodes], dtype="Int64"), "phase": [None] * len(nodes),
-        "params": [None] * len(nodes)})
+    ndf = pd.DataFrame(
+        {
+            "node_id": range(len(nodes)),
+            "name": [n[0] for n in nodes],
+            "type": [n[1] for n in nodes],
+            "parent_id": [None] * len(nodes),
+            "depth": [1] * len(nodes),
+            "exec_order": range(len(nodes)),
+            "layer": pd.array([n[2] for n in nodes], dtype="Int64"),
+            "phase": [None] * len(nodes),
+            "params": [None] * len(nodes),
+        }
+    )
     rows = []
     for tok in range(tokens):
         for nid in range(len(nodes)):
@@ -83,16 +97,28 @@ def _frames(run_id: int, kind: str, nodes: list[tuple[str, str, int | None]], to
 
 
 def test_ladder_rules_types_names_and_rejections() -> None:
-    golden = _frames(1, "msit_torch", [("root.model.layers.0.mlp.down_proj", "Linear", 0),
-                                         ("root.model.layers.1.mlp.down_proj", "Linear", 1),
-                                         ("root.model.layers.0.input_layernorm", "LlamaRMSNorm", 0),
-                                         ("root.model.layers.1.input_layernorm", "LlamaRMSNorm", 1),
-                                         ("root.lm_head", "Linear", None)])
-    test = _frames(2, "atb", [("2_Prefill_layer/9_LinearOperation", "LinearOperation", 0),
-                              ("3_Prefill_layer/9_LinearOperation", "LinearOperation", 1),
-                              ("2_Prefill_layer/0_RmsNormOperation", "RmsNormOperation", 0),
-                              ("3_Prefill_layer/0_RmsNormOperation", "RmsNormOperation", 1),
-                              ("5_LmHead", "LmHead", None)])
+    golden = _frames(
+        1,
+        "msit_torch",
+        [
+            ("root.model.layers.0.mlp.down_proj", "Linear", 0),
+            ("root.model.layers.1.mlp.down_proj", "Linear", 1),
+            ("root.model.layers.0.input_layernorm", "LlamaRMSNorm", 0),
+            ("root.model.layers.1.input_layernorm", "LlamaRMSNorm", 1),
+            ("root.lm_head", "Linear", None),
+        ],
+    )
+    test = _frames(
+        2,
+        "atb",
+        [
+            ("2_Prefill_layer/9_LinearOperation", "LinearOperation", 0),
+            ("3_Prefill_layer/9_LinearOperation", "LinearOperation", 1),
+            ("2_Prefill_layer/0_RmsNormOperation", "RmsNormOperation", 0),
+            ("3_Prefill_layer/0_RmsNormOperation", "RmsNormOperation", 1),
+            ("5_LmHead", "LmHead", None),
+        ],
+    )
     mf = MappingFile()
     mf.rules.append(RuleSpec("root.model.layers.*.mlp.down_proj", "*_Prefill_layer/9_LinearOperation"))
     mf.types.extend(MappingFile._type_rules({"RmsNormOperation": ["RMSNorm"]}))

@@ -96,7 +96,7 @@ def test_hand_computed_values() -> None:
 
 def test_ulp_and_thousandth_ratios_per_dtype() -> None:
     g = torch.tensor([1.0, 3.0, 1000.0, 0.001])
-    m = torch.tensor([1.0 + 2 ** -7, 3.0, 1000.0 + 8.0, 0.001])
+    m = torch.tensor([1.0 + 2**-7, 3.0, 1000.0 + 8.0, 0.001])
     assert compare_tensors(g, m, "bfloat16").values["max_ulp_error"] == pytest.approx(2.0)  # 8 / ulp_bf16(1000)=4
     assert compare_tensors(g, m, "float16").values["max_ulp_error"] == pytest.approx(16.0)  # 8 / 0.5
     assert compare_tensors(g, m.to(torch.bfloat16)).values["max_ulp_error"] is not None
@@ -119,7 +119,8 @@ def test_ratios_match_msprobe_float64_definition() -> None:
     n, b = m.double().numpy(), g.double().numpy()
     zero = b == 0
     re = np.abs(np.where(zero, n + np.finfo(float).eps, n) - np.where(zero, np.finfo(float).eps, b)) / np.abs(
-        np.where(zero, np.finfo(float).eps, b))
+        np.where(zero, np.finfo(float).eps, b)
+    )
     v = compare_tensors(g, m).values
     # float32 vs float64 RE may differ at the boundary by an element or two
     assert v["one_thousandth_err_ratio"] == pytest.approx(float(np.mean(re < 0.001)), abs=2e-5)
@@ -142,7 +143,8 @@ def test_kl_matches_float64_in_every_regime(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(metrics, "CHUNK", 4096)  # many chunks: online merging of max and sums
     for label, m in tests.items():
         assert compare_tensors(g, m).values["kl_divergence"] == pytest.approx(
-            _true_kl(g, m.float()), rel=1e-4, abs=2e-7), label
+            _true_kl(g, m.float()), rel=1e-4, abs=2e-7
+        ), label
 
 
 def test_chunking_gives_the_same_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -179,7 +181,8 @@ def test_nan_inf_metrics_on_the_finite_part(monkeypatch: pytest.MonkeyPatch) -> 
         assert r.values[k] == pytest.approx(ref.values[k], rel=1e-6, abs=1e-12), k
     # statistics on each side's own finite part
     assert r.golden.numel == 20_000 and r.golden.mean == pytest.approx(
-        float(g[torch.isfinite(g)].double().mean()), abs=1e-7)
+        float(g[torch.isfinite(g)].double().mean()), abs=1e-7
+    )
     assert r.test.max == float(m[torch.isfinite(m)].max())
     nothing = compare_tensors(torch.full((4,), float("nan")), torch.ones(4))
     assert all(v is None for v in nothing.values.values()) and "no position is finite" in str(nothing.reason)
@@ -209,8 +212,10 @@ def test_special_cases_never_raise() -> None:
     assert huge["max_absolute_error"] == math.inf and huge["relative_euclidean_distance"] == math.inf
     boolean = compare_tensors(torch.tensor([True, False]), torch.tensor([True, True]))
     assert boolean.values["max_absolute_error"] == 0.0  # golden 0 is masked, as in msit
-    assert compare_tensors(torch.ones(2, dtype=torch.complex64), torch.ones(2)).reason == \
-        "complex tensors are not compared"
+    assert (
+        compare_tensors(torch.ones(2, dtype=torch.complex64), torch.ones(2)).reason
+        == "complex tensors are not compared"
+    )
 
 
 def test_summarize() -> None:

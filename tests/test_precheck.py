@@ -40,7 +40,8 @@ class Dumps:
         if key not in self.devs:
             hf = self.models.setdefault(init, _model(init))
             run = AtbLlama.from_hf(hf, dtype=dtype, defect=defect).run(
-                PROMPT, NEW, dump=AtbDumpConfig(self.base / "_".join(map(str, key)), save_time=save_time))
+                PROMPT, NEW, dump=AtbDumpConfig(self.base / "_".join(map(str, key)), save_time=save_time)
+            )
             assert run.dump_root is not None
             (dev,) = list((run.dump_root / "tensors").iterdir())
             self.devs[key] = dev
@@ -76,8 +77,7 @@ def test_clean_bf16_dump_passes_every_op_on_every_token(dumps: Dumps) -> None:
     assert rope.passed and 0.999 < rope.outputs[0].values["cosine_similarity"] <= 1.0
 
 
-@pytest.mark.parametrize("kind", ["rmsnorm_eps", "rope_base", "rope_halves", "kv_slot", "attn_scale",
-                                  "fp16_overflow"])
+@pytest.mark.parametrize("kind", ["rmsnorm_eps", "rope_base", "rope_halves", "kv_slot", "attn_scale", "fp16_overflow"])
 def test_defect_op_fails_and_its_layer_neighbours_pass(dumps: Dumps, kind: str) -> None:
     dtype = torch.float16 if kind == "fp16_overflow" else torch.bfloat16
     defect = Defect(kind)
@@ -198,17 +198,27 @@ def test_params_beyond_our_stack(tmp_path: Path) -> None:
     assert precheck_op(wrong).passed is False
 
     gelu_tanh = torch.nn.functional.gelu(x, approximate="tanh")
-    assert precheck_op(_op(tmp_path, "2_ActivationOperation", {"activationType": 2, "geluMode": 0},
-                           [x], [gelu_tanh])).passed is True
+    assert (
+        precheck_op(
+            _op(tmp_path, "2_ActivationOperation", {"activationType": 2, "geluMode": 0}, [x], [gelu_tanh])
+        ).passed
+        is True
+    )
     swish = x * torch.sigmoid(0.5 * x)
-    assert precheck_op(_op(tmp_path, "3_ActivationOperation", {"activationType": 4, "scale": 0.5},
-                           [x], [swish])).passed is True
-    assert precheck_op(_op(tmp_path, "4_ActivationOperation", {"activationType": 4, "scale": 1.0},
-                           [x], [swish])).passed is False
+    assert (
+        precheck_op(_op(tmp_path, "3_ActivationOperation", {"activationType": 4, "scale": 0.5}, [x], [swish])).passed
+        is True
+    )
+    assert (
+        precheck_op(_op(tmp_path, "4_ActivationOperation", {"activationType": 4, "scale": 1.0}, [x], [swish])).passed
+        is False
+    )
     muls = {"elewiseType": 2, "mulsParam": {"varAttr": 0.125}}
     assert precheck_op(_op(tmp_path, "5_ElewiseOperation", muls, [x], [x * 0.125])).passed is True
-    assert precheck_op(_op(tmp_path, "6_ElewiseOperation", {"elewiseType": 15}, [x, x.flip(0)],
-                           [x - x.flip(0)])).passed is True
+    assert (
+        precheck_op(_op(tmp_path, "6_ElewiseOperation", {"elewiseType": 15}, [x, x.flip(0)], [x - x.flip(0)])).passed
+        is True
+    )
     parts = list(x.chunk(2, dim=1))
     split = _op(tmp_path, "7_SplitOperation", {"splitDim": 1, "splitNum": 2}, [x], parts)
     assert [o.passed for o in precheck_op(split).outputs] == [True, True]

@@ -32,9 +32,16 @@ def _model() -> torch.nn.Module:
         import transformers
 
         torch.manual_seed(0)
-        cfg = transformers.LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                                       num_attention_heads=4, num_key_value_heads=4, vocab_size=1000,
-                                       max_position_embeddings=128, rms_norm_eps=1e-6)
+        cfg = transformers.LlamaConfig(
+            hidden_size=256,
+            intermediate_size=688,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            vocab_size=1000,
+            max_position_embeddings=128,
+            rms_norm_eps=1e-6,
+        )
         _CACHE["model"] = transformers.LlamaForCausalLM(cfg).eval()
     return _CACHE["model"]  # type: ignore[return-value]
 
@@ -56,6 +63,7 @@ def _run(dtype: torch.dtype, fault: Fault | None = None, scale_output: str | Non
                 out = (first, *out[1:]) if isinstance(out, tuple) else first
             outs[name] = first.detach().clone()
             return out
+
         return fn
 
     for name, mod in model.named_modules():
@@ -73,8 +81,9 @@ def _golden() -> dict[str, torch.Tensor]:
     return _CACHE["golden"]  # type: ignore[return-value]
 
 
-def _judge_all(th: Thresholds, test: dict[str, torch.Tensor], dtype: str, only: set[str] | None = None
-               ) -> dict[str, tuple[bool | None, list[str], dict[str, float | None]]]:
+def _judge_all(
+    th: Thresholds, test: dict[str, torch.Tensor], dtype: str, only: set[str] | None = None
+) -> dict[str, tuple[bool | None, list[str], dict[str, float | None]]]:
     out = {}
     for name, g in _golden().items():
         if only is not None and name not in only:
@@ -85,8 +94,9 @@ def _judge_all(th: Thresholds, test: dict[str, torch.Tensor], dtype: str, only: 
     return out
 
 
-def _margins(th: Thresholds, results: dict[str, tuple[bool | None, list[str], dict[str, float | None]]],
-             dtype: str) -> dict[str, float]:
+def _margins(
+    th: Thresholds, results: dict[str, tuple[bool | None, list[str], dict[str, float | None]]], dtype: str
+) -> dict[str, float]:
     """Per verdict metric, the smallest distance to its bound over all modules, as a factor."""
     worst: dict[str, float] = {}
     for name, (_p, _f, vals) in results.items():
@@ -103,13 +113,16 @@ def _margins(th: Thresholds, results: dict[str, tuple[bool | None, list[str], di
 
 FAULTS: dict[str, Fault] = {
     "rmsnorm eps 1e-2 (layer 0 input_layernorm)": (
-        "model.layers.0.input_layernorm", lambda mod: setattr(mod, "variance_epsilon", 1e-2)),
+        "model.layers.0.input_layernorm",
+        lambda mod: setattr(mod, "variance_epsilon", 1e-2),
+    ),
 }
 SCALED = ("model.layers.1.mlp", "model.layers.2.self_attn.o_proj", "model.layers.3", "model.norm", "lm_head")
 
 
 # ---------------------------------------------------------------------------------------------
 # calibration tests (real model, real metrics)
+
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_defaults_pass_every_module_of_a_clean_run(dtype: torch.dtype) -> None:
@@ -144,6 +157,7 @@ def test_defaults_fail_a_wrong_rmsnorm_epsilon(dtype: torch.dtype) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # loading, merging, validation, judging
+
 
 def test_defaults_load_and_describe_bounds() -> None:
     th = Thresholds.load()
@@ -185,10 +199,12 @@ def test_user_file_merges_over_defaults(tmp_path: Path) -> None:
         "snr_db = { min = 35.0 }\n"
         "[dtype.float8_e4m3fn]\n"
         "cosine_similarity = { min = 0.98 }\n"
-        "[[rule]]\nname = \"logits\"\nmatch = \"lm_head\"\n"
+        '[[rule]]\nname = "logits"\nmatch = "lm_head"\n'
         "[rule.dtype.bfloat16]\nkl_divergence = { max = 0.001 }\n"
-        "[[rule]]\nname = \"router\"\nmatch = \"gate$\"\nverdict = [\"max_absolute_error\"]\n"
-        "[rule.dtype.bfloat16]\nmax_absolute_error = { max = 0.5 }\n", encoding="utf-8")
+        '[[rule]]\nname = "router"\nmatch = "gate$"\nverdict = ["max_absolute_error"]\n'
+        "[rule.dtype.bfloat16]\nmax_absolute_error = { max = 0.5 }\n",
+        encoding="utf-8",
+    )
     th = Thresholds.load(user)
     assert th.verdict == ("cosine_similarity", "snr_db") and th.nan_inf_fails is False
     assert th.bounds_for("snr_db", "bfloat16") == (35.0, None)
@@ -197,8 +213,9 @@ def test_user_file_merges_over_defaults(tmp_path: Path) -> None:
     assert th.bounds_for("kl_divergence", "bfloat16", node_name="lm_head") == (None, 0.001)
     assert th.bounds_for("cosine_similarity", "bfloat16", node_name="lm_head") == (0.999, None)
     assert [r.name for r in th.rules] == ["logits", "router"]
-    assert th.judge({"cosine_similarity": 1.0, "snr_db": 50.0, "max_absolute_error": 0.7}, "bf16",
-                    node_name="layers.0.mlp.gate") == (False, ["max_absolute_error"])
+    assert th.judge(
+        {"cosine_similarity": 1.0, "snr_db": 50.0, "max_absolute_error": 0.7}, "bf16", node_name="layers.0.mlp.gate"
+    ) == (False, ["max_absolute_error"])
     assert th.judge({}, "bf16", nan_inf_mismatch=True) == (None, [])
     data = json.loads(th.to_json())
     assert data["dtype"]["bfloat16"]["snr_db"] == {"min": 35.0}
@@ -206,17 +223,20 @@ def test_user_file_merges_over_defaults(tmp_path: Path) -> None:
     assert th.to_json() != Thresholds.load().to_json()
 
 
-@pytest.mark.parametrize(("text", "needle"), [
-    ("verdict = [", "not valid TOML"),
-    ('verdict = ["cosine"]', "unknown metric 'cosine'"),
-    ("colour = 1", "unknown key"),
-    ("[dtype.bfloat16]\ncosine_similarity = 0.9", "must be { min = x }"),
-    ("[dtype.bfloat16]\ncosine_similarity = { min = \"a\" }", "bounds must be numbers"),
-    ("[dtype.bfloat16]\nsnr_db = { min = 9.0, max = 1.0 }", "min 9.0 > max 1.0"),
-    ("[[rule]]\nmatch = \"(\"", "bad regular expression"),
-    ("[[rule]]\nname = \"x\"", "`match` must be"),
-    ('default_dtype = "float64"', "has no [dtype.float64] table"),
-])
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("verdict = [", "not valid TOML"),
+        ('verdict = ["cosine"]', "unknown metric 'cosine'"),
+        ("colour = 1", "unknown key"),
+        ("[dtype.bfloat16]\ncosine_similarity = 0.9", "must be { min = x }"),
+        ('[dtype.bfloat16]\ncosine_similarity = { min = "a" }', "bounds must be numbers"),
+        ("[dtype.bfloat16]\nsnr_db = { min = 9.0, max = 1.0 }", "min 9.0 > max 1.0"),
+        ('[[rule]]\nmatch = "("', "bad regular expression"),
+        ('[[rule]]\nname = "x"', "`match` must be"),
+        ('default_dtype = "float64"', "has no [dtype.float64] table"),
+    ],
+)
 def test_bad_user_file_is_a_one_line_error_naming_it(tmp_path: Path, text: str, needle: str) -> None:
     path = tmp_path / "bad.toml"
     path.write_text(text, encoding="utf-8")
@@ -240,23 +260,31 @@ def main() -> None:
     for dtype in (torch.bfloat16, torch.float16):
         name = str(dtype).removeprefix("torch.")
         res = _judge_all(th, _run(dtype), name)
-        print(f"clean {name}: {sum(p is True for p, _f, _v in res.values())}/{len(res)} modules pass; "
-              f"margins {_margins(th, res, name)}")
+        print(
+            f"clean {name}: {sum(p is True for p, _f, _v in res.values())}/{len(res)} modules pass; "
+            f"margins {_margins(th, res, name)}"
+        )
         for metric in ("cosine_similarity", "relative_euclidean_distance", "kl_divergence", "snr_db"):
             vals = [(v[metric], k) for k, (_p, _f, v) in res.items()]
             pick = min(vals) if metric in ("cosine_similarity", "snr_db") else max(vals)
             print(f"  worst {metric}: {pick[0]:.6g} at {pick[1]}")
         lm = res["lm_head"][2]
-        print(f"  lm_head: cos {lm['cosine_similarity']:.8f} kl {lm['kl_divergence']:.3g} "
-              f"red {lm['relative_euclidean_distance']:.4g}")
+        print(
+            f"  lm_head: cos {lm['cosine_similarity']:.8f} kl {lm['kl_divergence']:.3g} "
+            f"red {lm['relative_euclidean_distance']:.4g}"
+        )
         for module in SCALED:
             passed, failed, vals = _judge_all(th, _run(dtype, scale_output=module), name, only={module})[module]
-            print(f"  x1.05 {module}: passed={passed} failed={failed} "
-                  f"red {vals['relative_euclidean_distance']:.4g} cos {vals['cosine_similarity']:.8f}")
+            print(
+                f"  x1.05 {module}: passed={passed} failed={failed} "
+                f"red {vals['relative_euclidean_distance']:.4g} cos {vals['cosine_similarity']:.8f}"
+            )
         for label, (module, fault) in FAULTS.items():
             passed, failed, vals = _judge_all(th, _run(dtype, fault=(module, fault)), name, only={module})[module]
-            print(f"  {label}: passed={passed} failed={failed} red {vals['relative_euclidean_distance']:.4g} "
-                  f"cos {vals['cosine_similarity']:.6f}")
+            print(
+                f"  {label}: passed={passed} failed={failed} red {vals['relative_euclidean_distance']:.4g} "
+                f"cos {vals['cosine_similarity']:.6f}"
+            )
 
 
 if __name__ == "__main__":

@@ -63,8 +63,16 @@ class _ProgressPrinter:
         self.last_stage = p.stage
 
 
-def run_compare_cli(golden: Path, test: Path, out: Path, mapping: Path | None, tokens: str | None,
-                    workers: int | None, thresholds: Path | None, quiet: bool = False) -> Any:
+def run_compare_cli(
+    golden: Path,
+    test: Path,
+    out: Path,
+    mapping: Path | None,
+    tokens: str | None,
+    workers: int | None,
+    thresholds: Path | None,
+    quiet: bool = False,
+) -> Any:
     """Shared by `wb compare`, `wb open` and `wb demo`: compare, write the CSV, print the summary."""
     from workbench.catalog import CATALOG_NAME
     from workbench.compare.pool import PoolStarter, default_workers, worth_a_pool
@@ -73,8 +81,9 @@ def run_compare_cli(golden: Path, test: Path, out: Path, mapping: Path | None, t
     # boot the workers first, then read the dumps and hand the workers the pairs that are obvious
     # (same place in two dumps of one kind) while this process imports pandas/DuckDB and builds the catalog
     n_workers = workers or default_workers()
-    starter = (PoolStarter(n_workers) if golden.exists() and test.exists() and worth_a_pool(golden, test, n_workers)
-               else None)
+    starter = (
+        PoolStarter(n_workers) if golden.exists() and test.exists() and worth_a_pool(golden, test, n_workers) else None
+    )
     try:
         from workbench.formats import open_dump
 
@@ -94,9 +103,18 @@ def run_compare_cli(golden: Path, test: Path, out: Path, mapping: Path | None, t
 
         out.mkdir(parents=True, exist_ok=True)
         catalog = out / CATALOG_NAME
-        res = run_compare(g_dump, t_dump, catalog, mapping=mapping, tokens=tok, workers=n_workers,
-                          thresholds=thresholds, progress=None if quiet else _ProgressPrinter(), pool=starter,
-                          early=early)
+        res = run_compare(
+            g_dump,
+            t_dump,
+            catalog,
+            mapping=mapping,
+            tokens=tok,
+            workers=n_workers,
+            thresholds=thresholds,
+            progress=None if quiet else _ProgressPrinter(),
+            pool=starter,
+            early=early,
+        )
     finally:
         if starter is not None:
             starter.shutdown()
@@ -118,15 +136,22 @@ def run_compare_cli(golden: Path, test: Path, out: Path, mapping: Path | None, t
 def compare(
     golden: Annotated[Path, typer.Option("-gp", "--golden-path", help="Golden dump (any level msit accepts).")],
     test: Annotated[Path, typer.Option("-mp", "--my-path", help="Test dump (any level msit accepts).")],
-    mapping: Annotated[Path | None, typer.Option(
-        "-mf", "--mapping", help="Mapping file (wb-mapping JSON), msit's op_mapping_file.json, or a folder with them.")
+    mapping: Annotated[
+        Path | None,
+        typer.Option(
+            "-mf",
+            "--mapping",
+            help="Mapping file (wb-mapping JSON), msit's op_mapping_file.json, or a folder with them.",
+        ),
     ] = None,
-    out: Annotated[Path, typer.Option("-o", "--output", help="Output folder: catalog.duckdb and the CSV report.")
-                   ] = Path("wb_out"),
+    out: Annotated[
+        Path, typer.Option("-o", "--output", help="Output folder: catalog.duckdb and the CSV report.")
+    ] = Path("wb_out"),
     tokens: Annotated[str | None, typer.Option("--tokens", help="Tokens to compare, e.g. 0-3,7.")] = None,
     workers: Annotated[int | None, typer.Option("--workers", "-j", help="Worker processes (default: cores).")] = None,
-    thresholds: Annotated[Path | None, typer.Option("--thresholds", help="TOML file overriding pass/fail bounds.")
-                          ] = None,
+    thresholds: Annotated[
+        Path | None, typer.Option("--thresholds", help="TOML file overriding pass/fail bounds.")
+    ] = None,
 ) -> None:
     """Compare two dumps op by op: OUT/catalog.duckdb, an msit-compatible CSV, and where the error is born."""
     res = guarded(lambda: run_compare_cli(golden, test, out, mapping, tokens, workers, thresholds))
@@ -151,8 +176,9 @@ def ingest(
         finally:
             con.close()
         verb = "already in the catalog as" if res.skipped else "ingested as"
-        typer.echo(f"{d.root} ({d.kind}, {res.n_nodes} nodes, {res.n_tensors} tensors) {verb} run {res.run_id} "
-                   f"in {catalog}")
+        typer.echo(
+            f"{d.root} ({d.kind}, {res.n_nodes} nodes, {res.n_tensors} tensors) {verb} run {res.run_id} in {catalog}"
+        )
         for p in res.problems:
             typer.echo(f"problem: {p}")
 
@@ -164,8 +190,9 @@ def query(
     sql: Annotated[str, typer.Argument(help="SQL text, a .sql file, or the name of a saved query in queries/.")],
     catalog: Annotated[Path, typer.Option("--catalog", "-c", help="Catalog file.")] = Path("wb_out/catalog.duckdb"),
     fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv or json.")] = "table",
-    cmp_id: Annotated[int | None, typer.Option("--cmp", help="Comparison id for saved queries (default: newest).")
-                      ] = None,
+    cmp_id: Annotated[
+        int | None, typer.Option("--cmp", help="Comparison id for saved queries (default: newest).")
+    ] = None,
     limit: Annotated[int, typer.Option("--limit", help="Rows shown in table format (0: all).")] = 200,
 ) -> None:
     """Run SQL on a catalog, read-only. Saved queries use getvariable('cmp_id')."""
@@ -192,8 +219,9 @@ def list_queries() -> None:
 @app.command()
 def precheck(
     path: Annotated[Path, typer.Argument(help="An ATB op folder, a group (layer) folder or a token folder of a dump.")],
-    thresholds: Annotated[Path | None, typer.Option("--thresholds", help="TOML file overriding pass/fail bounds.")
-                          ] = None,
+    thresholds: Annotated[
+        Path | None, typer.Option("--thresholds", help="TOML file overriding pass/fail bounds.")
+    ] = None,
     show_all: Annotated[bool, typer.Option("--all", help="Also list ops that pass.")] = False,
 ) -> None:
     """Re-run ATB ops alone on their dumped inputs with a float32/64 reference; report the ops that disagree."""
@@ -214,16 +242,18 @@ def precheck(
                 continue
             if r.passed is False:
                 failed += 1
-                worst = ", ".join(f"out{o.index}: {','.join(o.failed_metrics) or o.reason}" for o in r.outputs
-                                  if o.passed is False)
+                worst = ", ".join(
+                    f"out{o.index}: {','.join(o.failed_metrics) or o.reason}" for o in r.outputs if o.passed is False
+                )
                 typer.echo(f"FAIL  {label}  {worst}" + (f"  ({r.reason})" if r.reason else ""))
             elif r.passed is None:
                 typer.echo(f"?     {label}  ({r.reason})")
             elif show_all:
                 typer.echo(f"ok    {label}")
         checked = sum(1 for r in results if r.supported)
-        typer.echo(f"{checked} ops re-run, {failed} disagree with their dumped outputs, "
-                   f"{len(results) - checked} not supported")
+        typer.echo(
+            f"{checked} ops re-run, {failed} disagree with their dumped outputs, {len(results) - checked} not supported"
+        )
         return 1 if failed else 0
 
     code = guarded(go)
@@ -236,8 +266,9 @@ def open_cmd(
     golden: Annotated[Path, typer.Argument(help="Golden dump folder, or a catalog.duckdb to open.")],
     test: Annotated[Path | None, typer.Argument(help="Test dump folder.")] = None,
     mapping: Annotated[Path | None, typer.Option("-mf", "--mapping", help="Mapping file or folder.")] = None,
-    out: Annotated[Path, typer.Option("-o", "--output", help="Folder for the catalog when comparing.")
-                   ] = Path("wb_out"),
+    out: Annotated[Path, typer.Option("-o", "--output", help="Folder for the catalog when comparing.")] = Path(
+        "wb_out"
+    ),
     theme: Annotated[str | None, typer.Option("--theme", help="Theme name from themes/.")] = None,
 ) -> None:
     """Open the workbench app on two dumps (ingested and compared first) or on an existing catalog."""
@@ -268,15 +299,15 @@ def open_cmd(
 
 @app.command()
 def demo(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the demo dumps and catalog.")
-                   ] = Path("wb_demo"),
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the demo dumps and catalog.")] = Path("wb_demo"),
     no_tui: Annotated[bool, typer.Option("--no-tui", help="Stop after the summary; do not open the app.")] = False,
-    defect: Annotated[str | None, typer.Option("--defect", help="Planted defect (see `wb demo --list-defects`).")
-                      ] = None,
-    stack: Annotated[str, typer.Option("--stack", help="Test stack: atb (ATB-structured, bf16) or torch (HF bf16).")
-                     ] = "atb",
-    list_defects: Annotated[bool, typer.Option("--list-defects", help="List the defects the demo can plant.")
-                            ] = False,
+    defect: Annotated[
+        str | None, typer.Option("--defect", help="Planted defect (see `wb demo --list-defects`).")
+    ] = None,
+    stack: Annotated[
+        str, typer.Option("--stack", help="Test stack: atb (ATB-structured, bf16) or torch (HF bf16).")
+    ] = "atb",
+    list_defects: Annotated[bool, typer.Option("--list-defects", help="List the defects the demo can plant.")] = False,
     theme: Annotated[str | None, typer.Option("--theme", help="Theme for the app.")] = None,
 ) -> None:
     """Build a small Llama, dump a golden (fp32) and a test run (bf16, one planted defect), compare, open the app."""

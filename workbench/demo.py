@@ -36,9 +36,17 @@ class DemoPlan:
 def demo_config() -> Any:
     from transformers import LlamaConfig
 
-    return LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
-                       num_key_value_heads=4, vocab_size=1024, max_position_embeddings=256, rms_norm_eps=1e-6,
-                       tie_word_embeddings=False)
+    return LlamaConfig(
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        vocab_size=1024,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    )
 
 
 def build_model(seed: int = DEMO_SEED) -> Any:
@@ -119,8 +127,9 @@ def _dump_torch(model: Any, dump_path: Path, prompt: torch.Tensor, forced: list[
     return roots[-1], tokens
 
 
-def make_demo(out: Path, *, stack: str = "atb", defect: str | None = None,
-              log: Callable[[str], None] = print) -> DemoPlan:
+def make_demo(
+    out: Path, *, stack: str = "atb", defect: str | None = None, log: Callable[[str], None] = print
+) -> DemoPlan:
     """Build, run and dump the demo into `out` (replacing an earlier demo there); returns what to compare."""
     from workbench.dump import seed_all
 
@@ -137,8 +146,10 @@ def make_demo(out: Path, *, stack: str = "atb", defect: str | None = None,
     seed_all(DEMO_SEED)
     model = build_model()
     prompt = demo_prompt()
-    log(f"demo: Llama {model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, "
-        f"prompt {prompt.shape[1]} tokens, {NEW_TOKENS} tokens decoded")
+    log(
+        f"demo: Llama {model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, "
+        f"prompt {prompt.shape[1]} tokens, {NEW_TOKENS} tokens decoded"
+    )
     golden_root, tokens = _dump_torch(model, out / "golden", prompt, None)
     log(f"demo: golden run (torch fp32) dumped to {golden_root}")
     if stack == "torch":

@@ -59,8 +59,7 @@ def refresh_verdicts(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, i
         evidence = _refine_with_precheck(con, cmp_id, verdicts)
         con.execute("DELETE FROM error_born WHERE cmp_id = ?", [cmp_id])
         for token, (gid, tid) in verdicts.items():
-            con.execute("INSERT INTO error_born VALUES (?, ?, ?, ?, ?)",
-                        [cmp_id, token, gid, tid, evidence.get(token)])
+            con.execute("INSERT INTO error_born VALUES (?, ?, ?, ?, ?)", [cmp_id, token, gid, tid, evidence.get(token)])
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
@@ -74,16 +73,21 @@ def _born_per_token(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, tu
     golden_run = int(golden_run_row[0])
     parent: dict[int, int | None] = {}
     order: dict[int, tuple[int, int]] = {}
-    for nid, pid, eo in con.execute("SELECT node_id, parent_id, exec_order FROM nodes WHERE run_id = ?",
-                                    [golden_run]).fetchall():
+    for nid, pid, eo in con.execute(
+        "SELECT node_id, parent_id, exec_order FROM nodes WHERE run_id = ?", [golden_run]
+    ).fetchall():
         parent[int(nid)] = None if pid is None else int(pid)
         order[int(nid)] = (int(eo) if eo is not None else 1 << 30, int(nid))
-    tokens = [int(t) for (t,) in con.execute(
-        "SELECT DISTINCT token_id FROM node_results WHERE cmp_id = ? ORDER BY 1", [cmp_id]).fetchall()]
+    tokens = [
+        int(t)
+        for (t,) in con.execute(
+            "SELECT DISTINCT token_id FROM node_results WHERE cmp_id = ? ORDER BY 1", [cmp_id]
+        ).fetchall()
+    ]
     candidates: dict[int, list[tuple[int, int | None]]] = defaultdict(list)
     for tok, gid, tid in con.execute(
-            "SELECT token_id, golden_node_id, test_node_id FROM node_results WHERE cmp_id = ? AND born",
-            [cmp_id]).fetchall():
+        "SELECT token_id, golden_node_id, test_node_id FROM node_results WHERE cmp_id = ? AND born", [cmp_id]
+    ).fetchall():
         candidates[int(tok)].append((int(gid), None if tid is None else int(tid)))
     out: dict[int, tuple[int | None, int | None]] = {}
     for tok in tokens:
@@ -106,8 +110,9 @@ def _born_per_token(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, tu
     return out
 
 
-def _refine_with_precheck(con: duckdb.DuckDBPyConnection, cmp_id: int,
-                          verdicts: dict[int, tuple[int | None, int | None]]) -> dict[int, str]:
+def _refine_with_precheck(
+    con: duckdb.DuckDBPyConnection, cmp_id: int, verdicts: dict[int, tuple[int | None, int | None]]
+) -> dict[int, str]:
     """Pin the verdict down to one op of an ATB test run by re-running ops alone on their dumped inputs.
 
     When the golden module where the error is born maps to a group of fused test ops (say
@@ -115,20 +120,28 @@ def _refine_with_precheck(con: duckdb.DuckDBPyConnection, cmp_id: int,
     error is born; a leaf op's re-run says whether the op itself computes wrongly. Updates
     `verdicts` in place; returns token -> evidence line.
     """
-    row = first_row(con.execute("SELECT r.kind, r.run_id FROM comparisons c JOIN runs r ON r.run_id = c.test_run "
-                                "WHERE c.cmp_id = ?", [cmp_id]))
+    row = first_row(
+        con.execute(
+            "SELECT r.kind, r.run_id FROM comparisons c JOIN runs r ON r.run_id = c.test_run WHERE c.cmp_id = ?",
+            [cmp_id],
+        )
+    )
     if row is None or row[0] != "atb":
         return {}
     from workbench.analysis.precheck import precheck_group
+
     test_run = int(row[1])
     evidence: dict[int, str] = {}
     for token, (gid, tid) in list(verdicts.items()):
         if gid is None or tid is None:
             continue
-        found = first_row(con.execute(
-            "SELECT n.name, t.path FROM nodes n JOIN tensors t ON t.run_id = n.run_id AND t.node_id = n.node_id"
-            " WHERE n.run_id = ? AND n.node_id = ? AND t.token_id = ? AND t.path IS NOT NULL LIMIT 1",
-            [test_run, tid, token]))
+        found = first_row(
+            con.execute(
+                "SELECT n.name, t.path FROM nodes n JOIN tensors t ON t.run_id = n.run_id AND t.node_id = n.node_id"
+                " WHERE n.run_id = ? AND n.node_id = ? AND t.token_id = ? AND t.path IS NOT NULL LIMIT 1",
+                [test_run, tid, token],
+            )
+        )
         if found is None:
             continue
         name, op_dir = str(found[0]), Path(str(found[1])).parent.parent  # .../{node}/{before|after}/x.bin
@@ -138,17 +151,21 @@ def _refine_with_precheck(con: duckdb.DuckDBPyConnection, cmp_id: int,
             if res.supported and res.passed is False:
                 evidence[token] = f"precheck: {name} disagrees with its own re-run on its dumped inputs"
             elif res.supported and res.passed:
-                evidence[token] = (f"precheck: {name} computes correctly from its dumped inputs "
-                                   "(look at its parameters and inputs)")
+                evidence[token] = (
+                    f"precheck: {name} computes correctly from its dumped inputs (look at its parameters and inputs)"
+                )
             continue
         for res in results:
             if res.supported and res.passed is False:
                 rel = Path(res.op_dir).relative_to(op_dir).as_posix()
-                sub = first_row(con.execute("SELECT node_id FROM nodes WHERE run_id = ? AND name = ?",
-                                            [test_run, f"{name}/{rel}"]))
+                sub = first_row(
+                    con.execute("SELECT node_id FROM nodes WHERE run_id = ? AND name = ?", [test_run, f"{name}/{rel}"])
+                )
                 if sub is not None:
                     verdicts[token] = (gid, int(sub[0]))
-                    evidence[token] = (f"precheck: {name}/{rel} disagrees with its own re-run on its dumped inputs; "
-                                       f"the ops of {name} before it that could be re-run agree")
+                    evidence[token] = (
+                        f"precheck: {name}/{rel} disagrees with its own re-run on its dumped inputs; "
+                        f"the ops of {name} before it that could be re-run agree"
+                    )
                 break
     return evidence

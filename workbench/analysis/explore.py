@@ -307,8 +307,10 @@ def connect_read_only(catalog: str | Path) -> duckdb.DuckDBPyConnection:
         raise ExploreError(f"{p}: not a wb catalog (schema version {row[0]!r})") from None
     if version > SCHEMA_VERSION:
         con.close()
-        raise ExploreError(f"{p}: catalog schema version {version} is newer than this wb supports "
-                           f"({SCHEMA_VERSION}); upgrade wb to open it")
+        raise ExploreError(
+            f"{p}: catalog schema version {version} is newer than this wb supports "
+            f"({SCHEMA_VERSION}); upgrade wb to open it"
+        )
     return con
 
 
@@ -364,27 +366,48 @@ class Explorer:
         row = self._rows(
             "SELECT c.golden_run, c.test_run, c.thresholds, g.path, g.kind, t.path, t.kind FROM comparisons c "
             "LEFT JOIN runs g ON g.run_id = c.golden_run LEFT JOIN runs t ON t.run_id = c.test_run "
-            "WHERE c.cmp_id = ?", [cmp_id])[0]
+            "WHERE c.cmp_id = ?",
+            [cmp_id],
+        )[0]
         try:
             thresholds = json.loads(row[2]) if row[2] else {}
         except (TypeError, ValueError):
             thresholds = {}
         # error_born has one row per compared token: far smaller than node_results
-        tokens = [int(r[0]) for r in self._rows(
-            "SELECT DISTINCT token_id FROM error_born WHERE cmp_id = ? ORDER BY 1", [cmp_id])]
+        tokens = [
+            int(r[0])
+            for r in self._rows("SELECT DISTINCT token_id FROM error_born WHERE cmp_id = ? ORDER BY 1", [cmp_id])
+        ]
         if not tokens:
-            tokens = [int(r[0]) for r in self._rows(
-                "SELECT DISTINCT token_id FROM node_results WHERE cmp_id = ? ORDER BY 1", [cmp_id])]
+            tokens = [
+                int(r[0])
+                for r in self._rows("SELECT DISTINCT token_id FROM node_results WHERE cmp_id = ? ORDER BY 1", [cmp_id])
+            ]
         if not tokens:
-            tokens = [int(r[0]) for r in self._rows(
-                "SELECT DISTINCT token_id FROM matches WHERE cmp_id = ? ORDER BY 1", [cmp_id])]
+            tokens = [
+                int(r[0])
+                for r in self._rows("SELECT DISTINCT token_id FROM matches WHERE cmp_id = ? ORDER BY 1", [cmp_id])
+            ]
         n_pairs = int(self._rows("SELECT count(*) FROM matches WHERE cmp_id = ?", [cmp_id])[0][0])
-        dt = self._rows("SELECT dtype FROM tensors WHERE run_id = ? AND token_id = ? AND dtype IS NOT NULL "
-                        "GROUP BY dtype ORDER BY count(*) DESC LIMIT 1", [row[1], tokens[0] if tokens else 0])
-        return ComparisonInfo(cmp_id, int(row[0]), int(row[1]), str(row[3] or "?"), str(row[5] or "?"),
-                              str(row[4] or "?"), str(row[6] or "?"),
-                              thresholds if isinstance(thresholds, dict) else {}, tokens, n_pairs, ids,
-                              str(dt[0][0]) if dt else None)
+        dt = self._rows(
+            "SELECT dtype FROM tensors WHERE run_id = ? AND token_id = ? AND dtype IS NOT NULL "
+            "GROUP BY dtype ORDER BY count(*) DESC LIMIT 1",
+            [row[1], tokens[0] if tokens else 0],
+        )
+        return ComparisonInfo(
+            cmp_id,
+            int(row[0]),
+            int(row[1]),
+            str(row[3] or "?"),
+            str(row[5] or "?"),
+            str(row[4] or "?"),
+            str(row[6] or "?"),
+            thresholds if isinstance(thresholds, dict) else {},
+            tokens,
+            n_pairs,
+            ids,
+            str(dt[0][0]) if dt else None,
+        )
 
     def run_id(self, side: Side) -> int:
         return self.info.golden_run if side == "golden" else self.info.test_run
@@ -395,7 +418,8 @@ class Explorer:
         run = self.run_id(side)
         me, other = ("golden_node_id", "test_node_id") if side == "golden" else ("test_node_id", "golden_node_id")
         first_token = self.info.tokens[0] if self.info.tokens else 0
-        rows = self._rows(f"""
+        rows = self._rows(
+            f"""
             WITH shapes AS (
                 SELECT node_id, arg_min(shape, idx) AS shape, count(*) AS n
                 FROM tensors WHERE run_id = ? AND token_id = ? AND io = 'out' GROUP BY node_id
@@ -413,24 +437,45 @@ class Explorer:
             LEFT JOIN cp USING (node_id)
             WHERE n.run_id = ?
             ORDER BY n.exec_order NULLS LAST, n.node_id""",
-            [run, first_token, run, first_token, self.info.cmp_id, run])
-        return [TreeRow(int(r[0]), str(r[1]), str(r[2]), None if r[3] is None else int(r[3]), int(r[4]),
-                        None if r[5] is None else int(r[5]), None if r[6] is None else int(r[6]),
-                        _shape_text(r[7]), None if r[8] is None else int(r[8]), bool(r[9])) for r in rows]
+            [run, first_token, run, first_token, self.info.cmp_id, run],
+        )
+        return [
+            TreeRow(
+                int(r[0]),
+                str(r[1]),
+                str(r[2]),
+                None if r[3] is None else int(r[3]),
+                int(r[4]),
+                None if r[5] is None else int(r[5]),
+                None if r[6] is None else int(r[6]),
+                _shape_text(r[7]),
+                None if r[8] is None else int(r[8]),
+                bool(r[9]),
+            )
+            for r in rows
+        ]
 
     def node_status(self, token: int, metric: str) -> dict[int, NodeStatus]:
         """Per golden node roll-up at one token, coloured by `metric` (a key of METRICS)."""
         col = METRICS[metric][0]
         rows = self._rows(
             f"SELECT golden_node_id, test_node_id, passed, {col}, added_error, coalesce(has_nan_inf, false), "
-            "coalesce(born, false) FROM node_results WHERE cmp_id = ? AND token_id = ?", [self.info.cmp_id, token])
-        return {int(r[0]): NodeStatus(int(r[0]), None if r[1] is None else int(r[1]), r[2], _f(r[3]), _f(r[4]),
-                                      bool(r[5]), bool(r[6])) for r in rows}
+            "coalesce(born, false) FROM node_results WHERE cmp_id = ? AND token_id = ?",
+            [self.info.cmp_id, token],
+        )
+        return {
+            int(r[0]): NodeStatus(
+                int(r[0]), None if r[1] is None else int(r[1]), r[2], _f(r[3]), _f(r[4]), bool(r[5]), bool(r[6])
+            )
+            for r in rows
+        }
 
     def born(self, token: int) -> tuple[int | None, int | None]:
         """(golden node id, test node id) where the error is born at `token` (None when all passes)."""
-        rows = self._rows("SELECT golden_node_id, test_node_id FROM error_born WHERE cmp_id = ? AND token_id = ?",
-                          [self.info.cmp_id, token])
+        rows = self._rows(
+            "SELECT golden_node_id, test_node_id FROM error_born WHERE cmp_id = ? AND token_id = ?",
+            [self.info.cmp_id, token],
+        )
         if not rows:
             return None, None
         g, t = rows[0]
@@ -438,10 +483,14 @@ class Explorer:
 
     def born_all(self) -> dict[int, str | None]:
         """token -> golden op name where the error is born."""
-        return {int(r[0]): r[1] for r in self._rows(
-            "SELECT b.token_id, n.name FROM error_born b LEFT JOIN nodes n ON n.run_id = ? "
-            "AND n.node_id = b.golden_node_id WHERE b.cmp_id = ? ORDER BY 1",
-            [self.info.golden_run, self.info.cmp_id])}
+        return {
+            int(r[0]): r[1]
+            for r in self._rows(
+                "SELECT b.token_id, n.name FROM error_born b LEFT JOIN nodes n ON n.run_id = ? "
+                "AND n.node_id = b.golden_node_id WHERE b.cmp_id = ? ORDER BY 1",
+                [self.info.golden_run, self.info.cmp_id],
+            )
+        }
 
     # ------------------------------------------------------------------ heatmap
     def heatmap(self, metric: str, layer: int | None = None) -> Heatmap:
@@ -453,17 +502,21 @@ class Explorer:
         cmp_id, grun = self.info.cmp_id, self.info.golden_run
         if layer is None:
             # rows: "pre" (nodes before the first layer), each layer, "post" (after the last one)
-            bounds = self._rows("SELECT min(exec_order), max(exec_order) FROM nodes WHERE run_id = ? "
-                                "AND layer IS NOT NULL", [grun])[0]
+            bounds = self._rows(
+                "SELECT min(exec_order), max(exec_order) FROM nodes WHERE run_id = ? AND layer IS NOT NULL", [grun]
+            )[0]
             lo = bounds[0] if bounds[0] is not None else 0
-            rows = self._numpy(f"""
+            rows = self._numpy(
+                f"""
                 SELECT CASE WHEN n.layer IS NOT NULL THEN n.layer
                             WHEN coalesce(n.exec_order, 0) < ? THEN -1 ELSE 1000000000 END AS k,
                        r.token_id AS tok, {agg} AS val, sum(coalesce(r.out_failed, 0)) > 0 AS fail,
                        bool_or(coalesce(r.has_nan_inf, false)) AS nan
                 FROM node_results r JOIN nodes n ON n.run_id = ? AND n.node_id = r.golden_node_id
                 WHERE r.cmp_id = ? AND n.parent_id IS NOT NULL
-                GROUP BY 1, 2""", [lo, grun, cmp_id])
+                GROUP BY 1, 2""",
+                [lo, grun, cmp_id],
+            )
             keys = sorted({int(x) for x in np.unique(rows["k"])})
             labels = [("pre" if k == -1 else "post" if k == 1_000_000_000 else f"L{k}") for k in keys]
             row_nodes: list[int | None] = [None] * len(keys)
@@ -471,22 +524,32 @@ class Explorer:
         else:
             nodes = self._rows(
                 "SELECT node_id, name FROM nodes WHERE run_id = ? AND layer = ? ORDER BY exec_order NULLS LAST, "
-                "node_id", [grun, layer])
-            has = {int(r[0]) for r in self._rows(
-                "SELECT DISTINCT r.golden_node_id FROM node_results r JOIN nodes n ON n.run_id = ? AND "
-                "n.node_id = r.golden_node_id WHERE r.cmp_id = ? AND n.layer = ?", [grun, cmp_id, layer])}
+                "node_id",
+                [grun, layer],
+            )
+            has = {
+                int(r[0])
+                for r in self._rows(
+                    "SELECT DISTINCT r.golden_node_id FROM node_results r JOIN nodes n ON n.run_id = ? AND "
+                    "n.node_id = r.golden_node_id WHERE r.cmp_id = ? AND n.layer = ?",
+                    [grun, cmp_id, layer],
+                )
+            }
             nodes = [r for r in nodes if int(r[0]) in has]
             keys = [int(r[0]) for r in nodes]
             prefix = _common_prefix([str(r[1]) for r in nodes])
-            labels = [str(r[1])[len(prefix):] or f"(layer {layer})" for r in nodes]
+            labels = [str(r[1])[len(prefix) :] or f"(layer {layer})" for r in nodes]
             row_nodes = list(keys)
             row_layers = [layer] * len(keys)
-            rows = self._numpy(f"""
+            rows = self._numpy(
+                f"""
                 SELECT r.golden_node_id AS k, r.token_id AS tok, {agg} AS val,
                        sum(coalesce(r.out_failed, 0)) > 0 AS fail,
                        bool_or(coalesce(r.has_nan_inf, false)) AS nan
                 FROM node_results r JOIN nodes n ON n.run_id = ? AND n.node_id = r.golden_node_id
-                WHERE r.cmp_id = ? AND n.layer = ? GROUP BY 1, 2""", [grun, cmp_id, layer])
+                WHERE r.cmp_id = ? AND n.layer = ? GROUP BY 1, 2""",
+                [grun, cmp_id, layer],
+            )
         values = np.full((len(keys), len(tokens)), np.nan)
         failed = np.zeros((len(keys), len(tokens)), dtype=bool)
         nan_inf = np.zeros((len(keys), len(tokens)), dtype=bool)
@@ -512,7 +575,9 @@ class Explorer:
             f"SELECT r.golden_node_id FROM node_results r JOIN nodes n ON n.run_id = ? AND "
             f"n.node_id = r.golden_node_id WHERE r.cmp_id = ? AND r.token_id = ? AND {layer_sql} "
             f"AND n.parent_id IS NOT NULL ORDER BY coalesce(r.born, false) DESC, n.depth DESC, {order}, "
-            "n.exec_order LIMIT 1", params)
+            "n.exec_order LIMIT 1",
+            params,
+        )
         return int(rows[0][0]) if rows else None
 
     # ------------------------------------------------------------------ detail
@@ -526,10 +591,12 @@ class Explorer:
             "LEFT JOIN node_matches m ON m.cmp_id = ? AND m.golden_node_id = g.node_id "
             "LEFT JOIN nodes t ON t.run_id = ? AND t.node_id = coalesce(r.test_node_id, m.test_node_id) "
             "WHERE g.run_id = ? AND g.node_id = ? LIMIT 1",
-            [info.cmp_id, token, info.cmp_id, info.test_run, info.golden_run, golden_node_id])
+            [info.cmp_id, token, info.cmp_id, info.test_run, info.golden_run, golden_node_id],
+        )
         gname, gtype, tname, ttype = names[0] if names else (f"#{golden_node_id}", "", None, None)
         stat_cols = "dtype, shape, min, max, mean, std, norm, nan_count, inf_count, path"
-        rows = self._rows(f"""
+        rows = self._rows(
+            f"""
             SELECT m.pair_id, m.io, gt.idx, tt.idx,
                    x.cosine_similarity, x.max_relative_error, x.mean_relative_error, x.max_absolute_error,
                    x.mean_absolute_error, x.kl_divergence, x.relative_euclidean_distance, x.max_ulp_error,
@@ -544,10 +611,21 @@ class Explorer:
             LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
             WHERE m.cmp_id = ? AND m.golden_node_id = ? AND m.token_id = ?
             ORDER BY m.io DESC, gt.idx, tt.idx""",
-            [info.golden_run, info.test_run, info.cmp_id, golden_node_id, token])
-        metric_names = ("cosine_similarity", "max_relative_error", "mean_relative_error", "max_absolute_error",
-                        "mean_absolute_error", "kl_divergence", "relative_euclidean_distance", "max_ulp_error",
-                        "snr_db", "one_thousandth_err_ratio", "five_thousandths_err_ratio")
+            [info.golden_run, info.test_run, info.cmp_id, golden_node_id, token],
+        )
+        metric_names = (
+            "cosine_similarity",
+            "max_relative_error",
+            "mean_relative_error",
+            "max_absolute_error",
+            "mean_absolute_error",
+            "kl_divergence",
+            "relative_euclidean_distance",
+            "max_ulp_error",
+            "snr_db",
+            "one_thousandth_err_ratio",
+            "five_thousandths_err_ratio",
+        )
         keys = stat_cols.split(", ")
         pairs = []
         for r in rows:
@@ -566,8 +644,17 @@ class Explorer:
         if born_g is not None:
             bn = self._rows("SELECT name FROM nodes WHERE run_id = ? AND node_id = ?", [info.golden_run, born_g])
             born_name = str(bn[0][0]) if bn else None
-        return PairDetail(golden_node_id, token, str(gname), str(gtype or ""), tname, ttype, pairs, born_name,
-                          born_g == golden_node_id)
+        return PairDetail(
+            golden_node_id,
+            token,
+            str(gname),
+            str(gtype or ""),
+            tname,
+            ttype,
+            pairs,
+            born_name,
+            born_g == golden_node_id,
+        )
 
     def tensor_diff(self, pair: PairRow, k: int = 8) -> TensorDiff:
         """Histogram of log10|error| and the k worst elements of ONE pair, read from its two files."""
@@ -589,8 +676,7 @@ class Explorer:
         except DumpError as exc:
             return TensorDiff(pair.pair_id, 0, [], [], 0, 0, [], str(exc))
         if g.numel() != t.numel():
-            return TensorDiff(pair.pair_id, 0, [], [], 0, 0, [],
-                              f"shapes differ: {tuple(g.shape)} vs {tuple(t.shape)}")
+            return TensorDiff(pair.pair_id, 0, [], [], 0, 0, [], f"shapes differ: {tuple(g.shape)} vs {tuple(t.shape)}")
         shape = tuple(int(s) for s in g.shape)
         gflat, tflat = g.detach().reshape(-1), t.detach().reshape(-1)
         n = int(gflat.numel())
@@ -602,8 +688,8 @@ class Explorer:
         cand_t: list[np.ndarray] = []
         # in chunks, so the float64 working copies stay small whatever the tensor size
         for start in range(0, n, DIFF_CHUNK):
-            gc = gflat[start:start + DIFF_CHUNK].double().numpy()
-            tc = tflat[start:start + DIFF_CHUNK].double().numpy()
+            gc = gflat[start : start + DIFF_CHUNK].double().numpy()
+            tc = tflat[start : start + DIFF_CHUNK].double().numpy()
             err = np.abs(gc - tc)
             finite = np.isfinite(err)
             nonfinite += int(err.size - int(finite.sum()))
@@ -635,7 +721,7 @@ class Explorer:
         hist: list[int] = []
         if nz.size:
             lo, hi = int(nz[0]), int(nz[-1]) + 1
-            edges = [float(x) for x in HIST_EDGES[lo:hi + 1]]
+            edges = [float(x) for x in HIST_EDGES[lo : hi + 1]]
             hist = [int(c) for c in counts[lo:hi]]
         return TensorDiff(pair.pair_id, n, edges, hist, exact, nonfinite, top)
 
@@ -644,7 +730,8 @@ class Explorer:
         """Nodes of one side with tensors and no counterpart in this comparison, in execution order."""
         run = self.run_id(side)
         col = "golden_node_id" if side == "golden" else "test_node_id"
-        rows = self._rows(f"""
+        rows = self._rows(
+            f"""
             WITH t AS (
                 SELECT node_id, count(*) FILTER (WHERE io = 'out') AS outs, count(*) FILTER (WHERE io = 'in') AS ins
                 FROM tensors WHERE run_id = ? AND token_id = ? GROUP BY node_id
@@ -653,9 +740,20 @@ class Explorer:
             FROM nodes n JOIN t USING (node_id)
             WHERE n.run_id = ? AND n.node_id NOT IN (SELECT {col} FROM node_matches WHERE cmp_id = ?)
             ORDER BY n.exec_order NULLS LAST, n.node_id""",
-            [run, self.info.tokens[0] if self.info.tokens else 0, run, self.info.cmp_id])
-        return [Unmatched(int(r[0]), str(r[1]), str(r[2]), None if r[3] is None else int(r[3]),
-                          None if r[4] is None else int(r[4]), int(r[5]), int(r[6])) for r in rows]
+            [run, self.info.tokens[0] if self.info.tokens else 0, run, self.info.cmp_id],
+        )
+        return [
+            Unmatched(
+                int(r[0]),
+                str(r[1]),
+                str(r[2]),
+                None if r[3] is None else int(r[3]),
+                None if r[4] is None else int(r[4]),
+                int(r[5]),
+                int(r[6]),
+            )
+            for r in rows
+        ]
 
     def node_pairs(self) -> list[NodePair]:
         """Current node-level pairs of the comparison, in golden execution order."""
@@ -665,7 +763,8 @@ class Explorer:
             "JOIN nodes g ON g.run_id = ? AND g.node_id = m.golden_node_id "
             "JOIN nodes t ON t.run_id = ? AND t.node_id = m.test_node_id "
             "WHERE m.cmp_id = ? ORDER BY g.exec_order NULLS LAST, g.node_id",
-            [info.golden_run, info.test_run, info.cmp_id])
+            [info.golden_run, info.test_run, info.cmp_id],
+        )
         return [NodePair(str(r[0]), str(r[1]), str(r[2])) for r in rows]
 
     def stored_mapping(self) -> dict[str, Any] | None:
@@ -733,4 +832,4 @@ def _common_prefix(names: list[str]) -> str:
         i += 1
     prefix = first[:i]
     cut = max(prefix.rfind("."), prefix.rfind("/"))
-    return prefix[:cut + 1] if cut >= 0 else ""
+    return prefix[: cut + 1] if cut >= 0 else ""

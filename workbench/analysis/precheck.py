@@ -187,7 +187,7 @@ def _linear(ins: list[Tensor], outs: list[Tensor], param: dict[str, Any], ctx: _
     step = max(1, LINEAR_CHUNK_BYTES // max(1, k_dim * 8))
     parts = []
     for o in range(0, n_out, step):  # weight slices: the float copy of a huge weight stays small
-        wk = (w[o:o + step] if trans_b else w[:, o:o + step].T).to(dt)
+        wk = (w[o : o + step] if trans_b else w[:, o : o + step].T).to(dt)
         parts.append(xf @ wk.T)
     y = torch.cat(parts, dim=-1) if parts else xf.new_zeros(*x.shape[:-1], 0)
     if has_bias:
@@ -257,8 +257,9 @@ def _reshape_and_cache(ins: list[Tensor], outs: list[Tensor], param: dict[str, A
         rows = out.shape[0] * out.shape[1]
         flat_out = out.reshape(rows, -1)
         if src.shape[0] != slots.numel() or src.numel() != slots.numel() * flat_out.shape[1]:
-            raise _Misfit(f"{'kv'[i]} {list(src.shape)} does not fill {slots.numel()} cache rows "
-                          f"of {flat_out.shape[1]} elements")
+            raise _Misfit(
+                f"{'kv'[i]} {list(src.shape)} does not fill {slots.numel()} cache rows of {flat_out.shape[1]} elements"
+            )
         if slots.numel() and int(slots.max()) >= rows:
             raise _Misfit(f"slot {int(slots.max())} beyond the {rows} rows of the cache")
         written = slots[keep]
@@ -280,12 +281,12 @@ def _stray_rows(before: Tensor, after: Tensor, written: Tensor) -> int:
     target[written] = True
     changed = 0
     for start in range(0, before.shape[0], ROW_CHUNK):
-        a, b = before[start:start + ROW_CHUNK], after[start:start + ROW_CHUNK]
+        a, b = before[start : start + ROW_CHUNK], after[start : start + ROW_CHUNK]
         if a.dtype.is_floating_point:
             differ = ((a != b) & ~(a.isnan() & b.isnan())).any(dim=1)
         else:
             differ = (a != b).any(dim=1)
-        changed += int((differ & ~target[start:start + ROW_CHUNK]).sum())
+        changed += int((differ & ~target[start : start + ROW_CHUNK]).sum())
     return changed
 
 
@@ -339,7 +340,7 @@ def _self_attention(ins: list[Tensor], outs: list[Tensor], param: dict[str, Any]
             if mb.dim() != 2 or mb.shape[0] < n or mb.shape[1] < n:
                 raise _Unsupported(f"mask {list(mask.shape)} for a sequence of {n} (compressed masks)")
             m = mb[:n, :n]
-        parts.append(_attend(q[off:off + n], k[off:off + n], v[off:off + n], scale, m))
+        parts.append(_attend(q[off : off + n], k[off : off + n], v[off : off + n], scale, m))
         off += n
     return [_Ref(0, torch.cat(parts, dim=0), outs[0])]
 
@@ -371,7 +372,7 @@ def _paged_attention(ins: list[Tensor], outs: list[Tensor], param: dict[str, Any
         if n and (int(blk.min()) < 0 or int(blk.max()) >= blocks):
             raise _Misfit(f"block table of sequence {b} points outside the {blocks} cache blocks")
         slots = blk * bs + pos % bs
-        parts.append(_attend(q[b:b + 1], k_rows.index_select(0, slots), v_rows.index_select(0, slots), scale, None))
+        parts.append(_attend(q[b : b + 1], k_rows.index_select(0, slots), v_rows.index_select(0, slots), scale, None))
     return [_Ref(0, torch.cat(parts, dim=0), outs[0])]
 
 
@@ -449,7 +450,7 @@ def _gather(ins: list[Tensor], outs: list[Tensor], param: dict[str, Any], ctx: _
     if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= table.shape[axis]):
         raise _Misfit(f"indices outside [0, {table.shape[axis]}) of axis {axis}")
     rows = table.index_select(axis, flat)
-    shape = (*table.shape[:axis], *idx.shape, *table.shape[axis + 1:])
+    shape = (*table.shape[:axis], *idx.shape, *table.shape[axis + 1 :])
     return [_Ref(0, rows.double().reshape(shape), outs[0])]
 
 
@@ -534,8 +535,9 @@ class _Peers:
             self._seen[key] = found
         return self._seen[key]
 
-    def consensus(self, token_dir: Path, group: str, path: tuple[str, ...],
-                  canonical: float | None) -> tuple[float, int, int, bool] | None:
+    def consensus(
+        self, token_dir: Path, group: str, path: tuple[str, ...], canonical: float | None
+    ) -> tuple[float, int, int, bool] | None:
         """(value, ops holding it, ops of the group, tie broken by the textbook value), if a value prevails."""
         counts: dict[float, int] = {}
         for op_type, param in self.params(token_dir):
@@ -632,8 +634,15 @@ def _judge(ref: _Ref, th: Thresholds, name: str, op_type: str) -> OutputCheck:
     notes = [n for n in (ref.note, ref.stray) if n]
     stray = [STRAY_WRITES] if ref.stray else []
     if ref.reference.numel() != test.numel():
-        return OutputCheck(ref.index, {}, False, [SHAPE, *stray], "; ".join(
-            [f"the reference has shape {list(ref.reference.shape)}, the dumped output {list(test.shape)}", *notes]))
+        return OutputCheck(
+            ref.index,
+            {},
+            False,
+            [SHAPE, *stray],
+            "; ".join(
+                [f"the reference has shape {list(ref.reference.shape)}, the dumped output {list(test.shape)}", *notes]
+            ),
+        )
     # compare_tensors works in float32 chunks; an in-memory copy of the dumped output (no bigger than the
     # reference) is several times faster to scan than the memory map
     reference = ref.reference.reshape(test.shape).float()
@@ -643,8 +652,12 @@ def _judge(ref: _Ref, th: Thresholds, name: str, op_type: str) -> OutputCheck:
     mismatch = t.nan_count + t.inf_count > 0 and (t.nan_count, t.inf_count) != (g.nan_count, g.inf_count)
     if pm.reason:
         notes.insert(0, pm.reason)
-    if all(v is None for v in pm.values.values()) and not mismatch and test.numel() and _same_nonfinite(
-            reference, test):
+    if (
+        all(v is None for v in pm.values.values())
+        and not mismatch
+        and test.numel()
+        and _same_nonfinite(reference, test)
+    ):
         passed: bool | None = not stray
         failed = list(stray)
         notes.append("every element is NaN/Inf, exactly where the reference has them")
@@ -659,8 +672,11 @@ def _judge(ref: _Ref, th: Thresholds, name: str, op_type: str) -> OutputCheck:
 
 def _same_nonfinite(a: Tensor, b: Tensor) -> bool:
     a32, b32 = a.float(), b.float()
-    return bool(torch.equal(a32.isnan(), b32.isnan()) and torch.equal(a32.isposinf(), b32.isposinf())
-                and torch.equal(a32.isneginf(), b32.isneginf()))
+    return bool(
+        torch.equal(a32.isnan(), b32.isnan())
+        and torch.equal(a32.isposinf(), b32.isposinf())
+        and torch.equal(a32.isneginf(), b32.isneginf())
+    )
 
 
 def _summary(outputs: list[OutputCheck]) -> bool | None:
@@ -710,8 +726,13 @@ def _check(op_dir: Path, th: Thresholds, peers: _Peers) -> PrecheckResult:
     m = _OP_DIR.match(op_dir.name)
     op_type = m.group(2) if m else ""
 
-    def result(supported: bool, passed: bool | None, reason: str | None, outputs: list[OutputCheck] | None = None,
-               issues: list[str] | None = None) -> PrecheckResult:
+    def result(
+        supported: bool,
+        passed: bool | None,
+        reason: str | None,
+        outputs: list[OutputCheck] | None = None,
+        issues: list[str] | None = None,
+    ) -> PrecheckResult:
         return PrecheckResult(str(op_dir), op_type, supported, passed, outputs or [], reason, name, issues or [])
 
     if m is None:
@@ -742,16 +763,24 @@ def _check(op_dir: Path, th: Thresholds, peers: _Peers) -> PrecheckResult:
             agreed = peers.consensus(token_dir, spec[0], spec[1], _canonical(op_type, param, ins))
             if agreed is not None and not math.isclose(own, agreed[0], rel_tol=1e-5):
                 value, n, total, tie = agreed
-                issues.append(f"param {'.'.join(spec[1])} {own:g} differs from the {value:g} of {n} of the "
-                              f"{total} {spec[0]} ops of this token" + (" (and the textbook value)" if tie else ""))
+                issues.append(
+                    f"param {'.'.join(spec[1])} {own:g} differs from the {value:g} of {n} of the "
+                    f"{total} {spec[0]} ops of this token" + (" (and the textbook value)" if tie else "")
+                )
                 used = _with_path(param, spec[1], value)
         outputs = [_judge(r, th, name, op_type) for r in checker(ins, outs, used, ctx)]
         reasons = []
         if issues:
             own_outputs = [_judge(r, th, name, op_type) for r in checker(ins, outs, param, ctx)]
             follows = _summary(own_outputs)
-            reasons.append(issues[0] + (": the kernel follows its own param, the param is wrong" if follows
-                                        else ": the kernel matches neither value"))
+            reasons.append(
+                issues[0]
+                + (
+                    ": the kernel follows its own param, the param is wrong"
+                    if follows
+                    else ": the kernel matches neither value"
+                )
+            )
         if len(outputs) < len(outs):
             reasons.append(f"{len(outs) - len(outputs)} of {len(outs)} outputs have no reference")
     except DumpError as exc:

@@ -40,8 +40,14 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("next_metric", "m", "m", "Next heatmap metric", "main"),
     ActionSpec("drill_up", "u,backspace", "u", "Back to the layer heatmap", "main"),
     ActionSpec("focus_next_pane", "tab", "tab", "Next pane", "main", show=False, palette=False),
-    ActionSpec("select_cell", "enter", "enter", "Select this op and token everywhere (drill into a layer)",
-               "heatmap", palette=False),
+    ActionSpec(
+        "select_cell",
+        "enter",
+        "enter",
+        "Select this op and token everywhere (drill into a layer)",
+        "heatmap",
+        palette=False,
+    ),
     ActionSpec("pair_selected", "p", "p", "Pair the highlighted golden and test ops", "mapping"),
     ActionSpec("unpair_selected", "x", "x", "Unpair the highlighted pair", "mapping"),
     ActionSpec("save_mapping", "ctrl+s", "^s", "Save the mapping file", "mapping"),
@@ -56,8 +62,18 @@ ACTIONS: tuple[ActionSpec, ...] = (
 
 def bindings(scope: str) -> list[Binding]:
     """Textual bindings of one scope, generated from ACTIONS."""
-    return [Binding(a.key, a.action, a.description if len(a.description) < 28 else _short(a), show=a.show,
-                    key_display=a.label, id=f"{scope}.{a.action}") for a in ACTIONS if a.scope == scope]
+    return [
+        Binding(
+            a.key,
+            a.action,
+            a.description if len(a.description) < 28 else _short(a),
+            show=a.show,
+            key_display=a.label,
+            id=f"{scope}.{a.action}",
+        )
+        for a in ACTIONS
+        if a.scope == scope
+    ]
 
 
 def _short(a: ActionSpec) -> str:

@@ -97,9 +97,17 @@ class WorkbenchApp(App[int]):
     Screen { background: $background; }
     """
 
-    def __init__(self, *, catalog: Path, golden: Path | None = None, test: Path | None = None,
-                 mapping: Path | None = None, theme: str | None = None, cmp_id: int | None = None,
-                 themes_dir: Path = THEMES_DIR) -> None:
+    def __init__(
+        self,
+        *,
+        catalog: Path,
+        golden: Path | None = None,
+        test: Path | None = None,
+        mapping: Path | None = None,
+        theme: str | None = None,
+        cmp_id: int | None = None,
+        themes_dir: Path = THEMES_DIR,
+    ) -> None:
         super().__init__()
         self.catalog = Path(catalog)
         self.golden = golden
@@ -131,8 +139,11 @@ class WorkbenchApp(App[int]):
         if self.bad_theme is not None:
             known = ", ".join(sorted(t for t in self.available_themes if t.startswith("wb-")))
             self.error_code = 2
-            self.push_screen(MessageScreen("Unknown theme", f"--theme {self.bad_theme}: no such theme "
-                                                            f"(themes/: {known or 'none found'})"))
+            self.push_screen(
+                MessageScreen(
+                    "Unknown theme", f"--theme {self.bad_theme}: no such theme (themes/: {known or 'none found'})"
+                )
+            )
             return
         for p in self.theme_problems:
             self.notify(p, severity="warning")
@@ -169,20 +180,33 @@ class WorkbenchApp(App[int]):
 
         assert self.golden is not None and self.test is not None
         try:
-            res = run_compare(self.golden, self.test, self.catalog, mapping=self.mapping_path, progress=progress,
-                              cancel=self.cancel_event)
+            res = run_compare(
+                self.golden,
+                self.test,
+                self.catalog,
+                mapping=self.mapping_path,
+                progress=progress,
+                cancel=self.cancel_event,
+            )
         except CompareCancelled:
-            self.post_message(OpenFailed("Cancelled", "The compare was cancelled; everything committed so far "
-                                                      f"is kept in {self.catalog}."))
+            self.post_message(
+                OpenFailed(
+                    "Cancelled", f"The compare was cancelled; everything committed so far is kept in {self.catalog}."
+                )
+            )
             return
         except (DumpError, CatalogError, MappingError, ValueError, OSError) as exc:
             self.post_message(OpenFailed("Cannot compare", str(exc).splitlines()[0] if str(exc) else repr(exc)))
             return
         if res.pairs == 0:
-            self.post_message(OpenFailed(
-                "No pairs matched", f"No golden op could be paired with a test op ({res.unmatched_golden} "
-                f"golden and {res.unmatched_test} test ops unmatched). Are these dumps of the same model? "
-                "A mapping file (-mf) can pair them."))
+            self.post_message(
+                OpenFailed(
+                    "No pairs matched",
+                    f"No golden op could be paired with a test op ({res.unmatched_golden} "
+                    f"golden and {res.unmatched_test} test ops unmatched). Are these dumps of the same model? "
+                    "A mapping file (-mf) can pair them.",
+                )
+            )
             return
         self.post_message(CompareDone(res.cmp_id))
 
@@ -213,8 +237,12 @@ class WorkbenchApp(App[int]):
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state == WorkerState.ERROR and event.worker.error is not None:
             err = event.worker.error
-            self.notify(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
-                        title=f"{event.worker.name} failed", severity="error", timeout=8)
+            self.notify(
+                f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
+                title=f"{event.worker.name} failed",
+                severity="error",
+                timeout=8,
+            )
 
     # ------------------------------------------------------------------ edits (read-write, then reopen)
     def apply_edit(self, pairs: list[PairSpec], remove: list[tuple[str, str]]) -> None:

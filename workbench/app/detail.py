@@ -72,8 +72,7 @@ def render_detail(detail: PairDetail | None, diff: TensorDiff | None, styles: di
         verdict.append("◆ error born here", style=f"bold {styles.get('born', 'orange1')}")
         verdict.append(f" at token {detail.token}: outputs fail while inputs pass")
     elif detail.born_name:
-        verdict.append(f"error born at: {detail.born_name} (token {detail.token})",
-                       style=styles.get("born", "orange1"))
+        verdict.append(f"error born at: {detail.born_name} (token {detail.token})", style=styles.get("born", "orange1"))
     else:
         verdict.append(f"token {detail.token}: every output passes", style=ok)
     parts.append(verdict)
@@ -85,8 +84,11 @@ def render_detail(detail: PairDetail | None, diff: TensorDiff | None, styles: di
     metrics.add_column("metric")
     for p in detail.pairs:
         mark = "✓" if p.passed else ("✗" if p.passed is False else "?")
-        metrics.add_column(f"{p.io}{p.golden_index} {mark}", justify="right",
-                           style=ok if p.passed else (bad if p.passed is False else ""))
+        metrics.add_column(
+            f"{p.io}{p.golden_index} {mark}",
+            justify="right",
+            style=ok if p.passed else (bad if p.passed is False else ""),
+        )
     for key, label in METRIC_LABELS.items():
         cells: list[Text | str] = []
         for p in detail.pairs:
@@ -103,15 +105,28 @@ def render_detail(detail: PairDetail | None, diff: TensorDiff | None, styles: di
     for p in detail.pairs:
         stats.add_column(f"{p.io}{p.golden_index} golden", justify="right")
         stats.add_column(f"{p.io}{p.test_index} test", justify="right")
-    for key, label in (("dtype", "dtype"), ("shape", "shape"), ("min", "min"), ("max", "max"), ("mean", "mean"),
-                       ("std", "std"), ("norm", "norm"), ("nan_count", "NaN"), ("inf_count", "Inf")):
+    for key, label in (
+        ("dtype", "dtype"),
+        ("shape", "shape"),
+        ("min", "min"),
+        ("max", "max"),
+        ("mean", "mean"),
+        ("std", "std"),
+        ("norm", "norm"),
+        ("nan_count", "NaN"),
+        ("inf_count", "Inf"),
+    ):
         cells: list[Text | str] = []
         for p in detail.pairs:
             for s in (p.golden, p.test):
                 value = s.get(key)
                 bad_count = key in ("nan_count", "inf_count") and bool(value)
-                cells.append(Text(fmt(value) if key not in ("dtype", "shape") else str(value or "-"),
-                                  style=styles.get("nan", "magenta") if bad_count else ""))
+                cells.append(
+                    Text(
+                        fmt(value) if key not in ("dtype", "shape") else str(value or "-"),
+                        style=styles.get("nan", "magenta") if bad_count else "",
+                    )
+                )
         stats.add_row(label, *cells)
     parts.append(stats)
 
@@ -127,13 +142,20 @@ def render_detail(detail: PairDetail | None, diff: TensorDiff | None, styles: di
         h.append(f"; {diff.exact:,} exact; {diff.nonfinite:,} non-finite)\n", style="bold")
         if diff.hist_counts:
             h.append(sparkline(diff.hist_counts), style=styles.get("warn", "yellow"))
-            h.append(f"\n1e{diff.hist_edges[0]:.0f}".ljust(len(diff.hist_counts)) + f" … 1e{diff.hist_edges[-1]:.0f}",
-                     style="dim")
+            h.append(
+                f"\n1e{diff.hist_edges[0]:.0f}".ljust(len(diff.hist_counts)) + f" … 1e{diff.hist_edges[-1]:.0f}",
+                style="dim",
+            )
         else:
             h.append("no non-zero finite error", style=ok)
         parts.append(h)
-        top = Table(box=None, pad_edge=False, header_style="bold", title=f"top {len(diff.top)} worst elements",
-                    title_justify="left")
+        top = Table(
+            box=None,
+            pad_edge=False,
+            header_style="bold",
+            title=f"top {len(diff.top)} worst elements",
+            title_justify="left",
+        )
         for col in ("index", "golden", "test", "|error|"):
             top.add_column(col, justify="right")
         for index, g, t, e in diff.top:

@@ -244,16 +244,18 @@ class HeatmapView(ScrollView, can_focus=True):
             label = str(tokens[j])
             if j % 5 == 0 or j == cur:
                 pos = (j - col0) * CELL_W
-                if all(c == " " for c in chars[pos:pos + len(label) + 1]):
-                    chars[pos:pos + len(label)] = list(label)
+                if all(c == " " for c in chars[pos : pos + len(label) + 1]):
+                    chars[pos : pos + len(label)] = list(label)
             j += 1
         text = "".join(chars)
         segs = [Segment("tok".ljust(self._gutter), self._styles["header"])]
         cpos = (cur - col0) * CELL_W
         if 0 <= cpos < len(text):
-            segs += [Segment(text[:cpos], self._styles["header"]),
-                     Segment("▼", self._styles["header_cursor"]),
-                     Segment(text[cpos + 1:], self._styles["header"])]
+            segs += [
+                Segment(text[:cpos], self._styles["header"]),
+                Segment("▼", self._styles["header_cursor"]),
+                Segment(text[cpos + 1 :], self._styles["header"]),
+            ]
         else:
             segs.append(Segment(text, self._styles["header"]))
         return Strip(segs).adjust_cell_length(width)
@@ -281,8 +283,7 @@ class HeatmapView(ScrollView, can_focus=True):
                     style = style + Style(color=self._glyph_fg[lv], bold=True)
             if on_row and j == self.cursor[1]:
                 text = "◀▶" if glyph == " " else glyph + "◀"
-                style = style + Style(color=self._glyph_fg[max(lv, 0)] if lv >= 0 else None, bold=True,
-                                      underline=True)
+                style = style + Style(color=self._glyph_fg[max(lv, 0)] if lv >= 0 else None, bold=True, underline=True)
             else:
                 text = glyph + " "
             segs.append(Segment(text, style))

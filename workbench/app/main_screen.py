@@ -243,8 +243,14 @@ class MainScreen(Screen[None]):
 
     def _recolour(self) -> None:
         for side in ("golden", "test"):
-            self._tree(side).set_status(self.status, self.metric, self._bound(self.metric),
-                                        self._bound("added_error"), self.color_by_added, self.born_id)
+            self._tree(side).set_status(
+                self.status,
+                self.metric,
+                self._bound(self.metric),
+                self._bound("added_error"),
+                self.color_by_added,
+                self.born_id,
+            )
 
     def _update_titles(self) -> None:
         info = self.explorer.info
@@ -260,9 +266,16 @@ class MainScreen(Screen[None]):
             born = "nothing fails"
         colour = "added error" if self.color_by_added else label
         status = Text.assemble(
-            (f"cmp {info.cmp_id} ", "bold"), f"{info.golden_kind} vs {info.test_kind}  ",
-            ("token ", "bold"), f"{self.token} ", ("metric ", "bold"), f"{label}  ", ("trees ", "bold"),
-            f"{colour}  ", ("error born at: ", "bold"), (born, self._domain_colours()["born"]),
+            (f"cmp {info.cmp_id} ", "bold"),
+            f"{info.golden_kind} vs {info.test_kind}  ",
+            ("token ", "bold"),
+            f"{self.token} ",
+            ("metric ", "bold"),
+            f"{label}  ",
+            ("trees ", "bold"),
+            f"{colour}  ",
+            ("error born at: ", "bold"),
+            (born, self._domain_colours()["born"]),
         )
         self.query_one("#status", Static).update(status, layout=False)
         legend_key = (self.metric, self._bound(self.metric), self.app.theme)
@@ -339,8 +352,9 @@ class MainScreen(Screen[None]):
             self.selected = gid
             self.load_detail(gid, self.token)
         elif gid is None:
-            self.query_one("#detail", Static).update(Text(
-                f"{row.name} ({row.type}): unmatched on the test side; pair it in the mapping editor (e)."))
+            self.query_one("#detail", Static).update(
+                Text(f"{row.name} ({row.type}): unmatched on the test side; pair it in the mapping editor (e).")
+            )
 
     @on(HeatmapView.CellHighlighted)
     def _cell_highlighted(self, event: HeatmapView.CellHighlighted) -> None:

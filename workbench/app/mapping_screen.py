@@ -117,7 +117,7 @@ class MappingScreen(UsesAppExplorer, Screen[None]):
                 if text in label.lower():
                     options.append(Option(label, id=str(i)))
         else:
-            for u in (self.golden if which == "golden" else self.test):
+            for u in self.golden if which == "golden" else self.test:
                 label = f"{u.name}  {u.type}  [{u.outs} out, {u.ins} in]"
                 if text in label.lower():
                     options.append(Option(label, id=u.name))
@@ -140,7 +140,8 @@ class MappingScreen(UsesAppExplorer, Screen[None]):
         state = "unsaved changes" if self.dirty else "saved" if self.target.exists() else "not saved yet"
         self.query_one("#map-status", Static).update(
             f"{len(self.golden)} golden and {len(self.test)} test ops unmatched, {len(self.pairs)} pairs · "
-            f"mapping file: {self.target} ({state})\n{text}")
+            f"mapping file: {self.target} ({state})\n{text}"
+        )
 
     # ------------------------------------------------------------------ actions
     def action_pair_selected(self) -> None:

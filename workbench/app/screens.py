@@ -16,8 +16,13 @@ from workbench.analysis.explore import Explorer
 from workbench.app.actions import ACTIONS, bindings
 
 SCOPE_TITLES = {
-    "app": "Everywhere", "main": "Main screen", "heatmap": "Heatmap", "tree": "Trees",
-    "mapping": "Mapping editor", "sql": "SQL console", "help": "Help",
+    "app": "Everywhere",
+    "main": "Main screen",
+    "heatmap": "Heatmap",
+    "tree": "Trees",
+    "mapping": "Mapping editor",
+    "sql": "SQL console",
+    "help": "Help",
 }
 
 
@@ -125,11 +130,14 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
-            yield Static(Text.assemble(
-                ("wb workbench: keys\n", "bold"),
-                "Find where the error is born: the heatmap shows tokens (columns) x layers (rows); "
-                "Enter drills into a layer's ops and selects an op everywhere; the trees follow; the "
-                "detail pane shows the pair. Ctrl+P finds every action.\n"))
+            yield Static(
+                Text.assemble(
+                    ("wb workbench: keys\n", "bold"),
+                    "Find where the error is born: the heatmap shows tokens (columns) x layers (rows); "
+                    "Enter drills into a layer's ops and selects an op everywhere; the trees follow; the "
+                    "detail pane shows the pair. Ctrl+P finds every action.\n",
+                )
+            )
             yield Static(help_table())
 
     def action_close(self) -> None:

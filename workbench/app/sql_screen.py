@@ -64,8 +64,11 @@ class SqlScreen(UsesAppExplorer, Screen[None]):
                 yield Label("history")
                 yield OptionList(id="history")
             with Vertical():
-                yield TextArea("SELECT * FROM comparison WHERE cmp_id = getvariable('cmp_id') LIMIT 20;",
-                               language=None, id="editor")
+                yield TextArea(
+                    "SELECT * FROM comparison WHERE cmp_id = getvariable('cmp_id') LIMIT 20;",
+                    language=None,
+                    id="editor",
+                )
                 yield Static("", id="sql-error")
                 yield DataTable(id="results", zebra_stripes=True)
                 yield Static("Ctrl+R runs; read-only connection", id="sql-info")

@@ -13,12 +13,34 @@ DEFAULT_THEME = "wb-dark"
 HEAT_LEVELS = 7
 # Domain colours every theme provides (and the defaults for Textual's built-in themes).
 DOMAIN_DEFAULTS: dict[str, str] = {
-    "ok": "#3fb950", "warn": "#d29922", "fail": "#f85149", "nan": "#ff7bf2", "unmatched": "#6e7681",
-    "born": "#ffa657", "heat-0": "#0f3d2a", "heat-1": "#1b6b3f", "heat-2": "#5a8f2e", "heat-3": "#a89a2a",
-    "heat-4": "#c7612a", "heat-5": "#d63a35", "heat-6": "#ff5c8a", "heat-none": "#161b22",
+    "ok": "#3fb950",
+    "warn": "#d29922",
+    "fail": "#f85149",
+    "nan": "#ff7bf2",
+    "unmatched": "#6e7681",
+    "born": "#ffa657",
+    "heat-0": "#0f3d2a",
+    "heat-1": "#1b6b3f",
+    "heat-2": "#5a8f2e",
+    "heat-3": "#a89a2a",
+    "heat-4": "#c7612a",
+    "heat-5": "#d63a35",
+    "heat-6": "#ff5c8a",
+    "heat-none": "#161b22",
 }
-_THEME_FIELDS = ("primary", "secondary", "warning", "error", "success", "accent", "foreground", "background",
-                 "surface", "panel", "boost")
+_THEME_FIELDS = (
+    "primary",
+    "secondary",
+    "warning",
+    "error",
+    "success",
+    "accent",
+    "foreground",
+    "background",
+    "surface",
+    "panel",
+    "boost",
+)
 
 
 class ThemeError(ValueError):

@@ -72,14 +72,25 @@ class TopologyTree(Tree[TreeRow]):
         if node.data is not None and not node.children:
             self._populate(node, node.data.node_id)
 
-    def set_status(self, status: dict[int, NodeStatus], metric: str, bound: float, added_bound: float,
-                   by_added: bool, born_id: int | None) -> None:
+    def set_status(
+        self,
+        status: dict[int, NodeStatus],
+        metric: str,
+        bound: float,
+        added_bound: float,
+        by_added: bool,
+        born_id: int | None,
+    ) -> None:
         """Recolour for a token (status is keyed by golden node id)."""
         before = {nid: self._signature(tn.data) for nid, tn in self.tree_nodes.items() if tn.data is not None}
         self.status = status
         self.born_id = born_id
-        mode_changed = (metric, bound, added_bound, by_added) != (self.metric, self.bound, self.added_bound,
-                                                                  self.color_by_added)
+        mode_changed = (metric, bound, added_bound, by_added) != (
+            self.metric,
+            self.bound,
+            self.added_bound,
+            self.color_by_added,
+        )
         self.metric, self.bound, self.added_bound, self.color_by_added = metric, bound, added_bound, by_added
         # repaint only the lines whose mark or colour changed (no layout pass, no full redraw)
         for nid, tn in self.tree_nodes.items():

@@ -260,9 +260,22 @@ LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id;
 
 # Columns of msit's CSV report, in msit's order (docs: shared formats README section 4).
 MSIT_CSV_COLUMNS: tuple[str, ...] = (
-    "token_id", "data_id", "golden_data_path", "golden_op_type", "golden_dtype", "golden_shape",
-    "golden_max_value", "golden_min_value", "golden_mean_value", "my_data_path", "my_op_type",
-    "my_dtype", "my_shape", "my_max_value", "my_min_value", "my_mean_value",
+    "token_id",
+    "data_id",
+    "golden_data_path",
+    "golden_op_type",
+    "golden_dtype",
+    "golden_shape",
+    "golden_max_value",
+    "golden_min_value",
+    "golden_mean_value",
+    "my_data_path",
+    "my_op_type",
+    "my_dtype",
+    "my_shape",
+    "my_max_value",
+    "my_min_value",
+    "my_mean_value",
     *MSIT_METRICS,
     "cmp_fail_reason",
 )

@@ -24,8 +24,7 @@ __all__ = ["CATALOG_NAME", "CatalogError", "first_row", "ingest_dump", "open_cat
 
 
 def _schema_version(con: duckdb.DuckDBPyConnection) -> int | None:
-    has_meta = first_row(con.execute(
-        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'meta'"))
+    has_meta = first_row(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'meta'"))
     if not has_meta or not has_meta[0]:
         return None
     row = first_row(con.execute("SELECT value FROM meta WHERE key = 'schema_version'"))
@@ -53,7 +52,8 @@ def open_catalog(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBP
         con.close()
         raise CatalogError(
             f"{p}: catalog schema version {version} is newer than this wb supports ({SCHEMA_VERSION}); "
-            "upgrade wb to open it")
+            "upgrade wb to open it"
+        )
     if read_only:
         if version is None:
             con.close()
@@ -102,8 +102,12 @@ class IngestResult:
 
 
 def find_run(con: duckdb.DuckDBPyConnection, path: str, fingerprint: str) -> int | None:
-    row = first_row(con.execute(
-        "SELECT run_id FROM runs WHERE path = ? AND fingerprint = ? ORDER BY run_id DESC LIMIT 1", [path, fingerprint]))
+    row = first_row(
+        con.execute(
+            "SELECT run_id FROM runs WHERE path = ? AND fingerprint = ? ORDER BY run_id DESC LIMIT 1",
+            [path, fingerprint],
+        )
+    )
     return int(row[0]) if row else None
 
 
@@ -124,37 +128,42 @@ def ingest_dump(con: duckdb.DuckDBPyConnection, dump: Dump) -> IngestResult:
         if t.node not in node_ids:
             node_ids[t.node] = len(node_ids)
             extra.append(t.node)
-    nodes_df = pd.DataFrame({
-        "node_id": [node_ids[n.name] for n in dump.nodes] + [node_ids[x] for x in extra],
-        "name": [n.name for n in dump.nodes] + extra,
-        "type": [n.type for n in dump.nodes] + [x.rsplit("/", 1)[-1].split("_", 1)[-1] for x in extra],
-        "parent_id": [node_ids.get(n.parent) if n.parent else None for n in dump.nodes] + [None] * len(extra),
-        "depth": [n.depth for n in dump.nodes] + [0] * len(extra),
-        "exec_order": [n.exec_order for n in dump.nodes] + [None] * len(extra),
-        "end_order": _end_orders(dump.nodes) + [None] * len(extra),
-        "layer": [n.layer for n in dump.nodes] + [None] * len(extra),
-        "phase": [n.phase for n in dump.nodes] + [None] * len(extra),
-        "params": [json.dumps(n.params) if n.params is not None else None for n in dump.nodes] + [None] * len(extra),
-    })
+    nodes_df = pd.DataFrame(
+        {
+            "node_id": [node_ids[n.name] for n in dump.nodes] + [node_ids[x] for x in extra],
+            "name": [n.name for n in dump.nodes] + extra,
+            "type": [n.type for n in dump.nodes] + [x.rsplit("/", 1)[-1].split("_", 1)[-1] for x in extra],
+            "parent_id": [node_ids.get(n.parent) if n.parent else None for n in dump.nodes] + [None] * len(extra),
+            "depth": [n.depth for n in dump.nodes] + [0] * len(extra),
+            "exec_order": [n.exec_order for n in dump.nodes] + [None] * len(extra),
+            "end_order": _end_orders(dump.nodes) + [None] * len(extra),
+            "layer": [n.layer for n in dump.nodes] + [None] * len(extra),
+            "phase": [n.phase for n in dump.nodes] + [None] * len(extra),
+            "params": [json.dumps(n.params) if n.params is not None else None for n in dump.nodes]
+            + [None] * len(extra),
+        }
+    )
     for col in ("parent_id", "exec_order", "end_order", "layer"):
         nodes_df[col] = nodes_df[col].astype("Int64")
-    tensors_df = pd.DataFrame({
-        "tensor_id": range(len(dump.tensors)),
-        "token_id": [t.token for t in dump.tensors],
-        "node_id": [node_ids[t.node] for t in dump.tensors],
-        "io": [t.role for t in dump.tensors],
-        "idx": [t.index for t in dump.tensors],
-        "path": [t.path for t in dump.tensors],
-        "dtype": [t.dtype for t in dump.tensors],
-        "shape": [list(t.shape) if t.shape is not None else None for t in dump.tensors],
-        "layout": [t.layout for t in dump.tensors],
-        "numel": [_numel(t.shape) for t in dump.tensors],
-        "min": [t.stats.min if t.stats else None for t in dump.tensors],
-        "max": [t.stats.max if t.stats else None for t in dump.tensors],
-        "mean": [t.stats.mean if t.stats else None for t in dump.tensors],
-        "norm": [t.stats.norm if t.stats else None for t in dump.tensors],
-        "error": [t.error for t in dump.tensors],
-    })
+    tensors_df = pd.DataFrame(
+        {
+            "tensor_id": range(len(dump.tensors)),
+            "token_id": [t.token for t in dump.tensors],
+            "node_id": [node_ids[t.node] for t in dump.tensors],
+            "io": [t.role for t in dump.tensors],
+            "idx": [t.index for t in dump.tensors],
+            "path": [t.path for t in dump.tensors],
+            "dtype": [t.dtype for t in dump.tensors],
+            "shape": [list(t.shape) if t.shape is not None else None for t in dump.tensors],
+            "layout": [t.layout for t in dump.tensors],
+            "numel": [_numel(t.shape) for t in dump.tensors],
+            "min": [t.stats.min if t.stats else None for t in dump.tensors],
+            "max": [t.stats.max if t.stats else None for t in dump.tensors],
+            "mean": [t.stats.mean if t.stats else None for t in dump.tensors],
+            "norm": [t.stats.norm if t.stats else None for t in dump.tensors],
+            "error": [t.error for t in dump.tensors],
+        }
+    )
     tensors_df["numel"] = tensors_df["numel"].astype("Int64")
     for col in ("min", "max", "mean", "norm"):
         tensors_df[col] = tensors_df[col].astype("float64")
@@ -167,18 +176,33 @@ def ingest_dump(con: duckdb.DuckDBPyConnection, dump: Dump) -> IngestResult:
         con.execute(
             "INSERT INTO runs (run_id, kind, path, fingerprint, model_name, order_source, n_nodes, n_tensors, "
             "problems, meta) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [run_id, dump.kind, root, fingerprint, dump.model_name, dump.order_source, len(nodes_df),
-             len(tensors_df), list(dump.problems), json.dumps(dump.meta, default=str)])
+            [
+                run_id,
+                dump.kind,
+                root,
+                fingerprint,
+                dump.model_name,
+                dump.order_source,
+                len(nodes_df),
+                len(tensors_df),
+                list(dump.problems),
+                json.dumps(dump.meta, default=str),
+            ],
+        )
         con.register("_nodes_df", nodes_df)
         con.execute(
             "INSERT INTO nodes SELECT ?, node_id, name, type, parent_id, depth, exec_order, end_order, layer, "
-            "phase, params::JSON FROM _nodes_df", [run_id])
+            "phase, params::JSON FROM _nodes_df",
+            [run_id],
+        )
         con.unregister("_nodes_df")
         con.register("_tensors_df", tensors_df)
         con.execute(
             "INSERT INTO tensors (run_id, tensor_id, token_id, node_id, io, idx, path, dtype, shape, layout, numel, "
             "min, max, mean, norm, error) SELECT ?, tensor_id, token_id, node_id, io, idx, path, dtype, "
-            "shape::BIGINT[], layout, numel, min, max, mean, norm, error FROM _tensors_df", [run_id])
+            "shape::BIGINT[], layout, numel, min, max, mean, norm, error FROM _tensors_df",
+            [run_id],
+        )
         con.unregister("_tensors_df")
         con.execute("COMMIT")
     except BaseException:

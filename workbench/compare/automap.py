@@ -55,8 +55,10 @@ class _Tree:
     def build(cls, frames: RunFrames) -> _Tree:
         nodes = frames.nodes
         children: dict[int | None, list[int]] = defaultdict(list)
-        order = {int(n): (float(e) if e is not None and not pd.isna(e) else float(n) + 1e9)
-                 for n, e in zip(nodes["node_id"], nodes["exec_order"])}
+        order = {
+            int(n): (float(e) if e is not None and not pd.isna(e) else float(n) + 1e9)
+            for n, e in zip(nodes["node_id"], nodes["exec_order"])
+        }
         for nid, pid in zip(nodes["node_id"], nodes["parent_id"]):
             children[None if pid is None or pd.isna(pid) else int(pid)].append(int(nid))
         for kids in children.values():
@@ -66,12 +68,15 @@ class _Tree:
         for n, io, i, tok, x in zip(t["node_id"], t["io"], t["idx"], t["token_id"], t["numel"]):
             if x is not None and not pd.isna(x):
                 numel[(int(n), str(io), int(i))][int(tok)] = int(x)
-        return cls(frames, children,
-                   dict(zip(nodes["node_id"].astype(int), nodes["name"].astype(str))),
-                   {int(n): str(x) if x is not None else "" for n, x in zip(nodes["node_id"], nodes["type"])},
-                   {int(n): (None if x is None or pd.isna(x) else int(x))
-                    for n, x in zip(nodes["node_id"], nodes["layer"])},
-                   order, numel)
+        return cls(
+            frames,
+            children,
+            dict(zip(nodes["node_id"].astype(int), nodes["name"].astype(str))),
+            {int(n): str(x) if x is not None else "" for n, x in zip(nodes["node_id"], nodes["type"])},
+            {int(n): (None if x is None or pd.isna(x) else int(x)) for n, x in zip(nodes["node_id"], nodes["layer"])},
+            order,
+            numel,
+        )
 
     def subtree(self, root: int) -> list[int]:
         out, stack = [], [root]
@@ -130,8 +135,17 @@ class _Builder:
                 return None
         return "element counts agree (" + ", ".join(str(gn) for gn, _ in checks[:3]) + ")"
 
-    def add(self, gid: int, tid: int, method: str, confidence: float, why: str,
-            gsel: TensorSel = TensorSel(), tsel: TensorSel = TensorSel(), transform: str | None = None) -> bool:
+    def add(
+        self,
+        gid: int,
+        tid: int,
+        method: str,
+        confidence: float,
+        why: str,
+        gsel: TensorSel = TensorSel(),
+        tsel: TensorSel = TensorSel(),
+        transform: str | None = None,
+    ) -> bool:
         if gid in self.taken:
             return False
         shape = self.numel_ok(gid, tid, gsel, tsel, transform)
@@ -152,18 +166,31 @@ def _match_attention(b: _Builder, g_att: int, t_att: int, layer: int) -> None:
     t_ops = t.subtree(t_att)
     t_lin = [n for n in t_ops if t.type[n] == "LinearOperation"]
     t_split = [n for n in t_ops if t.type[n] == "SplitOperation"]
-    t_core = [n for n in t_ops if t.is_type(n, "SelfAttentionOperation", "PagedAttentionOperation",
-                                             "FlashAttention")]
+    t_core = [n for n in t_ops if t.is_type(n, "SelfAttentionOperation", "PagedAttentionOperation", "FlashAttention")]
     q, k, v, o = (_by_suffix(g, g_lin, names) for names in (Q_NAMES, K_NAMES, V_NAMES, O_NAMES))
     where = f"layer {layer}"
     if len(t_lin) == 2 and len(t_split) == 1 and None not in (q, k, v, o):
         # fused QKV Linear + Split: q/k/v compared on the split outputs, inputs on the fused Linear's input
         for idx, gid in enumerate((q, k, v)):
             assert gid is not None
-            b.add(gid, t_split[0], "auto-fused-qkv", 0.95,
-                  f"{where}: {g.leaf_name(gid)} <-> output {idx} of the QKV split", OUT0, TensorSel("out", idx))
-            b.add(gid, t_lin[0], "auto-fused-qkv", 0.95,
-                  f"{where}: {g.leaf_name(gid)} input <-> fused QKV Linear input", IN0, IN0)
+            b.add(
+                gid,
+                t_split[0],
+                "auto-fused-qkv",
+                0.95,
+                f"{where}: {g.leaf_name(gid)} <-> output {idx} of the QKV split",
+                OUT0,
+                TensorSel("out", idx),
+            )
+            b.add(
+                gid,
+                t_lin[0],
+                "auto-fused-qkv",
+                0.95,
+                f"{where}: {g.leaf_name(gid)} input <-> fused QKV Linear input",
+                IN0,
+                IN0,
+            )
         assert o is not None
         b.add(o, t_lin[1], "auto-linear", 0.95, f"{where}: attention output projection <-> second Linear")
     elif len(t_lin) == 4 and None not in (q, k, v, o):
@@ -172,8 +199,15 @@ def _match_attention(b: _Builder, g_att: int, t_att: int, layer: int) -> None:
             b.add(gid, tid, "auto-linear", 0.9, f"{where}: {g.leaf_name(gid)} <-> Linear in execution order")
     if len(t_core) == 1 and o is not None:
         # the attention core has no module in torch: its output is the output projection's input
-        b.add(o, t_core[0], "auto-attention-core", 0.9,
-              f"{where}: attention context (o_proj input) <-> {t.leaf_name(t_core[0])} output", IN0, OUT0)
+        b.add(
+            o,
+            t_core[0],
+            "auto-attention-core",
+            0.9,
+            f"{where}: attention context (o_proj input) <-> {t.leaf_name(t_core[0])} output",
+            IN0,
+            OUT0,
+        )
 
 
 def _match_mlp(b: _Builder, g_mlp: int, t_mlp: int, layer: int) -> None:
@@ -186,11 +220,27 @@ def _match_mlp(b: _Builder, g_mlp: int, t_mlp: int, layer: int) -> None:
     where = f"layer {layer}"
     if len(t_lin) == 2 and None not in (gate, up, down):
         assert gate is not None and up is not None and down is not None
-        b.add(gate, t_lin[0], "auto-fused-gate-up", 0.95, f"{where}: gate_proj <-> first half of the fused gate-up",
-              OUT0, OUT0, "t.chunk:-1:0:2")
+        b.add(
+            gate,
+            t_lin[0],
+            "auto-fused-gate-up",
+            0.95,
+            f"{where}: gate_proj <-> first half of the fused gate-up",
+            OUT0,
+            OUT0,
+            "t.chunk:-1:0:2",
+        )
         b.add(gate, t_lin[0], "auto-fused-gate-up", 0.95, f"{where}: gate_proj input <-> gate-up input", IN0, IN0)
-        b.add(up, t_lin[0], "auto-fused-gate-up", 0.95, f"{where}: up_proj <-> second half of the fused gate-up",
-              OUT0, OUT0, "t.chunk:-1:1:2")
+        b.add(
+            up,
+            t_lin[0],
+            "auto-fused-gate-up",
+            0.95,
+            f"{where}: up_proj <-> second half of the fused gate-up",
+            OUT0,
+            OUT0,
+            "t.chunk:-1:1:2",
+        )
         b.add(up, t_lin[0], "auto-fused-gate-up", 0.95, f"{where}: up_proj input <-> gate-up input", IN0, IN0)
         b.add(down, t_lin[1], "auto-linear", 0.95, f"{where}: down_proj <-> second Linear of the MLP")
         if len(t_act) == 1:
@@ -216,8 +266,15 @@ def _match_layer(b: _Builder, g_layer: int, t_layer: int, layer: int) -> None:
     t_att = [n for n in t_kids if t.is_type(n, "Attention") and not t.is_type(n, "Operation")]
     if len(g_att) == 1 and len(t_att) == 1:
         for gsel, tsel in ((IN0, IN0), (OUT0, OUT0)):
-            b.add(g_att[0], t_att[0], "auto-attention", 0.95, f"layer {layer}: attention block <-> attention graph",
-                  gsel, tsel)
+            b.add(
+                g_att[0],
+                t_att[0],
+                "auto-attention",
+                0.95,
+                f"layer {layer}: attention block <-> attention graph",
+                gsel,
+                tsel,
+            )
         _match_attention(b, g_att[0], t_att[0], layer)
     g_mlp = [n for n in g_kids if g.is_type(n, "MLP", "FeedForward")]
     t_mlp = [n for n in t_kids if t.is_type(n, "Mlp", "MLP") and not t.is_type(n, "Operation")]

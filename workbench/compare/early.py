@@ -26,8 +26,9 @@ PairKey = tuple[tuple[int, int], tuple[int, int], str | None, str | None]  # fil
 class EarlyPairs:
     """Same-place pairs of two dumps of one kind, submitted to the pool from a background thread."""
 
-    def __init__(self, golden: Dump, test: Dump, pool: ProcessPoolExecutor | PoolStarter,
-                 tokens: Collection[int] | None = None) -> None:
+    def __init__(
+        self, golden: Dump, test: Dump, pool: ProcessPoolExecutor | PoolStarter, tokens: Collection[int] | None = None
+    ) -> None:
         self.keys: dict[int, PairKey] = {}  # early id -> the files it compares
         self.ids: dict[PairKey, int] = {}
         self.batches: list[tuple[Future[list[dict[str, Any]]], list[int]]] = []  # submitted, with their ids
@@ -35,8 +36,7 @@ class EarlyPairs:
         self.taken = 0  # results handed to the catalog (counted by the pipeline)
         self._submitted = threading.Event()
         tasks, sizes = self._plan(golden, test, tokens)
-        threading.Thread(target=self._submit, args=(pool, tasks, sizes), name="wb-early-pairs",
-                         daemon=True).start()
+        threading.Thread(target=self._submit, args=(pool, tasks, sizes), name="wb-early-pairs", daemon=True).start()
 
     def _plan(self, golden: Dump, test: Dump, tokens: Collection[int] | None) -> tuple[list[PairTask], list[int]]:
         wanted = None if tokens is None else set(tokens)
@@ -110,4 +110,3 @@ def _numel(shape: tuple[int, ...] | None) -> int:
     for d in shape or ():
         n *= d
     return n
-

@@ -199,13 +199,23 @@ class MappingFile:
             raise ValueError(f"mapping version {version!r} is newer than this wb understands ({MAPPING_VERSION})")
         out = cls()
         for item in data.get("pairs", []):
-            out.pairs.append(PairSpec(str(item["golden"]), str(item["test"]),
-                                      TensorSel.parse(item.get("golden_tensor")),
-                                      TensorSel.parse(item.get("test_tensor"))))
+            out.pairs.append(
+                PairSpec(
+                    str(item["golden"]),
+                    str(item["test"]),
+                    TensorSel.parse(item.get("golden_tensor")),
+                    TensorSel.parse(item.get("test_tensor")),
+                )
+            )
         for item in data.get("rules", []):
-            out.rules.append(RuleSpec(str(item["golden"]), str(item["test"]),
-                                      TensorSel.parse(item.get("golden_tensor")),
-                                      TensorSel.parse(item.get("test_tensor"))))
+            out.rules.append(
+                RuleSpec(
+                    str(item["golden"]),
+                    str(item["test"]),
+                    TensorSel.parse(item.get("golden_tensor")),
+                    TensorSel.parse(item.get("test_tensor")),
+                )
+            )
         types = data.get("types", {})
         if not isinstance(types, dict):
             raise ValueError("'types' must be an object of test type -> golden type(s)")
@@ -255,10 +265,13 @@ class MappingFile:
     def to_json(self) -> dict[str, Any]:
         types: dict[str, list[str]] = {}
         for t in self.types:
-            key = (t.test_type if t.test_tensor == TensorSel("out", None)
-                   else f"{t.test_type}_{_sel_file(t.test_tensor)}")
-            vals = [g if s == TensorSel("out", None) else f"{g}_{_sel_file(s, torch=True)}"
-                    for g, s in zip(t.golden_types, t.golden_tensors)]
+            key = (
+                t.test_type if t.test_tensor == TensorSel("out", None) else f"{t.test_type}_{_sel_file(t.test_tensor)}"
+            )
+            vals = [
+                g if s == TensorSel("out", None) else f"{g}_{_sel_file(s, torch=True)}"
+                for g, s in zip(t.golden_types, t.golden_tensors)
+            ]
             types.setdefault(key, []).extend(vals)
         return {
             "format": MAPPING_FORMAT,

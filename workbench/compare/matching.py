@@ -62,8 +62,9 @@ def _ordered(nodes: pd.DataFrame) -> pd.DataFrame:
     return nodes.sort_values(["exec_order", "node_id"], na_position="last")
 
 
-def match_nodes(golden: RunFrames, test: RunFrames, mapping: MappingFile | None = None,
-                auto: AutoMatcher | None = None) -> list[NodeMatch]:
+def match_nodes(
+    golden: RunFrames, test: RunFrames, mapping: MappingFile | None = None, auto: AutoMatcher | None = None
+) -> list[NodeMatch]:
     """Node pairs by the ladder above."""
     out: list[NodeMatch] = []
     taken: set[int] = set()  # golden nodes matched with all tensors
@@ -84,8 +85,11 @@ def match_nodes(golden: RunFrames, test: RunFrames, mapping: MappingFile | None 
             g, t = g_names.get(p.golden), t_names.get(p.test)
             if g is None or t is None:
                 continue
-            add(NodeMatch(g, t, "mapping-file", 1.0, f"pair in {mapping.source or 'mapping'}",
-                          p.golden_tensor, p.test_tensor))
+            add(
+                NodeMatch(
+                    g, t, "mapping-file", 1.0, f"pair in {mapping.source or 'mapping'}", p.golden_tensor, p.test_tensor
+                )
+            )
             explicit.add(g)
         taken |= explicit
         # 2. layer-wildcard rules
@@ -101,8 +105,17 @@ def match_nodes(golden: RunFrames, test: RunFrames, mapping: MappingFile | None 
                     continue
                 cands = t_by_layer.get(_layer_key(layer), [])
                 if len(cands) == 1:
-                    add(NodeMatch(int(nid), cands[0], "mapping-rule", 1.0, f"rule {r.golden} <-> {r.test}",
-                                  r.golden_tensor, r.test_tensor))
+                    add(
+                        NodeMatch(
+                            int(nid),
+                            cands[0],
+                            "mapping-rule",
+                            1.0,
+                            f"rule {r.golden} <-> {r.test}",
+                            r.golden_tensor,
+                            r.test_tensor,
+                        )
+                    )
             taken |= {m.golden_node_id for m in out}
         # 3. type maps, zipped per layer when counts agree
         for tr in mapping.types:
@@ -119,8 +132,17 @@ def match_nodes(golden: RunFrames, test: RunFrames, mapping: MappingFile | None 
                     for gid, tid in zip(g_grp["node_id"], t_grp["node_id"]):
                         if int(gid) in taken:
                             continue
-                        add(NodeMatch(int(gid), int(tid), "type-map", 0.9,
-                                      f"type {golden_type} <-> {tr.test_type}, layer {layer}", g_sel, t_sel))
+                        add(
+                            NodeMatch(
+                                int(gid),
+                                int(tid),
+                                "type-map",
+                                0.9,
+                                f"type {golden_type} <-> {tr.test_type}, layer {layer}",
+                                g_sel,
+                                t_sel,
+                            )
+                        )
             taken |= {m.golden_node_id for m in out}
 
     # 4. identical names (same kind of dump)
@@ -153,28 +175,54 @@ def _resolve(m: NodeMatch) -> tuple[str, str | None, int | None, str | None, int
     return "one", g_role, g_idx, t_role, t_idx
 
 
-def pair_tensors(matches: list[NodeMatch], golden: RunFrames, test: RunFrames,
-                 tokens: Collection[int] | None = None) -> pd.DataFrame:
+def pair_tensors(
+    matches: list[NodeMatch], golden: RunFrames, test: RunFrames, tokens: Collection[int] | None = None
+) -> pd.DataFrame:
     """Tensor pairs of the node matches, one row each, same token id on both sides.
 
     Columns: token_id, test_token_id, golden_tensor_id, test_tensor_id, golden_node_id, test_node_id,
     io, method, confidence, transform.
     """
-    cols = ["token_id", "test_token_id", "golden_tensor_id", "test_tensor_id", "golden_node_id",
-            "test_node_id", "io", "method", "confidence", "transform"]
+    cols = [
+        "token_id",
+        "test_token_id",
+        "golden_tensor_id",
+        "test_tensor_id",
+        "golden_node_id",
+        "test_node_id",
+        "io",
+        "method",
+        "confidence",
+        "transform",
+    ]
     if not matches:
         return pd.DataFrame(columns=cols)
     rows = []
     for i, m in enumerate(matches):
         mode, gr, gi, tr, ti = _resolve(m)
-        rows.append((i, m.golden_node_id, m.test_node_id, mode, gr, gi, tr, ti, m.method, m.confidence,
-                     m.transform))
-    mf = pd.DataFrame(rows, columns=["mid", "g_node", "t_node", "mode", "g_role", "g_idx", "t_role", "t_idx",
-                                     "method", "confidence", "transform"])
+        rows.append((i, m.golden_node_id, m.test_node_id, mode, gr, gi, tr, ti, m.method, m.confidence, m.transform))
+    mf = pd.DataFrame(
+        rows,
+        columns=[
+            "mid",
+            "g_node",
+            "t_node",
+            "mode",
+            "g_role",
+            "g_idx",
+            "t_role",
+            "t_idx",
+            "method",
+            "confidence",
+            "transform",
+        ],
+    )
     gt = golden.tensors[["tensor_id", "token_id", "node_id", "io", "idx"]].rename(
-        columns={"tensor_id": "golden_tensor_id", "node_id": "g_node", "io": "g_io", "idx": "g_i"})
+        columns={"tensor_id": "golden_tensor_id", "node_id": "g_node", "io": "g_io", "idx": "g_i"}
+    )
     tt = test.tensors[["tensor_id", "token_id", "node_id", "io", "idx"]].rename(
-        columns={"tensor_id": "test_tensor_id", "node_id": "t_node", "io": "t_io", "idx": "t_i"})
+        columns={"tensor_id": "test_tensor_id", "node_id": "t_node", "io": "t_io", "idx": "t_i"}
+    )
     if tokens is not None:
         tok = list(tokens)
         gt = gt[gt["token_id"].isin(tok)]
@@ -183,8 +231,9 @@ def pair_tensors(matches: list[NodeMatch], golden: RunFrames, test: RunFrames,
     for mode, grp in mf.groupby("mode"):
         left = grp.merge(gt, on="g_node")
         if mode == "all":
-            both = left.merge(tt, left_on=["t_node", "token_id", "g_io", "g_i"],
-                              right_on=["t_node", "token_id", "t_io", "t_i"])
+            both = left.merge(
+                tt, left_on=["t_node", "token_id", "g_io", "g_i"], right_on=["t_node", "token_id", "t_io", "t_i"]
+            )
         elif mode == "role":
             left = left[left["g_io"] == left["g_role"]]
             both = left.merge(tt, left_on=["t_node", "token_id", "g_i"], right_on=["t_node", "token_id", "t_i"])
@@ -198,16 +247,18 @@ def pair_tensors(matches: list[NodeMatch], golden: RunFrames, test: RunFrames,
     if res.empty:
         return pd.DataFrame(columns=cols)
     res = res.drop_duplicates(["golden_tensor_id", "test_tensor_id"])
-    out = pd.DataFrame({
-        "token_id": res["token_id"].astype(int),
-        "test_token_id": res["token_id"].astype(int),
-        "golden_tensor_id": res["golden_tensor_id"].astype(int),
-        "test_tensor_id": res["test_tensor_id"].astype(int),
-        "golden_node_id": res["g_node"].astype(int),
-        "test_node_id": res["t_node"].astype(int),
-        "io": res["g_io"],
-        "method": res["method"],
-        "confidence": res["confidence"].astype(float),
-        "transform": res["transform"],
-    })
+    out = pd.DataFrame(
+        {
+            "token_id": res["token_id"].astype(int),
+            "test_token_id": res["token_id"].astype(int),
+            "golden_tensor_id": res["golden_tensor_id"].astype(int),
+            "test_tensor_id": res["test_tensor_id"].astype(int),
+            "golden_node_id": res["g_node"].astype(int),
+            "test_node_id": res["t_node"].astype(int),
+            "io": res["g_io"],
+            "method": res["method"],
+            "confidence": res["confidence"].astype(float),
+            "transform": res["transform"],
+        }
+    )
     return out.reset_index(drop=True)

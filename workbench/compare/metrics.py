@@ -197,10 +197,17 @@ class _Pair:
             mant, min_eb = self.ulp
             # scale 2^(mant - eb) is built as the float32 2^(mant - eb - s), s keeps it normal
             s = max(0, mant - min_eb - 127)
-            self._ulp_const = ((mant - s + 254) << 23, (min_eb + 127) << 23, s, 2.0 ** s)
+            self._ulp_const = ((mant - s + 254) << 23, (min_eb + 127) << 23, s, 2.0**s)
 
-    def add(self, g: np.ndarray, m: np.ndarray, g2: float | None = None, m2: float | None = None,
-            g_max: float | None = None, m_max: float | None = None) -> None:
+    def add(
+        self,
+        g: np.ndarray,
+        m: np.ndarray,
+        g2: float | None = None,
+        m2: float | None = None,
+        g_max: float | None = None,
+        m_max: float | None = None,
+    ) -> None:
         """Add contiguous float32 chunks finite on both sides (same length)."""
         n = g.size
         if n == 0:
@@ -358,7 +365,7 @@ def _sumsq(x: np.ndarray) -> float:
 def _dot_sum(x: np.ndarray) -> float:
     """Sum as a BLAS dot with ones (3x faster than numpy's pairwise sum, a little less exact), float64 on
     overflow; for sums whose rounding does not reach a reported digit."""
-    v = float(np.dot(x, _SCRATCH.get(x.size).ones[:x.size]))
+    v = float(np.dot(x, _SCRATCH.get(x.size).ones[: x.size]))
     return v if math.isfinite(v) else float(x.sum(dtype=np.float64))
 
 
@@ -403,9 +410,14 @@ def _compare(g_raw: RawTensor, t_raw: RawTensor, test_dtype: str | None) -> Pair
         return PairMetrics(none, summarize(g_raw), summarize(t_raw), False, "complex tensors are not compared")
     gshape, tshape = list(g_raw.shape), list(t_raw.shape)
     if g_raw.numel != t_raw.numel:
-        return PairMetrics(none, summarize(g_raw), summarize(t_raw), False,
-                           f"data shape doesn't match: golden {gshape} ({g_raw.numel} elements) vs "
-                           f"test {tshape} ({t_raw.numel} elements)")
+        return PairMetrics(
+            none,
+            summarize(g_raw),
+            summarize(t_raw),
+            False,
+            f"data shape doesn't match: golden {gshape} ({g_raw.numel} elements) vs "
+            f"test {tshape} ({t_raw.numel} elements)",
+        )
     if g_raw.numel == 0:
         return PairMetrics(none, summarize(g_raw), summarize(t_raw), False, "empty tensor: nothing to compare")
     reasons: list[str] = []
@@ -452,7 +464,7 @@ def _chunks(raw: RawTensor, side: str) -> Iterator[np.ndarray]:
     flat = np.asarray(raw.array).reshape(-1)  # a plain ndarray: memmap's subclass hooks cost per call
     n = flat.size
     for start in range(0, n, CHUNK):
-        part = flat[start:start + CHUNK]
+        part = flat[start : start + CHUNK]
         if part.dtype == np.float32:
             yield part
             continue

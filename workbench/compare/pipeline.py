@@ -81,19 +81,28 @@ def load_frames(con: duckdb.DuckDBPyConnection, run_id: int) -> RunFrames:
     assert kind_row is not None
     nodes = con.execute(
         "SELECT node_id, name, type, parent_id, depth, exec_order, layer, phase, params FROM nodes "
-        "WHERE run_id = ? ORDER BY node_id", [run_id]).df()
+        "WHERE run_id = ? ORDER BY node_id",
+        [run_id],
+    ).df()
     tensors = con.execute(
         "SELECT tensor_id, token_id, node_id, io, idx, path, dtype, shape, numel, layout, error FROM tensors "
-        "WHERE run_id = ? ORDER BY tensor_id", [run_id]).df()
+        "WHERE run_id = ? ORDER BY tensor_id",
+        [run_id],
+    ).df()
     return RunFrames(run_id, str(kind_row[0]), nodes, tensors)
 
 
-def _comparison_id(con: duckdb.DuckDBPyConnection, golden_run: int, test_run: int, mapping: MappingFile | None,
-                   thresholds: Thresholds) -> tuple[int, bool]:
+def _comparison_id(
+    con: duckdb.DuckDBPyConnection, golden_run: int, test_run: int, mapping: MappingFile | None, thresholds: Thresholds
+) -> tuple[int, bool]:
     digest = mapping.digest() if mapping and not mapping.is_empty() else "none"
-    row = first_row(con.execute("SELECT cmp_id, thresholds FROM comparisons WHERE golden_run = ? AND test_run = ? "
-                      "AND mapping_digest = ? ORDER BY cmp_id DESC LIMIT 1",
-                      [golden_run, test_run, digest]))
+    row = first_row(
+        con.execute(
+            "SELECT cmp_id, thresholds FROM comparisons WHERE golden_run = ? AND test_run = ? "
+            "AND mapping_digest = ? ORDER BY cmp_id DESC LIMIT 1",
+            [golden_run, test_run, digest],
+        )
+    )
     th_json = thresholds.to_json()
     if row:
         changed = (row[1] is None) or json.loads(row[1]) != json.loads(th_json)
@@ -103,26 +112,38 @@ def _comparison_id(con: duckdb.DuckDBPyConnection, golden_run: int, test_run: in
     nxt = first_row(con.execute("SELECT nextval('cmp_seq')"))
     assert nxt is not None
     cmp_id = int(nxt[0])
-    con.execute("INSERT INTO comparisons (cmp_id, golden_run, test_run, mapping_digest, mapping, thresholds) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                [cmp_id, golden_run, test_run, digest,
-                 json.dumps(mapping.to_json()) if mapping and not mapping.is_empty() else None, th_json])
+    con.execute(
+        "INSERT INTO comparisons (cmp_id, golden_run, test_run, mapping_digest, mapping, thresholds) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        [
+            cmp_id,
+            golden_run,
+            test_run,
+            digest,
+            json.dumps(mapping.to_json()) if mapping and not mapping.is_empty() else None,
+            th_json,
+        ],
+    )
     return cmp_id, False
 
 
 def _insert_node_matches(con: duckdb.DuckDBPyConnection, cmp_id: int, matches: list[NodeMatch]) -> None:
     if not matches:
         return
-    df = pd.DataFrame({
-        "golden_node_id": [m.golden_node_id for m in matches],
-        "test_node_id": [m.test_node_id for m in matches],
-        "method": [m.method for m in matches],
-        "confidence": [m.confidence for m in matches],
-        "evidence": [m.evidence for m in matches],
-    })
+    df = pd.DataFrame(
+        {
+            "golden_node_id": [m.golden_node_id for m in matches],
+            "test_node_id": [m.test_node_id for m in matches],
+            "method": [m.method for m in matches],
+            "confidence": [m.confidence for m in matches],
+            "evidence": [m.evidence for m in matches],
+        }
+    )
     con.register("_nm", df)
-    con.execute("INSERT INTO node_matches SELECT ?, golden_node_id, test_node_id, method, confidence, evidence "
-                "FROM _nm", [cmp_id])
+    con.execute(
+        "INSERT INTO node_matches SELECT ?, golden_node_id, test_node_id, method, confidence, evidence FROM _nm",
+        [cmp_id],
+    )
     con.unregister("_nm")
 
 
@@ -136,20 +157,24 @@ def _store_node_matches(con: duckdb.DuckDBPyConnection, cmp_id: int, matches: li
 
 def _store_pairs(con: duckdb.DuckDBPyConnection, cmp_id: int, pairs: pd.DataFrame) -> pd.DataFrame:
     """Insert tensor pairs not yet in the catalog; return every pair of `pairs` with its pair_id."""
-    existing = con.execute("SELECT pair_id, golden_tensor_id, test_tensor_id FROM matches WHERE cmp_id = ?",
-                           [cmp_id]).df()
+    existing = con.execute(
+        "SELECT pair_id, golden_tensor_id, test_tensor_id FROM matches WHERE cmp_id = ?", [cmp_id]
+    ).df()
     merged = pairs.merge(existing, on=["golden_tensor_id", "test_tensor_id"], how="left")
     new = merged[merged["pair_id"].isna()].copy()
     if len(new):
-        start_row = first_row(con.execute("SELECT coalesce(max(pair_id), -1) + 1 FROM matches WHERE cmp_id = ?",
-                                [cmp_id]))
+        start_row = first_row(
+            con.execute("SELECT coalesce(max(pair_id), -1) + 1 FROM matches WHERE cmp_id = ?", [cmp_id])
+        )
         assert start_row is not None
         start = int(start_row[0])
         new["pair_id"] = range(start, start + len(new))
         con.register("_new_pairs", new)
         con.execute(
             "INSERT INTO matches SELECT ?, pair_id, token_id, test_token_id, golden_tensor_id, test_tensor_id, "
-            "golden_node_id, test_node_id, io, method, confidence, transform FROM _new_pairs", [cmp_id])
+            "golden_node_id, test_node_id, io, method, confidence, transform FROM _new_pairs",
+            [cmp_id],
+        )
         con.unregister("_new_pairs")
         merged.loc[merged["pair_id"].isna(), "pair_id"] = new["pair_id"].values
     merged["pair_id"] = merged["pair_id"].astype(int)
@@ -159,8 +184,14 @@ def _store_pairs(con: duckdb.DuckDBPyConnection, cmp_id: int, pairs: pd.DataFram
 class _ResultSink:
     """Buffers worker results and writes them to the catalog in transactions."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, cmp_id: int, golden_run: int, test_run: int,
-                 judge: Callable[[dict[str, Any]], tuple[bool | None, list[str]]]) -> None:
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        cmp_id: int,
+        golden_run: int,
+        test_run: int,
+        judge: Callable[[dict[str, Any]], tuple[bool | None, list[str]]],
+    ) -> None:
         self.con, self.cmp_id, self.golden_run, self.test_run, self.judge = con, cmp_id, golden_run, test_run, judge
         self.metric_rows: list[dict[str, Any]] = []
         self.stat_rows: list[dict[str, Any]] = []
@@ -184,27 +215,40 @@ class _ResultSink:
             values = res["values"]
             passed, over = self.judge(res)
             g, t = res.get("golden") or {}, res.get("test") or {}
-            row = {"pair_id": res["pair_id"], **{m: values.get(m) for m in ALL_METRICS},
-                   "golden_nan_count": g.get("nan_count"), "golden_inf_count": g.get("inf_count"),
-                   "my_nan_count": t.get("nan_count"), "my_inf_count": t.get("inf_count"),
-                   "finite_only": res["finite_only"], "passed": passed,
-                   "failed_metrics": ",".join(over) if over else None, "cmp_fail_reason": res["reason"] or None}
+            row = {
+                "pair_id": res["pair_id"],
+                **{m: values.get(m) for m in ALL_METRICS},
+                "golden_nan_count": g.get("nan_count"),
+                "golden_inf_count": g.get("inf_count"),
+                "my_nan_count": t.get("nan_count"),
+                "my_inf_count": t.get("inf_count"),
+                "finite_only": res["finite_only"],
+                "passed": passed,
+                "failed_metrics": ",".join(over) if over else None,
+                "cmp_fail_reason": res["reason"] or None,
+            }
             self.metric_rows.append(row)
             if passed is False:
                 self.failed += 1
             if not values or all(values.get(m) is None for m in ALL_METRICS):
                 self.uncomparable += 1
             if g:
-                self.stat_rows.append({"run_id": self.golden_run, "tensor_id": res["golden_tensor_id"], **g,
-                                       "error": None})
+                self.stat_rows.append(
+                    {"run_id": self.golden_run, "tensor_id": res["golden_tensor_id"], **g, "error": None}
+                )
             if t:
-                self.stat_rows.append({"run_id": self.test_run, "tensor_id": res["test_tensor_id"], **t,
-                                       "error": None})
+                self.stat_rows.append({"run_id": self.test_run, "tensor_id": res["test_tensor_id"], **t, "error": None})
         else:
             self.done_stats.add((int(res["run_id"]), int(res["tensor_id"])))
             s = res.get("summary") or {}
-            self.stat_rows.append({"run_id": res["run_id"], "tensor_id": res["tensor_id"],
-                                   **{f: s.get(f) for f in SUMMARY_FIELDS}, "error": res.get("error")})
+            self.stat_rows.append(
+                {
+                    "run_id": res["run_id"],
+                    "tensor_id": res["tensor_id"],
+                    **{f: s.get(f) for f in SUMMARY_FIELDS},
+                    "error": res.get("error"),
+                }
+            )
 
     def flush(self) -> None:
         if not self.metric_rows and not self.stat_rows:
@@ -220,11 +264,23 @@ class _ResultSink:
                     mdf[col] = mdf[col].astype("float64")
                 mdf["passed"] = mdf["passed"].astype("boolean")
                 con.register("_mdf", mdf)
-                cols = ", ".join(["pair_id", *ALL_METRICS, "golden_nan_count", "golden_inf_count",
-                                  "my_nan_count", "my_inf_count", "finite_only", "passed", "failed_metrics",
-                                  "cmp_fail_reason"])
-                con.execute(f"INSERT OR REPLACE INTO metrics (cmp_id, {cols}) SELECT ?, {cols} FROM _mdf",
-                            [self.cmp_id])
+                cols = ", ".join(
+                    [
+                        "pair_id",
+                        *ALL_METRICS,
+                        "golden_nan_count",
+                        "golden_inf_count",
+                        "my_nan_count",
+                        "my_inf_count",
+                        "finite_only",
+                        "passed",
+                        "failed_metrics",
+                        "cmp_fail_reason",
+                    ]
+                )
+                con.execute(
+                    f"INSERT OR REPLACE INTO metrics (cmp_id, {cols}) SELECT ?, {cols} FROM _mdf", [self.cmp_id]
+                )
                 con.unregister("_mdf")
             if self.stat_rows:
                 sdf = pd.DataFrame(self.stat_rows).drop_duplicates(["run_id", "tensor_id"], keep="last")
@@ -237,7 +293,8 @@ class _ResultSink:
                     "UPDATE tensors SET min = s.min, max = s.max, mean = s.mean, std = s.std, norm = s.norm, "
                     "nan_count = s.nan_count, inf_count = s.inf_count, numel = coalesce(s.numel, tensors.numel), "
                     "error = coalesce(s.error, tensors.error) "
-                    "FROM _sdf s WHERE tensors.run_id = s.run_id AND tensors.tensor_id = s.tensor_id")
+                    "FROM _sdf s WHERE tensors.run_id = s.run_id AND tensors.tensor_id = s.tensor_id"
+                )
                 con.unregister("_sdf")
             con.execute("COMMIT")
         except BaseException:
@@ -247,10 +304,19 @@ class _ResultSink:
         self.stat_rows.clear()
 
 
-def execute_tasks(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], sink: _ResultSink, *,
-                  workers: int, progress: ProgressFn | None, cancel: threading.Event | None,
-                  stage: str = "compare", pool: ProcessPoolExecutor | PoolStarter | None = None,
-                  early: EarlyPairs | None = None, claims: dict[PairKey, PairTask] | None = None) -> None:
+def execute_tasks(
+    tasks: Sequence[PairTask | StatsTask],
+    sizes: Sequence[int],
+    sink: _ResultSink,
+    *,
+    workers: int,
+    progress: ProgressFn | None,
+    cancel: threading.Event | None,
+    stage: str = "compare",
+    pool: ProcessPoolExecutor | PoolStarter | None = None,
+    early: EarlyPairs | None = None,
+    claims: dict[PairKey, PairTask] | None = None,
+) -> None:
     """Run tasks in a process pool (or in process when small), streaming results into the sink.
 
     `claims` maps pairs computed early (`early`) to the tasks that take their results.
@@ -291,8 +357,15 @@ class _Reporter:
             self.last_flush = now
 
 
-def _run_in_process(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], sink: _ResultSink,
-                    progress: ProgressFn | None, cancel: threading.Event | None, stage: str, t0: float) -> None:
+def _run_in_process(
+    tasks: Sequence[PairTask | StatsTask],
+    sizes: Sequence[int],
+    sink: _ResultSink,
+    progress: ProgressFn | None,
+    cancel: threading.Event | None,
+    stage: str,
+    t0: float,
+) -> None:
     reporter = _Reporter(sink, progress, stage, len(tasks), t0)
     for batch in batches(tasks, sizes):
         if cancel is not None and cancel.is_set():
@@ -304,10 +377,19 @@ def _run_in_process(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int],
     sink.flush()
 
 
-def _run_in_pool(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], sink: _ResultSink, workers: int,
-                 progress: ProgressFn | None, cancel: threading.Event | None, stage: str, t0: float,
-                 pool: ProcessPoolExecutor | PoolStarter | None, early: EarlyPairs | None,
-                 claims: dict[PairKey, PairTask]) -> None:
+def _run_in_pool(
+    tasks: Sequence[PairTask | StatsTask],
+    sizes: Sequence[int],
+    sink: _ResultSink,
+    workers: int,
+    progress: ProgressFn | None,
+    cancel: threading.Event | None,
+    stage: str,
+    t0: float,
+    pool: ProcessPoolExecutor | PoolStarter | None,
+    early: EarlyPairs | None,
+    claims: dict[PairKey, PairTask],
+) -> None:
     reporter = _Reporter(sink, progress, stage, len(tasks), t0)
     claimed = {t.pair_id for t in claims.values()}
     rest = [(t, n) for t, n in zip(tasks, sizes) if not (isinstance(t, PairTask) and t.pair_id in claimed)]
@@ -357,15 +439,22 @@ def _run_in_pool(tasks: Sequence[PairTask | StatsTask], sizes: Sequence[int], si
     reporter.advance(0, force_flush=True)
 
 
-def _take_early(results: list[dict[str, Any]], early: EarlyPairs, claims: dict[PairKey, PairTask],
-                sink: _ResultSink) -> int:
+def _take_early(
+    results: list[dict[str, Any]], early: EarlyPairs, claims: dict[PairKey, PairTask], sink: _ResultSink
+) -> int:
     """Hand the claimed results of one early batch to the sink, under the claiming task's ids."""
     n = 0
     for res in results:
         task = claims.get(early.keys[int(res["pair_id"])])
         if task is not None and not sink.is_done(task):
-            sink.add({**res, "pair_id": task.pair_id, "golden_tensor_id": task.golden_tensor_id,
-                      "test_tensor_id": task.test_tensor_id})
+            sink.add(
+                {
+                    **res,
+                    "pair_id": task.pair_id,
+                    "golden_tensor_id": task.golden_tensor_id,
+                    "test_tensor_id": task.test_tensor_id,
+                }
+            )
             n += 1
     early.taken += n
     return n
@@ -374,15 +463,27 @@ def _take_early(results: list[dict[str, Any]], early: EarlyPairs, claims: dict[P
 def _tensor_info(frames: RunFrames) -> dict[int, tuple[str | None, str | None, Any]]:
     """tensor_id -> (path, dtype, numel) of one run (dict lookups: pandas' per-row .loc is far slower)."""
     t = frames.tensors
-    return {int(tid): (_none(p), _none(d), _none(n))
-            for tid, p, d, n in zip(t["tensor_id"], t["path"], t["dtype"], t["numel"])}
+    return {
+        int(tid): (_none(p), _none(d), _none(n))
+        for tid, p, d, n in zip(t["tensor_id"], t["path"], t["dtype"], t["numel"])
+    }
 
 
-def compute_pending(con: duckdb.DuckDBPyConnection, cmp_id: int, golden: RunFrames, test: RunFrames,
-                    pairs: pd.DataFrame, thresholds: Thresholds, *, workers: int,
-                    progress: ProgressFn | None = None, cancel: threading.Event | None = None,
-                    stats_for_unpaired: bool = True, pool: ProcessPoolExecutor | PoolStarter | None = None,
-                    early: EarlyPairs | None = None) -> tuple[int, int, int]:
+def compute_pending(
+    con: duckdb.DuckDBPyConnection,
+    cmp_id: int,
+    golden: RunFrames,
+    test: RunFrames,
+    pairs: pd.DataFrame,
+    thresholds: Thresholds,
+    *,
+    workers: int,
+    progress: ProgressFn | None = None,
+    cancel: threading.Event | None = None,
+    stats_for_unpaired: bool = True,
+    pool: ProcessPoolExecutor | PoolStarter | None = None,
+    early: EarlyPairs | None = None,
+) -> tuple[int, int, int]:
     """Compute metrics for pairs without them, and stats of unpaired tensors.
 
     Returns (computed, failed, uncomparable).
@@ -393,7 +494,8 @@ def compute_pending(con: duckdb.DuckDBPyConnection, cmp_id: int, golden: RunFram
     g_order = dict(zip(golden.nodes["node_id"], golden.nodes["exec_order"]))
     # feed pairs in token then execution order so partial results are the useful ones
     order = todo.assign(_eo=todo["golden_node_id"].map(g_order)).sort_values(
-        ["token_id", "_eo", "golden_node_id"], na_position="last")
+        ["token_id", "_eo", "golden_node_id"], na_position="last"
+    )
     tasks: list[PairTask | StatsTask] = []
     sizes: list[int] = []
     first_of: dict[tuple[Any, ...], int] = {}
@@ -401,8 +503,9 @@ def compute_pending(con: duckdb.DuckDBPyConnection, cmp_id: int, golden: RunFram
     claims: dict[PairKey, PairTask] = {}
     if early is not None:
         early.wait_submitted()
-    for pair_id, g_tid, t_tid, transform in zip(order["pair_id"], order["golden_tensor_id"],
-                                                order["test_tensor_id"], order["transform"]):
+    for pair_id, g_tid, t_tid, transform in zip(
+        order["pair_id"], order["golden_tensor_id"], order["test_tensor_id"], order["transform"]
+    ):
         pair_id, g_tid, t_tid, transform = int(pair_id), int(g_tid), int(t_tid), _none(transform)
         g_path, g_dtype, g_numel = g_info[g_tid]
         t_path, t_dtype, t_numel = t_info[t_tid]
@@ -418,10 +521,14 @@ def compute_pending(con: duckdb.DuckDBPyConnection, cmp_id: int, golden: RunFram
         tasks.append(task)
         sizes.append(tensor_bytes(g_numel, g_dtype) + tensor_bytes(t_numel, t_dtype))
     if stats_for_unpaired:
-        for run, info, used in ((golden.run_id, g_info, set(pairs["golden_tensor_id"])),
-                                (test.run_id, t_info, set(pairs["test_tensor_id"]))):
-            missing = con.execute("SELECT tensor_id FROM tensors WHERE run_id = ? AND std IS NULL AND path IS NOT NULL "
-                                  "AND error IS NULL", [run]).df()["tensor_id"]
+        for run, info, used in (
+            (golden.run_id, g_info, set(pairs["golden_tensor_id"])),
+            (test.run_id, t_info, set(pairs["test_tensor_id"])),
+        ):
+            missing = con.execute(
+                "SELECT tensor_id FROM tensors WHERE run_id = ? AND std IS NULL AND path IS NOT NULL AND error IS NULL",
+                [run],
+            ).df()["tensor_id"]
             for tid in missing:
                 if int(tid) in used:
                     continue
@@ -429,8 +536,10 @@ def compute_pending(con: duckdb.DuckDBPyConnection, cmp_id: int, golden: RunFram
                 tasks.append(StatsTask(run, int(tid), str(path)))
                 sizes.append(tensor_bytes(numel, dtype))
 
-    node_info = {int(n): (str(nm), str(tp) if tp is not None else "") for n, nm, tp in
-                 zip(golden.nodes["node_id"], golden.nodes["name"], golden.nodes["type"])}
+    node_info = {
+        int(n): (str(nm), str(tp) if tp is not None else "")
+        for n, nm, tp in zip(golden.nodes["node_id"], golden.nodes["name"], golden.nodes["type"])
+    }
     pair_node = dict(zip(pairs["pair_id"].astype(int), pairs["golden_node_id"].astype(int)))
     pair_dtype = {int(p): t_info[int(tid)][1] for p, tid in zip(pairs["pair_id"], pairs["test_tensor_id"])}
 
@@ -439,13 +548,15 @@ def compute_pending(con: duckdb.DuckDBPyConnection, cmp_id: int, golden: RunFram
 
     sink = _ResultSink(con, cmp_id, golden.run_id, test.run_id, judge)
     sink.aliases = aliases
-    execute_tasks(tasks, sizes, sink, workers=workers, progress=progress, cancel=cancel, pool=pool, early=early,
-                  claims=claims)
+    execute_tasks(
+        tasks, sizes, sink, workers=workers, progress=progress, cancel=cancel, pool=pool, early=early, claims=claims
+    )
     return len(todo), sink.failed, sink.uncomparable
 
 
-def _judge(thresholds: Thresholds, res: dict[str, Any], node: tuple[str, str], dtype: str | None
-           ) -> tuple[bool | None, list[str]]:
+def _judge(
+    thresholds: Thresholds, res: dict[str, Any], node: tuple[str, str], dtype: str | None
+) -> tuple[bool | None, list[str]]:
     """Pass/fail of one pair: NaN/Inf on the test side that the golden side does not have fails it."""
     values = res["values"]
     if not values or all(values.get(m) is None for m in ALL_METRICS):
@@ -456,8 +567,9 @@ def _judge(thresholds: Thresholds, res: dict[str, Any], node: tuple[str, str], d
     g, t = res.get("golden") or {}, res.get("test") or {}
     t_bad = (t.get("nan_count") or 0) + (t.get("inf_count") or 0)
     mismatch = t_bad > 0 and (t.get("nan_count"), t.get("inf_count")) != (g.get("nan_count"), g.get("inf_count"))
-    return thresholds.judge(values, dtype or "float32", node_name=node[0], node_type=node[1],
-                            nan_inf_mismatch=bool(mismatch))
+    return thresholds.judge(
+        values, dtype or "float32", node_name=node[0], node_type=node[1], nan_inf_mismatch=bool(mismatch)
+    )
 
 
 def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds) -> None:
@@ -467,21 +579,28 @@ def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds)
         "JOIN matches m USING (cmp_id, pair_id) JOIN comparisons c USING (cmp_id) "
         "JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id "
         "JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id "
-        "WHERE x.cmp_id = ?", [cmp_id]).df()
+        "WHERE x.cmp_id = ?",
+        [cmp_id],
+    ).df()
     if df.empty:
         return
     passed, failed = [], []
     for r in df.to_dict("records"):
-        res = {"values": {m: _none(r[m]) for m in ALL_METRICS},
-               "golden": {"nan_count": _none(r["golden_nan_count"]), "inf_count": _none(r["golden_inf_count"])},
-               "test": {"nan_count": _none(r["my_nan_count"]), "inf_count": _none(r["my_inf_count"])}}
+        res = {
+            "values": {m: _none(r[m]) for m in ALL_METRICS},
+            "golden": {"nan_count": _none(r["golden_nan_count"]), "inf_count": _none(r["golden_inf_count"])},
+            "test": {"nan_count": _none(r["my_nan_count"]), "inf_count": _none(r["my_inf_count"])},
+        }
         p, over = _judge(thresholds, res, (str(r["_node"]), str(r["_type"] or "")), _none(r["_dtype"]))
         passed.append(p)
         failed.append(",".join(over) if over else None)
     upd = pd.DataFrame({"pair_id": df["pair_id"], "passed": pd.array(passed, dtype="boolean"), "failed": failed})
     con.register("_upd", upd)
-    con.execute("UPDATE metrics SET passed = u.passed, failed_metrics = u.failed FROM _upd u "
-                "WHERE metrics.cmp_id = ? AND metrics.pair_id = u.pair_id", [cmp_id])
+    con.execute(
+        "UPDATE metrics SET passed = u.passed, failed_metrics = u.failed FROM _upd u "
+        "WHERE metrics.cmp_id = ? AND metrics.pair_id = u.pair_id",
+        [cmp_id],
+    )
     con.unregister("_upd")
 
 
@@ -498,8 +617,12 @@ def _none(v: Any) -> Any:
 
 def _category(op_type: str) -> str | None:
     t = op_type.lower()
-    for cat, needles in (("norm", ("norm",)), ("attention", ("attention",)), ("mlp", ("mlp", "feedforward")),
-                         ("linear", ("linear",))):
+    for cat, needles in (
+        ("norm", ("norm",)),
+        ("attention", ("attention",)),
+        ("mlp", ("mlp", "feedforward")),
+        ("linear", ("linear",)),
+    ):
         if any(n in t for n in needles):
             return cat
     return None
@@ -521,17 +644,32 @@ def _coverage(golden: RunFrames, test: RunFrames, matches: list[NodeMatch], pair
             categories.setdefault(cat, [0, 0])
             categories[cat][1] += 1
             categories[cat][0] += int(nid) in g_matched
-    return {"golden_nodes": len(g_with), "golden_matched": len(g_matched), "categories": categories,
-            "test_nodes": len(t_with), "test_matched": len(t_matched), "by_method": by_method,
-            "tensor_pairs": len(pairs)}
+    return {
+        "golden_nodes": len(g_with),
+        "golden_matched": len(g_matched),
+        "categories": categories,
+        "test_nodes": len(t_with),
+        "test_matched": len(t_matched),
+        "by_method": by_method,
+        "tensor_pairs": len(pairs),
+    }
 
 
-def run_compare(golden: str | Path | Dump, test: str | Path | Dump, catalog: str | Path, *,
-                mapping: str | Path | MappingFile | None = None, tokens: Collection[int] | None = None,
-                workers: int | None = None, thresholds: str | Path | Thresholds | None = None,
-                progress: ProgressFn | None = None, cancel: threading.Event | None = None,
-                auto: bool = True, pool: ProcessPoolExecutor | PoolStarter | None = None,
-                early: EarlyPairs | None = None) -> CompareResult:
+def run_compare(
+    golden: str | Path | Dump,
+    test: str | Path | Dump,
+    catalog: str | Path,
+    *,
+    mapping: str | Path | MappingFile | None = None,
+    tokens: Collection[int] | None = None,
+    workers: int | None = None,
+    thresholds: str | Path | Thresholds | None = None,
+    progress: ProgressFn | None = None,
+    cancel: threading.Event | None = None,
+    auto: bool = True,
+    pool: ProcessPoolExecutor | PoolStarter | None = None,
+    early: EarlyPairs | None = None,
+) -> CompareResult:
     """Read (unless given read), ingest, match and compare two dumps into `catalog`; see the module docstring.
 
     `pool` (from `workbench.compare.pool.new_pool`) is used and left running; without one, a pool is
@@ -545,8 +683,9 @@ def run_compare(golden: str | Path | Dump, test: str | Path | Dump, catalog: str
     if own:
         pool = new_pool(n_workers)
     try:
-        return _read_ingest_compare(golden, test, catalog, mf, tokens, th, n_workers, progress, cancel, auto, pool,
-                                    early)
+        return _read_ingest_compare(
+            golden, test, catalog, mf, tokens, th, n_workers, progress, cancel, auto, pool, early
+        )
     finally:
         if own and pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -556,10 +695,20 @@ def _root(dump: str | Path | Dump) -> Path:
     return dump.root if isinstance(dump, Dump) else Path(dump)
 
 
-def _read_ingest_compare(golden: str | Path | Dump, test: str | Path | Dump, catalog: str | Path,
-                         mf: MappingFile | None, tokens: Collection[int] | None, th: Thresholds, workers: int,
-                         progress: ProgressFn | None, cancel: threading.Event | None, auto: bool,
-                         pool: ProcessPoolExecutor | PoolStarter | None, early: EarlyPairs | None) -> CompareResult:
+def _read_ingest_compare(
+    golden: str | Path | Dump,
+    test: str | Path | Dump,
+    catalog: str | Path,
+    mf: MappingFile | None,
+    tokens: Collection[int] | None,
+    th: Thresholds,
+    workers: int,
+    progress: ProgressFn | None,
+    cancel: threading.Event | None,
+    auto: bool,
+    pool: ProcessPoolExecutor | PoolStarter | None,
+    early: EarlyPairs | None,
+) -> CompareResult:
     if progress:
         progress(Progress("read dumps", 0, 2))
     g_dump = golden if isinstance(golden, Dump) else open_dump(golden)
@@ -580,9 +729,22 @@ def _read_ingest_compare(golden: str | Path | Dump, test: str | Path | Dump, cat
             progress(Progress("ingest", 2, 2))
         if cancel is not None and cancel.is_set():
             raise CompareCancelled()
-        return _compare_runs(con, Path(catalog), g_ing.run_id, t_ing.run_id, mf, tokens, th,
-                             workers, progress, cancel, auto,
-                             problems=[*g_ing.problems, *t_ing.problems], pool=pool, early=early)
+        return _compare_runs(
+            con,
+            Path(catalog),
+            g_ing.run_id,
+            t_ing.run_id,
+            mf,
+            tokens,
+            th,
+            workers,
+            progress,
+            cancel,
+            auto,
+            problems=[*g_ing.problems, *t_ing.problems],
+            pool=pool,
+            early=early,
+        )
     finally:
         con.close()
         if early is not None:
@@ -599,11 +761,22 @@ def _auto_matcher(auto: bool) -> Any:
     return auto_match
 
 
-def _compare_runs(con: duckdb.DuckDBPyConnection, catalog: Path, golden_run: int, test_run: int,
-                  mapping: MappingFile | None, tokens: Collection[int] | None, thresholds: Thresholds,
-                  workers: int, progress: ProgressFn | None, cancel: threading.Event | None, auto: bool,
-                  problems: list[str], pool: ProcessPoolExecutor | PoolStarter | None = None,
-                  early: EarlyPairs | None = None) -> CompareResult:
+def _compare_runs(
+    con: duckdb.DuckDBPyConnection,
+    catalog: Path,
+    golden_run: int,
+    test_run: int,
+    mapping: MappingFile | None,
+    tokens: Collection[int] | None,
+    thresholds: Thresholds,
+    workers: int,
+    progress: ProgressFn | None,
+    cancel: threading.Event | None,
+    auto: bool,
+    problems: list[str],
+    pool: ProcessPoolExecutor | PoolStarter | None = None,
+    early: EarlyPairs | None = None,
+) -> CompareResult:
     golden = load_frames(con, golden_run)
     test = load_frames(con, test_run)
     cmp_id, th_changed = _comparison_id(con, golden_run, test_run, mapping, thresholds)
@@ -619,46 +792,83 @@ def _compare_runs(con: duckdb.DuckDBPyConnection, catalog: Path, golden_run: int
         progress(Progress("match", 1, 1, message=f"{len(pairs)} tensor pairs"))
     if th_changed:
         rejudge(con, cmp_id, thresholds)
-    computed, _failed_new, _unc = compute_pending(con, cmp_id, golden, test, pairs, thresholds, workers=workers,
-                                                  progress=progress, cancel=cancel, pool=pool, early=early)
+    computed, _failed_new, _unc = compute_pending(
+        con,
+        cmp_id,
+        golden,
+        test,
+        pairs,
+        thresholds,
+        workers=workers,
+        progress=progress,
+        cancel=cancel,
+        pool=pool,
+        early=early,
+    )
     if progress:
         progress(Progress("verdict", 0, 1))
     refresh_verdicts(con, cmp_id)
     if progress:
         progress(Progress("verdict", 1, 1))
-    return summarize_comparison(con, catalog, cmp_id, golden, test, matches, pairs, tokens,
-                                computed=computed, problems=problems)
+    return summarize_comparison(
+        con, catalog, cmp_id, golden, test, matches, pairs, tokens, computed=computed, problems=problems
+    )
 
 
-def summarize_comparison(con: duckdb.DuckDBPyConnection, catalog: Path, cmp_id: int, golden: RunFrames,
-                         test: RunFrames, matches: list[NodeMatch], pairs: pd.DataFrame,
-                         tokens: Collection[int] | None, *, computed: int = 0,
-                         problems: list[str] | None = None) -> CompareResult:
+def summarize_comparison(
+    con: duckdb.DuckDBPyConnection,
+    catalog: Path,
+    cmp_id: int,
+    golden: RunFrames,
+    test: RunFrames,
+    matches: list[NodeMatch],
+    pairs: pd.DataFrame,
+    tokens: Collection[int] | None,
+    *,
+    computed: int = 0,
+    problems: list[str] | None = None,
+) -> CompareResult:
     """The numbers `wb compare` prints, read back from the catalog."""
     ids = [int(x) for x in pairs["pair_id"]] if len(pairs) else []
     con.register("_ids", pd.DataFrame({"pair_id": ids}, dtype="int64"))
-    row = first_row(con.execute(
-        "SELECT count(*), count(*) FILTER (WHERE passed = false), "
-        "count(*) FILTER (WHERE passed IS NULL), "
-        "count(*) FILTER (WHERE cmp_fail_reason LIKE 'data shape doesn''t match%') FROM metrics "
-        "WHERE cmp_id = ? AND pair_id IN (SELECT pair_id FROM _ids)",
-        [cmp_id]))
+    row = first_row(
+        con.execute(
+            "SELECT count(*), count(*) FILTER (WHERE passed = false), "
+            "count(*) FILTER (WHERE passed IS NULL), "
+            "count(*) FILTER (WHERE cmp_fail_reason LIKE 'data shape doesn''t match%') FROM metrics "
+            "WHERE cmp_id = ? AND pair_id IN (SELECT pair_id FROM _ids)",
+            [cmp_id],
+        )
+    )
     con.unregister("_ids")
     assert row is not None
     cov = _coverage(golden, test, matches, pairs)
-    res = CompareResult(cmp_id=cmp_id, catalog=catalog, golden_run=golden.run_id, test_run=test.run_id,
-                        pairs=len(pairs), computed=computed, skipped=len(pairs) - computed, failed=int(row[1]),
-                        uncomparable=int(row[2]), shape_mismatch=int(row[3]),
-                        unmatched_golden=cov["golden_nodes"] - cov["golden_matched"],
-                        unmatched_test=cov["test_nodes"] - cov["test_matched"],
-                        golden_nodes=cov["golden_nodes"], test_nodes=cov["test_nodes"],
-                        problems=list(problems or []), coverage=cov)
+    res = CompareResult(
+        cmp_id=cmp_id,
+        catalog=catalog,
+        golden_run=golden.run_id,
+        test_run=test.run_id,
+        pairs=len(pairs),
+        computed=computed,
+        skipped=len(pairs) - computed,
+        failed=int(row[1]),
+        uncomparable=int(row[2]),
+        shape_mismatch=int(row[3]),
+        unmatched_golden=cov["golden_nodes"] - cov["golden_matched"],
+        unmatched_test=cov["test_nodes"] - cov["test_matched"],
+        golden_nodes=cov["golden_nodes"],
+        test_nodes=cov["test_nodes"],
+        problems=list(problems or []),
+        coverage=cov,
+    )
     tok_filter = "" if tokens is None else f" AND b.token_id IN ({','.join(str(int(t)) for t in sorted(tokens))})"
     for tok, gname, tname, why in con.execute(
-            "SELECT b.token_id, gn.name, tn.name, b.evidence FROM error_born b JOIN comparisons c USING (cmp_id) "
-            "LEFT JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = b.golden_node_id "
-            "LEFT JOIN nodes tn ON tn.run_id = c.test_run AND tn.node_id = b.test_node_id "
-            f"WHERE b.cmp_id = ?{tok_filter} ORDER BY b.token_id", [cmp_id]).fetchall():
+        "SELECT b.token_id, gn.name, tn.name, b.evidence FROM error_born b JOIN comparisons c USING (cmp_id) "
+        "LEFT JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = b.golden_node_id "
+        "LEFT JOIN nodes tn ON tn.run_id = c.test_run AND tn.node_id = b.test_node_id "
+        f"WHERE b.cmp_id = ?{tok_filter} ORDER BY b.token_id",
+        [cmp_id],
+    ).fetchall():
         res.born[int(tok)] = gname
         res.born_test[int(tok)] = tname
         if why:
@@ -668,16 +878,23 @@ def summarize_comparison(con: duckdb.DuckDBPyConnection, catalog: Path, cmp_id: 
     return res
 
 
-def add_node_pairs(catalog: str | Path, cmp_id: int, pairs: Sequence[PairSpec],
-                   remove: Sequence[tuple[str, str]] = (), *, workers: int = 1) -> int:
+def add_node_pairs(
+    catalog: str | Path,
+    cmp_id: int,
+    pairs: Sequence[PairSpec],
+    remove: Sequence[tuple[str, str]] = (),
+    *,
+    workers: int = 1,
+) -> int:
     """Pair (and unpair) nodes of an existing comparison; metrics of new tensor pairs are computed now.
 
     Returns the number of tensor pairs added. Used by the app's mapping editor.
     """
     con = open_catalog(catalog)
     try:
-        row = first_row(con.execute("SELECT golden_run, test_run, thresholds FROM comparisons WHERE cmp_id = ?",
-                          [cmp_id]))
+        row = first_row(
+            con.execute("SELECT golden_run, test_run, thresholds FROM comparisons WHERE cmp_id = ?", [cmp_id])
+        )
         if row is None:
             raise ValueError(f"{catalog}: no comparison {cmp_id}")
         golden, test = load_frames(con, int(row[0])), load_frames(con, int(row[1]))
@@ -688,12 +905,18 @@ def add_node_pairs(catalog: str | Path, cmp_id: int, pairs: Sequence[PairSpec],
             gid, tid = g_names.get(g), t_names.get(t)
             if gid is None or tid is None:
                 continue
-            con.execute("DELETE FROM metrics WHERE cmp_id = ? AND pair_id IN (SELECT pair_id FROM matches "
-                        "WHERE cmp_id = ? AND golden_node_id = ? AND test_node_id = ?)", [cmp_id, cmp_id, gid, tid])
-            con.execute("DELETE FROM matches WHERE cmp_id = ? AND golden_node_id = ? AND test_node_id = ?",
-                        [cmp_id, gid, tid])
-            con.execute("DELETE FROM node_matches WHERE cmp_id = ? AND golden_node_id = ? AND test_node_id = ?",
-                        [cmp_id, gid, tid])
+            con.execute(
+                "DELETE FROM metrics WHERE cmp_id = ? AND pair_id IN (SELECT pair_id FROM matches "
+                "WHERE cmp_id = ? AND golden_node_id = ? AND test_node_id = ?)",
+                [cmp_id, cmp_id, gid, tid],
+            )
+            con.execute(
+                "DELETE FROM matches WHERE cmp_id = ? AND golden_node_id = ? AND test_node_id = ?", [cmp_id, gid, tid]
+            )
+            con.execute(
+                "DELETE FROM node_matches WHERE cmp_id = ? AND golden_node_id = ? AND test_node_id = ?",
+                [cmp_id, gid, tid],
+            )
         new_matches = []
         for p in pairs:
             gid, tid = g_names.get(p.golden), t_names.get(p.test)
@@ -701,8 +924,9 @@ def add_node_pairs(catalog: str | Path, cmp_id: int, pairs: Sequence[PairSpec],
                 raise ValueError(f"golden node {p.golden!r} is not in comparison {cmp_id}")
             if tid is None:
                 raise ValueError(f"test node {p.test!r} is not in comparison {cmp_id}")
-            new_matches.append(NodeMatch(gid, tid, "editor", 1.0, "paired in the mapping editor",
-                                         p.golden_tensor, p.test_tensor))
+            new_matches.append(
+                NodeMatch(gid, tid, "editor", 1.0, "paired in the mapping editor", p.golden_tensor, p.test_tensor)
+            )
         _insert_node_matches(con, cmp_id, new_matches)
         tp = pair_tensors(new_matches, golden, test)
         before = first_row(con.execute("SELECT count(*) FROM matches WHERE cmp_id = ?", [cmp_id]))

@@ -56,8 +56,11 @@ def bytes_at_least(root: Path, limit: int) -> bool:
 
 def worth_a_pool(golden: str | Path, test: str | Path, workers: int) -> bool:
     """A pool pays off for several workers and dumps of some size (a small compare runs in process)."""
-    return (workers > 1 and bytes_at_least(Path(golden), IN_PROCESS_BYTES)
-            and bytes_at_least(Path(test), IN_PROCESS_BYTES // 2))
+    return (
+        workers > 1
+        and bytes_at_least(Path(golden), IN_PROCESS_BYTES)
+        and bytes_at_least(Path(test), IN_PROCESS_BYTES // 2)
+    )
 
 
 @contextlib.contextmanager

@@ -13,15 +13,13 @@ from workbench.compare.pipeline import CompareResult
 _CSV_INJECTION = ("=", "+", "-", "@", "\t", "\r")
 
 
-def write_msit_csv(con: duckdb.DuckDBPyConnection, cmp_id: int, out_dir: Path,
-                   tokens: set[int] | None = None) -> Path:
+def write_msit_csv(con: duckdb.DuckDBPyConnection, cmp_id: int, out_dir: Path, tokens: set[int] | None = None) -> Path:
     """msit's report columns by msit's names, rows in token then execution order; returns the file."""
     stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%d%H%M%S")
     path = out_dir / f"msit_cmp_report_{stamp}.csv"
     cols = ", ".join(MSIT_CSV_COLUMNS)
     tok = "" if tokens is None else f" AND golden_token_id IN ({','.join(str(int(t)) for t in sorted(tokens))})"
-    df = con.execute(f"SELECT {cols}, passed FROM comparison WHERE cmp_id = ?{tok} ORDER BY data_id",
-                     [cmp_id]).df()
+    df = con.execute(f"SELECT {cols}, passed FROM comparison WHERE cmp_id = ?{tok} ORDER BY data_id", [cmp_id]).df()
     df["data_id"] = range(len(df))
     # text cells a spreadsheet would evaluate as formulas get a leading quote (paths never start so)
     for col in ("golden_op_type", "my_op_type", "cmp_fail_reason"):
@@ -46,14 +44,18 @@ def format_summary(res: CompareResult, golden_label: str, test_label: str, csv_p
         matched = sum(m for m, _ in cats.values())
         total = sum(n for _, n in cats.values())
         parts = ", ".join(f"{k} {m}/{n}" for k, (m, n) in sorted(cats.items()))
-        lines.append(f"coverage: {matched}/{total} golden Linear/norm/attention/MLP modules matched "
-                     f"({100 * matched / max(total, 1):.0f}%: {parts})")
+        lines.append(
+            f"coverage: {matched}/{total} golden Linear/norm/attention/MLP modules matched "
+            f"({100 * matched / max(total, 1):.0f}%: {parts})"
+        )
     if cov.get("by_method"):
         methods = ", ".join(f"{k} {v}" for k, v in sorted(cov["by_method"].items()))
         lines.append(f"matched by: {methods}")
     if res.shape_mismatch and res.shape_mismatch * 2 >= res.pairs:
-        lines.append(f"warning: {res.shape_mismatch} of {res.pairs} pairs differ in shape: are golden and test "
-                     "dumps of the same model and the same input?")
+        lines.append(
+            f"warning: {res.shape_mismatch} of {res.pairs} pairs differ in shape: are golden and test "
+            "dumps of the same model and the same input?"
+        )
     elif res.shape_mismatch:
         lines.append(f"note: {res.shape_mismatch} pairs differ in shape (see cmp_fail_reason)")
     for line in res.problems[:20]:

@@ -107,9 +107,14 @@ class Thresholds:
                 pattern = re.compile(raw["match"])
             except re.error as exc:
                 raise ValueError(f"{where}: bad regular expression {raw['match']!r} ({exc})") from None
-            rules.append(Rule(str(raw.get("name", f"rule{i + 1}")), pattern,
-                              _metric_list(raw.get("verdict", []), f"{where} verdict"),
-                              _dtype_tables(raw.get("dtype", {}), f"{where} dtype")))
+            rules.append(
+                Rule(
+                    str(raw.get("name", f"rule{i + 1}")),
+                    pattern,
+                    _metric_list(raw.get("verdict", []), f"{where} verdict"),
+                    _dtype_tables(raw.get("dtype", {}), f"{where} dtype"),
+                )
+            )
         return cls(verdict, nan_inf, default_dtype, dtypes, tuple(rules), copy.deepcopy(data))
 
     # ------------------------------------------------------------------------------------------
@@ -137,13 +142,21 @@ class Thresholds:
         """Metrics that decide pass/fail for a node of this dtype."""
         return self._resolve(dtype, node_name, node_type)[0]
 
-    def bounds_for(self, metric: str, dtype: str | None, *, node_name: str = "",
-                   node_type: str = "") -> tuple[float | None, float | None]:
+    def bounds_for(
+        self, metric: str, dtype: str | None, *, node_name: str = "", node_type: str = ""
+    ) -> tuple[float | None, float | None]:
         """(min, max) of `metric` for a test dtype (and node, for rules); None = unbounded."""
         return self._resolve(dtype, node_name, node_type)[1].get(metric, (None, None))
 
-    def judge(self, values: dict[str, float | None], dtype: str | None, *, node_name: str = "",
-              node_type: str = "", nan_inf_mismatch: bool = False) -> tuple[bool | None, list[str]]:
+    def judge(
+        self,
+        values: dict[str, float | None],
+        dtype: str | None,
+        *,
+        node_name: str = "",
+        node_type: str = "",
+        nan_inf_mismatch: bool = False,
+    ) -> tuple[bool | None, list[str]]:
         """(passed, failed metrics): passed is None when no verdict metric could be computed.
 
         A NaN metric value fails. `nan_inf_mismatch` (NaN/Inf on the test side where golden

@@ -88,8 +88,11 @@ def run_pair(task: PairTask) -> dict[str, Any]:
     """Metrics and both sides' statistics for one pair; problems become `cmp_fail_reason`."""
     golden, g_err = _load(task.golden_path, "golden_data_path")
     test, t_err = _load(task.test_path, "my_data_path")
-    out: dict[str, Any] = {"pair_id": task.pair_id, "golden_tensor_id": task.golden_tensor_id,
-                           "test_tensor_id": task.test_tensor_id}
+    out: dict[str, Any] = {
+        "pair_id": task.pair_id,
+        "golden_tensor_id": task.golden_tensor_id,
+        "test_tensor_id": task.test_tensor_id,
+    }
     if golden is None or test is None:
         # one side unreadable: still describe the other (compare_tensors does it otherwise, in its one pass)
         if golden is not None:

@@ -354,8 +354,14 @@ class DumpHandle:
         seen = self._seen.get(key)
         if seen is not None and seen.ref() is tensor and seen.version == version:
             return seen
-        view = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride(),
-                tensor.dtype, tensor.device)
+        view = (
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tensor.stride(),
+            tensor.dtype,
+            tensor.device,
+        )
         same = self._views.get(view)
         if same is not None:
             earlier = same.ref()

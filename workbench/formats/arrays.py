@@ -26,8 +26,16 @@ from workbench.formats.model import DumpError, dtype_name
 from workbench.formats.pth_header import plain_tensor
 
 NUMPY_STORAGE: dict[str, str] = {
-    "float32": "<f4", "float16": "<f2", "bfloat16": "<u2", "float64": "<f8", "int64": "<i8", "int32": "<i4",
-    "int16": "<i2", "int8": "i1", "uint8": "u1", "bool": "?",
+    "float32": "<f4",
+    "float16": "<f2",
+    "bfloat16": "<u2",
+    "float64": "<f8",
+    "int64": "<i8",
+    "int32": "<i4",
+    "int16": "<i2",
+    "int8": "i1",
+    "uint8": "u1",
+    "bool": "?",
 }
 
 
@@ -81,10 +89,11 @@ def _plain_pth(path: str, file_size: int) -> RawTensor | None:
         # a plain ndarray over the map: memmap's subclass hooks cost on every operation
         flat = np.asarray(np.memmap(path, dtype=np_dtype, mode="r", offset=found.data_offset, shape=(found.numel,)))
     if found.stride == _contiguous_strides(size):
-        arr = flat[found.offset:found.offset + found.span].reshape(size)
+        arr = flat[found.offset : found.offset + found.span].reshape(size)
     else:
-        arr = np.lib.stride_tricks.as_strided(flat[found.offset:], shape=size, writeable=False,
-                                              strides=tuple(s * found.itemsize for s in found.stride))
+        arr = np.lib.stride_tricks.as_strided(
+            flat[found.offset :], shape=size, writeable=False, strides=tuple(s * found.itemsize for s in found.stride)
+        )
     return RawTensor(arr, found.dtype)
 
 

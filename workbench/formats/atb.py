@@ -127,9 +127,11 @@ def _load_topology(dump_root: Path, pid: str, problems: list[str]) -> _Graphs:
             by_start = sorted(range(len(models)), key=lambda i: (models[i][2], models[i][0]))
             roles = {by_start[0]: "prefill", by_start[1]: "decode"}
             if len(models) > 2:
-                problems.append(f"{model_dir}: {len(models)} model topologies; using "
-                                f"{Path(models[by_start[0]][0]).name} (prefill) and "
-                                f"{Path(models[by_start[1]][0]).name} (decode)")
+                problems.append(
+                    f"{model_dir}: {len(models)} model topologies; using "
+                    f"{Path(models[by_start[0]][0]).name} (prefill) and "
+                    f"{Path(models[by_start[1]][0]).name} (decode)"
+                )
     for i, (path, data, start) in enumerate(models):
         role = roles.get(i) if len(models) >= 2 else None
         if len(models) >= 2 and role is None:
@@ -143,8 +145,9 @@ def _load_topology(dump_root: Path, pid: str, problems: list[str]) -> _Graphs:
     if len(g.ranges) == 2:
         (a0, a1), (b0, b1) = g.ranges["prefill"], g.ranges["decode"]
         if a0 < b1 and b0 < a1:  # overlapping ranges: indices cannot tell the graphs apart
-            problems.append(f"{model_dir}: prefill and decode graphs use overlapping op indices; "
-                            "phases taken from folder names")
+            problems.append(
+                f"{model_dir}: prefill and decode graphs use overlapping op indices; phases taken from folder names"
+            )
             g.ranges = {}
             for t in g.top.values():
                 t.graph = None
@@ -159,8 +162,14 @@ class _OpInfo:
     param_read: bool = False
 
 
-def read_atb(dump_root: Path, dev_dir: Path, *, count_folder: str | None = None, op_rel: str | None = None,
-             root: Path | None = None) -> Dump:
+def read_atb(
+    dump_root: Path,
+    dev_dir: Path,
+    *,
+    count_folder: str | None = None,
+    op_rel: str | None = None,
+    root: Path | None = None,
+) -> Dump:
     """Read `tensors/{dev}_{pid}` of an ATB dump whose `msit_dump_*` folder is `dump_root`.
 
     `count_folder` restricts to one execute-count folder, `op_rel` (a path below it) to one op subtree.
@@ -208,13 +217,29 @@ def read_atb(dump_root: Path, dev_dir: Path, *, count_folder: str | None = None,
     for i, n in enumerate(nodes):
         n.exec_order = i
     _assign_layers(nodes, ops)
-    return Dump(kind="atb", root=(root or dev_dir).resolve(), nodes=nodes, tensors=tensors,
-                order_source="topology", model_name=graphs.model_name, meta=meta, problems=problems)
+    return Dump(
+        kind="atb",
+        root=(root or dev_dir).resolve(),
+        nodes=nodes,
+        tensors=tensors,
+        order_source="topology",
+        model_name=graphs.model_name,
+        meta=meta,
+        problems=problems,
+    )
 
 
-def _walk_ops(folder: str, prefix: str, index_path: tuple[int, ...], topo_children: list[Any] | None,
-              graphs: _Graphs, ops: dict[str, _OpInfo], out: list[tuple[str, str]], problems: list[str],
-              phase: str | None = None) -> None:
+def _walk_ops(
+    folder: str,
+    prefix: str,
+    index_path: tuple[int, ...],
+    topo_children: list[Any] | None,
+    graphs: _Graphs,
+    ops: dict[str, _OpInfo],
+    out: list[tuple[str, str]],
+    problems: list[str],
+    phase: str | None = None,
+) -> None:
     try:
         entries = list_dir(folder)
     except DumpError as exc:
@@ -246,18 +271,33 @@ def _walk_ops(folder: str, prefix: str, index_path: tuple[int, ...], topo_childr
                         topo = {**layer_json, **(topo or {})} if topo else layer_json
                         if not topo.get("nodes"):
                             topo["nodes"] = layer_json.get("nodes", [])
-            elif topo_children is not None and 0 <= idx < len(topo_children) and isinstance(
-                    topo_children[idx], dict):
+            elif topo_children is not None and 0 <= idx < len(topo_children) and isinstance(topo_children[idx], dict):
                 topo = topo_children[idx]
             op_type = str(topo.get("opType")) if topo and topo.get("opType") else suffix
-            node = Node(name=rel, type=op_type, parent=prefix or None, depth=len(index_path), phase=node_phase,
-                        in_names=_names(topo, "inTensors"), out_names=_names(topo, "outTensors"))
+            node = Node(
+                name=rel,
+                type=op_type,
+                parent=prefix or None,
+                depth=len(index_path),
+                phase=node_phase,
+                in_names=_names(topo, "inTensors"),
+                out_names=_names(topo, "outTensors"),
+            )
             ops[rel] = _OpInfo(node, ipath, topo)
         info = ops[rel]
         out.append((rel, e.path))
         children = info.topo.get("nodes") if info.topo else None
-        _walk_ops(e.path, rel, ipath, children if isinstance(children, list) else None, graphs, ops, out,
-                  problems, info.node.phase)
+        _walk_ops(
+            e.path,
+            rel,
+            ipath,
+            children if isinstance(children, list) else None,
+            graphs,
+            ops,
+            out,
+            problems,
+            info.node.phase,
+        )
 
 
 def _names(topo: dict[str, Any] | None, key: str) -> list[str] | None:
@@ -283,14 +323,14 @@ def _read_params(folder: Path, topo: dict[str, Any] | None, problems: list[str])
     return {"value": value}
 
 
-def _assign_tokens(per_count: list[tuple[int, list[tuple[str, str]]]], ops: dict[str, _OpInfo],
-                   graphs: _Graphs, meta: dict[str, Any]) -> dict[tuple[int, str | None], int]:
+def _assign_tokens(
+    per_count: list[tuple[int, list[tuple[str, str]]]], ops: dict[str, _OpInfo], graphs: _Graphs, meta: dict[str, Any]
+) -> dict[tuple[int, str | None], int]:
     """(count folder, phase) -> token; warmup folders get no entry. Rules in the module docstring."""
     phases: list[set[str | None]] = []
     for _num, folders in per_count:
         phases.append({ops[rel].node.phase for rel, _p in folders if "/" not in rel})
-    warmup = (len(per_count) >= 2 and per_count[0][0] == 0 and phases[0] == {"prefill"}
-              and "prefill" in phases[1])
+    warmup = len(per_count) >= 2 and per_count[0][0] == 0 and phases[0] == {"prefill"} and "prefill" in phases[1]
     result: dict[tuple[int, str | None], int] = {}
     offset = 0
     for i, (num, _folders) in enumerate(per_count):
@@ -339,14 +379,46 @@ def _scan_op_tensors(token: int, node: str, folder: Path, out: list[TensorEntry]
                 out.append(TensorEntry(token, node, role, k, path, error=exc.reason))  # type: ignore[arg-type]
                 continue
             if h.stats is not None and h.payload_length == 0:
-                out.append(TensorEntry(token, node, role, k, None, dtype=h.dtype, shape=h.shape,  # type: ignore[arg-type]
-                                       layout=h.layout, stats=h.stats))
+                out.append(
+                    TensorEntry(
+                        token,
+                        node,
+                        role,
+                        k,
+                        None,
+                        dtype=h.dtype,
+                        shape=h.shape,  # type: ignore[arg-type]
+                        layout=h.layout,
+                        stats=h.stats,
+                    )
+                )
             elif not h.has_data:
-                out.append(TensorEntry(token, node, role, k, path, dtype=h.dtype, shape=h.shape,  # type: ignore[arg-type]
-                                       layout=h.layout, error="descriptor only (dumped with -sd): no tensor data"))
+                out.append(
+                    TensorEntry(
+                        token,
+                        node,
+                        role,
+                        k,
+                        path,
+                        dtype=h.dtype,
+                        shape=h.shape,  # type: ignore[arg-type]
+                        layout=h.layout,
+                        error="descriptor only (dumped with -sd): no tensor data",
+                    )
+                )
             else:
-                out.append(TensorEntry(token, node, role, k, path, dtype=h.dtype, shape=h.shape,  # type: ignore[arg-type]
-                                       layout=h.layout))
+                out.append(
+                    TensorEntry(
+                        token,
+                        node,
+                        role,
+                        k,
+                        path,
+                        dtype=h.dtype,
+                        shape=h.shape,  # type: ignore[arg-type]
+                        layout=h.layout,
+                    )
+                )
 
 
 def _assign_layers(nodes: list[Node], ops: dict[str, _OpInfo]) -> None:

@@ -47,9 +47,19 @@ ACL_DTYPES: dict[int, tuple[str, str, int]] = {
 }
 DTYPE_TO_ACL: dict[str, int] = {name: code for code, (name, _np, _size) in ACL_DTYPES.items()}
 ACL_FORMATS: dict[int, str] = {
-    -1: "UNDEFINED", 0: "NCHW", 1: "NHWC", 2: "ND", 3: "NC1HWC0", 4: "FRACTAL_Z",
-    12: "NC1HWC0_C04", 16: "HWCN", 27: "NDHWC", 29: "FRACTAL_NZ", 30: "NCDHW",
-    32: "NDC1HWC0", 33: "FRACTAL_Z_3D",
+    -1: "UNDEFINED",
+    0: "NCHW",
+    1: "NHWC",
+    2: "ND",
+    3: "NC1HWC0",
+    4: "FRACTAL_Z",
+    12: "NC1HWC0_C04",
+    16: "HWCN",
+    27: "NDHWC",
+    29: "FRACTAL_NZ",
+    30: "NCDHW",
+    32: "NDC1HWC0",
+    33: "FRACTAL_Z_3D",
 }
 FORMAT_ND = 2
 
@@ -144,8 +154,10 @@ def read_header(path: str | Path) -> BinHeader:
     stats = None
     if any(k in attrs for k in ("max", "min", "mean", "l2norm")):
         stats = TensorStats(
-            max=_parse_stat(attrs.get("max")), min=_parse_stat(attrs.get("min")),
-            mean=_parse_stat(attrs.get("mean")), norm=_parse_stat(attrs.get("l2norm")),
+            max=_parse_stat(attrs.get("max")),
+            min=_parse_stat(attrs.get("min")),
+            mean=_parse_stat(attrs.get("mean")),
+            norm=_parse_stat(attrs.get("l2norm")),
         )
     count = attrs.get("$Object.Count", "1")
     if count.strip() == "0" or ("$Object.data" not in attrs and available == 0 and stats is not None):
@@ -162,15 +174,16 @@ def read_header(path: str | Path) -> BinHeader:
             raise DumpError(p, "negative $Object.data offset or length")
         if offset + length > available:
             raise DumpError(
-                p, f"header says {offset + length} payload bytes but the file holds {available} "
-                "(truncated file or lying header)")
+                p,
+                f"header says {offset + length} payload bytes but the file holds {available} "
+                "(truncated file or lying header)",
+            )
     if need != length:
         # msit reads "everything after $End"; accept that when it accounts for the dims exactly
         if need == available and offset == 0:
             length = available
         else:
-            raise DumpError(
-                p, f"header dims {list(shape)} x {dtype} need {need} bytes but the payload has {length}")
+            raise DumpError(p, f"header dims {list(shape)} x {dtype} need {need} bytes but the payload has {length}")
     return BinHeader(p, dtype, acl, shape, layout, payload_start + offset, length, stats, attrs)
 
 
@@ -185,8 +198,14 @@ def read_bin(path: str | Path, header: BinHeader | None = None) -> np.ndarray:
     return np.memmap(hdr.path, dtype=np_dtype, mode="r", offset=hdr.payload_offset, shape=hdr.shape)
 
 
-def encode_header(dtype: str, shape: tuple[int, ...], payload_length: int, *, layout_code: int = FORMAT_ND,
-                  stats: TensorStats | None = None) -> bytes:
+def encode_header(
+    dtype: str,
+    shape: tuple[int, ...],
+    payload_length: int,
+    *,
+    layout_code: int = FORMAT_ND,
+    stats: TensorStats | None = None,
+) -> bytes:
     """The header bytes ATB's probe writes, in its line order."""
     acl = DTYPE_TO_ACL[dtype]
     lines = ["$Version=1.0"]
@@ -196,10 +215,16 @@ def encode_header(dtype: str, shape: tuple[int, ...], payload_length: int, *, la
         lines += ["$Object.Count=0", "$Object.Length=0"]
     lines += [f"format={layout_code}", f"dtype={acl}", "dims=" + ",".join(str(d) for d in shape)]
     if stats is not None:
+
         def fmt(v: float | None) -> str:
             return "N/A" if v is None else repr(float(v))
-        lines += [f"max={fmt(stats.max)}", f"min={fmt(stats.min)}", f"mean={fmt(stats.mean)}",
-                  f"l2norm={fmt(stats.norm)}"]
+
+        lines += [
+            f"max={fmt(stats.max)}",
+            f"min={fmt(stats.min)}",
+            f"mean={fmt(stats.mean)}",
+            f"l2norm={fmt(stats.norm)}",
+        ]
     else:
         lines.append(f"$Object.data=0,{payload_length}")
     lines.append("$End=1")
@@ -215,8 +240,9 @@ def write_bin(path: str | Path, data: np.ndarray, dtype: str, *, layout_code: in
         fh.write(payload)
 
 
-def write_bin_stats(path: str | Path, dtype: str, shape: tuple[int, ...], stats: TensorStats,
-                    *, layout_code: int = FORMAT_ND) -> None:
+def write_bin_stats(
+    path: str | Path, dtype: str, shape: tuple[int, ...], stats: TensorStats, *, layout_code: int = FORMAT_ND
+) -> None:
     """Write a statistics-only `.bin` (header with max/min/mean/l2norm, no payload)."""
     with open(path, "wb") as fh:
         fh.write(encode_header(dtype, shape, 0, layout_code=layout_code, stats=stats))

@@ -40,8 +40,11 @@ def open_dump(path: str | Path) -> Dump:
         raise DumpError(p, "cannot list folder: permission denied")
     dump = _open_msprobe(p) or _open_torch(p) or _open_atb(p)
     if dump is None:
-        raise DumpError(p, "not a dump: found no model_tree.json or token folders (msit torch), "
-                        "tensors/{dev}_{pid} (ATB) or step*/rank*/dump.json (msprobe)")
+        raise DumpError(
+            p,
+            "not a dump: found no model_tree.json or token folders (msit torch), "
+            "tensors/{dev}_{pid} (ATB) or step*/rank*/dump.json (msprobe)",
+        )
     return dump
 
 
@@ -66,6 +69,7 @@ def _note_others(dump: Dump, chosen: Path, candidates: list[Path]) -> Dump:
 
 # ---------------------------------------------------------------------------------------------- msprobe
 
+
 def _open_msprobe(p: Path) -> Dump | None:
     if p.name == "dump_tensor_data" and msprobe.is_msprobe_rank_dir(p.parent):
         p = p.parent
@@ -76,6 +80,7 @@ def _open_msprobe(p: Path) -> Dump | None:
 
 
 # ---------------------------------------------------------------------------------------------- torch
+
 
 def _torch_dev_dirs(p: Path) -> list[Path]:
     return [d for d in _subdirs(p) if msit_torch.is_torch_device_dir(d)]
@@ -106,6 +111,7 @@ def _open_torch(p: Path) -> Dump | None:
 
 
 # ---------------------------------------------------------------------------------------------- ATB
+
 
 def _atb_dev_dirs(tensors: Path) -> list[Path]:
     return [d for d in _subdirs(tensors) if _ATB_DEV_RE.match(d.name)]

@@ -23,8 +23,13 @@ OrderSource = Literal["recorded", "topology", "data-flow", "definition"]
 
 
 _DTYPE_ALIASES: dict[str, str] = {
-    "fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16",
-    "bf16": "bfloat16", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
+    "fp32": "float32",
+    "float": "float32",
+    "fp16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "fp8_e4m3": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
 }
 
 

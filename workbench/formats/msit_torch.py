@@ -55,8 +55,9 @@ class _Selection:
     module: str | None = None
 
 
-def read_msit_torch(dev_dir: Path, *, token: int | None = None, module: str | None = None,
-                    root: Path | None = None) -> Dump:
+def read_msit_torch(
+    dev_dir: Path, *, token: int | None = None, module: str | None = None, root: Path | None = None
+) -> Dump:
     """Read one `{device}_{pid}` folder; `token`/`module` restrict the tensors to one token / module subtree."""
     problems: list[str] = []
     nodes, model_name = _read_tree(dev_dir, problems)
@@ -85,8 +86,11 @@ def read_msit_torch(dev_dir: Path, *, token: int | None = None, module: str | No
     if manifest is not None:
         order_source = "recorded"
         exec_lists: dict[str, Any] = manifest["exec_order"]
-        key = "0" if "0" in exec_lists else min(exec_lists, key=lambda k: (not k.isdigit(), int(k) if k.isdigit()
-                                                                              else 0, k), default=None)
+        key = (
+            "0"
+            if "0" in exec_lists
+            else min(exec_lists, key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k), default=None)
+        )
         order = exec_lists.get(key, []) if key is not None else []
         pos = {name: i for i, name in enumerate(order) if isinstance(name, str)}
         _assign_order_by_position(nodes, pos)
@@ -102,11 +106,20 @@ def read_msit_torch(dev_dir: Path, *, token: int | None = None, module: str | No
     inherit_layers(nodes)
     if manifest is not None and manifest.get("model_class"):
         model_name = str(manifest["model_class"])
-    return Dump(kind="msit_torch", root=(root or dev_dir).resolve(), nodes=nodes, tensors=tensors,
-                order_source=order_source, model_name=model_name, meta=meta, problems=problems)
+    return Dump(
+        kind="msit_torch",
+        root=(root or dev_dir).resolve(),
+        nodes=nodes,
+        tensors=tensors,
+        order_source=order_source,
+        model_name=model_name,
+        meta=meta,
+        problems=problems,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- tree
+
 
 def _read_tree(dev_dir: Path, problems: list[str]) -> tuple[list[Node], str | None]:
     path = dev_dir / MODEL_TREE
@@ -167,6 +180,7 @@ def _add_folder_node(name: str, nodes: list[Node], by_name: dict[str, Node]) -> 
 
 # ---------------------------------------------------------------------------------------------- tensors
 
+
 @dataclass(slots=True)
 class _Hashes:
     token: int | None = None
@@ -175,8 +189,9 @@ class _Hashes:
     has_inputs: bool = False
 
 
-def _scan_tokens(dev_dir: Path, sel: _Selection, problems: list[str], *, want_hashes: bool
-                 ) -> tuple[list[TensorEntry], _Hashes]:
+def _scan_tokens(
+    dev_dir: Path, sel: _Selection, problems: list[str], *, want_hashes: bool
+) -> tuple[list[TensorEntry], _Hashes]:
     tensors: list[TensorEntry] = []
     hashes = _Hashes(inputs=defaultdict(list), outputs=defaultdict(list))
     try:
@@ -213,8 +228,9 @@ def _role_index(stem: str) -> tuple[str, tuple[int, ...]] | None:
     return ("in" if m.group(1) == "input" else "out"), nums
 
 
-def _scan_module(tok: int, module: str, folder: str, out: list[TensorEntry], problems: list[str],
-                 hashes: _Hashes | None) -> None:
+def _scan_module(
+    tok: int, module: str, folder: str, out: list[TensorEntry], problems: list[str], hashes: _Hashes | None
+) -> None:
     try:
         files = list_dir(folder)
     except DumpError as exc:
@@ -247,15 +263,33 @@ def _scan_module(tok: int, module: str, folder: str, out: list[TensorEntry], pro
             try:
                 # headers need no torch; the data-flow order (no manifest) hashes payloads
                 t = load_pth_lazy(path) if hashes is not None else None
-                dt, shape = (dtype_name(t.dtype), tuple(int(d) for d in t.shape)) if t is not None \
-                    else pth_header(path)
+                dt, shape = (dtype_name(t.dtype), tuple(int(d) for d in t.shape)) if t is not None else pth_header(path)
             except DumpError as exc:
                 problems.append(str(exc))
-                out.append(TensorEntry(tok, module, role, idx, path, error=exc.reason,  # type: ignore[arg-type]
-                                       stats=st[2] if st else None))
+                out.append(
+                    TensorEntry(
+                        tok,
+                        module,
+                        role,
+                        idx,
+                        path,
+                        error=exc.reason,  # type: ignore[arg-type]
+                        stats=st[2] if st else None,
+                    )
+                )
                 continue
-            out.append(TensorEntry(tok, module, role, idx, path, dtype=dt,  # type: ignore[arg-type]
-                                   shape=shape, stats=st[2] if st else None))
+            out.append(
+                TensorEntry(
+                    tok,
+                    module,
+                    role,
+                    idx,
+                    path,
+                    dtype=dt,  # type: ignore[arg-type]
+                    shape=shape,
+                    stats=st[2] if st else None,
+                )
+            )
             if hashes is not None and t is not None:
                 try:
                     key = content_key(t)
@@ -306,14 +340,16 @@ def _read_stats_csv(path: str) -> dict[tuple[str, int], tuple[str | None, tuple[
         dt = (r.get("DataType") or "").strip()
         shape_text = r.get("Shape") or ""
         shape = tuple(int(x) for x in re.findall(r"-?\d+", shape_text)) if shape_text.strip() else None
-        stats = TensorStats(max=_float(r.get("Max")), min=_float(r.get("Min")), mean=_float(r.get("Mean")),
-                            norm=_float(r.get("L2Norm")))
+        stats = TensorStats(
+            max=_float(r.get("Max")), min=_float(r.get("Min")), mean=_float(r.get("Mean")), norm=_float(r.get("L2Norm"))
+        )
         result[(role, counters[role])] = (dt.removeprefix("torch.") or None, shape, stats)
         counters[role] += 1
     return result
 
 
 # ---------------------------------------------------------------------------------------------- order
+
 
 def _children_map(nodes: list[Node]) -> tuple[dict[str | None, list[Node]], dict[str, int]]:
     children: dict[str | None, list[Node]] = defaultdict(list)
@@ -324,8 +360,9 @@ def _children_map(nodes: list[Node]) -> tuple[dict[str | None, list[Node]], dict
     return children, definition
 
 
-def _dfs_assign(nodes: list[Node], order_children: Callable[[list[Node]], list[Node]],
-                children: dict[str | None, list[Node]]) -> None:
+def _dfs_assign(
+    nodes: list[Node], order_children: Callable[[list[Node]], list[Node]], children: dict[str | None, list[Node]]
+) -> None:
     counter = 0
     stack = list(reversed(order_children(children.get(None, []))))
     visited: set[str] = set()

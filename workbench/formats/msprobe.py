@@ -146,8 +146,16 @@ def read_msprobe(rank_dirs: list[tuple[int, Path]], *, root: Path) -> Dump:
         ddir = rank_dirs[[s for s, _ in rank_dirs].index(call.step)][1] / "dump_tensor_data"
         _call_tensors(call, ddir, tensors, problems)
     model_name = next((c.cls for c in calls if c.is_module and c.parent_full is None), None)
-    return Dump(kind="msprobe", root=root.resolve(), nodes=nodes, tensors=tensors, order_source="recorded",
-                model_name=model_name, meta=meta, problems=problems)
+    return Dump(
+        kind="msprobe",
+        root=root.resolve(),
+        nodes=nodes,
+        tensors=tensors,
+        order_source="recorded",
+        model_name=model_name,
+        meta=meta,
+        problems=problems,
+    )
 
 
 def _parse_call(full: str, entry: Any, step: int, pos: int) -> _Call | None:
@@ -157,16 +165,18 @@ def _parse_call(full: str, entry: Any, step: int, pos: int) -> _Call | None:
     if m:
         if m.group(4) != "forward":
             return None
-        return _Call(full, True, f"{m.group(1)}.{m.group(2)}.{m.group(3)}.forward", int(m.group(5)), m.group(3),
-                     step, pos, entry)
+        return _Call(
+            full, True, f"{m.group(1)}.{m.group(2)}.{m.group(3)}.forward", int(m.group(5)), m.group(3), step, pos, entry
+        )
     if ".parameters_grad" in full:
         return None
     m = _API_RE.match(full)
     if m:
         if m.group(4) != "forward":
             return None
-        return _Call(full, False, f"{m.group(1)}.{m.group(2)}", int(m.group(3)), f"{m.group(1)}.{m.group(2)}",
-                     step, pos, entry)
+        return _Call(
+            full, False, f"{m.group(1)}.{m.group(2)}", int(m.group(3)), f"{m.group(1)}.{m.group(2)}", step, pos, entry
+        )
     return None
 
 
@@ -296,20 +306,47 @@ def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems:
         for idx, leaf in enumerate(_leaves(parts)):
             dtype = str(leaf.get("dtype", "")).removeprefix("torch.") or None
             shape_v = leaf.get("shape")
-            shape = tuple(int(d) for d in shape_v) if isinstance(shape_v, list) and all(
-                isinstance(d, int) for d in shape_v) else None
-            stats = TensorStats(max=_num(leaf.get("Max")), min=_num(leaf.get("Min")), mean=_num(leaf.get("Mean")),
-                                norm=_num(leaf.get("Norm")))
+            shape = (
+                tuple(int(d) for d in shape_v)
+                if isinstance(shape_v, list) and all(isinstance(d, int) for d in shape_v)
+                else None
+            )
+            stats = TensorStats(
+                max=_num(leaf.get("Max")),
+                min=_num(leaf.get("Min")),
+                mean=_num(leaf.get("Mean")),
+                norm=_num(leaf.get("Norm")),
+            )
             name = leaf.get("data_name")
             if not isinstance(name, str) or not name:
-                out.append(TensorEntry(call.token, call.node, role, idx, None, dtype=dtype, shape=shape,  # type: ignore[arg-type]
-                                       stats=stats))
+                out.append(
+                    TensorEntry(
+                        call.token,
+                        call.node,
+                        role,
+                        idx,
+                        None,
+                        dtype=dtype,
+                        shape=shape,  # type: ignore[arg-type]
+                        stats=stats,
+                    )
+                )
                 continue
             path = str(data_dir / name)
             if os.sep in name or name.startswith(".."):
                 problems.append(f"{path}: data_name leaves dump_tensor_data: ignored")
-                out.append(TensorEntry(call.token, call.node, role, idx, None, dtype=dtype, shape=shape,  # type: ignore[arg-type]
-                                       stats=stats))
+                out.append(
+                    TensorEntry(
+                        call.token,
+                        call.node,
+                        role,
+                        idx,
+                        None,
+                        dtype=dtype,
+                        shape=shape,  # type: ignore[arg-type]
+                        stats=stats,
+                    )
+                )
                 continue
             try:
                 if name.endswith(".npy"):
@@ -320,8 +357,29 @@ def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems:
                 if not os.path.exists(path):
                     exc = DumpError(path, "missing file")
                 problems.append(str(exc))
-                out.append(TensorEntry(call.token, call.node, role, idx, path, dtype=dtype, shape=shape,  # type: ignore[arg-type]
-                                       stats=stats, error=exc.reason))
+                out.append(
+                    TensorEntry(
+                        call.token,
+                        call.node,
+                        role,
+                        idx,
+                        path,
+                        dtype=dtype,
+                        shape=shape,  # type: ignore[arg-type]
+                        stats=stats,
+                        error=exc.reason,
+                    )
+                )
                 continue
-            out.append(TensorEntry(call.token, call.node, role, idx, path, dtype=dtype, shape=shape,  # type: ignore[arg-type]
-                                   stats=stats))
+            out.append(
+                TensorEntry(
+                    call.token,
+                    call.node,
+                    role,
+                    idx,
+                    path,
+                    dtype=dtype,
+                    shape=shape,  # type: ignore[arg-type]
+                    stats=stats,
+                )
+            )

@@ -21,9 +21,15 @@ from typing import Any
 from workbench.formats.model import DumpError
 
 STORAGE_DTYPES: dict[str, tuple[str, int]] = {
-    "FloatStorage": ("float32", 4), "HalfStorage": ("float16", 2), "BFloat16Storage": ("bfloat16", 2),
-    "DoubleStorage": ("float64", 8), "LongStorage": ("int64", 8), "IntStorage": ("int32", 4),
-    "ShortStorage": ("int16", 2), "CharStorage": ("int8", 1), "ByteStorage": ("uint8", 1),
+    "FloatStorage": ("float32", 4),
+    "HalfStorage": ("float16", 2),
+    "BFloat16Storage": ("bfloat16", 2),
+    "DoubleStorage": ("float64", 8),
+    "LongStorage": ("int64", 8),
+    "IntStorage": ("int32", 4),
+    "ShortStorage": ("int16", 2),
+    "CharStorage": ("int8", 1),
+    "ByteStorage": ("uint8", 1),
     "BoolStorage": ("bool", 1),
 }
 
@@ -94,9 +100,9 @@ class _Bytes:
 
     def read(self, start: int, n: int) -> bytes:
         if start + n <= len(self.head):
-            return self.head[start:start + n]
+            return self.head[start : start + n]
         if start >= self.tail_start:
-            return self.tail[start - self.tail_start:start - self.tail_start + n]
+            return self.tail[start - self.tail_start : start - self.tail_start + n]
         return os.pread(self.fd, n, start)
 
 
@@ -113,15 +119,15 @@ def _central_directory(buf: _Bytes) -> dict[str, tuple[int, int, int]] | None:
     entries: dict[str, tuple[int, int, int]] = {}
     pos = 0
     for _ in range(count):
-        if cd[pos:pos + 4] != _CENTRAL or len(cd) < pos + 46:
+        if cd[pos : pos + 4] != _CENTRAL or len(cd) < pos + 46:
             return None
         flags, method = struct.unpack_from("<HH", cd, pos + 8)
-        stored, = struct.unpack_from("<I", cd, pos + 20)
+        (stored,) = struct.unpack_from("<I", cd, pos + 20)
         name_len, extra_len, comment_len = struct.unpack_from("<HHH", cd, pos + 28)
-        local, = struct.unpack_from("<I", cd, pos + 42)
+        (local,) = struct.unpack_from("<I", cd, pos + 42)
         if flags & 1 or 0xFFFFFFFF in (stored, local):
             return None
-        entries[cd[pos + 46:pos + 46 + name_len].decode("utf-8", "replace")] = (local, method, stored)
+        entries[cd[pos + 46 : pos + 46 + name_len].decode("utf-8", "replace")] = (local, method, stored)
         pos += 46 + name_len + extra_len + comment_len
     return entries
 
@@ -181,10 +187,18 @@ def plain_tensor(path: str, file_size: int) -> PlainTensor | None:
         return None
     finally:
         os.close(fd)
-    span = check_bounds(path, dtype, itemsize, numel, offset, size, stride, entry[2], data_offset + entry[2],
-                        file_size)
-    return PlainTensor(dtype, itemsize, numel, offset, size, stride, data_offset, span,
-                       buf.head if file_size <= _WHOLE_FILE_BYTES else None)
+    span = check_bounds(path, dtype, itemsize, numel, offset, size, stride, entry[2], data_offset + entry[2], file_size)
+    return PlainTensor(
+        dtype,
+        itemsize,
+        numel,
+        offset,
+        size,
+        stride,
+        data_offset,
+        span,
+        buf.head if file_size <= _WHOLE_FILE_BYTES else None,
+    )
 
 
 def read_pth_header(path: str, file_size: int) -> tuple[str, tuple[int, ...]] | None:
@@ -193,8 +207,18 @@ def read_pth_header(path: str, file_size: int) -> tuple[str, tuple[int, ...]] | 
     return None if found is None else (found.dtype, found.size)
 
 
-def check_bounds(path: str, dtype: str, itemsize: int, numel: int, offset: int, size: tuple[int, ...],
-                 stride: tuple[int, ...], stored: int, end: int, file_size: int) -> int:
+def check_bounds(
+    path: str,
+    dtype: str,
+    itemsize: int,
+    numel: int,
+    offset: int,
+    size: tuple[int, ...],
+    stride: tuple[int, ...],
+    stored: int,
+    end: int,
+    file_size: int,
+) -> int:
     """Raise `DumpError` unless the storage fits the file and the view fits the storage; returns the view's span."""
     if numel * itemsize > stored or end > file_size:
         raise DumpError(path, f"storage of {numel} x {dtype} does not fit the file (truncated?)")

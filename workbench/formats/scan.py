@@ -135,5 +135,5 @@ def content_key(t: torch.Tensor) -> bytes:
     else:
         step = (n - _SAMPLE_BYTES) // (_SAMPLES - 1)
         for i in range(_SAMPLES):
-            h.update(memoryview(flat[i * step: i * step + _SAMPLE_BYTES]))
+            h.update(memoryview(flat[i * step : i * step + _SAMPLE_BYTES]))
     return h.digest()

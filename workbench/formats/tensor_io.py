@@ -34,10 +34,20 @@ def torch_load_pth(path: str, mmap: bool) -> torch.Tensor:
         if glob is not None:
             raise DumpError(path, f"refused: the pickle would run code ({glob[:140]})") from None
         detail = next((ln.strip() for ln in lines if "Unsupported" in ln or "nvalid" in ln), "")
-        raise DumpError(path, "refused: not a tensor file torch can load safely"
-                        + (f" ({detail[:120]})" if detail else "")) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, KeyError, IndexError,
-            TypeError, AttributeError) as exc:
+        raise DumpError(
+            path, "refused: not a tensor file torch can load safely" + (f" ({detail[:120]})" if detail else "")
+        ) from None
+    except (
+        RuntimeError,
+        EOFError,
+        zipfile.BadZipFile,
+        ValueError,
+        OSError,
+        KeyError,
+        IndexError,
+        TypeError,
+        AttributeError,
+    ) as exc:
         text = str(exc).strip()
         msg = text.splitlines()[0] if text else type(exc).__name__
         raise DumpError(path, f"not a readable torch file ({msg[:160]})") from None
