@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from workbench.core.files import CATALOG_NAME as CATALOG_NAME
+
 if TYPE_CHECKING:
     import duckdb
-
-CATALOG_NAME = "catalog.duckdb"
 
 
 class CatalogError(Exception):

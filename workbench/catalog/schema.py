@@ -6,26 +6,10 @@ incompatible change: a catalog written by a newer version is refused with a clea
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+from workbench.core.metrics import ALL_METRICS as ALL_METRICS
+from workbench.core.metrics import MSIT_METRICS as MSIT_METRICS
 
-# The seven metrics of msit's report, by msit's names, in msit's column order.
-MSIT_METRICS: tuple[str, ...] = (
-    "cosine_similarity",
-    "max_relative_error",
-    "mean_relative_error",
-    "max_absolute_error",
-    "mean_absolute_error",
-    "kl_divergence",
-    "relative_euclidean_distance",
-)
-# Metrics we add (see docs/metrics.md).
-EXTRA_METRICS: tuple[str, ...] = (
-    "max_ulp_error",
-    "snr_db",
-    "one_thousandth_err_ratio",
-    "five_thousandths_err_ratio",
-)
-ALL_METRICS: tuple[str, ...] = MSIT_METRICS + EXTRA_METRICS
+SCHEMA_VERSION = 1
 
 TABLES_DDL = """
 CREATE TABLE IF NOT EXISTS meta (

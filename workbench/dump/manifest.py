@@ -17,10 +17,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from workbench.core.files import MANIFEST_NAME as MANIFEST_NAME
+from workbench.core.files import MODEL_TREE_NAME as MODEL_TREE_NAME
 from workbench.formats.tensor_io import dtype_name
 
-MANIFEST_NAME = "wb_manifest.json"
-MODEL_TREE_NAME = "model_tree.json"
+__all__ = ["MANIFEST_NAME", "MODEL_TREE_NAME"]
 FORMAT = "wb-dump"
 VERSION = 1
 

@@ -1,0 +1,67 @@
+"""`wb ingest`, `wb query`, `wb queries`: the catalog from the command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from workbench.cli.common import app, guarded
+
+
+@app.command()
+def ingest(
+    dump: Annotated[Path, typer.Argument(help="A dump folder (msit torch, ATB or msprobe).")],
+    catalog: Annotated[Path, typer.Option("--catalog", "-c", help="Catalog file.")] = Path("catalog.duckdb"),
+) -> None:
+    """Add one dump to a catalog (skipped when the same content is already there)."""
+    from workbench.catalog.store import ingest_dump, open_catalog
+    from workbench.formats import open_dump
+
+    def go() -> None:
+        d = open_dump(dump)
+        con = open_catalog(catalog)
+        try:
+            res = ingest_dump(con, d)
+        finally:
+            con.close()
+        verb = "already in the catalog as" if res.skipped else "ingested as"
+        typer.echo(
+            f"{d.root} ({d.kind}, {res.n_nodes} nodes, {res.n_tensors} tensors) {verb} run {res.run_id} in {catalog}"
+        )
+        for p in res.problems:
+            typer.echo(f"problem: {p}")
+
+    guarded(go)
+
+
+@app.command()
+def query(
+    sql: Annotated[str, typer.Argument(help="SQL text, a .sql file, or the name of a saved query in queries/.")],
+    catalog: Annotated[Path, typer.Option("--catalog", "-c", help="Catalog file.")] = Path("wb_out/catalog.duckdb"),
+    fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv or json.")] = "table",
+    cmp_id: Annotated[
+        int | None, typer.Option("--cmp", help="Comparison id for saved queries (default: newest).")
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", help="Rows shown in table format (0: all).")] = 200,
+) -> None:
+    """Run SQL on a catalog, read-only. Saved queries use getvariable('cmp_id')."""
+    from workbench.analysis.queries import run_query
+
+    def go() -> None:
+        if fmt not in ("table", "csv", "json"):
+            raise ValueError(f"--format {fmt!r}: expected table, csv or json")
+        text = run_query(catalog, sql, fmt=fmt, cmp_id=cmp_id, limit=limit)
+        typer.echo(text, nl=not text.endswith("\n"))
+
+    guarded(go)
+
+
+@app.command("queries")
+def list_queries() -> None:
+    """List the saved queries (use their names with `wb query NAME`)."""
+    from workbench.analysis.queries import saved_queries
+
+    for name, (path, title) in saved_queries().items():
+        typer.echo(f"{name:28s} {title}   ({path})")

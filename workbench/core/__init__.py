@@ -1,0 +1,1 @@
+"""Facts every layer shares, with no dependency on any other part of `wb`: metric vocabulary, file names."""

@@ -1,0 +1,9 @@
+"""File and folder names `wb` writes or looks for: one home for each."""
+
+from __future__ import annotations
+
+CATALOG_NAME = "catalog.duckdb"  # the catalog inside an output folder (`wb compare -o OUT`)
+DEFAULT_OUTPUT = "wb_out"  # default output folder of `wb compare` / `wb open`
+DEFAULT_CATALOG = f"{DEFAULT_OUTPUT}/{CATALOG_NAME}"  # default catalog of `wb query`, `wb ingest`, `wb advise`
+MANIFEST_NAME = "wb_manifest.json"  # our dumper's record of order, command and run facts
+MODEL_TREE_NAME = "model_tree.json"  # msit's module tree

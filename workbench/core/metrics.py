@@ -1,0 +1,61 @@
+"""The one table of comparison metrics: name, label, better direction, node roll-up, whether it can decide.
+
+Everything that names a metric derives from `METRICS`: the catalog schema's columns, the msit CSV
+columns, the judge, the `node_results` roll-ups, the heatmap and the detail pane.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Direction = Literal["higher", "lower"]
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """One metric of a golden/test tensor pair."""
+
+    name: str  # column name in `metrics` (msit's name where msit has the metric)
+    label: str  # short label for tables and legends
+    better: Direction  # "higher": fails below its bound (cosine, SNR); "lower": fails above it
+    msit: bool  # one of the seven metrics of msit's report
+    rollup: str | None = None  # `node_results` column holding its worst value over a node's outputs
+    can_decide: bool = False  # may be named in a thresholds file's `verdict` list
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.better == "higher"
+
+    def worst(self, a: float, b: float) -> float:
+        """The worse of two values of this metric."""
+        return min(a, b) if self.higher_is_better else max(a, b)
+
+
+# msit's seven metrics in msit's column order, then ours (docs/metrics.md).
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("cosine_similarity", "cosine", "higher", True, "min_cosine", True),
+    MetricSpec("max_relative_error", "max rel err", "lower", True, "max_rel_err", True),
+    MetricSpec("mean_relative_error", "mean rel err", "lower", True, "mean_rel_err", True),
+    MetricSpec("max_absolute_error", "max abs err", "lower", True, "max_abs_err", True),
+    MetricSpec("mean_absolute_error", "mean abs err", "lower", True, None, True),
+    MetricSpec("kl_divergence", "KL", "lower", True, "max_kl", True),
+    MetricSpec("relative_euclidean_distance", "rel euclid", "lower", True, "max_rel_euclid", True),
+    MetricSpec("max_ulp_error", "max ULP", "lower", False, None, True),
+    MetricSpec("snr_db", "SNR dB", "higher", False, None, True),
+    MetricSpec("one_thousandth_err_ratio", "1‰ err ratio", "higher", False, None, True),
+    MetricSpec("five_thousandths_err_ratio", "5‰ err ratio", "higher", False, None, True),
+)
+BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
+MSIT_METRICS: tuple[str, ...] = tuple(m.name for m in METRICS if m.msit)
+ALL_METRICS: tuple[str, ...] = tuple(m.name for m in METRICS)
+# The failed-metric name of a NaN/Inf mismatch (test side has NaN/Inf the golden side lacks).
+NAN_INF = "nan_inf"
+
+
+def spec(name: str) -> MetricSpec:
+    """The spec of a metric by name; KeyError names the known ones."""
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"unknown metric {name!r}; known: {', '.join(ALL_METRICS)}") from None
