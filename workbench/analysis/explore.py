@@ -20,8 +20,6 @@ from typing import Any, Literal
 import duckdb
 import numpy as np
 
-from workbench.catalog.schema import SCHEMA_VERSION
-
 Side = Literal["golden", "test"]
 
 # Heatmap / tree colouring metrics: node_results column, label, better direction.
@@ -282,36 +280,14 @@ def severity_array(values: np.ndarray, metric: str, bound: float) -> np.ndarray:
 
 
 def connect_read_only(catalog: str | Path) -> duckdb.DuckDBPyConnection:
-    """Open a catalog read-only and check its schema version (one-line `ExploreError` otherwise)."""
-    p = Path(catalog)
-    if not p.exists():
-        raise ExploreError(f"{p}: catalog not found")
-    if p.is_dir():
-        raise ExploreError(f"{p}: is a folder, not a catalog file")
+    """Open a catalog read-only, confined to itself (`catalog.readonly`); one-line `ExploreError` otherwise."""
+    from workbench.catalog import CatalogError
+    from workbench.catalog.readonly import connect_read_only as confined
+
     try:
-        con = duckdb.connect(str(p), read_only=True)
-    except duckdb.Error as exc:
-        raise ExploreError(f"{p}: cannot open as a DuckDB catalog ({str(exc).splitlines()[0]})") from None
-    try:
-        row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    except duckdb.Error:
-        con.close()
-        raise ExploreError(f"{p}: not a wb catalog (no meta table)") from None
-    if row is None:
-        con.close()
-        raise ExploreError(f"{p}: not a wb catalog (no schema version)")
-    try:
-        version = int(row[0])
-    except (TypeError, ValueError):
-        con.close()
-        raise ExploreError(f"{p}: not a wb catalog (schema version {row[0]!r})") from None
-    if version > SCHEMA_VERSION:
-        con.close()
-        raise ExploreError(
-            f"{p}: catalog schema version {version} is newer than this wb supports "
-            f"({SCHEMA_VERSION}); upgrade wb to open it"
-        )
-    return con
+        return confined(catalog)
+    except CatalogError as exc:
+        raise ExploreError(str(exc)) from None
 
 
 class Explorer:

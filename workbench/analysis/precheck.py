@@ -36,9 +36,10 @@ from workbench.formats.tensor_io import bin_to_tensor, dtype_name
 
 Tensor = torch.Tensor
 
-_OP_DIR = re.compile(r"^(\d+)_(\w+)$")
-_TOKEN_DIR = re.compile(r"^\d+$")
-_TENSOR_FILE = re.compile(r"^(intensor|outtensor)(\d+)\.bin$")
+_OP_DIR = re.compile(r"^([0-9]{1,9})_(\w+)$")
+_TOKEN_DIR = re.compile(r"^[0-9]{1,9}$")
+_TENSOR_FILE = re.compile(r"^(intensor|outtensor)([0-9]{1,6})\.bin$")
+_MAX_DEPTH = 64  # op folders nest a few levels; deeper is a crafted dump
 FLOAT64_MAC_LIMIT = 1 << 27  # multiply-adds below which a reference is computed in float64
 LINEAR_CHUNK_BYTES = 64 << 20  # weight slice converted at a time (bounds the copy of a huge lm_head)
 ROW_CHUNK = 1 << 14  # cache rows compared at a time for stray in-place writes
@@ -575,6 +576,8 @@ def _read_param(op_dir: Path) -> dict[str, Any]:
         param = json.loads(text) if text.strip() else {}
     except json.JSONDecodeError as exc:
         raise DumpError(path, f"not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise DumpError(path, "JSON nested too deeply to read") from None
     if not isinstance(param, dict):
         raise DumpError(path, f"holds a JSON {type(param).__name__}, not an object")
     return param
@@ -602,8 +605,10 @@ def _load(path: Path) -> Tensor:
     return bin_to_tensor(atb_bin.read_bin(path, hdr), hdr.dtype)
 
 
-def _leaves(folder: Path) -> list[Path]:
+def _leaves(folder: Path, depth: int = 0) -> list[Path]:
     """Leaf op folders below `folder`, depth first in folder index order (execution order)."""
+    if depth >= _MAX_DEPTH:
+        raise DumpError(folder, f"op folders nested deeper than {_MAX_DEPTH}: not read")
     try:
         entries = [e for e in os.scandir(folder) if e.is_dir(follow_symlinks=False) and _OP_DIR.match(e.name)]
     except OSError:
@@ -612,7 +617,7 @@ def _leaves(folder: Path) -> list[Path]:
         return [folder] if _OP_DIR.match(folder.name) else []
     out: list[Path] = []
     for e in sorted(entries, key=lambda e: int(e.name.split("_", 1)[0])):
-        out += _leaves(Path(e.path))
+        out += _leaves(Path(e.path), depth + 1)
     return out
 
 

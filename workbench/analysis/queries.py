@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import duckdb
 import pandas as pd
 
-from workbench.catalog.store import first_row, open_catalog
+from workbench.catalog import first_row
+from workbench.catalog.readonly import connect_read_only
 
 QUERIES_DIR = Path(__file__).resolve().parents[2] / "queries"
 
@@ -72,10 +74,19 @@ def format_df(df: pd.DataFrame, fmt: str, limit: int = 200) -> str:
     return text + "\n"
 
 
-def run_query(catalog: Path, sql: str, *, fmt: str = "table", cmp_id: int | None = None, limit: int = 200) -> str:
-    """Run SQL (text, file or saved name) on a read-only connection and format the result."""
+def run_query(
+    catalog: Path,
+    sql: str,
+    *,
+    fmt: str = "table",
+    cmp_id: int | None = None,
+    limit: int = 200,
+    attach: Sequence[Path] = (),
+) -> str:
+    """Run SQL (text, file or saved name) on a confined read-only connection (`catalog.readonly`) and format
+    the result; `attach` names files the SQL may use (DuckDB files by stem, CSV/Parquet/JSON as tables)."""
     text = resolve_sql(sql)
-    con = open_catalog(catalog, read_only=True)
+    con = connect_read_only(catalog, allow_files=attach)
     try:
         set_comparison(con, cmp_id)
         df = query_df(con, text)

@@ -7,6 +7,7 @@ already ingested with the same content fingerprint is skipped).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -16,53 +17,56 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from workbench.catalog import CATALOG_NAME, CatalogError, first_row
+from workbench.catalog import CATALOG_NAME, CatalogError, first_row, storage_message
+from workbench.catalog.readonly import connect_read_only, schema_version_of
 from workbench.catalog.schema import COMPARISON_VIEW, SCHEMA_VERSION, TABLES_DDL
 from workbench.formats.model import Dump, Node
 
 __all__ = ["CATALOG_NAME", "CatalogError", "first_row", "ingest_dump", "open_catalog"]
 
 
-def _schema_version(con: duckdb.DuckDBPyConnection) -> int | None:
-    has_meta = first_row(con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'meta'"))
-    if not has_meta or not has_meta[0]:
-        return None
-    row = first_row(con.execute("SELECT value FROM meta WHERE key = 'schema_version'"))
-    return int(row[0]) if row else None
+def _user_tables(con: duckdb.DuckDBPyConnection) -> int:
+    row = first_row(
+        con.execute("SELECT count(*) FROM information_schema.tables WHERE table_catalog = current_database()")
+    )
+    return int(row[0]) if row else 0
 
 
 def open_catalog(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
-    """Open (and, read-write, create or upgrade) a catalog; refuses a newer schema with a clear error."""
+    """Open (and, read-write, create or upgrade) a catalog; refuses a newer schema or another program's
+    database (left untouched) with a one-line `CatalogError` naming the file."""
     p = Path(path)
-    if read_only and not p.exists():
-        raise CatalogError(f"{p}: catalog not found")
+    if read_only:
+        return connect_read_only(p)
     if p.exists() and p.is_dir():
         raise CatalogError(f"{p}: is a folder, not a catalog file")
     try:
         con = duckdb.connect(str(p), read_only=read_only)
     except duckdb.Error as exc:
-        msg = str(exc).splitlines()[0]
-        raise CatalogError(f"{p}: cannot open as a DuckDB catalog ({msg})") from None
+        raise CatalogError(f"{p}: cannot open as a DuckDB catalog ({storage_message(exc)})") from None
     try:
-        version = _schema_version(con)
+        version = schema_version_of(con, p)
+        if version is not None and version > SCHEMA_VERSION:
+            raise CatalogError(
+                f"{p}: catalog schema version {version} is newer than this wb supports ({SCHEMA_VERSION}); "
+                "upgrade wb to open it"
+            )
+        if version is None:
+            n = _user_tables(con)
+            if n:
+                raise CatalogError(
+                    f"{p}: a DuckDB database of another program ({n} tables, no wb schema version): "
+                    "refused, left untouched; give wb its own catalog file"
+                )
+            con.execute(TABLES_DDL)
+            con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+        con.execute(COMPARISON_VIEW)
     except duckdb.Error as exc:
         con.close()
-        raise CatalogError(f"{p}: not a wb catalog ({str(exc).splitlines()[0]})") from None
-    if version is not None and version > SCHEMA_VERSION:
+        raise CatalogError(f"{p}: {storage_message(exc)}") from None
+    except BaseException:
         con.close()
-        raise CatalogError(
-            f"{p}: catalog schema version {version} is newer than this wb supports ({SCHEMA_VERSION}); "
-            "upgrade wb to open it"
-        )
-    if read_only:
-        if version is None:
-            con.close()
-            raise CatalogError(f"{p}: not a wb catalog (no schema version)")
-        return con
-    if version is None:
-        con.execute(TABLES_DDL)
-        con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
-    con.execute(COMPARISON_VIEW)
+        raise
     return con
 
 
@@ -205,9 +209,11 @@ def ingest_dump(con: duckdb.DuckDBPyConnection, dump: Dump) -> IngestResult:
         )
         con.unregister("_tensors_df")
         con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
+    except BaseException as exc:
+        # a failed COMMIT (disk full) has already ended the transaction: a ROLLBACK error must not hide it
+        with contextlib.suppress(duckdb.Error):
+            con.execute("ROLLBACK")
+        raise exc
     return IngestResult(run_id, False, len(nodes_df), len(tensors_df), list(dump.problems))
 
 

@@ -7,15 +7,29 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
+import traceback
+from pathlib import Path
 
 from workbench.cli import catalog_cmds, compare_cmd, demo_cmd, open_cmd, precheck_cmd  # noqa: F401  (registration)
-from workbench.cli.common import app
+from workbench.cli.common import EXIT_CRASH, REPORT_AT, Terminated, app
+
+
+def _on_sigterm(_signum: int, _frame: object) -> None:
+    raise Terminated
 
 
 def main() -> None:
     """The `wb` console script. Ends the process without the interpreter's teardown: every catalog and
-    file is closed by then, and tearing down pandas/DuckDB/numpy objects costs ~0.15 s per command."""
+    file is closed by then, and tearing down pandas/DuckDB/numpy objects costs ~0.15 s per command.
+
+    `--debug` (anywhere on the line) or `WB_DEBUG=1` shows the traceback of a crash (exit 3)."""
+    if "--debug" in sys.argv[1:]:
+        sys.argv.remove("--debug")
+        os.environ["WB_DEBUG"] = "1"
+    with contextlib.suppress(ValueError):  # not the main thread (embedded): leave signals alone
+        signal.signal(signal.SIGTERM, _on_sigterm)
     code: int = 0
     try:
         app()
@@ -23,6 +37,19 @@ def main() -> None:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if isinstance(exc.code, str):
             sys.stderr.write(exc.code + "\n")
+    except Exception as exc:  # a bug: one line, the traceback only on request
+        from workbench.core.text import printable
+
+        if os.environ.get("WB_DEBUG"):
+            traceback.print_exc()
+        where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+        at = f" at {Path(where.filename).name}:{where.lineno}" if where else ""
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        sys.stderr.write(
+            printable(f"wb: internal error (a bug in wb): {type(exc).__name__}{at}: {first}")
+            + f"; please report it ({REPORT_AT}); --debug shows the traceback\n"
+        )
+        code = EXIT_CRASH
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()

@@ -7,31 +7,34 @@ from typing import Annotated
 
 import typer
 
-from workbench.cli.common import app, guarded
+from workbench.cli.common import app, guarded, say
 
 
 @app.command()
 def ingest(
     dump: Annotated[Path, typer.Argument(help="A dump folder (msit torch, ATB or msprobe).")],
     catalog: Annotated[Path, typer.Option("--catalog", "-c", help="Catalog file.")] = Path("catalog.duckdb"),
+    follow_symlinks: Annotated[
+        bool,
+        typer.Option("--follow-symlinks", help="Read files whose symbolic links lead outside the dump (off: refused)."),
+    ] = False,
 ) -> None:
     """Add one dump to a catalog (skipped when the same content is already there)."""
     from workbench.catalog.store import ingest_dump, open_catalog
+    from workbench.cli.compare_cmd import catalog_guard
     from workbench.formats import open_dump
 
     def go() -> None:
-        d = open_dump(dump)
-        con = open_catalog(catalog)
+        d = open_dump(dump, follow_symlinks=follow_symlinks)
+        con = catalog_guard(catalog, lambda: open_catalog(catalog))
         try:
-            res = ingest_dump(con, d)
+            res = catalog_guard(catalog, lambda: ingest_dump(con, d))
         finally:
             con.close()
         verb = "already in the catalog as" if res.skipped else "ingested as"
-        typer.echo(
-            f"{d.root} ({d.kind}, {res.n_nodes} nodes, {res.n_tensors} tensors) {verb} run {res.run_id} in {catalog}"
-        )
+        say(f"{d.root} ({d.kind}, {res.n_nodes} nodes, {res.n_tensors} tensors) {verb} run {res.run_id} in {catalog}")
         for p in res.problems:
-            typer.echo(f"problem: {p}")
+            say(f"problem: {p}")
 
     guarded(go)
 
@@ -45,14 +48,22 @@ def query(
         int | None, typer.Option("--cmp", help="Comparison id for saved queries (default: newest).")
     ] = None,
     limit: Annotated[int, typer.Option("--limit", help="Rows shown in table format (0: all).")] = 200,
+    attach: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--attach",
+            help="A file the SQL may use (repeatable): a DuckDB file is attached read-only by its stem, "
+            "a CSV/TSV/Parquet/JSON file becomes a table of that name. Nothing else outside the catalog is reachable.",
+        ),
+    ] = None,
 ) -> None:
-    """Run SQL on a catalog, read-only. Saved queries use getvariable('cmp_id')."""
+    """Run SQL on a catalog, read-only and confined to it. Saved queries use getvariable('cmp_id')."""
     from workbench.analysis.queries import run_query
 
     def go() -> None:
         if fmt not in ("table", "csv", "json"):
             raise ValueError(f"--format {fmt!r}: expected table, csv or json")
-        text = run_query(catalog, sql, fmt=fmt, cmp_id=cmp_id, limit=limit)
+        text = run_query(catalog, sql, fmt=fmt, cmp_id=cmp_id, limit=limit, attach=attach or ())
         typer.echo(text, nl=not text.endswith("\n"))
 
     guarded(go)

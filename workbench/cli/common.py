@@ -19,14 +19,43 @@ app = typer.Typer(
 T = TypeVar("T")
 
 
-def fail(message: str, code: int = 2) -> typer.Exit:
-    typer.echo(f"wb: error: {message}", err=True)
+# exit codes (docs/security.md lists them)
+EXIT_OK = 0
+EXIT_NOTHING = 1  # ran, but nothing could be compared / precheck found ops that disagree
+EXIT_INPUT = 2  # bad input, bad option, unusable file or catalog: one line names it
+EXIT_CRASH = 3  # a bug in wb: one line (the traceback with --debug), please report it
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT)
+EXIT_TERMINATED = 143  # SIGTERM
+REPORT_AT = "how and where: docs/security.md, Reporting a crash"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, delivered as an interrupt so it ends exactly like Ctrl-C (everything committed kept)."""
+
+
+def say(line: object, err: bool = False) -> None:
+    """Print one line with control characters and undecodable bytes escaped (file names can hold anything)."""
+    from workbench.core.text import printable
+
+    typer.echo(printable(line), err=err)
+
+
+def fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
+    say(f"wb: error: {message}", err=True)
     return typer.Exit(code)
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def guarded(fn: Callable[[], T]) -> T:
-    """Run `fn`, turning every known user-facing error into a one-line message and exit 2."""
-    from workbench.catalog import CatalogError
+    """Run `fn`, turning every known user-facing error into a one-line message and exit 2
+    (interrupts: 130, SIGTERM: 143; unexpected exceptions reach `main`, which reports a crash)."""
+    import duckdb
+
+    from workbench.catalog import CatalogError, storage_message
     from workbench.compare.mapping import MappingError
     from workbench.formats.model import DumpError
 
@@ -35,9 +64,19 @@ def guarded(fn: Callable[[], T]) -> T:
     except (DumpError, CatalogError, MappingError) as exc:
         raise fail(str(exc)) from None
     except ValueError as exc:
-        raise fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+        raise fail(_first_line(exc)) from None
+    except RecursionError:
+        raise fail("input nested too deeply to read (a JSON or TOML file, or folders)") from None
+    except duckdb.Error as exc:
+        raise fail(f"catalog: {storage_message(exc)}; everything committed before is kept") from None
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        msg = storage_message(exc) if exc.errno in (27, 28, 122) else (exc.strerror or _first_line(exc))
+        raise fail(f"{where}{msg}; everything committed before is kept") from None
+    except Terminated:
+        raise fail("terminated; everything committed so far is kept in the catalog", EXIT_TERMINATED) from None
     except KeyboardInterrupt:
-        raise fail("interrupted; everything committed so far is kept in the catalog", 130) from None
+        raise fail("interrupted; everything committed so far is kept in the catalog", EXIT_INTERRUPTED) from None
 
 
 class ProgressPrinter:

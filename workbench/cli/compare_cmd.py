@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import errno
 import gc
+import os
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
 from workbench.catalog import first_row
-from workbench.cli.common import ProgressPrinter, app, fail, guarded
+from workbench.cli.common import ProgressPrinter, app, fail, guarded, say
+from workbench.core.files import CATALOG_NAME
+
+T = TypeVar("T")
 
 
 def run_compare_cli(
@@ -21,11 +28,14 @@ def run_compare_cli(
     workers: int | None,
     thresholds: Path | None,
     quiet: bool = False,
+    follow_symlinks: bool = False,
 ) -> Any:
     """Shared by `wb compare`, `wb open` and `wb demo`: compare, write the CSV, print the summary."""
-    from workbench.catalog import CATALOG_NAME
     from workbench.compare.pool import PoolStarter, default_workers, worth_a_pool
-    from workbench.compare.tasks import parse_tokens
+    from workbench.compare.tasks import parse_tokens, token_ranges
+
+    token_ranges(tokens)  # a bad --tokens fails before anything is read
+    check_output_dir(out)
 
     # boot the workers first, then read the dumps and hand the workers the pairs that are obvious
     # (same place in two dumps of one kind) while this process imports pandas/DuckDB and builds the catalog
@@ -36,8 +46,9 @@ def run_compare_cli(
     try:
         from workbench.formats import open_dump
 
-        tok = parse_tokens(tokens)
-        g_dump, t_dump = open_dump(golden), open_dump(test)
+        g_dump = open_dump(golden, follow_symlinks=follow_symlinks)
+        t_dump = open_dump(test, follow_symlinks=follow_symlinks)
+        tok = parse_tokens(tokens, present=set(g_dump.tokens) | set(t_dump.tokens)) if tokens else None
         early = None
         if starter is not None and g_dump.kind == t_dump.kind:
             from workbench.compare.early import EarlyPairs
@@ -50,26 +61,28 @@ def run_compare_cli(
 
         gc.freeze()  # the imported modules' objects need no more collecting: ~0.1 s less of GC per run
 
-        out.mkdir(parents=True, exist_ok=True)
         catalog = out / CATALOG_NAME
-        res = run_compare(
-            g_dump,
-            t_dump,
+        res = catalog_guard(
             catalog,
-            mapping=mapping,
-            tokens=tok,
-            workers=n_workers,
-            thresholds=thresholds,
-            progress=None if quiet else ProgressPrinter(),
-            pool=starter,
-            early=early,
+            lambda: run_compare(
+                g_dump,
+                t_dump,
+                catalog,
+                mapping=mapping,
+                tokens=tok,
+                workers=n_workers,
+                thresholds=thresholds,
+                progress=None if quiet else ProgressPrinter(),
+                pool=starter,
+                early=early,
+            ),
         )
     finally:
         if starter is not None:
             starter.shutdown()
-    con = open_catalog(catalog)
+    con = catalog_guard(catalog, lambda: open_catalog(catalog))
     try:
-        csv_path = write_msit_csv(con, res.cmp_id, out, tok)
+        csv_path = catalog_guard(catalog, lambda: write_msit_csv(con, res.cmp_id, out, tok))
         labels = {}
         for run_id in (res.golden_run, res.test_run):
             row = first_row(con.execute("SELECT kind, path FROM runs WHERE run_id = ?", [run_id]))
@@ -77,8 +90,49 @@ def run_compare_cli(
     finally:
         con.close()
     for line in format_summary(res, labels[res.golden_run], labels[res.test_run], csv_path):
-        typer.echo(line)
+        say(line)
     return res
+
+
+def check_output_dir(out: Path) -> None:
+    """Fail now, before any dump is read, when `out` cannot hold the catalog and the report."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out}: -o must be a folder, and this is an existing file")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{out}: cannot create the output folder ({exc.strerror or exc})") from None
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".wb-write-check-", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValueError(f"{out}: cannot write in the output folder ({exc.strerror or exc})") from None
+    catalog = out / CATALOG_NAME
+    if catalog.exists() and (catalog.is_dir() or not os.access(catalog, os.R_OK | os.W_OK)):
+        raise ValueError(f"{catalog}: exists but cannot be written")
+
+
+def catalog_guard(catalog: Path, fn: Callable[[], T]) -> T:
+    """Run `fn`; a DuckDB or storage error becomes a one-line `CatalogError` naming the catalog and saying
+    what is kept (a failed write never loses what was committed before)."""
+    import duckdb
+
+    from workbench.catalog import CatalogError, storage_message
+
+    try:
+        return fn()
+    except duckdb.Error as exc:
+        raise CatalogError(
+            f"{catalog}: {storage_message(exc)}; nothing committed was lost (earlier runs and comparisons are kept)"
+        ) from None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            raise
+        raise CatalogError(
+            f"{exc.filename or catalog}: {storage_message(exc)}; nothing committed was lost "
+            "(earlier runs and comparisons are kept)"
+        ) from None
 
 
 @app.command()
@@ -101,8 +155,16 @@ def compare(
     thresholds: Annotated[
         Path | None, typer.Option("--thresholds", help="TOML file overriding pass/fail bounds.")
     ] = None,
+    follow_symlinks: Annotated[
+        bool,
+        typer.Option("--follow-symlinks", help="Read files whose symbolic links lead outside the dump (off: refused)."),
+    ] = False,
 ) -> None:
     """Compare two dumps op by op: OUT/catalog.duckdb, an msit-compatible CSV, and where the error is born."""
-    res = guarded(lambda: run_compare_cli(golden, test, out, mapping, tokens, workers, thresholds))
+    res = guarded(
+        lambda: run_compare_cli(
+            golden, test, out, mapping, tokens, workers, thresholds, follow_symlinks=follow_symlinks
+        )
+    )
     if res.pairs == 0 or res.uncomparable >= res.pairs:
         raise fail("nothing could be compared (no matched tensor pairs with readable data)", 1)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from workbench.cli.common import app, guarded
+from workbench.cli.common import app, guarded, say
 
 
 @app.command()
@@ -32,20 +32,20 @@ def precheck(
             label = r.name or r.op_dir
             if not r.supported:
                 if show_all:
-                    typer.echo(f"skip  {label}  ({r.reason})")
+                    say(f"skip  {label}  ({r.reason})")
                 continue
             if r.passed is False:
                 failed += 1
                 worst = ", ".join(
                     f"out{o.index}: {','.join(o.failed_metrics) or o.reason}" for o in r.outputs if o.passed is False
                 )
-                typer.echo(f"FAIL  {label}  {worst}" + (f"  ({r.reason})" if r.reason else ""))
+                say(f"FAIL  {label}  {worst}" + (f"  ({r.reason})" if r.reason else ""))
             elif r.passed is None:
-                typer.echo(f"?     {label}  ({r.reason})")
+                say(f"?     {label}  ({r.reason})")
             elif show_all:
-                typer.echo(f"ok    {label}")
+                say(f"ok    {label}")
         checked = sum(1 for r in results if r.supported)
-        typer.echo(
+        say(
             f"{checked} ops re-run, {failed} disagree with their dumped outputs, {len(results) - checked} not supported"
         )
         return 1 if failed else 0

@@ -180,6 +180,8 @@ class MappingFile:
             raise MappingError(f"{p}: cannot read ({exc})") from None
         except json.JSONDecodeError as exc:
             raise MappingError(f"{p}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        except RecursionError:
+            raise MappingError(f"{p}: JSON nested too deeply to read") from None
         if not isinstance(data, dict):
             raise MappingError(f"{p}: expected a JSON object")
         try:
@@ -189,6 +191,8 @@ class MappingFile:
                 out = cls._from_msit(data)
         except (ValueError, TypeError, KeyError) as exc:
             raise MappingError(f"{p}: {exc}") from None
+        except RecursionError:
+            raise MappingError(f"{p}: mapping nested too deeply to read") from None
         out.source = str(p)
         return out
 

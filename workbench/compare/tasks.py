@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 SUMMARY_FIELDS = ("numel", "min", "max", "mean", "std", "norm", "nan_count", "inf_count")
 BATCH_BYTES = 48 * 1024 * 1024  # tasks go to a worker in batches of about this much tensor data
 BATCH_MAX_TASKS = 64
+MAX_EXPANDED = 1_000_000  # tokens a --tokens text may name when the dumps' own tokens are not known
 _ITEMSIZE = {
     "float64": 8,
     "int64": 8,
@@ -77,21 +78,42 @@ def file_identity(path: str | None) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
-def parse_tokens(text: str | None) -> set[int] | None:
-    """`0-3,7` -> {0, 1, 2, 3, 7}; None or empty -> None (all tokens)."""
+def token_ranges(text: str | None) -> list[tuple[int, int]] | None:
+    """`0-3,7` -> [(0, 3), (7, 7)]; None or empty -> None (all tokens). Checks the syntax only: no range is expanded."""
     if not text:
         return None
-    out: set[int] = set()
+    out: list[tuple[int, int]] = []
     for part in text.split(","):
         part = part.strip()
         if not part:
             continue
         lo, sep, hi = part.partition("-")
-        if not lo.strip().isdigit() or (sep and not hi.strip().isdigit()):
+        lo, hi = lo.strip(), hi.strip()
+        ok = lo.isascii() and lo.isdigit() and (not sep or (hi.isascii() and hi.isdigit()))
+        if not ok or len(lo) > 18 or len(hi) > 18:
             raise ValueError(f"--tokens {text!r}: expected numbers and ranges like 0-3,7")
         a = int(lo)
         b = int(hi) if sep else a
         if b < a:
             raise ValueError(f"--tokens {text!r}: range {part} goes backwards")
+        out.append((a, b))
+    return out
+
+
+def parse_tokens(text: str | None, present: Iterable[int] | None = None) -> set[int] | None:
+    """`0-3,7` -> {0, 1, 2, 3, 7}; None or empty -> None (all tokens).
+
+    With `present` (the tokens the dumps hold) the result is the selected tokens among them, whatever the
+    ranges span (`0-1000000` on a 3-token dump costs nothing); without it a range may span at most
+    `MAX_EXPANDED` tokens."""
+    ranges = token_ranges(text)
+    if ranges is None:
+        return None
+    if present is not None:
+        return {t for t in present if any(a <= t <= b for a, b in ranges)}
+    if sum(b - a + 1 for a, b in ranges) > MAX_EXPANDED:
+        raise ValueError(f"--tokens {text!r}: more than {MAX_EXPANDED} tokens")
+    out: set[int] = set()
+    for a, b in ranges:
         out.update(range(a, b + 1))
     return out

@@ -65,8 +65,11 @@ class Thresholds:
             except (OSError, UnicodeDecodeError) as exc:
                 why = getattr(exc, "strerror", None) or exc
                 raise ValueError(f"{p}: cannot read thresholds file ({why})") from None
-            data = _merge(data, _parse(user_text, str(p)))
-            return cls.from_dict(data, str(p))
+            try:
+                data = _merge(data, _parse(user_text, str(p)))
+                return cls.from_dict(data, str(p))
+            except RecursionError:
+                raise ValueError(f"{p}: thresholds nested too deeply to read") from None
         return cls.from_dict(data, "<package defaults>")
 
     @classmethod
@@ -192,6 +195,8 @@ def _parse(text: str, source: str) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{source}: not valid TOML ({exc})") from None
+    except RecursionError:
+        raise ValueError(f"{source}: TOML nested too deeply to read") from None
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -109,9 +109,12 @@ def read_pth_array(path: str, file_size: int | None = None) -> RawTensor:
     """A `.pth`/`.pt` holding one tensor; the payload stays on disk (memory-mapped) until touched."""
     if file_size is None:
         try:
-            file_size = os.path.getsize(path)
+            st = os.stat(path)
         except OSError as exc:
             raise DumpError(path, f"cannot read: {exc.strerror or exc}") from None
+        if stat.S_ISDIR(st.st_mode):
+            raise DumpError(path, "is a folder, not a tensor file")
+        file_size = st.st_size
     if file_size == 0:
         raise DumpError(path, "empty file")
     fast = _plain_pth(path, file_size)

@@ -30,18 +30,19 @@ from typing import Any
 
 from workbench.formats import atb_bin
 from workbench.formats.layers import is_layer_folder
-from workbench.formats.model import Dump, DumpError, Node, TensorEntry
-from workbench.formats.scan import list_dir, read_json
+from workbench.formats.model import Dump, DumpError, Node, TensorEntry, token_folder_problem, token_number
+from workbench.formats.scan import check_link, link_problem, list_dir, read_json
 
-_OP_RE = re.compile(r"^(\d+)_(.+)$")
-_TENSOR_RE = re.compile(r"^(intensor|outtensor)(\d+)\.bin$")
+_OP_RE = re.compile(r"^([0-9]{1,9})_(.+)$", re.DOTALL)
+_TENSOR_RE = re.compile(r"^(intensor|outtensor)([0-9]{1,6})\.bin$")
+MAX_OP_DEPTH = 64  # op folders nest a few levels; deeper is a crafted dump
 _PREFILL_WORDS = ("prefill", "encoder", "encode", "context", "full")
 _DECODE_WORDS = ("decoder", "decode", "incre")
 
 
 def is_atb_device_dir(path: Path) -> bool:
     """A `tensors/{dev}_{pid}` folder."""
-    return path.parent.name == "tensors" and re.fullmatch(r"\d+_\d+", path.name) is not None
+    return path.parent.name == "tensors" and re.fullmatch(r"[0-9]+_[0-9]+", path.name) is not None
 
 
 @dataclass(slots=True)
@@ -60,7 +61,7 @@ class _Graphs:
 
 
 def _suffix_int(name: Any) -> int | None:
-    m = re.search(r"_(\d+)$", str(name))
+    m = re.search(r"_([0-9]{1,9})$", str(name))
     return int(m.group(1)) if m else None
 
 
@@ -76,6 +77,13 @@ def _classify(name: str) -> str | None:
 def _load_topology(dump_root: Path, pid: str, problems: list[str]) -> _Graphs:
     g = _Graphs()
     layer_dir = dump_root / "layer" / pid
+    model_dir = dump_root / "model" / pid
+    if not layer_dir.is_dir() and not model_dir.is_dir():
+        problems.append(
+            f"{dump_root}: no model/{pid} or layer/{pid} topology folder: op types, graphs (prefill/decode) "
+            "and tokens are guessed from folder names"
+        )
+        return g
     if layer_dir.is_dir():
         try:
             for e in list_dir(layer_dir):
@@ -89,7 +97,6 @@ def _load_topology(dump_root: Path, pid: str, problems: list[str]) -> _Graphs:
                         g.layer_ops[str(data.get("opName", e.name[:-5]))] = data
         except DumpError as exc:
             problems.append(str(exc))
-    model_dir = dump_root / "model" / pid
     if not model_dir.is_dir():
         return g
     models: list[tuple[str, dict[str, Any], int]] = []
@@ -186,7 +193,16 @@ def read_atb(
     except DumpError as exc:
         problems.append(str(exc))
         entries = []
-    counts = sorted((int(e.name), e.path) for e in entries if e.is_dir and e.name.isdigit())
+    counts: list[tuple[int, str]] = []
+    for e in entries:
+        num = token_number(e.name) if e.is_dir else None
+        if num is not None:
+            counts.append((num, e.path))
+            continue
+        bad = token_folder_problem(e.path, e.name) if e.is_dir else link_problem(e)
+        if bad is not None:
+            problems.append(bad)
+    counts.sort()
 
     ops: dict[str, _OpInfo] = {}
     # per count folder: (op folder rel name, folder path) pairs, pre-order
@@ -245,11 +261,19 @@ def _walk_ops(
     except DumpError as exc:
         problems.append(str(exc))
         return
+    if len(index_path) >= MAX_OP_DEPTH:
+        if any(e.is_dir and _OP_RE.match(e.name) for e in entries):
+            problems.append(f"{folder}: op folders nested deeper than {MAX_OP_DEPTH}: the deeper ones are not read")
+        return
     op_dirs = []
     for e in entries:
         m = _OP_RE.match(e.name)
         if e.is_dir and m:
             op_dirs.append((int(m.group(1)), m.group(2), e))
+        elif m:
+            bad = link_problem(e)
+            if bad is not None:
+                problems.append(bad)
     op_dirs.sort(key=lambda x: x[0])
     for idx, suffix, e in op_dirs:
         rel = f"{prefix}/{e.name}" if prefix else e.name
@@ -364,7 +388,13 @@ def _scan_op_tensors(token: int, node: str, folder: Path, out: list[TensorEntry]
             continue
         for f in files:
             m = _TENSOR_RE.match(f.name)
-            if m and not f.is_dir:
+            if m and f.is_link:
+                try:
+                    check_link(f.path)
+                except DumpError as exc:
+                    problems.append(str(exc))
+                    continue
+            if m:  # a folder named like a tensor file fails to read below: a problem line, not a silent drop
                 found.setdefault((when, m.group(1)), {})[int(m.group(2))] = f.path
     inputs = dict(found.get(("after", "intensor"), {}))
     inputs.update(found.get(("before", "intensor"), {}))

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.formats.model import DumpError, TensorStats
+from workbench.core.text import quote_bytes
+from workbench.formats.model import DumpError, TensorStats, check_shape
 
 MAX_HEADER_BYTES = 64 * 1024
 
@@ -118,7 +119,7 @@ def read_header(path: str | Path) -> BinHeader:
             raise DumpError(p, "not an ATB tensor file: header is not ASCII text") from None
         key, sep, value = text.partition("=")
         if not sep:
-            raise DumpError(p, f"malformed header line {text[:40]!r}")
+            raise DumpError(p, f"malformed header line {quote_bytes(line)}")
         if key == "$End":
             end_seen = True
             break
@@ -130,7 +131,7 @@ def read_header(path: str | Path) -> BinHeader:
     try:
         acl = int(attrs["dtype"])
     except ValueError:
-        raise DumpError(p, f"header dtype {attrs['dtype']!r} is not an integer") from None
+        raise DumpError(p, f"header dtype {quote_bytes(attrs['dtype'])} is not an integer") from None
     if acl not in ACL_DTYPES:
         raise DumpError(p, f"unsupported ATB dtype code {acl}")
     dtype, _np, itemsize = ACL_DTYPES[acl]
@@ -138,13 +139,12 @@ def read_header(path: str | Path) -> BinHeader:
     try:
         shape = tuple(int(d) for d in dims_text.split(",") if d.strip() != "")
     except ValueError:
-        raise DumpError(p, f"header dims {dims_text!r} are not integers") from None
-    if any(d < 0 for d in shape):
-        raise DumpError(p, f"header dims {dims_text!r} are negative")
+        raise DumpError(p, f"header dims {quote_bytes(dims_text, 24)} are not integers") from None
+    shape = check_shape(p, shape, "header dims")
     try:
         fmt_code = int(attrs.get("format", str(FORMAT_ND)))
     except ValueError:
-        raise DumpError(p, f"header format {attrs.get('format')!r} is not an integer") from None
+        raise DumpError(p, f"header format {quote_bytes(attrs.get('format', ''))} is not an integer") from None
     layout = ACL_FORMATS.get(fmt_code, f"format{fmt_code}")
     numel = 1
     for d in shape:
@@ -169,7 +169,7 @@ def read_header(path: str | Path) -> BinHeader:
             off_s, len_s = attrs["$Object.data"].split(",")
             offset, length = int(off_s), int(len_s)
         except ValueError:
-            raise DumpError(p, f"malformed $Object.data {attrs['$Object.data']!r}") from None
+            raise DumpError(p, f"malformed $Object.data {quote_bytes(attrs['$Object.data'], 24)}") from None
         if offset < 0 or length < 0:
             raise DumpError(p, "negative $Object.data offset or length")
         if offset + length > available:

@@ -12,21 +12,27 @@ first device/rank are read, and `meta["other_candidates"]` lists the others.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
 
+from workbench.core.text import storable
 from workbench.formats import atb, msit_torch, msprobe
-from workbench.formats.model import Dump, DumpError
-from workbench.formats.scan import list_dir
+from workbench.formats.model import Dump, DumpError, token_number
+from workbench.formats.scan import confined, list_dir
 
 _DUMP_DIR_RE = re.compile(r"^(msit_dump|ait_dump)")
-_ATB_DEV_RE = re.compile(r"^\d+_\d+$")
+_ATB_DEV_RE = re.compile(r"^[0-9]+_[0-9]+$")
 _MAX_UP = 32
 
 
-def open_dump(path: str | Path) -> Dump:
-    """Detect the format of a dump folder (any level users pass to msit/msprobe) and read it."""
+def open_dump(path: str | Path, *, follow_symlinks: bool = False) -> Dump:
+    """Detect the format of a dump folder (any level users pass to msit/msprobe) and read it.
+
+    Symbolic links to folders are never followed; links to files outside the dump only with
+    `follow_symlinks`. A file name DuckDB cannot store (not UTF-8) becomes an unusable entry with a problem line.
+    """
     p = Path(path).expanduser()
     if not p.exists():
         raise DumpError(p, "no such file or folder")
@@ -38,13 +44,50 @@ def open_dump(path: str | Path) -> Dump:
             raise DumpError(p, "is a file, not a dump folder (pass the folder that holds the dump)")
     if not os.access(p, os.R_OK | os.X_OK):
         raise DumpError(p, "cannot list folder: permission denied")
-    dump = _open_msprobe(p) or _open_torch(p) or _open_atb(p)
+    if storable(str(p)) != str(p):
+        raise DumpError(p, "folder name is not valid UTF-8: rename it (or link it under a UTF-8 name)")
+    with confined(None if follow_symlinks else _anchor(p)):
+        dump = _open_msprobe(p) or _open_torch(p) or _open_atb(p)
     if dump is None:
         raise DumpError(
             p,
             "not a dump: found no model_tree.json or token folders (msit torch), "
             "tensors/{dev}_{pid} (ATB) or step*/rank*/dump.json (msprobe)",
         )
+    return _storable_names(dump)
+
+
+def _anchor(p: Path) -> Path:
+    """The whole dump a path lies in (its `msit_dump_*` folder, or the folder above msprobe's `step*`): links
+    between its files are followed, links leaving it are not."""
+    for a in [p, *list(p.parents)[:6]]:
+        if _DUMP_DIR_RE.match(a.name):
+            return a
+        if re.fullmatch(r"step[0-9]+", a.name):
+            return a.parent
+    return p
+
+
+def _storable_names(dump: Dump) -> Dump:
+    """Names DuckDB cannot store (undecodable bytes in a file or folder name) escaped; such a file is not read."""
+    paths = "\0".join(t.path or "" for t in dump.tensors)
+    names = "\0".join(n.name for n in dump.nodes)
+    dump.problems = [storable(x) for x in dump.problems]
+    if storable(paths) is paths and storable(names) is names:
+        return dump
+    for n in dump.nodes:
+        n.name, n.type = storable(n.name), storable(n.type)
+        n.parent = storable(n.parent) if n.parent is not None else None
+    tensors = []
+    for t in dump.tensors:
+        node, path = storable(t.node), storable(t.path) if t.path is not None else None
+        if path != t.path:
+            dump.problems.append(f"{t.path}: file name is not valid UTF-8: not read (rename it)")
+            t = dataclasses.replace(t, node=node, path=path, error="file name is not valid UTF-8")
+        elif node != t.node:
+            t = dataclasses.replace(t, node=node)
+        tensors.append(t)
+    dump.tensors = tensors
     return dump
 
 
@@ -89,10 +132,11 @@ def _torch_dev_dirs(p: Path) -> list[Path]:
 def _open_torch(p: Path) -> Dump | None:
     if msit_torch.is_torch_device_dir(p):
         return msit_torch.read_msit_torch(p)
-    if p.name.isdigit() and msit_torch.is_torch_device_dir(p.parent):
-        return msit_torch.read_msit_torch(p.parent, token=int(p.name), root=p)
-    if p.parent.name.isdigit() and msit_torch.is_torch_device_dir(p.parent.parent):
-        return msit_torch.read_msit_torch(p.parent.parent, token=int(p.parent.name), module=p.name, root=p)
+    tok, parent_tok = token_number(p.name), token_number(p.parent.name)
+    if tok is not None and msit_torch.is_torch_device_dir(p.parent):
+        return msit_torch.read_msit_torch(p.parent, token=tok, root=p)
+    if parent_tok is not None and msit_torch.is_torch_device_dir(p.parent.parent):
+        return msit_torch.read_msit_torch(p.parent.parent, token=parent_tok, module=p.name, root=p)
     candidates: list[Path] = []
     if p.name == "torch_tensors":
         candidates = _torch_dev_dirs(p)
@@ -126,7 +170,7 @@ def _open_atb(p: Path) -> Dump | None:
     for _ in range(_MAX_UP):
         if cur.parent == cur:
             break
-        if cur.name.isdigit() and atb.is_atb_device_dir(cur.parent):
+        if token_number(cur.name) is not None and atb.is_atb_device_dir(cur.parent):
             dev = cur.parent
             ops = [x for x in reversed(parts) if x not in ("before", "after")]
             op_rel = "/".join(ops) or None

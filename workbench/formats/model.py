@@ -55,6 +55,53 @@ class DumpError(Exception):
         super().__init__(f"{self.path}: {reason}")
 
 
+MAX_DIMS = 32  # numpy stops at 64; no model tensor comes near
+MAX_DIM = 2**62 - 1  # the catalog stores dims and element counts as BIGINT
+MAX_TOKEN = 2**31 - 1  # token ids are INTEGER in the catalog
+
+
+def check_shape(path: str | Path, shape: tuple[int, ...] | list[int], what: str = "shape") -> tuple[int, ...]:
+    """`shape` as a tuple when a real tensor can have it; `DumpError` naming the file otherwise."""
+    dims = tuple(shape)
+    if len(dims) > MAX_DIMS:
+        raise DumpError(path, f"{what} has {len(dims)} dimensions (at most {MAX_DIMS} are read)")
+    numel = 1
+    for d in dims:
+        if not isinstance(d, int) or isinstance(d, bool) or d < 0:
+            raise DumpError(path, f"{what} {_short(dims)} has a negative or non-integer dimension")
+        if d > MAX_DIM:
+            raise DumpError(path, f"{what} {_short(dims)} has a dimension above 2^62")
+        numel *= d
+    if numel > MAX_DIM:
+        raise DumpError(path, f"{what} {_short(dims)} holds more than 2^62 elements")
+    return dims
+
+
+def _short(dims: tuple[int, ...]) -> str:
+    text = str(list(dims))
+    return text if len(text) <= 80 else text[:77] + "...]"
+
+
+def token_number(name: str) -> int | None:
+    """The token (or execute count) a folder name gives: ASCII digits only (`int()` would take `²` or `٣`)."""
+    if not (name.isascii() and name.isdigit()):
+        return None
+    value = int(name)
+    return value if value <= MAX_TOKEN else None
+
+
+def token_folder_problem(path: str, name: str) -> str | None:
+    """The problem line for a folder that looks like a token folder but cannot be one (None when it is fine
+    or clearly not meant as one)."""
+    if not name.isdigit():
+        return None
+    if not name.isascii():
+        return f"{path}: folder name is not ASCII digits: not read as a token"
+    if int(name) > MAX_TOKEN:
+        return f"{path}: token number above {MAX_TOKEN}: not read"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class TensorStats:
     """Statistics a statistics-only dump records instead of the payload."""

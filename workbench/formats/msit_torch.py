@@ -24,13 +24,24 @@ from pathlib import Path
 from typing import Any
 
 from workbench.formats.layers import inherit_layers, layer_from_name
-from workbench.formats.model import Dump, DumpError, Node, OrderSource, TensorEntry, TensorStats, dtype_name
-from workbench.formats.scan import content_key, list_dir, load_pth_lazy, pth_header, read_json
+from workbench.formats.model import (
+    Dump,
+    DumpError,
+    Node,
+    OrderSource,
+    TensorEntry,
+    TensorStats,
+    check_shape,
+    dtype_name,
+    token_folder_problem,
+    token_number,
+)
+from workbench.formats.scan import check_link, content_key, link_problem, list_dir, load_pth_lazy, pth_header, read_json
 
 MANIFEST = "wb_manifest.json"
 MODEL_TREE = "model_tree.json"
 STATS_CSV = "statistics.csv"
-_TENSOR_RE = re.compile(r"^(input|output)((?:_\d+)*)$")
+_TENSOR_RE = re.compile(r"^(input|output)((?:_\d+)*)$", re.ASCII)
 _MAX_PRODUCERS = 32  # a content hash produced by more modules than this carries no ordering information
 
 
@@ -40,7 +51,7 @@ def is_torch_device_dir(path: Path) -> bool:
     if (path / MODEL_TREE).is_file():
         return True
     try:
-        for tok in sorted(p for p in path.iterdir() if p.is_dir() and p.name.isdigit())[:2]:
+        for tok in sorted(p for p in path.iterdir() if p.is_dir() and token_number(p.name) is not None)[:2]:
             for mod in tok.iterdir():
                 if mod.is_dir() and (mod.name == "root" or mod.name.startswith("root.")):
                     return True
@@ -89,7 +100,7 @@ def read_msit_torch(
         key = (
             "0"
             if "0" in exec_lists
-            else min(exec_lists, key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k), default=None)
+            else min(exec_lists, key=lambda k: (token_number(k) is None, token_number(k) or 0, k), default=None)
         )
         order = exec_lists.get(key, []) if key is not None else []
         pos = {name: i for i, name in enumerate(order) if isinstance(name, str)}
@@ -157,7 +168,7 @@ def _walk_tree(obj: Any, parent: str | None, depth: int, out: list[Node], path: 
 
 
 def _name_key(name: str) -> tuple[Any, ...]:
-    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in name.split("."))
+    return tuple((0, int(p)) if p.isascii() and p.isdigit() else (1, p) for p in name.split("."))
 
 
 def _add_folder_node(name: str, nodes: list[Node], by_name: dict[str, Node]) -> None:
@@ -199,7 +210,19 @@ def _scan_tokens(
     except DumpError as exc:
         problems.append(str(exc))
         return tensors, hashes
-    token_dirs = sorted((int(e.name), e.path) for e in entries if e.is_dir and e.name.isdigit())
+    token_dirs: list[tuple[int, str]] = []
+    for e in entries:
+        if e.is_dir:
+            num = token_number(e.name)
+            if num is not None:
+                token_dirs.append((num, e.path))
+                continue
+            bad = token_folder_problem(e.path, e.name)
+        else:
+            bad = link_problem(e)
+        if bad is not None:
+            problems.append(bad)
+    token_dirs.sort()
     if sel.token is not None:
         token_dirs = [td for td in token_dirs if td[0] == sel.token]
     for i, (tok, tok_path) in enumerate(token_dirs):
@@ -213,6 +236,9 @@ def _scan_tokens(
             continue
         for m in mods:
             if not m.is_dir:
+                bad = link_problem(m)
+                if bad is not None:
+                    problems.append(bad)
                 continue
             if sel.module is not None and not (m.name == sel.module or m.name.startswith(sel.module + ".")):
                 continue
@@ -239,8 +265,14 @@ def _scan_module(
     by_role: dict[str, list[tuple[tuple[int, ...], str]]] = {"in": [], "out": []}
     stats_file = None
     for f in files:
-        if f.is_dir:
+        if f.is_dir and not f.name.endswith(".pth"):  # a folder named like a tensor file is reported below
             continue
+        if f.is_link:
+            try:
+                check_link(f.path)
+            except DumpError as exc:
+                problems.append(str(exc))
+                continue
         if f.name == STATS_CSV:
             stats_file = f.path
             continue
@@ -339,7 +371,12 @@ def _read_stats_csv(path: str) -> dict[tuple[str, int], tuple[str | None, tuple[
         role = "out" if (r.get("InputOutput") or "").strip().lower().startswith("out") else "in"
         dt = (r.get("DataType") or "").strip()
         shape_text = r.get("Shape") or ""
-        shape = tuple(int(x) for x in re.findall(r"-?\d+", shape_text)) if shape_text.strip() else None
+        shape: tuple[int, ...] | None = None
+        if shape_text.strip():
+            try:
+                shape = check_shape(path, tuple(int(x) for x in re.findall(r"-?[0-9]+", shape_text)), "Shape column")
+            except DumpError:
+                shape = None  # statistics still count; the shape is only shown
         stats = TensorStats(
             max=_float(r.get("Max")), min=_float(r.get("Min")), mean=_float(r.get("Mean")), norm=_float(r.get("L2Norm"))
         )

@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from workbench.formats.layers import inherit_layers, layer_from_name
-from workbench.formats.model import Dump, DumpError, Node, TensorEntry, TensorStats
-from workbench.formats.scan import list_dir, npy_header, pth_header, read_json
+from workbench.formats.model import Dump, DumpError, Node, TensorEntry, TensorStats, check_shape
+from workbench.formats.scan import check_link, list_dir, npy_header, pth_header, read_json
 
-_MODULE_RE = re.compile(r"^(Module|Cell)\.(.+)\.([^.]+)\.(forward|backward)\.(\d+)$")
-_API_RE = re.compile(r"^([A-Za-z]\w*)\.(.+)\.(\d+)\.(forward|backward)$")
-_STEP_RE = re.compile(r"^step(\d+)$")
+_MODULE_RE = re.compile(r"^(Module|Cell)\.(.+)\.([^.]+)\.(forward|backward)\.([0-9]{1,9})$", re.DOTALL)
+_API_RE = re.compile(r"^([A-Za-z]\w*)\.(.+)\.([0-9]{1,9})\.(forward|backward)$", re.DOTALL)
+_STEP_RE = re.compile(r"^step([0-9]{1,9})$")
 _RANK_RE = re.compile(r"^(rank\d*|proc\d+)$")
 
 
@@ -306,11 +306,12 @@ def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems:
         for idx, leaf in enumerate(_leaves(parts)):
             dtype = str(leaf.get("dtype", "")).removeprefix("torch.") or None
             shape_v = leaf.get("shape")
-            shape = (
-                tuple(int(d) for d in shape_v)
-                if isinstance(shape_v, list) and all(isinstance(d, int) for d in shape_v)
-                else None
-            )
+            shape = None
+            if isinstance(shape_v, list) and all(isinstance(d, int) for d in shape_v):
+                try:
+                    shape = check_shape(data_dir.parent / "dump.json", shape_v, f"{call.full} shape")
+                except DumpError as exc:
+                    problems.append(str(exc))
             stats = TensorStats(
                 max=_num(leaf.get("Max")),
                 min=_num(leaf.get("Min")),
@@ -349,13 +350,14 @@ def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems:
                 )
                 continue
             try:
+                if os.path.islink(path):
+                    check_link(path)
                 if name.endswith(".npy"):
                     dtype, shape = npy_header(path)
                 else:
                     dtype, shape = pth_header(path)
-            except DumpError:
-                if not os.path.exists(path):
-                    exc = DumpError(path, "missing file")
+            except DumpError as err:
+                exc = err if os.path.exists(path) else DumpError(path, "missing file")
                 problems.append(str(exc))
                 out.append(
                     TensorEntry(

@@ -18,7 +18,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.formats.model import DumpError
+from workbench.formats.model import DumpError, check_shape
 
 STORAGE_DTYPES: dict[str, tuple[str, int]] = {
     "FloatStorage": ("float32", 4),
@@ -61,6 +61,9 @@ class _HeaderUnpickler(pickle.Unpickler):
 def _rebuild(storage: Any, offset: int, size: Any, stride: Any, *_rest: Any) -> Any:
     return ("tensor", storage, int(offset), tuple(int(x) for x in size), tuple(int(x) for x in stride))
 
+
+MAX_REPEAT = 64  # a view may show each storage element at most this many times on average ...
+REPEAT_FREE = 1 << 24  # ... unless it is small anyway
 
 _EOCD = b"PK\x05\x06"
 _CENTRAL = b"PK\x01\x02"
@@ -219,9 +222,23 @@ def check_bounds(
     end: int,
     file_size: int,
 ) -> int:
-    """Raise `DumpError` unless the storage fits the file and the view fits the storage; returns the view's span."""
-    if numel * itemsize > stored or end > file_size:
+    """Raise `DumpError` unless the storage fits the file and the view fits the storage; returns the view's span.
+
+    A view may repeat storage elements (stride 0), but not absurdly: more than `MAX_REPEAT` times its
+    storage and above `REPEAT_FREE` elements is refused, so a tiny file cannot make the metrics walk 2^60
+    elements."""
+    if numel < 0 or numel * itemsize > stored or end > file_size:
         raise DumpError(path, f"storage of {numel} x {dtype} does not fit the file (truncated?)")
+    check_shape(path, size, "tensor shape")
+    if len(stride) != len(size):
+        raise DumpError(path, f"tensor view has {len(size)} sizes but {len(stride)} strides")
+    elements = 1
+    for d in size:
+        elements *= d
+    if elements > REPEAT_FREE and elements > MAX_REPEAT * max(numel, 1):
+        raise DumpError(
+            path, f"tensor view {list(size)[:8]} holds {elements} elements over a storage of {numel}: refused"
+        )
     span = 1 + sum((d - 1) * st for d, st in zip(size, stride)) if all(d > 0 for d in size) else 0
     if offset < 0 or any(st < 0 for st in stride) or offset + span > numel:
         raise DumpError(path, f"tensor view {list(size)} at offset {offset} lies outside its storage")

@@ -6,16 +6,20 @@ record it as a problem and go on with the other files.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import stat
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from workbench.formats.model import DumpError, dtype_name
+from workbench.formats.model import DumpError, check_shape, dtype_name
 from workbench.formats.pth_header import read_pth_header
 
 if TYPE_CHECKING:  # torch is imported only when a payload is read
@@ -32,7 +36,40 @@ _SAMPLE_BYTES = 16 * 1024
 class DirEntry:
     name: str
     path: str
-    is_dir: bool
+    is_dir: bool  # a real folder: a symbolic link to a folder is never followed (loops, escapes)
+    is_link: bool = False
+
+
+_CONFINE: ContextVar[str | None] = ContextVar("wb_confine", default=None)
+
+
+@contextlib.contextmanager
+def confined(root: str | Path | None) -> Iterator[None]:
+    """While reading a dump: symbolic links to files outside `root` are refused (`check_link`); None follows all."""
+    token = _CONFINE.set(os.path.realpath(root) if root is not None else None)
+    try:
+        yield
+    finally:
+        _CONFINE.reset(token)
+
+
+def check_link(path: str) -> None:
+    """Raise `DumpError` when `path`, a symbolic link, leads outside the dump being read (see `confined`)."""
+    root = _CONFINE.get()
+    if root is None:
+        return
+    real = os.path.realpath(path)
+    if not os.path.exists(real):
+        return  # dangling: the read that follows says "missing"
+    if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+        raise DumpError(path, "symbolic link to a file outside the dump: not followed (--follow-symlinks reads it)")
+
+
+def link_problem(e: DirEntry) -> str | None:
+    """The problem line for a symbolic link to a folder (never followed), None for anything else."""
+    if e.is_link and os.path.isdir(e.path):
+        return f"{e.path}: symbolic link to a folder: not followed"
+    return None
 
 
 def list_dir(path: str | Path) -> list[DirEntry]:
@@ -42,10 +79,11 @@ def list_dir(path: str | Path) -> list[DirEntry]:
             out = []
             for e in it:
                 try:
-                    is_dir = e.is_dir()
+                    is_dir = e.is_dir(follow_symlinks=False)
+                    is_link = not is_dir and e.is_symlink()
                 except OSError:
-                    is_dir = False
-                out.append(DirEntry(e.name, e.path, is_dir))
+                    is_dir = is_link = False
+                out.append(DirEntry(e.name, e.path, is_dir, is_link))
     except OSError as exc:
         raise DumpError(path, f"cannot list folder: {exc.strerror or exc}") from None
     out.sort(key=lambda e: e.name)
@@ -58,12 +96,16 @@ def read_json(path: str | Path) -> Any:
         size = os.path.getsize(path)
         if size > MAX_JSON_BYTES:
             raise DumpError(path, f"JSON file too large ({size} bytes)")
+        if os.path.islink(path):
+            check_link(str(path))
         with open(path, encoding="utf-8") as fh:
             return json.load(fh)
     except OSError as exc:
         raise DumpError(path, f"cannot read: {exc.strerror or exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DumpError(path, f"not valid JSON ({str(exc)[:120]})") from None
+    except RecursionError:
+        raise DumpError(path, "JSON nested too deeply to read") from None
 
 
 _HEADER_CACHE: dict[tuple[int, int, int, int], tuple[str, tuple[int, ...]]] = {}
@@ -87,6 +129,8 @@ def pth_header(path: str) -> tuple[str, tuple[int, ...]]:
         st = os.stat(path)
     except OSError as exc:
         raise DumpError(path, f"cannot read: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise DumpError(path, "is a folder, not a tensor file")
     if st.st_size == 0:
         raise DumpError(path, "empty file")
     key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -117,7 +161,7 @@ def npy_header(path: str) -> tuple[str, tuple[int, ...]]:
         raise DumpError(path, f"not a readable .npy file ({str(exc)[:120]})") from None
     if dtype.hasobject:
         raise DumpError(path, "refused: .npy holds Python objects (pickle)")
-    return dtype_name(dtype), tuple(int(d) for d in shape)
+    return dtype_name(dtype), check_shape(path, tuple(int(d) for d in shape))
 
 
 def content_key(t: torch.Tensor) -> bytes:

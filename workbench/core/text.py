@@ -1,0 +1,39 @@
+"""Text safe to print on one line: file names and file content can hold anything."""
+
+from __future__ import annotations
+
+import re
+
+# C0/C1 controls, DEL, lone surrogates (undecodable bytes of a file name) and Unicode line separators
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    ch = m.group(0)
+    code = ord(ch)
+    if 0xDC80 <= code <= 0xDCFF:  # a byte os.fsdecode could not decode (surrogateescape)
+        return f"\\x{code - 0xDC00:02x}"
+    return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(ch, f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def printable(text: object) -> str:
+    """`text` with control characters, line separators and undecodable bytes escaped (`\\n`, `\\x1b`, `\\xff`):
+    a printed path stays one line and cannot spoof another line or drive the terminal."""
+    s = str(text)
+    return _UNSAFE.sub(_escape, s) if _UNSAFE.search(s) else s
+
+
+def quote_bytes(data: bytes | str, limit: int = 8) -> str:
+    """At most `limit` bytes of a file's content, escaped and quoted (a problem line never leaks more)."""
+    raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+    shown = raw[:limit].decode("ascii", "backslashreplace")
+    return repr(printable(shown) + ("..." if len(raw) > limit else ""))
+
+
+def storable(text: str) -> str:
+    """`text` as valid UTF-8 for the catalog: undecodable bytes of a file name become `\\xNN`."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
