@@ -40,9 +40,12 @@ def open_catalog(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBP
         return connect_read_only(p)
     if p.exists() and p.is_dir():
         raise CatalogError(f"{p}: is a folder, not a catalog file")
+    created = not p.exists()
     try:
+        p.parent.mkdir(parents=True, exist_ok=True)
         con = duckdb.connect(str(p), read_only=read_only)
-    except duckdb.Error as exc:
+    except (duckdb.Error, OSError) as exc:
+        _remove_new(p, created)
         raise CatalogError(f"{p}: cannot open as a DuckDB catalog ({storage_message(exc)})") from None
     try:
         version = schema_version_of(con, p)
@@ -63,11 +66,23 @@ def open_catalog(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBP
         con.execute(COMPARISON_VIEW)
     except duckdb.Error as exc:
         con.close()
-        raise CatalogError(f"{p}: {storage_message(exc)}") from None
+        _remove_new(p, created)
+        kept = "the half-made catalog was removed" if created else "nothing committed was lost (earlier runs kept)"
+        raise CatalogError(f"{p}: {storage_message(exc)}; {kept}") from None
     except BaseException:
         con.close()
+        _remove_new(p, created)
         raise
     return con
+
+
+def _remove_new(p: Path, created: bool) -> None:
+    """A catalog this call was creating when it failed (a full disk) goes: a half-written file would block the
+    next run. An existing catalog is never removed."""
+    if created:
+        for f in (p, p.with_name(p.name + ".wal")):
+            with contextlib.suppress(OSError):
+                f.unlink()
 
 
 def dump_fingerprint(root: Path) -> str:

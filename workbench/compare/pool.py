@@ -2,7 +2,8 @@
 
 Workers are forked from a forkserver that has already imported the worker module (numpy and the
 metrics: about 0.15 s), so every worker starts warm; starting the pool first lets that overlap with
-the caller's own start-up and with reading the dumps.
+the caller's own start-up and with reading the dumps. Every pool process dies with the process that started
+it (`lifeline`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
+from workbench.compare import lifeline
+
 IN_PROCESS_BYTES = 32 * 1024 * 1024  # below this, a pool costs more than it saves
 
 
@@ -27,7 +30,7 @@ def default_workers() -> int:
 def _pool_context() -> multiprocessing.context.BaseContext:
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["workbench.compare.worker"])
+        ctx.set_forkserver_preload(["workbench.compare.lifeline", "workbench.compare.worker"])
         return ctx
     return multiprocessing.get_context("spawn")
 
@@ -84,8 +87,14 @@ def _real_stderr() -> Iterator[None]:
 
 def new_pool(workers: int) -> ProcessPoolExecutor:
     """A process pool with every worker process started now."""
+    lifeline.mark_owner()
     with _real_stderr():
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context())
+        pool = ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=_pool_context(),
+            initializer=lifeline.worker_init,
+            initargs=(os.getpid(),),
+        )
         for _ in range(workers):
             pool.submit(_warm_up)
     return pool

@@ -82,7 +82,7 @@ def _storable_names(dump: Dump) -> Dump:
     for t in dump.tensors:
         node, path = storable(t.node), storable(t.path) if t.path is not None else None
         if path != t.path:
-            dump.problems.append(f"{t.path}: file name is not valid UTF-8: not read (rename it)")
+            dump.problems.append(f"{path}: file name is not valid UTF-8: not read (rename it)")
             t = dataclasses.replace(t, node=node, path=path, error="file name is not valid UTF-8")
         elif node != t.node:
             t = dataclasses.replace(t, node=node)
