@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.hostile_cases import CASES, Outcome  # noqa: E402
-from workbench.core.text import printable  # noqa: E402
+from tests.hostile_cases import CASES, Outcome
+from workbench.core.text import printable
 
 
 def main() -> int:

@@ -381,7 +381,7 @@ def _start_piped_compare(tmp: Path, sig: int) -> tuple[subprocess.Popen[bytes], 
 
 
 def _orphans(tmp: Path, sig: int) -> Outcome:
-    p, main, family = _start_piped_compare(tmp, sig)
+    p, _main, family = _start_piped_compare(tmp, sig)
     if len(family) < 3:
         p.communicate(timeout=300)
         return Outcome(f"the pool never started (children seen: {len(family)})", False)
