@@ -635,9 +635,7 @@ def _full_disk(tmp: Path, what: str) -> Outcome:
             out = mnt / "out"
             out.mkdir()
             cat = out / "catalog.duckdb"
-            first = (
-                wb("compare", "-gp", g, "-mp", t, "-o", out) if what == "compare" else wb("ingest", g, "-c", cat)
-            )
+            first = wb("compare", "-gp", g, "-mp", t, "-o", out) if what == "compare" else wb("ingest", g, "-c", cat)
             filler = fill(mnt)
             r = wb("compare", "-gp", g2, "-mp", t, "-o", out) if what == "compare" else wb("ingest", g2, "-c", cat)
             filler.unlink()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import gc
 import os
 import tempfile
 from collections.abc import Callable
@@ -14,7 +13,7 @@ import typer
 
 from workbench.catalog import first_row
 from workbench.cli.common import ProgressPrinter, app, fail, guarded, say
-from workbench.core.files import CATALOG_NAME
+from workbench.core.files import CATALOG_NAME, DEFAULT_OUTPUT
 
 T = TypeVar("T")
 
@@ -31,57 +30,33 @@ def run_compare_cli(
     follow_symlinks: bool = False,
 ) -> Any:
     """Shared by `wb compare`, `wb open` and `wb demo`: compare, write the CSV, print the summary."""
-    from workbench.compare.pool import PoolStarter, default_workers, worth_a_pool
-    from workbench.compare.tasks import parse_tokens, token_ranges
+    from workbench.compare.tasks import token_ranges
+    from workbench.jobs.compare import run_compare
 
-    token_ranges(tokens)  # a bad --tokens fails before anything is read
+    ranges = token_ranges(tokens)  # a bad --tokens fails before anything is read; ranges bind to the dumps' tokens
     check_output_dir(out)
-
-    # boot the workers first, then read the dumps and hand the workers the pairs that are obvious
-    # (same place in two dumps of one kind) while this process imports pandas/DuckDB and builds the catalog
-    n_workers = workers or default_workers()
-    starter = (
-        PoolStarter(n_workers) if golden.exists() and test.exists() and worth_a_pool(golden, test, n_workers) else None
-    )
-    try:
-        from workbench.formats import open_dump
-
-        g_dump = open_dump(golden, follow_symlinks=follow_symlinks)
-        t_dump = open_dump(test, follow_symlinks=follow_symlinks)
-        tok = parse_tokens(tokens, present=set(g_dump.tokens) | set(t_dump.tokens)) if tokens else None
-        early = None
-        if starter is not None and g_dump.kind == t_dump.kind:
-            from workbench.compare.early import EarlyPairs
-
-            early = EarlyPairs(g_dump, t_dump, starter, tok)
-
-        from workbench.catalog.store import open_catalog
-        from workbench.compare.pipeline import run_compare
-        from workbench.compare.report import format_summary, write_msit_csv
-
-        gc.freeze()  # the imported modules' objects need no more collecting: ~0.1 s less of GC per run
-
-        catalog = out / CATALOG_NAME
-        res = catalog_guard(
+    catalog = out / CATALOG_NAME
+    res = catalog_guard(
+        catalog,
+        lambda: run_compare(
+            golden,
+            test,
             catalog,
-            lambda: run_compare(
-                g_dump,
-                t_dump,
-                catalog,
-                mapping=mapping,
-                tokens=tok,
-                workers=n_workers,
-                thresholds=thresholds,
-                progress=None if quiet else ProgressPrinter(),
-                pool=starter,
-                early=early,
-            ),
-        )
-    finally:
-        if starter is not None:
-            starter.shutdown()
+            mapping=mapping,
+            tokens=ranges,
+            workers=workers,
+            thresholds=thresholds,
+            progress=None if quiet else ProgressPrinter(),
+            freeze_gc=True,
+            follow_symlinks=follow_symlinks,
+        ),
+    )
+    from workbench.catalog.store import open_catalog
+    from workbench.compare.report import format_summary, write_msit_csv
+
     con = catalog_guard(catalog, lambda: open_catalog(catalog))
     try:
+        tok = None if ranges is None else ranges.among(_run_tokens(con, res.golden_run))
         csv_path = catalog_guard(catalog, lambda: write_msit_csv(con, res.cmp_id, out, tok))
         labels = {}
         for run_id in (res.golden_run, res.test_run):
@@ -92,6 +67,12 @@ def run_compare_cli(
     for line in format_summary(res, labels[res.golden_run], labels[res.test_run], csv_path):
         say(line)
     return res
+
+
+def _run_tokens(con: Any, run_id: int) -> list[int]:
+    return [
+        int(r[0]) for r in con.execute("SELECT DISTINCT token_id FROM tensors WHERE run_id = ?", [run_id]).fetchall()
+    ]
 
 
 def check_output_dir(out: Path) -> None:
@@ -149,7 +130,7 @@ def compare(
     ] = None,
     out: Annotated[
         Path, typer.Option("-o", "--output", help="Output folder: catalog.duckdb and the CSV report.")
-    ] = Path("wb_out"),
+    ] = Path(DEFAULT_OUTPUT),
     tokens: Annotated[str | None, typer.Option("--tokens", help="Tokens to compare, e.g. 0-3,7.")] = None,
     workers: Annotated[int | None, typer.Option("--workers", "-j", help="Worker processes (default: cores).")] = None,
     thresholds: Annotated[

@@ -78,8 +78,22 @@ def file_identity(path: str | None) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
-def token_ranges(text: str | None) -> list[tuple[int, int]] | None:
-    """`0-3,7` -> [(0, 3), (7, 7)]; None or empty -> None (all tokens). Checks the syntax only: no range is expanded."""
+@dataclass(frozen=True, slots=True)
+class TokenRanges:
+    """A `--tokens` selection as ranges: bound to the tokens a dump holds (`among`), never expanded."""
+
+    ranges: tuple[tuple[int, int], ...]
+
+    def __contains__(self, token: object) -> bool:
+        return isinstance(token, int) and any(a <= token <= b for a, b in self.ranges)
+
+    def among(self, *present: Iterable[int]) -> set[int]:
+        """The selected tokens among those present (`0-1000000` on a 3-token dump: at most 3)."""
+        return {t for tokens in present for t in tokens if t in self}
+
+
+def token_ranges(text: str | None) -> TokenRanges | None:
+    """`0-3,7` -> ranges (0, 3), (7, 7); None or empty -> None (all tokens). Checks the syntax; expands nothing."""
     if not text:
         return None
     out: list[tuple[int, int]] = []
@@ -97,7 +111,7 @@ def token_ranges(text: str | None) -> list[tuple[int, int]] | None:
         if b < a:
             raise ValueError(f"--tokens {text!r}: range {part} goes backwards")
         out.append((a, b))
-    return out
+    return TokenRanges(tuple(out))
 
 
 def parse_tokens(text: str | None, present: Iterable[int] | None = None) -> set[int] | None:
@@ -106,14 +120,14 @@ def parse_tokens(text: str | None, present: Iterable[int] | None = None) -> set[
     With `present` (the tokens the dumps hold) the result is the selected tokens among them, whatever the
     ranges span (`0-1000000` on a 3-token dump costs nothing); without it a range may span at most
     `MAX_EXPANDED` tokens."""
-    ranges = token_ranges(text)
-    if ranges is None:
+    sel = token_ranges(text)
+    if sel is None:
         return None
     if present is not None:
-        return {t for t in present if any(a <= t <= b for a, b in ranges)}
-    if sum(b - a + 1 for a, b in ranges) > MAX_EXPANDED:
+        return sel.among(present)
+    if sum(b - a + 1 for a, b in sel.ranges) > MAX_EXPANDED:
         raise ValueError(f"--tokens {text!r}: more than {MAX_EXPANDED} tokens")
     out: set[int] = set()
-    for a, b in ranges:
+    for a, b in sel.ranges:
         out.update(range(a, b + 1))
     return out

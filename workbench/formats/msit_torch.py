@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workbench.core.files import MANIFEST_NAME, MODEL_TREE_NAME
 from workbench.formats.layers import inherit_layers, layer_from_name
 from workbench.formats.model import (
     Dump,
@@ -38,8 +39,8 @@ from workbench.formats.model import (
 )
 from workbench.formats.scan import check_link, content_key, link_problem, list_dir, load_pth_lazy, pth_header, read_json
 
-MANIFEST = "wb_manifest.json"
-MODEL_TREE = "model_tree.json"
+MANIFEST = MANIFEST_NAME
+MODEL_TREE = MODEL_TREE_NAME
 STATS_CSV = "statistics.csv"
 _TENSOR_RE = re.compile(r"^(input|output)((?:_\d+)*)$", re.ASCII)
 _MAX_PRODUCERS = 32  # a content hash produced by more modules than this carries no ordering information
