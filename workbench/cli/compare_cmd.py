@@ -77,9 +77,9 @@ def _run_tokens(con: Any, run_id: int) -> list[int]:
 
 def check_output_dir(out: Path) -> None:
     """Fail now, before any dump is read, when `out` cannot hold the catalog and the report."""
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"{out}: -o must be a folder, and this is an existing file")
     try:
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"{out}: -o must be a folder, and this is an existing file")
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"{out}: cannot create the output folder ({exc.strerror or exc})") from None
