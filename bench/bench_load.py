@@ -89,8 +89,10 @@ def main() -> None:
     if not golden.exists():
         n += make_dump(golden, args.tokens, args.modules, 1)
         n += make_dump(test, args.tokens, args.modules, 2)
-    print(f"dumps: {args.tokens} tokens x {args.modules} modules x 3 files x 2 = {n or 'existing'} files "
-          f"({time.perf_counter() - t0:.1f} s to write)")
+    print(
+        f"dumps: {args.tokens} tokens x {args.modules} modules x 3 files x 2 = {n or 'existing'} files "
+        f"({time.perf_counter() - t0:.1f} s to write)"
+    )
     rows = [("this checkout", ROOT)] + ([("reference", args.ref)] if args.ref else [])
     results = {}
     for label, checkout in rows:

@@ -20,7 +20,9 @@ import pandas as pd
 from workbench.catalog import CATALOG_NAME, CatalogError, first_row, storage_message
 from workbench.catalog.readonly import connect_read_only, schema_version_of
 from workbench.catalog.schema import COMPARISON_VIEW, SCHEMA_VERSION, TABLES_DDL
-from workbench.formats.model import Dump, Node
+from workbench.formats.model import Dump, Node, TensorEntry
+
+INGEST_SLICE = 16384  # tensor rows built and inserted at a time
 
 __all__ = ["CATALOG_NAME", "CatalogError", "first_row", "ingest_dump", "open_catalog"]
 
@@ -164,29 +166,6 @@ def ingest_dump(con: duckdb.DuckDBPyConnection, dump: Dump) -> IngestResult:
     )
     for col in ("parent_id", "exec_order", "end_order", "layer"):
         nodes_df[col] = nodes_df[col].astype("Int64")
-    tensors_df = pd.DataFrame(
-        {
-            "tensor_id": range(len(dump.tensors)),
-            "token_id": [t.token for t in dump.tensors],
-            "node_id": [node_ids[t.node] for t in dump.tensors],
-            "io": [t.role for t in dump.tensors],
-            "idx": [t.index for t in dump.tensors],
-            "path": [t.path for t in dump.tensors],
-            "dtype": [t.dtype for t in dump.tensors],
-            "shape": [list(t.shape) if t.shape is not None else None for t in dump.tensors],
-            "layout": [t.layout for t in dump.tensors],
-            "numel": [_numel(t.shape) for t in dump.tensors],
-            "min": [t.stats.min if t.stats else None for t in dump.tensors],
-            "max": [t.stats.max if t.stats else None for t in dump.tensors],
-            "mean": [t.stats.mean if t.stats else None for t in dump.tensors],
-            "norm": [t.stats.norm if t.stats else None for t in dump.tensors],
-            "error": [t.error for t in dump.tensors],
-        }
-    )
-    tensors_df["numel"] = tensors_df["numel"].astype("Int64")
-    for col in ("min", "max", "mean", "norm"):
-        tensors_df[col] = tensors_df[col].astype("float64")
-
     con.execute("BEGIN TRANSACTION")
     try:
         row = first_row(con.execute("SELECT nextval('run_seq')"))
@@ -203,7 +182,7 @@ def ingest_dump(con: duckdb.DuckDBPyConnection, dump: Dump) -> IngestResult:
                 dump.model_name,
                 dump.order_source,
                 len(nodes_df),
-                len(tensors_df),
+                len(dump.tensors),
                 list(dump.problems),
                 json.dumps(dump.meta, default=str),
             ],
@@ -215,21 +194,51 @@ def ingest_dump(con: duckdb.DuckDBPyConnection, dump: Dump) -> IngestResult:
             [run_id],
         )
         con.unregister("_nodes_df")
-        con.register("_tensors_df", tensors_df)
-        con.execute(
-            "INSERT INTO tensors (run_id, tensor_id, token_id, node_id, io, idx, path, dtype, shape, layout, numel, "
-            "min, max, mean, norm, error) SELECT ?, tensor_id, token_id, node_id, io, idx, path, dtype, "
-            "shape::BIGINT[], layout, numel, min, max, mean, norm, error FROM _tensors_df",
-            [run_id],
-        )
-        con.unregister("_tensors_df")
+        # in slices: one DataFrame of a million files would be gigabytes of Python objects at once
+        for lo in range(0, len(dump.tensors), INGEST_SLICE):
+            con.register("_tensors_df", _tensor_frame(dump.tensors, lo, node_ids))
+            con.execute(
+                "INSERT INTO tensors (run_id, tensor_id, token_id, node_id, io, idx, path, dtype, shape, layout, "
+                "numel, min, max, mean, norm, error) SELECT ?, tensor_id, token_id, node_id, io, idx, path, dtype, "
+                "shape::BIGINT[], layout, numel, min, max, mean, norm, error FROM _tensors_df",
+                [run_id],
+            )
+            con.unregister("_tensors_df")
         con.execute("COMMIT")
     except BaseException as exc:
         # a failed COMMIT (disk full) has already ended the transaction: a ROLLBACK error must not hide it
         with contextlib.suppress(duckdb.Error):
             con.execute("ROLLBACK")
         raise exc
-    return IngestResult(run_id, False, len(nodes_df), len(tensors_df), list(dump.problems))
+    return IngestResult(run_id, False, len(nodes_df), len(dump.tensors), list(dump.problems))
+
+
+def _tensor_frame(tensors: list[TensorEntry], lo: int, node_ids: dict[str, int]) -> pd.DataFrame:
+    """Rows `lo`..`lo + INGEST_SLICE` of the `tensors` table (tensor_id = position in the dump)."""
+    part = tensors[lo : lo + INGEST_SLICE]
+    tensors_df = pd.DataFrame(
+        {
+            "tensor_id": range(lo, lo + len(part)),
+            "token_id": [t.token for t in part],
+            "node_id": [node_ids[t.node] for t in part],
+            "io": [t.role for t in part],
+            "idx": [t.index for t in part],
+            "path": [t.path for t in part],
+            "dtype": [t.dtype for t in part],
+            "shape": [list(t.shape) if t.shape is not None else None for t in part],
+            "layout": [t.layout for t in part],
+            "numel": [_numel(t.shape) for t in part],
+            "min": [t.stats.min if t.stats else None for t in part],
+            "max": [t.stats.max if t.stats else None for t in part],
+            "mean": [t.stats.mean if t.stats else None for t in part],
+            "norm": [t.stats.norm if t.stats else None for t in part],
+            "error": [t.error for t in part],
+        }
+    )
+    tensors_df["numel"] = tensors_df["numel"].astype("Int64")
+    for col in ("min", "max", "mean", "norm"):
+        tensors_df[col] = tensors_df[col].astype("float64")
+    return tensors_df
 
 
 def _end_orders(nodes: list[Node]) -> list[int | None]:

@@ -31,6 +31,9 @@ from workbench.core.progress import CompareCancelled, Progress, ProgressFn
 Judge = Callable[[PairResult], tuple[bool | None, list[str]]]
 
 
+FLUSH_ROWS = 4096  # buffered result rows (about 1 KB each, with their statistics rows) written at once
+
+
 class ResultSink:
     """Buffers worker results and writes them to the catalog in transactions."""
 
@@ -98,6 +101,8 @@ class ResultSink:
             self.stat_rows.append({"run_id": self.golden_run, "tensor_id": res.golden_tensor_id, **g, "error": None})
         if t:
             self.stat_rows.append({"run_id": self.test_run, "tensor_id": res.test_tensor_id, **t, "error": None})
+        if len(self.metric_rows) >= FLUSH_ROWS:  # one result may stand for thousands of hard-linked pairs
+            self.flush()
 
     def flush(self) -> None:
         if not self.metric_rows and not self.stat_rows:
@@ -302,13 +307,25 @@ def _take_early(
     return n
 
 
-def _tensor_info(frames: RunFrames) -> dict[int, tuple[str | None, str | None, Any]]:
-    """tensor_id -> (path, dtype, numel) of one run (dict lookups: pandas' per-row .loc is far slower)."""
-    t = frames.tensors
-    return {
-        int(tid): (none_if_na(p), none_if_na(d), none_if_na(n))
-        for tid, p, d, n in zip(t["tensor_id"], t["path"], t["dtype"], t["numel"])
-    }
+class _TensorInfo:
+    """tensor_id -> (path, dtype, numel) of one run, read from the frame's columns on demand: no per-tensor
+    tuples (a million-file dump would hold a million of them), and no pandas per-row `.loc` (far slower)."""
+
+    def __init__(self, frames: RunFrames) -> None:
+        t = frames.tensors
+        ids = t["tensor_id"].to_numpy()
+        self.path, self.dtype, self.numel = t["path"].to_numpy(), t["dtype"].to_numpy(), t["numel"].to_numpy()
+        dense = len(ids) == 0 or (int(ids[0]) == 0 and int(ids[-1]) == len(ids) - 1)  # ids are sorted and unique
+        self.pos = None if dense else {int(x): i for i, x in enumerate(ids)}
+
+    def __getitem__(self, tensor_id: int) -> tuple[str | None, str | None, Any]:
+        i = tensor_id if self.pos is None else self.pos[tensor_id]
+        return none_if_na(self.path[i]), none_if_na(self.dtype[i]), none_if_na(self.numel[i])
+
+
+def _tensor_info(frames: RunFrames) -> _TensorInfo:
+    """tensor_id -> (path, dtype, numel) of one run."""
+    return _TensorInfo(frames)
 
 
 def compute_pending(

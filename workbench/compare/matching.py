@@ -33,7 +33,7 @@ class RunFrames:
     run_id: int
     kind: str
     nodes: pd.DataFrame  # NODE_COLUMNS
-    tensors: pd.DataFrame  # tensor_id, token_id, node_id, io, idx, dtype, shape, numel, path, ...
+    tensors: pd.DataFrame  # tensor_id, token_id, node_id, io, idx, dtype, numel, path, error
 
     def by_name(self) -> dict[str, int]:
         return dict(zip(self.nodes["name"], self.nodes["node_id"]))

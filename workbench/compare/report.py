@@ -19,12 +19,21 @@ def write_msit_csv(con: duckdb.DuckDBPyConnection, cmp_id: int, out_dir: Path, t
     path = out_dir / f"msit_cmp_report_{stamp}.csv"
     cols = ", ".join(MSIT_CSV_COLUMNS)
     tok = "" if tokens is None else f" AND golden_token_id IN ({','.join(str(int(t)) for t in sorted(tokens))})"
-    df = con.execute(f"SELECT {cols}, passed FROM comparison WHERE cmp_id = ?{tok} ORDER BY data_id", [cmp_id]).df()
-    df["data_id"] = range(len(df))
-    # text cells a spreadsheet would evaluate as formulas get a leading quote (paths never start so)
-    for col in ("golden_op_type", "my_op_type", "cmp_fail_reason"):
-        df[col] = df[col].map(lambda v: f"'{v}" if isinstance(v, str) and v.startswith(_CSV_INJECTION) else v)
-    df.to_csv(path, index=False, na_rep="", float_format="%.10g")
+    result = con.execute(f"SELECT {cols}, passed FROM comparison WHERE cmp_id = ?{tok} ORDER BY data_id", [cmp_id])
+    done = 0
+    with open(path, "w", encoding="utf-8", newline="") as fh:
+        while True:  # in slices of 16k rows: a million-pair report never sits in memory at once
+            df = result.fetch_df_chunk(8)
+            if done and df.empty:
+                break
+            df["data_id"] = range(done, done + len(df))
+            # text cells a spreadsheet would evaluate as formulas get a leading quote (paths never start so)
+            for col in ("golden_op_type", "my_op_type", "cmp_fail_reason"):
+                df[col] = df[col].map(lambda v: f"'{v}" if isinstance(v, str) and v.startswith(_CSV_INJECTION) else v)
+            df.to_csv(fh, index=False, header=done == 0, na_rep="", float_format="%.10g")
+            done += len(df)
+            if df.empty:
+                break
     return path
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.core.files import MANIFEST_NAME, MODEL_TREE_NAME
+from workbench.formats.arrays import read_pth_array
 from workbench.formats.layers import inherit_layers, layer_from_name
 from workbench.formats.model import (
     Dump,
@@ -33,11 +34,10 @@ from workbench.formats.model import (
     TensorEntry,
     TensorStats,
     check_shape,
-    dtype_name,
     token_folder_problem,
     token_number,
 )
-from workbench.formats.scan import check_link, content_key, link_problem, list_dir, load_pth_lazy, pth_header, read_json
+from workbench.formats.scan import check_link, content_key, link_problem, list_dir, pth_header, read_json
 
 MANIFEST = MANIFEST_NAME
 MODEL_TREE = MODEL_TREE_NAME
@@ -294,9 +294,9 @@ def _scan_module(
         for idx, (_nums, path) in enumerate(sorted(by_role[role])):
             st = stats.pop((role, idx), None)
             try:
-                # headers need no torch; the data-flow order (no manifest) hashes payloads
-                t = load_pth_lazy(path) if hashes is not None else None
-                dt, shape = (dtype_name(t.dtype), tuple(int(d) for d in t.shape)) if t is not None else pth_header(path)
+                # headers need no torch; the data-flow order (no manifest) hashes payloads (torch-free too)
+                t = read_pth_array(path) if hashes is not None else None
+                dt, shape = (t.dtype, check_shape(path, t.shape)) if t is not None else pth_header(path)
             except DumpError as exc:
                 problems.append(str(exc))
                 out.append(

@@ -164,15 +164,18 @@ def npy_header(path: str) -> tuple[str, tuple[int, ...]]:
     return dtype_name(dtype), check_shape(path, tuple(int(d) for d in shape))
 
 
-def content_key(t: torch.Tensor) -> bytes:
-    """A digest of a tensor's dtype, shape and bytes (sampled above `FULL_HASH_BYTES`), for data-flow matching."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(f"{t.dtype}|{tuple(t.shape)}|".encode())
-    if t.numel() == 0:
-        return h.digest()
-    import torch
+def content_key(t: Any) -> bytes:
+    """A digest of a tensor's dtype, shape and bytes (sampled above `FULL_HASH_BYTES`), for data-flow matching.
 
-    flat = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+    `t` is a `RawTensor`, a numpy array or a torch tensor; the same content gives the same key either way."""
+    from workbench.formats.arrays import as_raw
+
+    raw = as_raw(t)
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{raw.dtype}|{raw.shape}|".encode())
+    if raw.numel == 0:
+        return h.digest()
+    flat = np.ascontiguousarray(raw.array).reshape(-1).view(np.uint8)
     n = flat.shape[0]
     if n <= FULL_HASH_BYTES:
         h.update(memoryview(flat))

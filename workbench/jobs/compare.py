@@ -145,6 +145,7 @@ def _read_ingest_compare(
                 progress(Progress("ingest", 0, 2))
             g_ing = ingest_dump(con, g_dump)
             t_ing = ingest_dump(con, t_dump)
+            del g_dump, t_dump  # the catalog holds them now: one Python object per file is memory the compare needs
             if progress:
                 progress(Progress("ingest", 2, 2))
             if cancel is not None and cancel.is_set():
