@@ -357,8 +357,8 @@ def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems:
                 else:
                     dtype, shape = pth_header(path)
             except DumpError as err:
-                exc = err if os.path.exists(path) else DumpError(path, "missing file")
-                problems.append(str(exc))
+                bad = err if os.path.exists(path) else DumpError(path, "missing file")
+                problems.append(str(bad))
                 out.append(
                     TensorEntry(
                         call.token,
@@ -369,7 +369,7 @@ def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems:
                         dtype=dtype,
                         shape=shape,  # type: ignore[arg-type]
                         stats=stats,
-                        error=exc.reason,
+                        error=bad.reason,
                     )
                 )
                 continue
