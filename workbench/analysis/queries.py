@@ -11,6 +11,7 @@ import pandas as pd
 
 from workbench.catalog import first_row
 from workbench.catalog.readonly import connect_read_only
+from workbench.core.text import printable
 
 QUERIES_DIR = Path(__file__).resolve().parents[2] / "queries"
 
@@ -67,6 +68,8 @@ def format_df(df: pd.DataFrame, fmt: str, limit: int = 200) -> str:
     if fmt == "json":
         return json.dumps(json.loads(df.to_json(orient="records", date_format="iso")), indent=1) + "\n"
     shown = df if limit <= 0 else df.head(limit)
+    # a cell holding a file name with a newline or an escape sequence must not break or drive the terminal
+    shown = shown.map(lambda v: printable(v) if isinstance(v, str) else v)
     with pd.option_context("display.max_columns", None, "display.width", 200, "display.max_colwidth", 60):
         text = shown.to_string(index=False) if len(shown) else "(no rows)"
     if limit > 0 and len(df) > limit:
