@@ -85,7 +85,8 @@ def load_frames(con: duckdb.DuckDBPyConnection, run_id: int) -> RunFrames:
         [run_id],
     ).df()
     tensors = con.execute(
-        "SELECT tensor_id, token_id, node_id, io, idx, path, dtype, shape, numel, layout, error FROM tensors "
+        "SELECT tensor_id, token_id, node_id, io, idx, path, dtype, shape, numel, layout, error, norm, mean "
+        "FROM tensors "
         "WHERE run_id = ? ORDER BY tensor_id",
         [run_id],
     ).df()
@@ -835,7 +836,8 @@ def summarize_comparison(
         con.execute(
             "SELECT count(*), count(*) FILTER (WHERE passed = false), "
             "count(*) FILTER (WHERE passed IS NULL), "
-            "count(*) FILTER (WHERE cmp_fail_reason LIKE 'data shape doesn''t match%') FROM metrics "
+            "count(*) FILTER (WHERE cmp_fail_reason LIKE 'data shape doesn''t match%' "
+            "OR cmp_fail_reason LIKE 'not comparable%') FROM metrics "
             "WHERE cmp_id = ? AND pair_id IN (SELECT pair_id FROM _ids)",
             [cmp_id],
         )
