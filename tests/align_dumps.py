@@ -8,6 +8,9 @@ singleton). Golden: a 3-layer tiny Llama in float32. Test: the same weights in b
   counter of every later multiply;
 * msit (module dumps): an extra module inserted into `model.layers` at index 1 (`Scale`, `x * 1.0`), so
   every later layer's module path shifts by one (`layers.1` -> `layers.2`).
+
+Also a run with a planted anomaly for the anomaly check (`planted`): layer 1's `mlp.down_proj` writes
++Inf into one element of its output (in its own forward, so every dumper records the poisoned output).
 """
 
 from __future__ import annotations
@@ -64,6 +67,22 @@ def with_extra_module(model: nn.Module) -> nn.Module:
     return model
 
 
+PLANTED = ("model.layers.1.mlp.down_proj", (0, 2, 3))  # module path, element index of its output
+
+
+def with_planted_inf(model: nn.Module) -> nn.Module:
+    lin = model.get_submodule(PLANTED[0])
+    plain = type(lin).forward
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        out = plain(lin, x).clone()
+        out[PLANTED[1]] = float("inf")
+        return out
+
+    lin.forward = forward  # type: ignore[method-assign]
+    return model
+
+
 def prompt() -> torch.Tensor:
     return torch.randint(0, 256, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(0))
 
@@ -91,23 +110,28 @@ def msprobe_pair(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg))
     dbg = PrecisionDebugger(config_path=str(out / "config.json"), dump_path=str(out / "raw"))
-    for model in (llama3(), with_extra_mul(llama3().to(torch.bfloat16))):
+    for model in (llama3(), with_extra_mul(llama3().to(torch.bfloat16)), with_planted_inf(llama3())):
         dbg.start(model=model)
         _forwards(model, 1)
         dbg.stop()
         dbg.step()
     # one debugger per process numbers the runs as steps; each run becomes its own dump at step 0
-    for name, step in (("golden", "step0"), ("test", "step1")):
+    for name, step in (("golden", "step0"), ("test", "step1"), ("planted", "step2")):
         (out / name).mkdir()
         shutil.move(str(out / "raw" / step), str(out / name / "step0"))
 
 
 def msit_pair(out: Path, which: str) -> Path:
-    """One run dumped by msit's own `register_hook` (which = golden | test); returns the device folder."""
+    """One run dumped by msit's own `register_hook` (which = golden | test | planted); returns the device folder.
+
+    The planted run writes tensors and statistics (`dump_statistics_mode=2`)."""
     from msit_llm import DumpConfig, register_hook
 
-    model = llama3() if which == "golden" else with_extra_module(llama3().to(torch.bfloat16))
-    register_hook(model, DumpConfig(dump_path=str(out / which), token_range=[0, 1]))
+    models = {"golden": llama3, "test": lambda: with_extra_module(llama3().to(torch.bfloat16))}
+    models["planted"] = lambda: with_planted_inf(llama3())
+    model = models[which]()
+    stats_mode = 2 if which == "planted" else 0
+    register_hook(model, DumpConfig(dump_path=str(out / which), token_range=[0, 1], dump_statistics_mode=stats_mode))
     _forwards(model, 2)
     return next((out / which).glob("msit_dump_*/torch_tensors/*"))
 
