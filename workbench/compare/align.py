@@ -32,6 +32,8 @@ import pandas as pd
 MAX_EDITS = 2000  # beyond this many differences in one scope, Myers' trace costs more than it is worth
 _MAX_RUN_CELLS = 250_000  # size bound of the statistics re-alignment of one run of equal keys
 
+Shapes = tuple[tuple[str, int, tuple[int, ...] | None], ...]
+Key = tuple[str, str | None, Shapes]  # type, own module name, tensor shapes at the first token
 _MSPROBE_MODULE = re.compile(r"^(?:Module|Cell)\.(.+)\.[^.]+\.forward(?:#\d+)?$")
 _INDEXED = re.compile(r"^\d+_")
 
@@ -59,7 +61,7 @@ class StreamSide:
     children: dict[int | None, list[int]]
     name: dict[int, str]
     type: dict[int, str]
-    key: dict[int, Hashable]
+    key: dict[int, Key]
     stats: dict[int, dict[tuple[str, int], float]]
 
     @classmethod
@@ -85,7 +87,7 @@ class StreamSide:
 
 def _first_token_tensors(
     tensors: pd.DataFrame, roles: set[str]
-) -> tuple[dict[int, tuple[tuple[str, int, tuple[int, ...] | None], ...]], dict[int, dict[tuple[str, int], float]]]:
+) -> tuple[dict[int, Shapes], dict[int, dict[tuple[str, int], float]]]:
     """Per node: the shapes of its tensors at its first token, and one statistic (norm, else mean) per tensor."""
     if tensors is None or len(tensors) == 0 or "node_id" not in tensors:
         return {}, {}
@@ -314,9 +316,6 @@ def align_scope(g: StreamSide, t: StreamSide, gs: list[int], ts: list[int]) -> l
         rest_g = [x for x in g_gap if x not in used_g]
         rest_t = [y for y in t_gap if y not in used_t]
         if rest_g and len(rest_g) == len(rest_t):
-            if all(
-                (g.type[x], g.key[x][1]) == (t.type[y], t.key[y][1])  # type: ignore[index]
-                for x, y in zip(rest_g, rest_t)
-            ):
+            if all((g.type[x], g.key[x][1]) == (t.type[y], t.key[y][1]) for x, y in zip(rest_g, rest_t)):
                 out.extend((x, y, "type") for x, y in zip(rest_g, rest_t))
     return out

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import cast
 
 import pandas as pd
 
@@ -66,7 +67,7 @@ AutoMatcher = Callable[[RunFrames, RunFrames, set[int]], list[NodeMatch]]
 
 
 def _layer_key(v: object) -> int | None:
-    return None if v is None or pd.isna(v) else int(v)  # type: ignore[arg-type]
+    return None if v is None or pd.isna(v) else int(cast(float, v))
 
 
 def _ordered(nodes: pd.DataFrame) -> pd.DataFrame:
@@ -183,10 +184,10 @@ def _aligned(ctx: MatchContext) -> list[NodeMatch]:
     # nodes outside every aligned scope (a parent that only one run has): identical names and types
     t_names = {name: nid for nid, name in t.name.items() if nid not in paired_t and nid not in ctx.taken_test}
     for gid, name in g.name.items():
-        tid = t_names.get(name)
-        if gid in paired_g or gid in ctx.taken or tid is None or g.type[gid] != t.type[tid]:
+        other = t_names.get(name)
+        if gid in paired_g or gid in ctx.taken or other is None or g.type[gid] != t.type[other]:
             continue
-        out.append(NodeMatch(gid, tid, "name", 1.0, "identical name"))
+        out.append(NodeMatch(gid, other, "name", 1.0, "identical name"))
     return out
 
 
