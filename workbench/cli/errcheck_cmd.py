@@ -6,11 +6,14 @@ import csv
 import io
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from workbench.cli.common import ProgressPrinter, app, guarded
+
+if TYPE_CHECKING:
+    from workbench.analysis.errcheck import ErrcheckResult
 
 EXIT_ANOMALY = 1  # exit status when an anomaly is found (0: none, 2: bad input)
 _COLUMNS = ("kind", "token", "op", "op_type", "tensor", "count", "inputs", "ops", "module_chain")
@@ -65,7 +68,7 @@ class _Step:
         self.stage, self.done, self.total, self.rate = "errcheck", done, total, None
 
 
-def _table(res) -> str:  # type: ignore[no-untyped-def]
+def _table(res: ErrcheckResult) -> str:
     tokens = f"tokens {res.tokens[0]}-{res.tokens[-1]}" if res.tokens else "no tokens"
     source = f"{res.tensors_read} tensors read"
     if res.tensors_from_stats:
