@@ -259,3 +259,25 @@ def test_same_count_other_layout_is_not_comparable(tmp_path: Path) -> None:
     assert rows[("root.b", "in")][1] is None and rows[("root.b", "in")][0] == pytest.approx(1.0)
     assert rows[("root.c", "in")][1] is None  # same shape [1, 24], other values: compared, and it fails
     assert rows[("root.c", "in")][2] is False
+
+
+def test_torch_vs_atb_layouts_leave_cmp_fail_reason_empty(demo_catalog: Path) -> None:
+    """The demo (torch golden vs ATB test): batch squeezed, heads split; compared, the rule kept in `transform`."""
+    con = duckdb.connect(str(demo_catalog), read_only=True)
+    try:
+        reasons = con.execute("SELECT count(*) FROM metrics WHERE cmp_fail_reason IS NOT NULL").fetchone()
+        rules = dict(
+            con.execute(
+                "SELECT regexp_extract(transform, 'layout:([a-z-]+)', 1) AS rule, count(*) FROM matches "
+                "WHERE transform LIKE '%layout:%' GROUP BY rule"
+            ).fetchall()
+        )
+        differ = con.execute(
+            "SELECT count(*), count(*) FILTER (WHERE cosine_similarity IS NOT NULL) FROM comparison "
+            "WHERE golden_shape <> my_shape"
+        ).fetchone()
+    finally:
+        con.close()
+    assert reasons == (0,)
+    assert rules.get("squeeze", 0) > 100 and rules.get("merge-dims", 0) > 0
+    assert differ is not None and differ[0] > 100 and differ[0] == differ[1]

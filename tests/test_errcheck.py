@@ -174,6 +174,43 @@ def test_fp16_overflow_and_saturation(tmp_path: Path, head: nn.Module, kinds: se
         assert found[kind]["op"] == "root.head" and found[kind]["inputs"] == "normal"
 
 
+class _WriteNan(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2.0
+        y[0, 1] = float("nan")  # a module that writes NaN into one element
+        return y
+
+
+class _Wrap(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _WriteNan()
+        self.after = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.after(self.inner(x))
+
+
+def test_planted_nan_names_the_inner_module_not_its_parent(tmp_path: Path) -> None:
+    from workbench.dump import DumpConfig, register_hook
+
+    net = nn.Sequential(nn.Linear(4, 4), _Wrap()).eval()
+    handle = register_hook(net, DumpConfig(dump_path=str(tmp_path), token_range=[0]))
+    with torch.no_grad():
+        net(torch.ones(1, 4))
+    handle.remove()
+    code, found = _first(next(tmp_path.glob("msit_dump_*/torch_tensors/*")))
+    assert code == 1 and set(found) == {"nan"}
+    nan = found["nan"]
+    assert (nan["op"], nan["count"], nan["inputs"], nan["module_chain"]) == (
+        "root.1.inner",
+        1,
+        "normal",
+        "root > root.1 > root.1.inner",
+    )
+    assert nan["ops"] == 4  # inner, after (its input and output), the wrapper, the model
+
+
 def test_bad_input_is_one_line(tmp_path: Path) -> None:
     res = run_wb("errcheck", str(tmp_path))
     assert res.returncode == 2 and "Traceback" not in res.stderr

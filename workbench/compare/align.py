@@ -27,6 +27,7 @@ from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 MAX_EDITS = 2000  # beyond this many differences in one scope, Myers' trace costs more than it is worth
@@ -106,13 +107,20 @@ def _first_token_tensors(
         cols.append(t[c])
     for row in zip(*cols):
         nid, io, idx, shape = int(row[0]), str(row[1]), int(row[2]), row[3]
-        shp = None if shape is None or isinstance(shape, float) else tuple(int(d) for d in shape)
+        shp = shape_tuple(shape)
         shapes[nid].append((io, idx, shp))
         for v in row[4:]:
             if v is not None and not pd.isna(v):
                 stats[nid][(io, idx)] = float(v)
                 break
     return {n: tuple(sorted(v)) for n, v in shapes.items()}, dict(stats)
+
+
+def shape_tuple(shape: object) -> tuple[int, ...] | None:
+    """A catalog shape cell (list, array; None/NaN/NA when the file was unreadable) as a tuple."""
+    if isinstance(shape, list | tuple | np.ndarray):
+        return tuple(int(d) for d in shape)
+    return None
 
 
 def _text(x: object) -> str:

@@ -31,7 +31,7 @@ from typing import cast
 
 import pandas as pd
 
-from workbench.compare.align import StreamSide, align_scope
+from workbench.compare.align import StreamSide, align_scope, shape_tuple
 from workbench.compare.layout import layout_rule, shape_after, with_layout
 from workbench.compare.mapping import MappingFile, TensorSel
 
@@ -350,8 +350,8 @@ def _shapes(frames: RunFrames, ids: pd.Series) -> list[list[int] | None]:
     by_id = dict(zip(frames.tensors["tensor_id"], frames.tensors["shape"]))
     out: list[list[int] | None] = []
     for tid in ids:
-        s = by_id.get(tid)
-        out.append(None if s is None or isinstance(s, float) else [int(d) for d in s])
+        shape = shape_tuple(by_id.get(tid))
+        out.append(None if shape is None else list(shape))
     return out
 
 
