@@ -6,7 +6,7 @@ is difflib's `SequenceMatcher` (what a plain Python diff would use; msprobe's fu
 Prints the time of each and the ratio reference/ours (higher is better), and checks both find the same number of
 pairs where the LCS is unique enough to tell.
 
-    PYTHONPATH=. .venv/bin/python bench/bench_align.py [--sizes 10000,100000] [--edits 4]
+    PYTHONPATH=. .venv/bin/python bench/bench_align.py [--sizes 2000,10000,30000] [--edits 4]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _best(fn: object, repeat: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="10000,100000")
+    ap.add_argument("--sizes", default="2000,10000,30000")
     ap.add_argument("--edits", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
