@@ -9,7 +9,8 @@ already abnormal (it came from outside the dump, e.g. the model input).
 Kinds:
 - `nan`, `+inf`, `-inf`: in an op's outputs;
 - `fp16_overflow`: a float32/bfloat16/float64 input with finite |x| > 65504 (float16's largest value)
-  to an op that outputs float16 (a cast or an fp16 op): the values cannot survive the cast;
+  to an op that outputs float16 (a cast) or takes other float16 inputs (an fp16 op): the values cannot
+  survive the cast;
 - `saturation`: output elements at exactly +/- the largest finite value of a float16/bfloat16 tensor
   (how saturation-mode hardware clamps an overflow instead of writing Inf).
 
@@ -205,7 +206,7 @@ def _kinds_of(place: _Place, role: str) -> dict[str, tuple[int | None, str]]:
             else:
                 prev, label = found[kind]
                 found[kind] = (None if prev is None or n is None else prev + n, label)
-    if role == "in" and "float16" in place.out_dtypes:
+    if role == "in" and "float16" in (*place.out_dtypes, *place.in_dtypes):  # a cast to fp16, or an fp16 op
         for idx in sorted(tensors):
             c = tensors[idx]
             if c is None or c.over_fp16 == 0:
