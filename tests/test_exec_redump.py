@@ -145,3 +145,49 @@ def test_redump_without_a_recorded_command(tmp_path: Path) -> None:
     assert (argv, cwd, zero) == (["/py", "run.py", "x"], str(tmp_path), False)
     proc = run_wb("redump", NODE, "--catalog", str(tmp_path / "none.duckdb"))
     assert proc.returncode == 2 and "no such catalog" in proc.stderr
+
+
+PILOT_NODE = "root.model.layers.0.mlp"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_pilot_precheck_then_redump_then_precheck(compared: Path, anyio_backend: str) -> None:
+    """End to end: select an op, `p` (statistics only: cannot run), `d` re-dumps it, the detail pane refreshes
+    with full tensors, `p` again gives the verdict."""
+    from tests.test_app_pilot import _text, ready, wait_for
+    from workbench.app.launch import make_app
+    from workbench.app.opcause import PrecheckPanel, RedumpScreen
+    from workbench.app.trees import TopologyTree
+
+    con = duckdb.connect(str(compared), read_only=True)
+    row = con.execute(
+        "SELECT n.node_id FROM nodes n JOIN comparisons c ON n.run_id = c.golden_run WHERE n.name = ?", [PILOT_NODE]
+    ).fetchone()
+    con.close()
+    assert row is not None
+    gid = int(row[0])
+    app = make_app(catalog=compared)
+    async with app.run_test(size=(160, 48)) as pilot:
+        screen = await ready(pilot, app)
+        screen.set_token(2)
+        screen.select_node(gid)
+        await pilot.pause(0.2)
+        panel = screen.query_one(PrecheckPanel)
+        await pilot.press("p")
+        await wait_for(pilot, lambda: "statistics only" in _text(panel), timeout=60)
+        assert _pairs(compared, PILOT_NODE, 2)[0][0] is None
+        await pilot.press("d")
+        await wait_for(pilot, lambda: isinstance(app.screen, RedumpScreen), timeout=10)
+        # no catalog access from here while the job writes it (one process: a read-only connection would clash)
+        await wait_for(pilot, lambda: app.screen is screen, timeout=300)
+        await wait_for(pilot, lambda: app.explorer is not None and screen.explorer is app.explorer, timeout=60)
+        notes = [n.message for n in app._notifications]
+        assert any("tensors now full" in n for n in notes), notes
+        assert _pairs(compared, PILOT_NODE, 2)[0][0] is not None
+        detail = screen.query_one("#detail")
+        await wait_for(pilot, lambda: PILOT_NODE in _text(detail) and "cosine" in _text(detail), timeout=30)
+        await pilot.press("p")
+        await wait_for(pilot, lambda: "precheck PASS" in _text(panel), timeout=60)
+        golden_tree = screen.query_one("#golden-tree", TopologyTree)
+        assert golden_tree.badges[(gid, 2)][0] == "✓ precheck"
