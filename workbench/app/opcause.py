@@ -26,7 +26,7 @@ from workbench.analysis.precheck import PrecheckResult
 
 if TYPE_CHECKING:
     from workbench.analysis.explore import Explorer
-    from workbench.jobs.redump import RedumpProgress
+    from workbench.core.progress import Progress
 
 
 @dataclass
@@ -39,7 +39,7 @@ class PrecheckReady(Message):
 
 @dataclass
 class RedumpStep(Message):
-    progress: RedumpProgress
+    progress: Progress
 
 
 @dataclass
@@ -113,7 +113,7 @@ class RedumpScreen(Screen[None]):
             yield Static("", id="message")
         yield Footer()
 
-    def step(self, p: RedumpProgress) -> None:
+    def step(self, p: Progress) -> None:
         self.query_one("#stage", Static).update(p.stage)
         self.query_one("#bar", ProgressBar).update(total=p.total, progress=p.done)
         self.query_one("#message", Static).update(p.message)

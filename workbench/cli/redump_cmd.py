@@ -28,7 +28,8 @@ def redump(
     out; the new dump is ingested into the same catalog and the comparison's pairs of the op are recomputed."""
     from workbench.catalog import first_row
     from workbench.catalog.store import open_catalog
-    from workbench.jobs.redump import RedumpCancelled, RedumpError, RedumpProgress, run_redump
+    from workbench.core.progress import Progress
+    from workbench.jobs.redump import RedumpCancelled, RedumpError, run_redump
 
     if side not in ("test", "golden"):
         raise fail(f"--side must be test or golden, not {side!r}")
@@ -44,7 +45,7 @@ def redump(
         cid = int(row[0])
     tty = sys.stderr.isatty()
 
-    def show(p: RedumpProgress) -> None:
+    def show(p: Progress) -> None:
         if tty:
             sys.stderr.write(f"\r[{p.done}/{p.total}] {p.stage[:60]}  {p.message[:60]}".ljust(120))
             sys.stderr.flush()

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ import duckdb
 import pandas as pd
 
 from workbench.core.files import REDUMP_ENV
+from workbench.core.progress import Progress, ProgressFn
 
 REDUMP_DIR = "wb_redump"  # next to the catalog: one folder per re-dump
 
@@ -38,19 +38,6 @@ class RedumpError(Exception):
 
 class RedumpCancelled(RedumpError):
     """The user cancelled; nothing was changed."""
-
-
-@dataclass(frozen=True, slots=True)
-class RedumpProgress:
-    """Where the job stands: `stage` text, `done` of `total` steps, the last line the process printed."""
-
-    stage: str
-    done: int
-    total: int
-    message: str = ""
-
-
-ProgressFn = Callable[[RedumpProgress], None]
 
 
 @dataclass(slots=True)
@@ -161,7 +148,7 @@ def run_redump(
 
     cat = Path(catalog)
     report = progress or (lambda p: None)
-    report(RedumpProgress("planning", 0, 4))
+    report(Progress("planning", 0, 4))
     con = open_catalog(cat, read_only=True)
     try:
         plan = plan_redump(con, cmp_id, golden_node, token, cat, side)
@@ -169,17 +156,17 @@ def run_redump(
         con.close()
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     log = plan.out_dir / "redump.log"
-    report(RedumpProgress(f"running {' '.join(plan.argv)[:100]}", 1, 4))
+    report(Progress(f"running {' '.join(plan.argv)[:100]}", 1, 4))
     _run(plan, log, report, cancel, timeout_s)
-    report(RedumpProgress("reading the new dump", 2, 4))
+    report(Progress("reading the new dump", 2, 4))
     dump_dir = _new_dump(plan)
-    report(RedumpProgress("ingesting and recomputing pairs", 3, 4))
+    report(Progress("ingesting and recomputing pairs", 3, 4))
     con = open_catalog(cat)
     try:
         result = _ingest(con, plan, dump_dir, log)
     finally:
         con.close()
-    report(RedumpProgress("done", 4, 4))
+    report(Progress("done", 4, 4))
     return result
 
 
@@ -207,7 +194,7 @@ def _run(
             if cancel is not None and cancel.is_set():
                 raise RedumpCancelled("re-dump cancelled; nothing was changed")
             raise RedumpError(f"the re-run took longer than {timeout_s:g} s and was stopped (log: {log})")
-        report(RedumpProgress(f"running {' '.join(plan.argv)[:100]}", 1, 4, _last_line(log)))
+        report(Progress(f"running {' '.join(plan.argv)[:100]}", 1, 4, _last_line(log)))
         time.sleep(0.2)
     if proc.returncode != 0:
         raise RedumpError(
@@ -252,7 +239,8 @@ def _new_dump(plan: RedumpPlan) -> Path:
 def _ingest(con: duckdb.DuckDBPyConnection, plan: RedumpPlan, dump_dir: Path, log: Path) -> RedumpResult:
     from workbench.analysis.born import refresh_verdicts
     from workbench.catalog.store import ingest_dump
-    from workbench.compare.pipeline import compute_pending, load_frames
+    from workbench.compare.executor import compute_pending
+    from workbench.compare.pair_store import load_frames
     from workbench.compare.thresholds import Thresholds
     from workbench.formats.detect import open_dump
 
