@@ -657,13 +657,25 @@ def _attention_parts(op: TorchOp, token: int) -> tuple[Tensor, Tensor, Tensor, T
     return qh, kh, vh, mask, cq + ck + cv
 
 
+def _starts_at_position_zero(op: TorchOp) -> bool:
+    """Whether this call's first query is position 0 (a prefill, no cache): from position_ids, else from sin
+    (all zero at position 0)."""
+    pos = op.named("position_ids")
+    if pos is not None and not pos.dtype.is_floating_point and pos.numel():
+        return int(pos.min()) == 0
+    sin = op.named("position_embeddings.1")
+    if sin is not None and sin.dim() >= 2:
+        return bool((sin[..., 0, :] == 0).all())
+    return op.token == 0
+
+
 def _attention(op: TorchOp) -> list[Check]:
     qh, kh, vh, mask, checks = _attention_parts(op, op.token)
     x = op.named("hidden_states")
     dt = (x if x is not None else op.ins[0]).dtype
     past = [t for t in op.source.tokens(op.name) if t < op.token]
     note = None
-    if past:
+    if not _starts_at_position_zero(op):
         if past != list(range(op.token)):
             missing = sorted(set(range(op.token)) - set(past))
             raise CannotRun(f"decode token {op.token}: the KV cache needs tokens {missing}, which were not dumped")

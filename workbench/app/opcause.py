@@ -83,9 +83,10 @@ def render_precheck(result: PrecheckResult | None, error: str | None, token: int
 class PrecheckPanel(Static):
     """The precheck section under the detail pane."""
 
-    DEFAULT_CSS = "PrecheckPanel { margin-top: 1; }"
+    DEFAULT_CSS = "PrecheckPanel { margin-top: 1; display: none; }"  # shown by the first precheck
 
     def show(self, result: PrecheckResult | None, error: str | None, token: int) -> None:
+        self.display = True
         self.update(render_precheck(result, error, token))
 
 
@@ -141,6 +142,7 @@ class OpCauseActions:
         target = self._target()
         if target is not None:
             panel = self.query_one(PrecheckPanel)  # type: ignore[attr-defined]
+            panel.display = True
             panel.update(Text("precheck: re-running the op ...", style="dim"))
             self._precheck_worker(*target)
 
