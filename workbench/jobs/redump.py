@@ -30,6 +30,7 @@ from workbench.core.files import REDUMP_ENV
 from workbench.core.progress import Progress, ProgressFn
 
 REDUMP_DIR = "wb_redump"  # next to the catalog: one folder per re-dump
+_NOT_RERUNNABLE = {"ipython", "jupyter", "jupyter-notebook", "jupyter-lab", "py.test"}
 
 
 class RedumpError(Exception):
@@ -76,6 +77,9 @@ def _recorded_command(meta: dict[str, Any]) -> tuple[list[str], str, bool]:
     if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
         raise RedumpError("the run has no recorded command (only dumps written by wb's dumper record one)")
     script = command[0]
+    base = os.path.basename(script)
+    if base in _NOT_RERUNNABLE or base.startswith("ipykernel") or "pytest" in base:
+        raise RedumpError(f"the run was dumped from {base} (a test runner or notebook): no command to re-run")
     if script in ("-c", "") or script.startswith("<"):
         raise RedumpError(f"the recorded command cannot be re-run ({' '.join(command)[:80]})")
     if script.endswith(".py") or os.path.isfile(os.path.join(cwd, script)):
@@ -194,7 +198,7 @@ def _run(
             if cancel is not None and cancel.is_set():
                 raise RedumpCancelled("re-dump cancelled; nothing was changed")
             raise RedumpError(f"the re-run took longer than {timeout_s:g} s and was stopped (log: {log})")
-        report(Progress(f"running {' '.join(plan.argv)[:100]}", 1, 4, _last_line(log)))
+        report(Progress(f"running {' '.join(plan.argv)[:100]}", 1, 4, message=_last_line(log)))
         time.sleep(0.2)
     if proc.returncode != 0:
         raise RedumpError(
