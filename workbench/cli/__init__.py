@@ -12,7 +12,16 @@ import sys
 import traceback
 from pathlib import Path
 
-from workbench.cli import catalog_cmds, compare_cmd, demo_cmd, open_cmd, precheck_cmd  # noqa: F401  (registration)
+from workbench.cli import (  # noqa: F401  (registration)
+    catalog_cmds,
+    compare_cmd,
+    demo_cmd,
+    dump_cmd,
+    errcheck_cmd,
+    open_cmd,
+    precheck_cmd,
+    redump_cmd,
+)
 from workbench.cli.common import EXIT_CRASH, REPORT_AT, Terminated, app
 
 

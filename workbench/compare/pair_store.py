@@ -41,8 +41,8 @@ def load_frames(con: duckdb.DuckDBPyConnection, run_id: int) -> RunFrames:
         [run_id],
     ).df()
     tensors = con.execute(
-        # no shape/layout: matching needs element counts only, and a million shape arrays cost ~100 MB
-        "SELECT tensor_id, token_id, node_id, io, idx, path, dtype, numel, error FROM tensors "
+        "SELECT tensor_id, token_id, node_id, io, idx, path, dtype, shape, numel, layout, error, norm, mean "
+        "FROM tensors "
         "WHERE run_id = ? ORDER BY tensor_id",
         [run_id],
     ).df()
