@@ -21,6 +21,7 @@ from typing import Any
 import duckdb
 import pandas as pd
 
+from workbench.analysis.advisor import SIGNIFICANT
 from workbench.analysis.born import refresh_verdicts
 from workbench.catalog.schema import ALL_METRICS
 from workbench.catalog.store import first_row, ingest_dump, open_catalog
@@ -52,6 +53,18 @@ class CompareCancelled(Exception):
     """The user cancelled; everything committed so far is kept and consistent."""
 
 
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """The advisor's most likely origin of a token's error (rank 1 of the `advice` table)."""
+
+    golden_node: str
+    test_node: str | None
+    score: float
+    reason: str
+    evidence: str | None = None
+    stands_out: bool = False  # the score says it stands out of its peers' noise
+
+
 @dataclass(slots=True)
 class CompareResult:
     cmp_id: int
@@ -71,6 +84,7 @@ class CompareResult:
     born: dict[int, str | None] = field(default_factory=dict)
     born_test: dict[int, str | None] = field(default_factory=dict)
     born_evidence: dict[int, str] = field(default_factory=dict)
+    origins: dict[int, Origin] = field(default_factory=dict)  # the advisor's first op per token
     first_failing_token: int | None = None
     problems: list[str] = field(default_factory=list)
     coverage: dict[str, Any] = field(default_factory=dict)
@@ -537,14 +551,18 @@ def compute_pending(
                 sizes.append(tensor_bytes(numel, dtype))
 
     node_info = {
-        int(n): (str(nm), str(tp) if tp is not None else "")
-        for n, nm, tp in zip(golden.nodes["node_id"], golden.nodes["name"], golden.nodes["type"])
+        int(n): (str(nm), str(tp) if tp is not None else "", pd.isna(parent))
+        for n, nm, tp, parent in zip(
+            golden.nodes["node_id"], golden.nodes["name"], golden.nodes["type"], golden.nodes["parent_id"]
+        )
     }
     pair_node = dict(zip(pairs["pair_id"].astype(int), pairs["golden_node_id"].astype(int)))
     pair_dtype = {int(p): t_info[int(tid)][1] for p, tid in zip(pairs["pair_id"], pairs["test_tensor_id"])}
+    pair_io = dict(zip(pairs["pair_id"].astype(int), pairs["io"].astype(str)))
 
     def judge(res: dict[str, Any]) -> tuple[bool | None, list[str]]:
-        return _judge(thresholds, res, node_info[pair_node[res["pair_id"]]], pair_dtype[res["pair_id"]])
+        pid = res["pair_id"]
+        return _judge(thresholds, res, node_info[pair_node[pid]], pair_dtype[pid], pair_io[pid])
 
     sink = _ResultSink(con, cmp_id, golden.run_id, test.run_id, judge)
     sink.aliases = aliases
@@ -555,9 +573,12 @@ def compute_pending(
 
 
 def _judge(
-    thresholds: Thresholds, res: dict[str, Any], node: tuple[str, str], dtype: str | None
+    thresholds: Thresholds, res: dict[str, Any], node: tuple[str, str, bool], dtype: str | None, io: str
 ) -> tuple[bool | None, list[str]]:
-    """Pass/fail of one pair: NaN/Inf on the test side that the golden side does not have fails it."""
+    """Pass/fail of one pair: NaN/Inf on the test side that the golden side does not have fails it.
+
+    `node` is (name, type, is the model's root); rules such as the logits rule judge outputs only.
+    """
     values = res["values"]
     if not values or all(values.get(m) is None for m in ALL_METRICS):
         g, t = res.get("golden") or {}, res.get("test") or {}
@@ -568,14 +589,21 @@ def _judge(
     t_bad = (t.get("nan_count") or 0) + (t.get("inf_count") or 0)
     mismatch = t_bad > 0 and (t.get("nan_count"), t.get("inf_count")) != (g.get("nan_count"), g.get("inf_count"))
     return thresholds.judge(
-        values, dtype or "float32", node_name=node[0], node_type=node[1], nan_inf_mismatch=bool(mismatch)
+        values,
+        dtype or "float32",
+        node_name=node[0],
+        node_type=node[1],
+        nan_inf_mismatch=bool(mismatch),
+        io=io,
+        is_model=node[2],
     )
 
 
 def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds) -> None:
     """Apply new thresholds to every computed pair of a comparison (no tensor is read)."""
     df = con.execute(
-        "SELECT x.*, gn.name AS _node, gn.type AS _type, tt.dtype AS _dtype FROM metrics x "
+        "SELECT x.*, gn.name AS _node, gn.type AS _type, gn.parent_id IS NULL AS _root, m.io AS _io, "
+        "tt.dtype AS _dtype FROM metrics x "
         "JOIN matches m USING (cmp_id, pair_id) JOIN comparisons c USING (cmp_id) "
         "JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id "
         "JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id "
@@ -591,7 +619,8 @@ def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds)
             "golden": {"nan_count": _none(r["golden_nan_count"]), "inf_count": _none(r["golden_inf_count"])},
             "test": {"nan_count": _none(r["my_nan_count"]), "inf_count": _none(r["my_inf_count"])},
         }
-        p, over = _judge(thresholds, res, (str(r["_node"]), str(r["_type"] or "")), _none(r["_dtype"]))
+        node = (str(r["_node"]), str(r["_type"] or ""), bool(r["_root"]))
+        p, over = _judge(thresholds, res, node, _none(r["_dtype"]), str(r["_io"]))
         passed.append(p)
         failed.append(",".join(over) if over else None)
     upd = pd.DataFrame({"pair_id": df["pair_id"], "passed": pd.array(passed, dtype="boolean"), "failed": failed})
@@ -873,6 +902,16 @@ def summarize_comparison(
         res.born_test[int(tok)] = tname
         if why:
             res.born_evidence[int(tok)] = why
+    for tok, gname, tname, score, reason, why in con.execute(
+        "SELECT a.token_id, gn.name, tn.name, a.score, a.reason, a.evidence FROM advice a "
+        "JOIN comparisons c USING (cmp_id) JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = a.golden_node_id "
+        "LEFT JOIN nodes tn ON tn.run_id = c.test_run AND tn.node_id = a.test_node_id "
+        f"WHERE a.cmp_id = ? AND a.rank = 1{tok_filter.replace('b.', 'a.')} ORDER BY a.token_id",
+        [cmp_id],
+    ).fetchall():
+        res.origins[int(tok)] = Origin(
+            str(gname), None if tname is None else str(tname), float(score), str(reason), why, score >= SIGNIFICANT
+        )
     first = next((t for t, n in sorted(res.born.items()) if n is not None), None)
     res.first_failing_token = first
     return res
