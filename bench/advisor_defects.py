@@ -190,7 +190,7 @@ def rank_of(golden: Path, test: Path, catalog: Path, planted: str) -> dict[int, 
     import duckdb
 
     from workbench.analysis.advisor import advise
-    from workbench.compare.pipeline import run_compare
+    from workbench.jobs.compare import run_compare
 
     res = run_compare(golden, test, catalog, workers=1)
     con = duckdb.connect(str(catalog), read_only=True)

@@ -32,19 +32,10 @@ from dataclasses import dataclass, replace
 import duckdb
 
 from workbench.catalog.store import first_row
+from workbench.core.advice import ROUNDING, STANDS_OUT
 
-# unit roundoff of the test dtype: what one rounding of an output adds (relative)
-ROUNDING: dict[str, float] = {
-    "bfloat16": 2.0**-8,
-    "float16": 2.0**-11,
-    "float32": 2.0**-24,
-    "float64": 2.0**-53,
-    "float8_e4m3fn": 2.0**-4,
-    "float8_e5m2": 2.0**-3,
-    "int8": 2.0**-8,
-}
 NAN_INF_SCORE = 1.0e6  # new NaN/Inf in an output: ranked before any finite error
-SIGNIFICANT = 3.0  # score from which an op clearly stands out of its peers' noise
+SIGNIFICANT = STANDS_OUT  # score from which an op clearly stands out of its peers' noise
 MIN_PEERS = 2  # peers needed to judge an op against its own kind
 _MAD_WEIGHT = 1.0  # how much of the peers' spread is counted as their noise
 
