@@ -4,11 +4,11 @@ Builds tiny Llama- and Qwen2-style models from transformers configs (fixed seeds
 dumps an fp32 golden run and bf16 / fp16 test runs, each test run with ONE subtle defect (a 2-5 %
 weight scale in one Linear or norm, a tanh-GELU where SiLU belongs, a wrong RMSNorm epsilon), with
 msit's own dumper (`msit_llm.register_hook`, one subprocess per dump: its config is a process-wide
-singleton) and with ours, then runs `wb compare` (in-process) and the advisor, and prints per run:
-defect, dtype, dumper, the rank of the planted module at each token, and whether it is first / in
-the top 3 at every token.
+singleton), with msprobe's (`PrecisionDebugger`, level L0, one step per token) and with ours, then
+runs `wb compare` (in-process) and the advisor, and prints per run: defect, dtype, dumper, the rank
+of the planted module at each token, and whether it is first / in the top 3 at every token.
 
-    PYTHONPATH=. .venv/bin/python bench/advisor_defects.py [--dumpers msit,wb] [--dtypes bf16,fp16]
+    PYTHONPATH=. .venv/bin/python bench/advisor_defects.py [--dumpers msit,msprobe,wb] [--dtypes bf16,fp16]
         [--cases NAME,...] [--keep DIR]
 
 The lead's target (issue 10): planted module first in >= 6 of 7 runs, top 3 in 7 of 7.
@@ -155,6 +155,8 @@ def dump_one(job: dict[str, Any]) -> None:
         logging.getLogger("msit_logger").disabled = True
         msit_register(model, MsitConfig(dump_path=out, token_range=list(range(STEPS))))
         tokens = decode(model, prompt_ids(job["model"]), STEPS, forced)
+    elif job["dumper"] == "msprobe":
+        tokens = _decode_msprobe(model, prompt_ids(job["model"]), forced, Path(out))
     else:
         from workbench.dump import DumpConfig, register_hook
 
@@ -165,6 +167,41 @@ def dump_one(job: dict[str, Any]) -> None:
             handle.remove()
     if forced is None:
         Path(out, "tokens.json").write_text(json.dumps(tokens))
+
+
+def _decode_msprobe(model: Any, prompt: Any, forced: list[int] | None, out: Path) -> list[int]:
+    """Greedy decoding under msprobe's own `PrecisionDebugger` (level L0: modules), one msprobe step per token."""
+    import torch
+    from msprobe.pytorch import PrecisionDebugger  # type: ignore[import-untyped]
+
+    cfg = out / "msprobe_config.json"
+    cfg.write_text(
+        json.dumps(
+            {
+                "task": "tensor",
+                "dump_path": str(out / "msprobe_dump"),
+                "rank": [],
+                "step": [],
+                "level": "L0",
+                "tensor": {"scope": [], "list": [], "data_mode": ["all"]},
+            }
+        )
+    )
+    debugger = PrecisionDebugger(config_path=str(cfg))
+    chosen: list[int] = []
+    past = None
+    ids = prompt
+    with torch.no_grad():
+        for step in range(STEPS):
+            debugger.start(model)
+            res = model(input_ids=ids, past_key_values=past, use_cache=True)
+            debugger.stop()
+            debugger.step()
+            past = res.past_key_values
+            nxt = int(res.logits[0, -1].float().argmax()) if forced is None else forced[step]
+            chosen.append(nxt)
+            ids = torch.tensor([[nxt]])
+    return chosen
 
 
 def run_dump(job: dict[str, Any]) -> Path:
@@ -178,6 +215,8 @@ def run_dump(job: dict[str, Any]) -> Path:
     )
     if res.returncode != 0:
         raise RuntimeError(f"dump {job} failed:\n{res.stderr[-3000:]}")
+    if job["dumper"] == "msprobe":
+        return Path(job["out"]) / "msprobe_dump"
     roots = sorted(Path(job["out"]).glob("msit_dump_*/torch_tensors/*"))
     if not roots:
         raise RuntimeError(f"dump {job}: nothing written in {job['out']}")
@@ -208,7 +247,10 @@ def rank_of(golden: Path, test: Path, catalog: Path, planted: str) -> dict[int, 
 
 
 def _same_module(node: str, planted: str) -> bool:
-    return node == planted or node.endswith("." + planted)
+    """`root.model.layers.2.mlp.down_proj` (msit, wb) or `Module.model.layers.2.mlp.down_proj.Linear.forward`
+    (msprobe) is the planted `model.layers.2.mlp.down_proj`."""
+    rest = f".{node}.".partition(f".{planted}.")
+    return bool(rest[1]) and (rest[2] == "" or rest[2][:1].isupper())
 
 
 def main() -> int:
@@ -223,11 +265,15 @@ def main() -> int:
         dump_one(json.loads(args.dump_one))
         return 0
     dumpers = [d for d in args.dumpers.split(",") if d]
-    if "msit" in dumpers:
-        probe = subprocess.run([sys.executable, "-c", "import msit_llm; msit_llm.register_hook"], capture_output=True)
-        if probe.returncode != 0:
-            print("msit_llm is not importable: msit runs skipped")
-            dumpers.remove("msit")
+    for dumper, probe_code in (
+        ("msit", "import msit_llm; msit_llm.register_hook"),
+        ("msprobe", "from msprobe.pytorch import PrecisionDebugger"),
+    ):
+        if dumper in dumpers:
+            probe = subprocess.run([sys.executable, "-c", probe_code], capture_output=True)
+            if probe.returncode != 0:
+                print(f"{dumper} is not importable: its runs are skipped")
+                dumpers.remove(dumper)
     dtypes = [DTYPES[d] for d in args.dtypes.split(",") if d]
     cases = [c for c in CASES if c.name in args.cases.split(",")]
     work = args.keep or Path(tempfile.mkdtemp(prefix="wb_advisor_bench_"))

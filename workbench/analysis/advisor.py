@@ -34,7 +34,8 @@ import duckdb
 from workbench.catalog.store import first_row
 from workbench.core.advice import ROUNDING, STANDS_OUT
 
-NAN_INF_SCORE = 1.0e6  # new NaN/Inf in an output: ranked before any finite error
+NAN_INF_SCORE = 1.0e9  # new NaN/Inf in an output: ranked before any finite error
+MAX_SCORE = 1.0e6  # finite scores are capped below it (an op adding error where its peers add exactly none)
 SIGNIFICANT = STANDS_OUT  # score from which an op clearly stands out of its peers' noise
 MIN_PEERS = 2  # peers needed to judge an op against its own kind
 _MAD_WEIGHT = 1.0  # how much of the peers' spread is counted as their noise
@@ -66,6 +67,7 @@ class _Row:
     in_nan_inf: bool
     dtype: str | None
     in_from: str = "inputs"
+    nan_inf_born: bool = False
     added: float = 0.0
     own: float = 0.0
     ref: float = 0.0
@@ -357,8 +359,9 @@ def _rank(rows: dict[int, _Row], nodes: dict[int, _Node]) -> list[_Row]:
             label = f"the {r.dtype or 'test dtype'} rounding ({_pow2(floor)})"
         r.ref = ref
         r.peer_label = label
-        r.score = r.own / ref if ref > 0 else 0.0
-        if r.new_nan_inf and not r.in_nan_inf:
+        r.score = min(r.own / ref, MAX_SCORE) if ref > 0 else 0.0
+        r.nan_inf_born = r.new_nan_inf and not r.in_nan_inf
+        if r.nan_inf_born:
             r.score = NAN_INF_SCORE
         r.reason = _reason(r, nodes)
     order = sorted(rows.values(), key=lambda r: (-r.score, nodes[r.node_id].exec_order, r.node_id))
@@ -438,7 +441,7 @@ def _pow2(x: float) -> str:
 def _reason(r: _Row, nodes: dict[int, _Node]) -> str:
     src = "inputs" if r.in_from == "inputs" else r.in_from
     head = f"output rel. error {r.out_err:.3g} from {src} at {r.in_err or 0.0:.3g}"
-    if r.score >= NAN_INF_SCORE:
+    if r.nan_inf_born:
         return f"NaN/Inf appear in its output and not in its inputs ({head})"
     if r.added <= 0:
         return f"{head}: adds nothing measurable"

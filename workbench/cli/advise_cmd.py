@@ -26,7 +26,7 @@ def advise(
     fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv or json.")] = "table",
 ) -> None:
     """Rank the ops by the error they add beyond their inputs and their peers' noise (most likely origin first)."""
-    from workbench.analysis.advisor import SIGNIFICANT
+    from workbench.analysis.advisor import NAN_INF_SCORE, SIGNIFICANT
     from workbench.analysis.advisor import advise as run_advise
     from workbench.catalog.store import first_row, open_catalog
 
@@ -66,12 +66,12 @@ def advise(
             writer.writerows(rows)
             typer.echo(buf.getvalue(), nl=False)
         else:
-            typer.echo(_table(rows, cid, SIGNIFICANT), nl=False)
+            typer.echo(_table(rows, cid, SIGNIFICANT, NAN_INF_SCORE), nl=False)
 
     guarded(go)
 
 
-def _table(rows: list[dict[str, object]], cmp_id: int, significant: float) -> str:
+def _table(rows: list[dict[str, object]], cmp_id: int, significant: float, nan_inf_score: float) -> str:
     if not rows:
         return f"comparison {cmp_id}: nothing to rank (no op with a compared output)\n"
     heads = ("rank", "token_id", "golden_node", "test_node", "score", "reason")
@@ -81,7 +81,7 @@ def _table(rows: list[dict[str, object]], cmp_id: int, significant: float) -> st
             str(r["token_id"]),
             str(r["golden_node"]),
             "" if r["test_node"] is None else str(r["test_node"]),
-            f"{float(r['score']):.1f}" if float(str(r["score"])) < 1e5 else "NaN/Inf",  # type: ignore[arg-type]
+            f"{float(str(r['score'])):.1f}" if float(str(r["score"])) < nan_inf_score else "NaN/Inf",
             str(r["reason"]),
         ]
         for r in rows
