@@ -371,43 +371,31 @@ def _rank(rows: dict[int, _Row], nodes: dict[int, _Node]) -> list[_Row]:
 def _children_first(order: list[_Row], nodes: dict[int, _Node]) -> list[_Row]:
     """Never a parent before a descendant that explains half of its added error or more."""
     pos = {r.node_id: k for k, r in enumerate(order)}
+    by_id = {r.node_id: r for r in order}
+    first: dict[int, list[int]] = defaultdict(list)  # parent -> descendants ranked after it that go first
+    for r in order:
+        p = nodes[r.node_id].parent_id
+        seen = 0
+        while p is not None and seen < 10_000:
+            parent = by_id.get(p)
+            if parent is not None and pos[p] < pos[r.node_id] and r.added >= 0.5 * parent.added > 0:
+                first[p].append(r.node_id)
+            p = nodes[p].parent_id if p in nodes else None
+            seen += 1
     out: list[_Row] = []
     placed: set[int] = set()
 
-    def place(r: _Row) -> None:
-        if r.node_id in placed:
+    def place(gid: int) -> None:
+        if gid in placed:
             return
-        placed.add(r.node_id)
-        out.append(r)
+        placed.add(gid)
+        for kid in sorted(first.get(gid, ()), key=pos.__getitem__):
+            place(kid)
+        out.append(by_id[gid])
 
-    by_id = {r.node_id: r for r in order}
     for r in order:
-        if r.node_id in placed:
-            continue
-        # descendants ranked later that explain this node's added error go first
-        kids = [
-            by_id[g]
-            for g in by_id
-            if g not in placed
-            and pos[g] > pos[r.node_id]
-            and _is_below(g, r.node_id, nodes)
-            and by_id[g].added >= 0.5 * r.added > 0
-        ]
-        for k in sorted(kids, key=lambda k: pos[k.node_id]):
-            place(k)
-        place(r)
+        place(r.node_id)
     return out
-
-
-def _is_below(gid: int, ancestor: int, nodes: dict[int, _Node]) -> bool:
-    p = nodes[gid].parent_id
-    seen = 0
-    while p is not None and seen < 10_000:
-        if p == ancestor:
-            return True
-        p = nodes[p].parent_id if p in nodes else None
-        seen += 1
-    return False
 
 
 _LAYER_RE = re.compile(r"(?<=[._/])(\d+)(?=[._/]|$)")
