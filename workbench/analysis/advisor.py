@@ -372,8 +372,11 @@ def _rank(rows: dict[int, _Row], nodes: dict[int, _Node]) -> list[_Row]:
             label = f"the {r.dtype or 'test dtype'} rounding ({_pow2(floor)})"
         carried = GAIN_NOISE * (r.in_err or 0.0)
         if carried > ref:
+            label = (
+                f"what an op passing on input error {r.in_err or 0.0:.3g} may add ({carried:.3g}; "
+                f"{label.removeprefix('what ').replace(' adds', f' adds {ref:.3g}', 1)})"
+            )
             ref = carried
-            label = f"the error its input carries ({r.in_err or 0.0:.3g}) may pick up on its way through"
         r.ref = ref
         r.peer_label = label
         r.score = min(r.own / ref, MAX_SCORE) if ref > 0 else 0.0
