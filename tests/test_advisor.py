@@ -97,7 +97,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
     out["same_fp32"] = _compare(golden, same, base / "out_same_fp32", None)
     broken = copy.deepcopy(model)
     with torch.no_grad():  # 30 % noise on the embeddings: every op after them fails
-        w = broken.get_submodule("model.embed_tokens").weight
+        w: torch.Tensor = broken.get_submodule("model.embed_tokens").weight  # type: ignore[assignment]
         w.add_(0.3 * float(w.std()) * torch.randn(w.shape, generator=torch.Generator().manual_seed(5)))
     bad, _ = _dump(broken, base / "embed_noise", prompt, tokens)
     out["all_fail"] = _compare(golden, bad, base / "out_all_fail", "root.model.embed_tokens")
