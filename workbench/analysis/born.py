@@ -51,16 +51,30 @@ GROUP BY m.cmp_id, m.token_id, m.golden_node_id
 
 
 def refresh_verdicts(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, int | None]:
-    """Rebuild `node_results` and `error_born` of one comparison; returns token -> golden node id."""
+    """Rebuild `node_results`, `error_born` and `advice` of one comparison; returns token -> golden node id.
+
+    Where no op is born at a token, the advisor's first op (when it stands out of its peers' noise)
+    is what the ATB precheck refines, and the evidence is stored with that advice.
+    """
+    from workbench.analysis.advisor import SIGNIFICANT, compute_advice, write_advice
+
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute("DELETE FROM node_results WHERE cmp_id = ?", [cmp_id])
         con.execute(NODE_RESULTS_SQL, [cmp_id])
         verdicts = _born_per_token(con, cmp_id)
+        advice = compute_advice(con, cmp_id)
+        origins: dict[int, tuple[int | None, int | None]] = {
+            tok: (items[0].golden_node_id, items[0].test_node_id)
+            for tok, items in advice.items()
+            if items and verdicts.get(tok, (None, None))[0] is None and items[0].score >= SIGNIFICANT
+        }
         evidence = _refine_with_precheck(con, cmp_id, verdicts)
+        origin_evidence = _refine_with_precheck(con, cmp_id, origins)
         con.execute("DELETE FROM error_born WHERE cmp_id = ?", [cmp_id])
         for token, (gid, tid) in verdicts.items():
             con.execute("INSERT INTO error_born VALUES (?, ?, ?, ?, ?)", [cmp_id, token, gid, tid, evidence.get(token)])
+        write_advice(con, cmp_id, advice, origins, origin_evidence)
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
@@ -118,8 +132,11 @@ def _refine_with_precheck(
 
     When the golden module where the error is born maps to a group of fused test ops (say
     `1_Attention`), the first op of the group that disagrees with its own re-run is where the
-    error is born; a leaf op's re-run says whether the op itself computes wrongly. Updates
-    `verdicts` in place; returns token -> evidence line.
+    error is born; a leaf op's re-run says whether the op itself computes wrongly. When the blamed
+    op (or every op of its group) computes correctly from its inputs, the rest of its layer is
+    prechecked too: a wrong op upstream in the layer (a RoPE, a cache write, an attention scale)
+    shows its error only further down, in a module the golden run has. Updates `verdicts` in
+    place; returns token -> evidence line.
     """
     row = first_row(
         con.execute(
@@ -146,27 +163,91 @@ def _refine_with_precheck(
         if found is None:
             continue
         name, op_dir = str(found[0]), op_folder_of(str(found[1]))
+        if not op_dir.is_dir():
+            continue
         results = precheck_group(op_dir)  # a leaf op folder yields just itself
-        if [Path(r.op_dir) for r in results] == [op_dir]:
-            res = results[0]
-            if res.supported and res.passed is False:
+        leaf = [Path(r.op_dir) for r in results] == [op_dir]
+        failing = next((r for r in results if r.supported and r.passed is False), None)
+        if failing is not None:
+            if leaf:
                 evidence[token] = f"precheck: {name} disagrees with its own re-run on its dumped inputs"
-            elif res.supported and res.passed:
+                continue
+            rel = Path(failing.op_dir).relative_to(op_dir).as_posix()
+            sub = _test_node(con, test_run, f"{name}/{rel}")
+            if sub is not None:
+                verdicts[token] = (gid, sub)
                 evidence[token] = (
-                    f"precheck: {name} computes correctly from its dumped inputs (look at its parameters and inputs)"
+                    f"precheck: {name}/{rel} disagrees with its own re-run on its dumped inputs; "
+                    f"the ops of {name} before it that could be re-run agree"
                 )
             continue
-        for res in results:
-            if res.supported and res.passed is False:
-                rel = Path(res.op_dir).relative_to(op_dir).as_posix()
-                sub = first_row(
-                    con.execute("SELECT node_id FROM nodes WHERE run_id = ? AND name = ?", [test_run, f"{name}/{rel}"])
-                )
-                if sub is not None:
-                    verdicts[token] = (gid, int(sub[0]))
-                    evidence[token] = (
-                        f"precheck: {name}/{rel} disagrees with its own re-run on its dumped inputs; "
-                        f"the ops of {name} before it that could be re-run agree"
-                    )
-                break
+        checked = sum(1 for r in results if r.supported and r.passed)
+        ok_line = (
+            f"{name} computes correctly from its dumped inputs"
+            if leaf
+            else f"the {checked} ops of {name} that could be re-run agree with their re-runs"
+        )
+        other = _precheck_rest_of_layer(con, cmp_id, test_run, name, op_dir)
+        if other is not None:
+            other_name, other_gid, other_tid = other
+            verdicts[token] = (other_gid if other_gid is not None else gid, other_tid)
+            evidence[token] = (
+                f"precheck: {ok_line}, but {other_name} in the same layer disagrees with its own re-run "
+                "on its dumped inputs"
+            )
+        elif checked:
+            tail = " (look at its parameters and inputs)" if leaf else ""
+            evidence[token] = f"precheck: {ok_line}; so do the other ops of its layer{tail}"
     return evidence
+
+
+def _test_node(con: duckdb.DuckDBPyConnection, test_run: int, name: str) -> int | None:
+    sub = first_row(con.execute("SELECT node_id FROM nodes WHERE run_id = ? AND name = ?", [test_run, name]))
+    return None if sub is None else int(sub[0])
+
+
+_INTERMEDIATE_METHODS = ("auto-attention-core", "auto-swiglu")  # an op's output paired with the next module's input
+
+
+def _precheck_rest_of_layer(
+    con: duckdb.DuckDBPyConnection, cmp_id: int, test_run: int, name: str, op_dir: Path
+) -> tuple[str, int | None, int] | None:
+    """The first op of `name`'s layer outside `op_dir` failing its precheck: (test op name, golden, test node)."""
+    from workbench.analysis.precheck import precheck_group
+
+    parts = name.split("/")
+    if len(parts) < 2 or len(op_dir.parents) < len(parts) - 1:
+        return None
+    layer_dir = op_dir.parents[len(parts) - 2]
+    for res in precheck_group(layer_dir):
+        if not (res.supported and res.passed is False):
+            continue
+        path = Path(res.op_dir)
+        if path == op_dir or op_dir in path.parents:
+            continue
+        full = f"{parts[0]}/{path.relative_to(layer_dir).as_posix()}"
+        tid = _test_node(con, test_run, full)
+        if tid is None:
+            continue
+        return full, _golden_for_test_op(con, cmp_id, test_run, tid), tid
+    return None
+
+
+def _golden_for_test_op(con: duckdb.DuckDBPyConnection, cmp_id: int, test_run: int, tid: int) -> int | None:
+    """The golden module a test op belongs to: its own match when one module matches it, else its group's."""
+    node: int | None = tid
+    while node is not None:
+        golden = {
+            int(g)
+            for g, method in con.execute(
+                "SELECT golden_node_id, method FROM node_matches WHERE cmp_id = ? AND test_node_id = ?", [cmp_id, node]
+            ).fetchall()
+            if method not in _INTERMEDIATE_METHODS
+        }
+        if len(golden) == 1:
+            return golden.pop()
+        parent = first_row(
+            con.execute("SELECT parent_id FROM nodes WHERE run_id = ? AND node_id = ?", [test_run, node])
+        )
+        node = None if parent is None or parent[0] is None else int(parent[0])
+    return None

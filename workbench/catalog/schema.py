@@ -168,6 +168,20 @@ CREATE TABLE IF NOT EXISTS error_born (
     evidence       VARCHAR,               -- how the test op was pinned down (e.g. single-op precheck)
     PRIMARY KEY (cmp_id, token_id)
 );
+
+-- the root-cause advisor's ranking per token (workbench/analysis/advisor.py): every compared golden
+-- node, rank 1 = the op that adds the most error beyond its inputs and its peers' noise
+CREATE TABLE IF NOT EXISTS advice (
+    cmp_id         INTEGER NOT NULL,
+    token_id       INTEGER NOT NULL,
+    rank           INTEGER NOT NULL,
+    golden_node_id INTEGER NOT NULL,
+    test_node_id   INTEGER,
+    score          DOUBLE,                -- own added error / what its peers add (>= 3: stands out)
+    reason         VARCHAR,               -- one line: output vs input error, the ratio to its peers
+    evidence       VARCHAR,               -- rank 1 only: how the test op was pinned down (precheck)
+    PRIMARY KEY (cmp_id, token_id, rank)
+);
 """
 
 COMPARISON_VIEW = """

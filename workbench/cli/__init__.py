@@ -13,6 +13,7 @@ import traceback
 from pathlib import Path
 
 from workbench.cli import (  # noqa: F401  (registration)
+    advise_cmd,
     catalog_cmds,
     compare_cmd,
     demo_cmd,

@@ -396,16 +396,27 @@ def compute_pending(
                 sizes.append(tensor_bytes(numel, dtype))
 
     node_info = {
-        int(n): (str(nm), str(tp) if tp is not None else "")
-        for n, nm, tp in zip(golden.nodes["node_id"], golden.nodes["name"], golden.nodes["type"])
+        int(n): (str(nm), str(tp) if tp is not None else "", bool(pd.isna(parent)))
+        for n, nm, tp, parent in zip(
+            golden.nodes["node_id"], golden.nodes["name"], golden.nodes["type"], golden.nodes["parent_id"]
+        )
     }
     pair_node = dict(zip(pairs["pair_id"].astype(int), pairs["golden_node_id"].astype(int)))
     pair_dtype = {int(p): t_info[int(tid)][1] for p, tid in zip(pairs["pair_id"], pairs["test_tensor_id"])}
+    pair_io = dict(zip(pairs["pair_id"].astype(int), pairs["io"].astype(str)))
 
     def judge(res: PairResult) -> tuple[bool | None, list[str]]:
-        name, op_type = node_info[pair_node[res.pair_id]]
+        name, op_type, is_root = node_info[pair_node[res.pair_id]]
         return judge_pair(
-            thresholds, res.values, res.golden, res.test, pair_dtype[res.pair_id], node_name=name, node_type=op_type
+            thresholds,
+            res.values,
+            res.golden,
+            res.test,
+            pair_dtype[res.pair_id],
+            node_name=name,
+            node_type=op_type,
+            io=pair_io[res.pair_id],
+            is_model=is_root,
         )
 
     sink = ResultSink(con, cmp_id, golden.run_id, test.run_id, judge)

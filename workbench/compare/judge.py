@@ -93,11 +93,23 @@ def judge_pair(
     *,
     node_name: str = "",
     node_type: str = "",
+    io: str = "out",
+    is_model: bool = False,
 ) -> tuple[bool | None, list[str]]:
-    """(passed, failed metrics) of one pair. A NaN/Inf mismatch fails it, even when no metric is computable."""
+    """(passed, failed metrics) of one pair. A NaN/Inf mismatch fails it, even when no metric is computable.
+
+    `io` says whether the pair is a node's input or output (rules such as the logits rule judge outputs
+    only); `is_model` marks the model's own output (the root module's).
+    """
     mismatch = nan_inf_mismatch(golden, test)
     passed, failed = thresholds.judge(
-        values, dtype or "float32", node_name=node_name, node_type=node_type, nan_inf_mismatch=mismatch
+        values,
+        dtype or "float32",
+        node_name=node_name,
+        node_type=node_type,
+        nan_inf_mismatch=mismatch,
+        io=io,
+        is_model=is_model,
     )
     if mismatch and passed is None:
         return False, [NAN_INF]
@@ -111,7 +123,8 @@ def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds)
     from workbench.compare.pair_store import none_if_na
 
     df = con.execute(
-        "SELECT x.*, gn.name AS _node, gn.type AS _type, tt.dtype AS _dtype FROM metrics x "
+        "SELECT x.*, gn.name AS _node, gn.type AS _type, gn.parent_id IS NULL AS _root, m.io AS _io, "
+        "tt.dtype AS _dtype FROM metrics x "
         "JOIN matches m USING (cmp_id, pair_id) JOIN comparisons c USING (cmp_id) "
         "JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id "
         "JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id "
@@ -130,6 +143,8 @@ def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds)
             none_if_na(r["_dtype"]),
             node_name=str(r["_node"]),
             node_type=str(r["_type"] or ""),
+            io=str(r["_io"]),
+            is_model=bool(r["_root"]),
         )
         passed.append(p)
         failed.append(",".join(over) if over else None)

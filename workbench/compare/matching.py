@@ -181,6 +181,16 @@ def _aligned(ctx: MatchContext) -> list[NodeMatch]:
             paired_t.add(tid)
             scopes.append((gid, tid))
             out.append(_aligned_match(g, t, gid, tid, how, where))
+        # the same module under the same parent whose class was swapped (a wrong activation): still itself
+        left_t = {t.name[n]: n for n in ts if n not in paired_t}
+        for gid in gs:
+            tid = left_t.get(g.name[gid]) if gid not in paired_g else None
+            if tid is not None:
+                paired_g.add(gid)
+                paired_t.add(tid)
+                scopes.append((gid, tid))
+                why = f"identical name under {where}, other type ({g.type[gid]} vs {t.type[tid]})"
+                out.append(NodeMatch(gid, tid, "name", 0.9, why))
     # nodes outside every aligned scope (a parent that only one run has): identical names and types
     t_names = {name: nid for nid, name in t.name.items() if nid not in paired_t and nid not in ctx.taken_test}
     for gid, name in g.name.items():

@@ -75,8 +75,20 @@ def format_summary(res: CompareResult, golden_label: str, test_label: str, csv_p
         lines.append(f"first divergent token: {res.first_failing_token}")
     for tok in sorted(res.born):
         name = res.born[tok]
-        if name is None:
-            lines.append(f"token {tok}: no error born (every output passes, or no op fails with passing inputs)")
+        origin = res.origins.get(tok)
+        if name is None and origin is not None and origin.stands_out:
+            test_name = origin.test_node
+            suffix = f"  [test op: {test_name}]" if test_name and test_name != origin.golden_node else ""
+            lines.append(f"most likely origin: {origin.golden_node} (token {tok}): {origin.reason}{suffix}")
+            if origin.evidence:
+                lines.append(f"  {origin.evidence}")
+        elif name is None:
+            quiet = (
+                f"; nothing stands out of the noise (largest: {origin.golden_node}, {origin.score:.1f}x its peers)"
+                if origin is not None
+                else ""
+            )
+            lines.append(f"token {tok}: no error born (every output passes, or no op fails with passing inputs){quiet}")
         else:
             test_name = res.born_test.get(tok)
             suffix = f"  [test op: {test_name}]" if test_name and test_name != name else ""

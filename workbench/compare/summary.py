@@ -12,6 +12,19 @@ import pandas as pd
 
 from workbench.catalog import first_row
 from workbench.compare.matching import NodeMatch, RunFrames
+from workbench.core.advice import STANDS_OUT
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """The root-cause advisor's most likely origin of a token's error (rank 1 of the `advice` table)."""
+
+    golden_node: str
+    test_node: str | None
+    score: float
+    reason: str
+    evidence: str | None = None
+    stands_out: bool = False  # the score says it stands out of its peers' noise
 
 
 @dataclass(slots=True)
@@ -35,6 +48,7 @@ class CompareResult:
     born: dict[int, str | None] = field(default_factory=dict)
     born_test: dict[int, str | None] = field(default_factory=dict)
     born_evidence: dict[int, str] = field(default_factory=dict)
+    origins: dict[int, Origin] = field(default_factory=dict)  # the advisor's first op per token
     first_failing_token: int | None = None
     problems: list[str] = field(default_factory=list)
     coverage: dict[str, Any] = field(default_factory=dict)
@@ -140,6 +154,16 @@ def summarize_comparison(
         res.born_test[int(tok)] = tname
         if why:
             res.born_evidence[int(tok)] = why
+    for tok, gname, tname, score, reason, why in con.execute(
+        "SELECT a.token_id, gn.name, tn.name, a.score, a.reason, a.evidence FROM advice a "
+        "JOIN comparisons c USING (cmp_id) JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = a.golden_node_id "
+        "LEFT JOIN nodes tn ON tn.run_id = c.test_run AND tn.node_id = a.test_node_id "
+        f"WHERE a.cmp_id = ? AND a.rank = 1{tok_filter.replace('b.', 'a.')} ORDER BY a.token_id",
+        [cmp_id],
+    ).fetchall():
+        res.origins[int(tok)] = Origin(
+            str(gname), None if tname is None else str(tname), float(score), str(reason), why, score >= STANDS_OUT
+        )
     first = next((t for t, n in sorted(res.born.items()) if n is not None), None)
     res.first_failing_token = first
     return res

@@ -23,7 +23,7 @@ from workbench.formats.model import canonical_dtype
 DEFAULTS_RESOURCE = "thresholds.toml"
 NAN_INF = "nan_inf"  # the failed-metric name of a NaN/Inf mismatch
 _TOP_KEYS = {"verdict", "nan_inf_fails", "default_dtype", "dtype", "rule"}
-_RULE_KEYS = {"name", "match", "verdict", "dtype"}
+_RULE_KEYS = {"name", "match", "verdict", "dtype", "model_output"}
 _QUANTIZED = {"int8", "uint8", "int4", "qint8", "quint8"}
 
 Bounds = dict[str, tuple[float | None, float | None]]
@@ -31,14 +31,23 @@ Bounds = dict[str, tuple[float | None, float | None]]
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """Extra verdict metrics and bound overrides for nodes whose name or type matches `match`."""
+    """Extra verdict metrics and bound overrides for the OUTPUTS of nodes whose name or type matches `match`.
+
+    A rule never judges a node's inputs (lm_head's input is a hidden state, not logits); with
+    `model_output` it also judges the model's own output (the root module's, i.e. the logits).
+    """
 
     name: str
     match: re.Pattern[str]
     verdict: tuple[str, ...]
     dtypes: dict[str, Bounds]
+    model_output: bool = False
 
-    def applies(self, node_name: str, node_type: str) -> bool:
+    def applies(self, node_name: str, node_type: str, io: str = "out", is_model: bool = False) -> bool:
+        if io != "out":
+            return False
+        if is_model and self.model_output:
+            return True
         return bool(self.match.search(node_name) or (node_type and self.match.search(node_type)))
 
 
@@ -110,12 +119,16 @@ class Thresholds:
                 pattern = re.compile(raw["match"])
             except re.error as exc:
                 raise ValueError(f"{where}: bad regular expression {raw['match']!r} ({exc})") from None
+            model_output = raw.get("model_output", False)
+            if not isinstance(model_output, bool):
+                raise ValueError(f"{where}: model_output must be true or false")
             rules.append(
                 Rule(
                     str(raw.get("name", f"rule{i + 1}")),
                     pattern,
                     _metric_list(raw.get("verdict", []), f"{where} verdict"),
                     _dtype_tables(raw.get("dtype", {}), f"{where} dtype"),
+                    model_output,
                 )
             )
         return cls(verdict, nan_inf, default_dtype, dtypes, tuple(rules), copy.deepcopy(data))
@@ -131,25 +144,29 @@ class Thresholds:
             return "int8"
         return self.default_dtype
 
-    def _resolve(self, dtype: str | None, node_name: str, node_type: str) -> tuple[list[str], Bounds]:
+    def _resolve(
+        self, dtype: str | None, node_name: str, node_type: str, io: str = "out", is_model: bool = False
+    ) -> tuple[list[str], Bounds]:
         dt = self.table_dtype(dtype)
         bounds = dict(self.dtypes.get(dt, {}))
         verdict = list(self.verdict)
         for rule in self.rules:
-            if rule.applies(node_name, node_type):
+            if rule.applies(node_name, node_type, io, is_model):
                 bounds.update(rule.dtypes.get(dt, {}))
                 verdict += [m for m in rule.verdict if m not in verdict]
         return verdict, bounds
 
-    def verdict_metrics(self, dtype: str | None = None, *, node_name: str = "", node_type: str = "") -> list[str]:
-        """Metrics that decide pass/fail for a node of this dtype."""
-        return self._resolve(dtype, node_name, node_type)[0]
+    def verdict_metrics(
+        self, dtype: str | None = None, *, node_name: str = "", node_type: str = "", io: str = "out"
+    ) -> list[str]:
+        """Metrics that decide pass/fail for a node's output (or input, `io="in"`) of this dtype."""
+        return self._resolve(dtype, node_name, node_type, io)[0]
 
     def bounds_for(
-        self, metric: str, dtype: str | None, *, node_name: str = "", node_type: str = ""
+        self, metric: str, dtype: str | None, *, node_name: str = "", node_type: str = "", io: str = "out"
     ) -> tuple[float | None, float | None]:
-        """(min, max) of `metric` for a test dtype (and node, for rules); None = unbounded."""
-        return self._resolve(dtype, node_name, node_type)[1].get(metric, (None, None))
+        """(min, max) of `metric` for a test dtype (and node output or input, for rules); None = unbounded."""
+        return self._resolve(dtype, node_name, node_type, io)[1].get(metric, (None, None))
 
     def judge(
         self,
@@ -159,13 +176,16 @@ class Thresholds:
         node_name: str = "",
         node_type: str = "",
         nan_inf_mismatch: bool = False,
+        io: str = "out",
+        is_model: bool = False,
     ) -> tuple[bool | None, list[str]]:
         """(passed, failed metrics): passed is None when no verdict metric could be computed.
 
         A NaN metric value fails. `nan_inf_mismatch` (NaN/Inf on the test side where golden
-        has none) fails as `nan_inf` when `nan_inf_fails`.
+        has none) fails as `nan_inf` when `nan_inf_fails`. Rules judge outputs only (`io`);
+        `is_model` marks the model's own output (rules with `model_output`).
         """
-        verdict, bounds = self._resolve(dtype, node_name, node_type)
+        verdict, bounds = self._resolve(dtype, node_name, node_type, io, is_model)
         failed: list[str] = []
         if nan_inf_mismatch and self.nan_inf_fails:
             failed.append(NAN_INF)
