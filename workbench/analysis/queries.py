@@ -9,8 +9,9 @@ import duckdb
 import pandas as pd
 
 from workbench.catalog.store import first_row, open_catalog
+from workbench.core.files import package_data
 
-QUERIES_DIR = Path(__file__).resolve().parents[2] / "queries"
+QUERIES_DIR = package_data("queries")
 
 
 def saved_queries(folder: Path = QUERIES_DIR) -> dict[str, tuple[Path, str]]:

@@ -8,7 +8,9 @@ from typing import Any
 
 from textual.theme import Theme
 
-THEMES_DIR = Path(__file__).resolve().parents[2] / "themes"
+from workbench.core.files import package_data
+
+THEMES_DIR = package_data("themes")
 DEFAULT_THEME = "wb-dark"
 HEAT_LEVELS = 7
 # Domain colours every theme provides (and the defaults for Textual's built-in themes).

@@ -13,11 +13,11 @@ import math
 import re
 import tomllib
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from workbench.catalog.schema import ALL_METRICS
+from workbench.core.files import package_data
 from workbench.formats.model import canonical_dtype
 
 DEFAULTS_RESOURCE = "thresholds.toml"
@@ -56,7 +56,7 @@ class Thresholds:
     @classmethod
     def load(cls, path: str | Path | None = None) -> Thresholds:
         """Defaults, merged with the TOML file at `path` if given; ValueError names a bad file."""
-        text = resources.files("workbench").joinpath("data", DEFAULTS_RESOURCE).read_text(encoding="utf-8")
+        text = package_data(DEFAULTS_RESOURCE).read_text(encoding="utf-8")
         data = _parse(text, f"<package>/workbench/data/{DEFAULTS_RESOURCE}")
         if path is not None:
             p = Path(path)

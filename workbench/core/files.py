@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+from importlib import resources
+from pathlib import Path
+
 CATALOG_NAME = "catalog.duckdb"  # the catalog inside an output folder (`wb compare -o OUT`)
 DEFAULT_OUTPUT = "wb_out"  # default output folder of `wb compare` / `wb open`
 DEFAULT_CATALOG = f"{DEFAULT_OUTPUT}/{CATALOG_NAME}"  # default catalog of `wb query`, `wb ingest`, `wb advise`
 MANIFEST_NAME = "wb_manifest.json"  # our dumper's record of order, command and run facts
 MODEL_TREE_NAME = "model_tree.json"  # msit's module tree
+
+
+def package_data(*parts: str) -> Path:
+    """A file or folder of `workbench/data/`, wherever the package is (a source checkout, an editable install,
+    an installed wheel). `data/queries` and `data/themes` are links to the top-level `queries/` and `themes/`
+    folders; a wheel holds copies of them."""
+    return Path(str(resources.files("workbench").joinpath("data", *parts)))
