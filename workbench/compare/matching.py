@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -54,8 +55,8 @@ class NodeMatch:
 AutoMatcher = Callable[[RunFrames, RunFrames, set[int]], list[NodeMatch]]
 
 
-def _layer_key(v: object) -> int | None:
-    return None if v is None or pd.isna(v) else int(v)  # type: ignore[arg-type]
+def _layer_key(v: Any) -> int | None:
+    return None if v is None or pd.isna(v) else int(v)
 
 
 def _ordered(nodes: pd.DataFrame) -> pd.DataFrame:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.formats.layers import inherit_layers, layer_from_name
-from workbench.formats.model import Dump, DumpError, Node, TensorEntry, TensorStats
+from workbench.formats.model import Dump, DumpError, Node, TensorEntry, TensorRole, TensorStats
 from workbench.formats.scan import list_dir, npy_header, pth_header, read_json
 
 _MODULE_RE = re.compile(r"^(Module|Cell)\.(.+)\.([^.]+)\.(forward|backward)\.(\d+)$")
@@ -66,8 +66,9 @@ def find_rank_dirs(path: Path) -> list[tuple[int, Path]]:
         m = _STEP_RE.match(path.parent.name)
         return [(int(m.group(1)) if m else 0, path)]
     steps: list[tuple[int, Path]] = []
-    if _STEP_RE.match(path.name):
-        steps = [(int(_STEP_RE.match(path.name).group(1)), path)]  # type: ignore[union-attr]
+    own_step = _STEP_RE.match(path.name)
+    if own_step:
+        steps = [(int(own_step.group(1)), path)]
     else:
         try:
             for e in list_dir(path):
@@ -301,7 +302,10 @@ def _num(v: Any) -> float | None:
 
 def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems: list[str]) -> None:
     e = call.entry
-    roles = (("in", [e.get("input_args", []), e.get("input_kwargs", {})]), ("out", [e.get("output", [])]))
+    roles: tuple[tuple[TensorRole, list[Any]], ...] = (
+        ("in", [e.get("input_args", []), e.get("input_kwargs", {})]),
+        ("out", [e.get("output", [])]),
+    )
     for role, parts in roles:
         for idx, leaf in enumerate(_leaves(parts)):
             dtype = str(leaf.get("dtype", "")).removeprefix("torch.") or None
@@ -327,7 +331,7 @@ def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems:
                         idx,
                         None,
                         dtype=dtype,
-                        shape=shape,  # type: ignore[arg-type]
+                        shape=shape,
                         stats=stats,
                     )
                 )
@@ -343,7 +347,7 @@ def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems:
                         idx,
                         None,
                         dtype=dtype,
-                        shape=shape,  # type: ignore[arg-type]
+                        shape=shape,
                         stats=stats,
                     )
                 )
@@ -353,9 +357,8 @@ def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems:
                     dtype, shape = npy_header(path)
                 else:
                     dtype, shape = pth_header(path)
-            except DumpError:
-                if not os.path.exists(path):
-                    exc = DumpError(path, "missing file")
+            except DumpError as err:
+                exc = err if os.path.exists(path) else DumpError(path, "missing file")
                 problems.append(str(exc))
                 out.append(
                     TensorEntry(
@@ -365,7 +368,7 @@ def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems:
                         idx,
                         path,
                         dtype=dtype,
-                        shape=shape,  # type: ignore[arg-type]
+                        shape=shape,
                         stats=stats,
                         error=exc.reason,
                     )
@@ -379,7 +382,7 @@ def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems:
                     idx,
                     path,
                     dtype=dtype,
-                    shape=shape,  # type: ignore[arg-type]
+                    shape=shape,
                     stats=stats,
                 )
             )

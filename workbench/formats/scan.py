@@ -131,9 +131,9 @@ def content_key(t: torch.Tensor) -> bytes:
     flat = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
     n = flat.shape[0]
     if n <= FULL_HASH_BYTES:
-        h.update(memoryview(flat))
+        h.update(flat.data)
     else:
         step = (n - _SAMPLE_BYTES) // (_SAMPLES - 1)
         for i in range(_SAMPLES):
-            h.update(memoryview(flat[i * step : i * step + _SAMPLE_BYTES]))
+            h.update(flat[i * step : i * step + _SAMPLE_BYTES].data)
     return h.digest()
