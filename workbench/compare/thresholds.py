@@ -18,10 +18,11 @@ from typing import Any
 
 from workbench.catalog.schema import ALL_METRICS
 from workbench.core.files import package_data
+from workbench.core.metrics import NAN_INF as NAN_INF
 from workbench.formats.model import canonical_dtype
 
 DEFAULTS_RESOURCE = "thresholds.toml"
-NAN_INF = "nan_inf"  # the failed-metric name of a NaN/Inf mismatch
+
 _TOP_KEYS = {"verdict", "nan_inf_fails", "default_dtype", "dtype", "rule"}
 _RULE_KEYS = {"name", "match", "verdict", "dtype"}
 _QUANTIZED = {"int8", "uint8", "int4", "qint8", "quint8"}
