@@ -60,16 +60,16 @@ def run_compare(
     far out of the garbage collector's sight once the heavy modules are in: ~0.1 s less of GC per run.
     Raises `CompareCancelled` when `cancel` is set; what was committed is kept.
     """
-    from workbench.compare.mapping import MappingFile
-    from workbench.compare.thresholds import Thresholds
-
-    th = thresholds if isinstance(thresholds, Thresholds) else Thresholds.load(thresholds)
-    mf = mapping if isinstance(mapping, MappingFile) or mapping is None else MappingFile.load(mapping)
     n_workers = workers or default_workers()
     own: PoolStarter | None = None
     if pool is None and worth_a_pool(_root(golden), _root(test), n_workers):
-        own = pool = PoolStarter(n_workers)
+        own = pool = PoolStarter(n_workers)  # first: its workers boot while everything else happens
     try:
+        from workbench.compare.mapping import MappingFile
+        from workbench.compare.thresholds import Thresholds
+
+        th = thresholds if isinstance(thresholds, Thresholds) else Thresholds.load(thresholds)
+        mf = mapping if isinstance(mapping, MappingFile) or mapping is None else MappingFile.load(mapping)
         return _read_ingest_compare(
             golden, test, catalog, mf, tokens, th, n_workers, progress, cancel, auto, pool, early, freeze_gc
         )
