@@ -38,7 +38,9 @@ def test_wheel_ships_queries_themes_and_thresholds(tmp_path: Path) -> None:
     assert built.returncode == 0, built.stdout + built.stderr
     wheel = next(tmp_path.glob("workbench-*.whl"))
     site = tmp_path / "site"
-    installed = _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)], src)
+    installed = _run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)], src
+    )
     assert installed.returncode == 0, installed.stdout + installed.stderr
     for d in (site / "workbench" / "data" / "queries", site / "workbench" / "data" / "themes"):
         assert d.is_dir() and not d.is_symlink(), f"{d}: not a real folder in the installed wheel"
