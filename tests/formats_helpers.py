@@ -248,7 +248,7 @@ class MsprobeStyleDumper:
         return y
 
     def close(self) -> None:
-        torch.nn.functional.silu = self._orig_silu  # type: ignore[assignment]
+        torch.nn.functional.silu = self._orig_silu
         for h in self.handles:
             h.remove()
         task = "tensor" if self.save else "statistics"

@@ -366,7 +366,7 @@ async def test_decode_tokens_link_to_the_decoder_graph(demo_catalog: Path) -> No
             await wait_for(pilot, lambda: cursor_id(golden) == screen.born_id)
             await wait_for(
                 pilot, lambda t=token: cursor_id(test) is not None and test.rows[cursor_id(test)].name == expected[t]
-            )  # type: ignore[index]
+            )
             detail = screen.query_one("#detail", Static)
             await wait_for(pilot, lambda t=token, d=detail: f"test: {expected[t]}" in _text(d), timeout=20)
 

@@ -32,7 +32,7 @@ def _metrics(catalog: Path) -> dict[tuple[str, int, str, int], tuple[object, ...
         "golden_std, my_std FROM comparison"
     ).fetchall()
     con.close()
-    return {tuple(r[:4]): tuple(r[4:]) for r in rows}  # type: ignore[misc]
+    return {tuple(r[:4]): tuple(r[4:]) for r in rows}
 
 
 def test_pool_and_early_pairs_give_the_in_process_numbers(

@@ -178,7 +178,7 @@ def test_two_graphs_warmup_and_phases(tmp_path: Path) -> None:
     by_token: dict[int, set[str | None]] = {}
     for t in d.tensors:
         by_token.setdefault(t.token, set()).add(nodes[t.node].phase)
-        assert "/0/" not in t.path  # type: ignore[operator]  # warmup tensors left out
+        assert "/0/" not in t.path  # warmup tensors left out
     assert by_token == {0: {"prefill"}, 1: {"decode"}, 2: {"decode"}}
     assert nodes["6_Decoder_layer/1_LinearOperation"].params == {"hasBias": False}
 
@@ -213,7 +213,7 @@ def test_layouts_stats_and_descriptor_only(tmp_path: Path) -> None:
     assert st.path is None and st.dtype == "bfloat16" and st.shape == (1, 8)
     assert st.stats == TensorStats(max=2.5, min=None, mean=0.125, norm=3.0)
     assert rms[("out", 0)].error is not None and "descriptor only" in rms[("out", 0)].error
-    assert rms[("in", 1)].path.endswith("after/intensor1.bin")  # type: ignore[union-attr]
+    assert rms[("in", 1)].path.endswith("after/intensor1.bin")
     assert d.node_map()["1_RmsNormOperation"].type == "RmsNormOperation"  # no topology: folder suffix
     assert d.node_map()["0_LinearOperation"].params == {"hasBias": False}  # from op_param.json
 

@@ -120,4 +120,4 @@ def test_missing_pt_is_a_problem(tmp_path: Path) -> None:
     (bad,) = [t for t in d.tensors if t.node == MLP0 and t.role == "out"]
     assert bad.error == "missing file" and bad.stats is not None  # stats from dump.json still there
     assert sum(t.error is None for t in d.tensors) == len(d.tensors) - 1
-    assert torch.is_tensor(load_tensor(next(t.path for t in d.tensors if t.error is None)))  # type: ignore[arg-type]
+    assert torch.is_tensor(load_tensor(next(t.path for t in d.tensors if t.error is None)))

@@ -171,7 +171,7 @@ def test_statistics_only_dump(tmp_path: Path) -> None:
     out = by_role["out"]
     assert out.path is None and out.dtype == "float16" and out.shape == (1, 4, 16)
     assert out.stats is not None and out.stats.max == 7.0 and out.stats.norm == 4.0
-    assert by_role["in"].stats.min == -2.0  # type: ignore[union-attr]
+    assert by_role["in"].stats.min == -2.0
 
 
 def test_bloom_model_tree_fixture_old_layout(tmp_path: Path) -> None:

@@ -11,9 +11,10 @@ import pandas as pd
 
 from workbench.catalog import first_row
 from workbench.catalog.readonly import connect_read_only
+from workbench.core.files import package_data
 from workbench.core.text import printable
 
-QUERIES_DIR = Path(__file__).resolve().parents[2] / "queries"
+QUERIES_DIR = package_data("queries")
 
 
 def saved_queries(folder: Path = QUERIES_DIR) -> dict[str, tuple[Path, str]]:

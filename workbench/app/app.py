@@ -17,7 +17,7 @@ from textual.worker import Worker, WorkerState
 from workbench.analysis.explore import ExploreError, Explorer
 from workbench.app.actions import ACTIONS, bindings
 from workbench.app.main_screen import MainScreen
-from workbench.app.screens import HelpScreen, MessageScreen, ProgressScreen
+from workbench.app.screens import EditRequested, HelpScreen, MessageScreen, ProgressScreen
 from workbench.app.themes import DEFAULT_THEME, DOMAIN_DEFAULTS, THEMES_DIR, load_themes
 
 if TYPE_CHECKING:
@@ -251,6 +251,9 @@ class WorkbenchApp(App[int]):
             self.explorer.close()
         self._edit_worker(pairs, remove)
 
+    def on_edit_requested(self, msg: EditRequested) -> None:
+        self.apply_edit(msg.pairs, msg.remove)
+
     @work(thread=True, exclusive=True, group="edit", exit_on_error=False)
     def _edit_worker(self, pairs: list[PairSpec], remove: list[tuple[str, str]]) -> None:
         text, error = "", False
@@ -298,7 +301,7 @@ class WorkbenchApp(App[int]):
         self.theme = names[(i + 1) % len(names)]
         self.notify(f"theme: {self.theme}")
 
-    def action_quit(self) -> None:  # type: ignore[override]
+    async def action_quit(self) -> None:
         self.exit(self.error_code, return_code=self.error_code)
 
     def on_unmount(self) -> None:

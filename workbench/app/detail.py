@@ -116,7 +116,7 @@ def render_detail(detail: PairDetail | None, diff: TensorDiff | None, styles: di
         ("nan_count", "NaN"),
         ("inf_count", "Inf"),
     ):
-        cells: list[Text | str] = []
+        cells = []
         for p in detail.pairs:
             for s in (p.golden, p.test):
                 value = s.get(key)

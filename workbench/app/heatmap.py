@@ -100,7 +100,7 @@ class HeatmapView(ScrollView, can_focus=True):
         self.data = data
         self.bound = bound
         sev = severity_array(data.values, data.metric, bound)
-        lv = np.full(data.values.shape, -1, dtype=np.int8)
+        lv: np.ndarray = np.full(data.values.shape, -1, dtype=np.int8)
         finite = ~np.isnan(sev)
         if finite.any():
             lv[finite] = np.searchsorted(np.array(LEVEL_EDGES), sev[finite], side="right").astype(np.int8)
@@ -143,7 +143,10 @@ class HeatmapView(ScrollView, can_focus=True):
     # ------------------------------------------------------------------ cursor
     @property
     def shape(self) -> tuple[int, int]:
-        return (0, 0) if self.data is None else self.data.values.shape  # type: ignore[return-value]
+        if self.data is None:
+            return (0, 0)
+        rows, cols = self.data.values.shape
+        return rows, cols
 
     def move_cursor(self, row: int, col: int) -> None:
         """Put the cursor on a cell (clamped); repaints only the lines that changed."""

@@ -9,13 +9,12 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
-from textual.screen import Screen
 from textual.widgets import Footer, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from workbench.analysis.explore import Explorer, NodePair, Unmatched
 from workbench.app.actions import bindings
-from workbench.app.screens import UsesAppExplorer
+from workbench.app.screens import EditRequested, UsesAppExplorer
 from workbench.compare.mapping import WB_MAPPING_NAME, MappingError, MappingFile, PairSpec, TensorSel
 
 
@@ -26,7 +25,7 @@ class MappingLists(Message):
     pairs: list[NodePair]
 
 
-class MappingScreen(UsesAppExplorer, Screen[None]):
+class MappingScreen(UsesAppExplorer):
     """Two filterable lists of unmatched ops and the list of current pairs."""
 
     SCOPE = "mapping"
@@ -159,7 +158,7 @@ class MappingScreen(UsesAppExplorer, Screen[None]):
         self.mapping.add_pair(spec)
         self.dirty = True
         self._status(f"pairing {g} ⇄ {t} ({gsel} / {tsel}); computing metrics ...")
-        self.app.apply_edit([spec], [])  # type: ignore[attr-defined]
+        self.post_message(EditRequested([spec], []))
 
     def action_unpair_selected(self) -> None:
         idx = self._highlighted("pairs")
@@ -170,7 +169,7 @@ class MappingScreen(UsesAppExplorer, Screen[None]):
         self.mapping.remove_pair(pair.golden, pair.test)
         self.dirty = True
         self._status(f"unpairing {pair.golden} ⇄ {pair.test} ...")
-        self.app.apply_edit([], [(pair.golden, pair.test)])  # type: ignore[attr-defined]
+        self.post_message(EditRequested([], [(pair.golden, pair.test)]))
 
     def action_save_mapping(self) -> None:
         try:

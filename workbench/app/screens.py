@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 from rich.table import Table
@@ -9,11 +10,13 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Center, Vertical, VerticalScroll
+from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, ProgressBar, Static
 
 from workbench.analysis.explore import Explorer
 from workbench.app.actions import ACTIONS, bindings
+from workbench.compare.mapping import PairSpec
 
 SCOPE_TITLES = {
     "app": "Everywhere",
@@ -26,10 +29,17 @@ SCOPE_TITLES = {
 }
 
 
-class UsesAppExplorer:
-    """For screens that query the app's current (read-only) catalog explorer, reopened after edits."""
+@dataclass
+class EditRequested(Message):
+    """A screen asks the app to pair (`pairs`) and unpair (`remove`: golden, test node names) nodes."""
 
-    app: object
+    pairs: list[PairSpec]
+    remove: list[tuple[str, str]]
+
+
+class UsesAppExplorer(Screen[None]):
+    """For screens that query the app's current (read-only) catalog explorer, reopened after edits; they ask
+    the app for edits by message (`EditRequested`)."""
 
     @property
     def explorer(self) -> Explorer:

@@ -10,7 +10,6 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
-from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label, OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
@@ -34,7 +33,7 @@ class SqlDone(Message):
     error: str | None
 
 
-class SqlScreen(UsesAppExplorer, Screen[None]):
+class SqlScreen(UsesAppExplorer):
     """Type SQL (Ctrl+R runs it) or pick a saved query; `getvariable('cmp_id')` is the shown comparison."""
 
     SCOPE = "sql"

@@ -8,7 +8,9 @@ from typing import Any
 
 from textual.theme import Theme
 
-THEMES_DIR = Path(__file__).resolve().parents[2] / "themes"
+from workbench.core.files import package_data
+
+THEMES_DIR = package_data("themes")
 DEFAULT_THEME = "wb-dark"
 HEAT_LEVELS = 7
 # Domain colours every theme provides (and the defaults for Textual's built-in themes).
@@ -62,7 +64,7 @@ def theme_from_toml(path: Path) -> Theme:
     if not isinstance(variables, dict):
         raise ThemeError(f"{path}: [variables] must be a table")
     merged = {**DOMAIN_DEFAULTS, **{str(k): str(v) for k, v in variables.items()}}
-    kwargs = {k: str(data[k]) for k in _THEME_FIELDS if k in data}
+    kwargs: dict[str, Any] = {k: str(data[k]) for k in _THEME_FIELDS if k in data}
     return Theme(name=str(name), dark=bool(data.get("dark", True)), variables=merged, **kwargs)
 
 

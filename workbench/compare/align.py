@@ -238,16 +238,20 @@ def _refine_runs(
     run: list[tuple[int | None, int | None]] = []
 
     def key_of(s: tuple[int | None, int | None]) -> Hashable:
-        return gkeys[s[0]] if s[0] is not None else tkeys[s[1]]  # type: ignore[index]
+        g, t = s
+        if g is not None:
+            return gkeys[g]
+        assert t is not None
+        return tkeys[t]
 
     def flush() -> None:
         gi = [s[0] for s in run if s[0] is not None]
         tj = [s[1] for s in run if s[1] is not None]
-        matched = [(s[0], s[1]) for s in run if s[0] is not None and s[1] is not None]
+        matched = [(g, t) for g, t in run if g is not None and t is not None]
         if len(gi) != len(tj) and matched and len(gi) * len(tj) <= _MAX_RUN_CELLS:
             out.extend(_best_in_order(gi, tj, gstats, tstats))
         else:
-            out.extend(matched)  # type: ignore[arg-type]
+            out.extend(matched)
         run.clear()
 
     for s in steps:

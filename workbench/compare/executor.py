@@ -357,7 +357,7 @@ def compute_pending(
     )
     tasks: list[PairTask | StatsTask] = []
     sizes: list[int] = []
-    first_of: dict[tuple[Any, ...], int] = {}
+    first_of: dict[PairKey, int] = {}
     aliases: dict[int, list[tuple[int, int, int]]] = {}
     claims: dict[PairKey, PairTask] = {}
     if early is not None:
@@ -368,14 +368,16 @@ def compute_pending(
         pair_id, g_tid, t_tid, transform = int(pair_id), int(g_tid), int(t_tid), none_if_na(transform)
         g_path, g_dtype, g_numel = g_info[g_tid]
         t_path, t_dtype, t_numel = t_info[t_tid]
-        key = (file_identity(g_path), file_identity(t_path), t_dtype, transform)
-        if key[0] is not None and key[1] is not None:
+        g_file, t_file = file_identity(g_path), file_identity(t_path)
+        key: PairKey | None = None
+        if g_file is not None and t_file is not None:
+            key = (g_file, t_file, t_dtype, transform)
             if key in first_of:
                 aliases.setdefault(first_of[key], []).append((pair_id, g_tid, t_tid))
                 continue
             first_of[key] = pair_id
         task = PairTask(pair_id, g_path, t_path, t_dtype, g_tid, t_tid, transform)
-        if early is not None and early.has(key):
+        if early is not None and key is not None and early.has(key):
             claims[key] = task
         tasks.append(task)
         sizes.append(tensor_bytes(g_numel, g_dtype) + tensor_bytes(t_numel, t_dtype))

@@ -184,8 +184,9 @@ def _aligned(ctx: MatchContext) -> list[NodeMatch]:
         # the same module under the same parent whose class was swapped (a wrong activation): still itself
         left_t = {t.name[n]: n for n in ts if n not in paired_t}
         for gid in gs:
-            tid = left_t.get(g.name[gid]) if gid not in paired_g else None
-            if tid is not None:
+            swapped = left_t.get(g.name[gid]) if gid not in paired_g else None
+            if swapped is not None:
+                tid = swapped
                 paired_g.add(gid)
                 paired_t.add(tid)
                 scopes.append((gid, tid))

@@ -6,7 +6,7 @@ import math
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 SUMMARY_FIELDS = ("numel", "min", "max", "mean", "std", "norm", "nan_count", "inf_count")
 BATCH_BYTES = 48 * 1024 * 1024  # tasks go to a worker in batches of about this much tensor data
@@ -45,6 +45,7 @@ class StatsTask:
 
 
 Task = PairTask | StatsTask
+T = TypeVar("T")
 
 
 def tensor_bytes(numel: Any, dtype: Any) -> int:
@@ -53,9 +54,9 @@ def tensor_bytes(numel: Any, dtype: Any) -> int:
     return n * _ITEMSIZE.get(str(dtype), 4)
 
 
-def batches(tasks: Sequence[Task], sizes: Sequence[int]) -> Iterator[list[Task]]:
+def batches(tasks: Sequence[T], sizes: Sequence[int]) -> Iterator[list[T]]:
     """Consecutive tasks grouped up to `BATCH_BYTES` or `BATCH_MAX_TASKS` (fewer round trips to the pool)."""
-    batch: list[Task] = []
+    batch: list[T] = []
     acc = 0
     for task, size in zip(tasks, sizes):
         batch.append(task)

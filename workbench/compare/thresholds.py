@@ -13,15 +13,16 @@ import math
 import re
 import tomllib
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from workbench.catalog.schema import ALL_METRICS
+from workbench.core.files import package_data
+from workbench.core.metrics import NAN_INF as NAN_INF
 from workbench.formats.model import canonical_dtype
 
 DEFAULTS_RESOURCE = "thresholds.toml"
-NAN_INF = "nan_inf"  # the failed-metric name of a NaN/Inf mismatch
+
 _TOP_KEYS = {"verdict", "nan_inf_fails", "default_dtype", "dtype", "rule"}
 _RULE_KEYS = {"name", "match", "verdict", "dtype", "model_output"}
 _QUANTIZED = {"int8", "uint8", "int4", "qint8", "quint8"}
@@ -65,7 +66,7 @@ class Thresholds:
     @classmethod
     def load(cls, path: str | Path | None = None) -> Thresholds:
         """Defaults, merged with the TOML file at `path` if given; ValueError names a bad file."""
-        text = resources.files("workbench").joinpath("data", DEFAULTS_RESOURCE).read_text(encoding="utf-8")
+        text = package_data(DEFAULTS_RESOURCE).read_text(encoding="utf-8")
         data = _parse(text, f"<package>/workbench/data/{DEFAULTS_RESOURCE}")
         if path is not None:
             p = Path(path)

@@ -8,6 +8,7 @@ then, in that worker only.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -142,6 +143,6 @@ def run_stats(task: StatsTask) -> dict[str, Any]:
     return out
 
 
-def run_batch(tasks: list[PairTask | StatsTask]) -> list[dict[str, Any]]:
+def run_batch(tasks: Sequence[PairTask | StatsTask]) -> list[dict[str, Any]]:
     """A batch of tasks (batched to keep inter-process traffic low)."""
     return [run_pair(t) if isinstance(t, PairTask) else run_stats(t) for t in tasks]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from importlib import resources
+from pathlib import Path
+
 CATALOG_NAME = "catalog.duckdb"  # the catalog inside an output folder (`wb compare -o OUT`)
 DEFAULT_OUTPUT = "wb_out"  # default output folder of `wb compare` / `wb open`
 DEFAULT_CATALOG = f"{DEFAULT_OUTPUT}/{CATALOG_NAME}"  # default catalog of `wb query`, `wb ingest`, `wb advise`
@@ -9,3 +12,10 @@ MANIFEST_NAME = "wb_manifest.json"  # our dumper's record of order, command and 
 MODEL_TREE_NAME = "model_tree.json"  # msit's module tree
 REDUMP_ENV = "WB_REDUMP"  # JSON that `wb redump` hands the re-run: DumpConfig fields it overrides
 EXEC_DUMP_ENV = "WB_EXEC_DUMP"  # JSON that `wb dump --exec` hands the script: the DumpConfig to hook its model with
+
+
+def package_data(*parts: str) -> Path:
+    """A file or folder of `workbench/data/`, wherever the package is (a source checkout, an editable install,
+    an installed wheel). `data/queries` and `data/themes` are links to the top-level `queries/` and `themes/`
+    folders; a wheel holds copies of them."""
+    return Path(str(resources.files("workbench").joinpath("data", *parts)))

@@ -55,7 +55,7 @@ class ApiDumpMode(TorchFunctionMode):
                 self.busy = False
         return output
 
-    def push(self) -> None:
+    def activate(self) -> None:
         """Make the mode active (idempotent)."""
         if not self.entered:
             self.__enter__()

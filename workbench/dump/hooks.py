@@ -192,7 +192,7 @@ class DumpHandle:
             assert self.manifest is not None
             self._order = self.manifest.start_token(self.token)
             if self._mode is not None:
-                self._mode.push()
+                self._mode.activate()
 
     def _token_end(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if not self.active:
@@ -314,6 +314,7 @@ class DumpHandle:
                     if seen is not None:
                         seen.saved = saved
             if self._want_stats:
+                stats: torch.Tensor | None
                 if seen is not None and seen.stats is not None:
                     stats, ready = seen.stats, seen.ready
                 else:

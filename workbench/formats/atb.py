@@ -31,7 +31,7 @@ from typing import Any
 
 from workbench.formats import atb_bin
 from workbench.formats.layers import is_layer_folder
-from workbench.formats.model import Dump, DumpError, Node, TensorEntry, token_folder_problem, token_number
+from workbench.formats.model import Dump, DumpError, Node, TensorEntry, TensorRole, token_folder_problem, token_number
 from workbench.formats.scan import check_link, link_problem, list_dir, read_json
 
 _OP_RE = re.compile(r"^([0-9]{1,9})_(.+)$", re.DOTALL)
@@ -480,14 +480,15 @@ def _scan_op_tensors(token: int, node: str, folder: Path, out: list[TensorEntry]
     inputs = dict(found.get(("after", "intensor"), {}))
     inputs.update(found.get(("before", "intensor"), {}))
     outputs = found.get(("after", "outtensor"), {})
-    for role, files_by_idx in (("in", inputs), ("out", outputs)):
+    by_role: tuple[tuple[TensorRole, dict[int, str]], ...] = (("in", inputs), ("out", outputs))
+    for role, files_by_idx in by_role:
         for k in sorted(files_by_idx):
             path = files_by_idx[k]
             try:
                 h = atb_bin.read_header(path)
             except DumpError as exc:
                 problems.append(str(exc))
-                out.append(TensorEntry(token, node, role, k, path, error=exc.reason))  # type: ignore[arg-type]
+                out.append(TensorEntry(token, node, role, k, path, error=exc.reason))
                 continue
             if h.stats is not None and h.payload_length == 0:
                 out.append(
@@ -498,7 +499,7 @@ def _scan_op_tensors(token: int, node: str, folder: Path, out: list[TensorEntry]
                         k,
                         None,
                         dtype=h.dtype,
-                        shape=h.shape,  # type: ignore[arg-type]
+                        shape=h.shape,
                         layout=h.layout,
                         stats=h.stats,
                     )
@@ -512,7 +513,7 @@ def _scan_op_tensors(token: int, node: str, folder: Path, out: list[TensorEntry]
                         k,
                         path,
                         dtype=h.dtype,
-                        shape=h.shape,  # type: ignore[arg-type]
+                        shape=h.shape,
                         layout=h.layout,
                         error="descriptor only (dumped with -sd): no tensor data",
                     )
@@ -526,7 +527,7 @@ def _scan_op_tensors(token: int, node: str, folder: Path, out: list[TensorEntry]
                         k,
                         path,
                         dtype=h.dtype,
-                        shape=h.shape,  # type: ignore[arg-type]
+                        shape=h.shape,
                         layout=h.layout,
                     )
                 )

@@ -28,11 +28,13 @@ from workbench.core.files import MANIFEST_NAME, MODEL_TREE_NAME
 from workbench.formats.arrays import read_pth_array
 from workbench.formats.layers import inherit_layers, layer_from_name
 from workbench.formats.model import (
+    TENSOR_ROLES,
     Dump,
     DumpError,
     Node,
     OrderSource,
     TensorEntry,
+    TensorRole,
     TensorStats,
     check_shape,
     token_folder_problem,
@@ -292,7 +294,7 @@ def param_name(path: str) -> str:
     return stem.rpartition(".")[2]
 
 
-def _role_index(stem: str) -> tuple[str, tuple[int, ...]] | None:
+def _role_index(stem: str) -> tuple[TensorRole, tuple[int, ...]] | None:
     m = _TENSOR_RE.match(stem)
     if not m:
         return None
@@ -308,7 +310,7 @@ def _scan_module(
     except DumpError as exc:
         problems.append(str(exc))
         return
-    by_role: dict[str, list[tuple[tuple[int, ...], str]]] = {"in": [], "out": []}
+    by_role: dict[TensorRole, list[tuple[tuple[int, ...], str]]] = {"in": [], "out": []}
     stats_file = None
     for f in files:
         if f.is_dir and not f.name.endswith(".pth"):  # a folder named like a tensor file is reported below
@@ -329,13 +331,13 @@ def _scan_module(
             problems.append(f"{f.path}: unexpected tensor file name (want input_<i>.pth or output[_<i>].pth)")
             continue
         by_role[ri[0]].append((ri[1], f.path))
-    stats: dict[tuple[str, int], tuple[str | None, tuple[int, ...] | None, TensorStats]] = {}
+    stats: dict[tuple[TensorRole, int], tuple[str | None, tuple[int, ...] | None, TensorStats]] = {}
     if stats_file is not None:
         try:
             stats = _read_stats_csv(stats_file)
         except DumpError as exc:
             problems.append(str(exc))
-    for role in ("in", "out"):
+    for role in TENSOR_ROLES:
         for idx, (_nums, path) in enumerate(sorted(by_role[role])):
             st = stats.pop((role, idx), None)
             try:
@@ -351,7 +353,7 @@ def _scan_module(
                         role,
                         idx,
                         path,
-                        error=exc.reason,  # type: ignore[arg-type]
+                        error=exc.reason,
                         stats=st[2] if st else None,
                     )
                 )
@@ -363,7 +365,7 @@ def _scan_module(
                     role,
                     idx,
                     path,
-                    dtype=dt,  # type: ignore[arg-type]
+                    dtype=dt,
                     shape=shape,
                     stats=st[2] if st else None,
                 )
@@ -379,8 +381,12 @@ def _scan_module(
                 target[module].append(key)
                 if role == "in":
                     hashes.has_inputs = True
-    for (role, idx), (dt, shape, st_) in sorted(stats.items()):
-        out.append(TensorEntry(tok, module, role, idx, None, dtype=dt, shape=shape, stats=st_))  # type: ignore[arg-type]
+    for (role, idx), (st_dtype, st_shape, st_) in sorted(stats.items()):
+        out.append(TensorEntry(tok, module, role, idx, None, dtype=st_dtype, shape=st_shape, stats=st_))
+
+
+def _csv_role(row: dict[str, str]) -> TensorRole:
+    return "out" if (row.get("InputOutput") or "").strip().lower().startswith("out") else "in"
 
 
 def _float(text: str | None) -> float | None:
@@ -392,7 +398,9 @@ def _float(text: str | None) -> float | None:
         return None
 
 
-def _read_stats_csv(path: str) -> dict[tuple[str, int], tuple[str | None, tuple[int, ...] | None, TensorStats]]:
+def _read_stats_csv(
+    path: str,
+) -> dict[tuple[TensorRole, int], tuple[str | None, tuple[int, ...] | None, TensorStats]]:
     """Rows of one `statistics.csv`; a module called twice in a token appends twice, the last call wins."""
     try:
         with open(path, newline="", encoding="utf-8") as fh:
@@ -404,17 +412,17 @@ def _read_stats_csv(path: str) -> dict[tuple[str, int], tuple[str | None, tuple[
     if rows and not {"InputOutput", "Max", "Min", "Mean"} <= set(rows[0]):
         raise DumpError(path, "statistics CSV without InputOutput/Max/Min/Mean columns")
     calls: list[list[dict[str, str]]] = [[]]
-    prev_role = None
+    prev_role: TensorRole | None = None
     for r in rows:
-        role = "out" if (r.get("InputOutput") or "").strip().lower().startswith("out") else "in"
+        role = _csv_role(r)
         if role == "in" and prev_role == "out":
             calls.append([])
         calls[-1].append(r)
         prev_role = role
-    result: dict[tuple[str, int], tuple[str | None, tuple[int, ...] | None, TensorStats]] = {}
-    counters = {"in": 0, "out": 0}
+    result: dict[tuple[TensorRole, int], tuple[str | None, tuple[int, ...] | None, TensorStats]] = {}
+    counters: dict[TensorRole, int] = {"in": 0, "out": 0}
     for r in calls[-1]:
-        role = "out" if (r.get("InputOutput") or "").strip().lower().startswith("out") else "in"
+        role = _csv_role(r)
         dt = (r.get("DataType") or "").strip()
         shape_text = r.get("Shape") or ""
         shape: tuple[int, ...] | None = None
@@ -477,7 +485,7 @@ def _assign_order_by_dataflow(nodes: list[Node], hashes: _Hashes) -> None:
     assert hashes.inputs is not None and hashes.outputs is not None
 
     def chain(name: str) -> list[str]:
-        out = []
+        out: list[str] = []
         cur: str | None = name
         while cur is not None and cur in by_name and len(out) <= len(by_name):
             out.append(cur)

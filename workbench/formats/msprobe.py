@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.formats.layers import inherit_layers, layer_from_name
-from workbench.formats.model import Dump, DumpError, Node, TensorEntry, TensorStats, check_shape
+from workbench.formats.model import Dump, DumpError, Node, TensorEntry, TensorRole, TensorStats, check_shape
 from workbench.formats.scan import check_link, list_dir, npy_header, pth_header, read_json
 
 _MODULE_RE = re.compile(r"^(Module|Cell)\.(.+)\.([^.]+)\.(forward|backward)\.([0-9]{1,9})$", re.DOTALL)
@@ -67,8 +67,9 @@ def find_rank_dirs(path: Path) -> list[tuple[int, Path]]:
         m = _STEP_RE.match(path.parent.name)
         return [(int(m.group(1)) if m else 0, path)]
     steps: list[tuple[int, Path]] = []
-    if _STEP_RE.match(path.name):
-        steps = [(int(_STEP_RE.match(path.name).group(1)), path)]  # type: ignore[union-attr]
+    own_step = _STEP_RE.match(path.name)
+    if own_step:
+        steps = [(int(own_step.group(1)), path)]
     else:
         try:
             for e in list_dir(path):
@@ -304,7 +305,7 @@ def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems:
     e = call.entry
     params = e.get("parameters")
     named = sorted(params.items()) if isinstance(params, dict) else []
-    roles = (
+    roles: tuple[tuple[TensorRole, list[Any]], ...] = (
         ("in", [e.get("input_args", []), e.get("input_kwargs", {})]),
         ("out", [e.get("output", [])]),
         ("param", [v for _, v in named]),  # numbered by parameter name, as our weights are
@@ -335,7 +336,7 @@ def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems:
                         idx,
                         None,
                         dtype=dtype,
-                        shape=shape,  # type: ignore[arg-type]
+                        shape=shape,
                         stats=stats,
                     )
                 )
@@ -351,7 +352,7 @@ def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems:
                         idx,
                         None,
                         dtype=dtype,
-                        shape=shape,  # type: ignore[arg-type]
+                        shape=shape,
                         stats=stats,
                     )
                 )
@@ -374,7 +375,7 @@ def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems:
                         idx,
                         path,
                         dtype=dtype,
-                        shape=shape,  # type: ignore[arg-type]
+                        shape=shape,
                         stats=stats,
                         error=bad.reason,
                     )
@@ -388,7 +389,7 @@ def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems:
                     idx,
                     path,
                     dtype=dtype,
-                    shape=shape,  # type: ignore[arg-type]
+                    shape=shape,
                     stats=stats,
                 )
             )

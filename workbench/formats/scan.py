@@ -178,9 +178,9 @@ def content_key(t: Any) -> bytes:
     flat = np.ascontiguousarray(raw.array).reshape(-1).view(np.uint8)
     n = flat.shape[0]
     if n <= FULL_HASH_BYTES:
-        h.update(memoryview(flat))
+        h.update(flat.data)
     else:
         step = (n - _SAMPLE_BYTES) // (_SAMPLES - 1)
         for i in range(_SAMPLES):
-            h.update(memoryview(flat[i * step : i * step + _SAMPLE_BYTES]))
+            h.update(flat[i * step : i * step + _SAMPLE_BYTES].data)
     return h.digest()

@@ -64,16 +64,16 @@ def run_compare(
     `follow_symlinks` reads files whose links leave a dump (refused by default).
     Raises `CompareCancelled` when `cancel` is set; what was committed is kept.
     """
-    from workbench.compare.mapping import MappingFile
-    from workbench.compare.thresholds import Thresholds
-
-    th = thresholds if isinstance(thresholds, Thresholds) else Thresholds.load(thresholds)
-    mf = mapping if isinstance(mapping, MappingFile) or mapping is None else MappingFile.load(mapping)
     n_workers = workers or default_workers()
     own: PoolStarter | None = None
     if pool is None and worth_a_pool(_root(golden), _root(test), n_workers):
-        own = pool = PoolStarter(n_workers)
+        own = pool = PoolStarter(n_workers)  # first: its workers boot while everything else happens
     try:
+        from workbench.compare.mapping import MappingFile
+        from workbench.compare.thresholds import Thresholds
+
+        th = thresholds if isinstance(thresholds, Thresholds) else Thresholds.load(thresholds)
+        mf = mapping if isinstance(mapping, MappingFile) or mapping is None else MappingFile.load(mapping)
         return _read_ingest_compare(
             golden,
             test,
