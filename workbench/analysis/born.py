@@ -50,13 +50,28 @@ GROUP BY m.cmp_id, m.token_id, m.golden_node_id
 
 
 def refresh_verdicts(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, int | None]:
-    """Rebuild `node_results` and `error_born` of one comparison; returns token -> golden node id."""
+    """Rebuild `node_results` and `error_born` of one comparison; returns token -> golden node id.
+
+    Also refreshes the logits and token input status (`analysis.token_inputs`): a token whose inputs differ
+    between the runs names no op (its `error_born` row keeps NULL with the reason as evidence).
+    """
+    from workbench.analysis.token_inputs import refresh_token_analysis
+
+    refresh_token_analysis(con, cmp_id)
+    differ = {
+        int(t): str(r)
+        for t, r in con.execute(
+            "SELECT token_id, reason FROM token_status WHERE cmp_id = ? AND inputs_differ", [cmp_id]
+        ).fetchall()
+    }
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute("DELETE FROM node_results WHERE cmp_id = ?", [cmp_id])
         con.execute(NODE_RESULTS_SQL, [cmp_id])
         verdicts = _born_per_token(con, cmp_id)
-        evidence = _refine_with_precheck(con, cmp_id, verdicts)
+        for token in verdicts.keys() & differ.keys():
+            verdicts[token] = (None, None)
+        evidence = {**_refine_with_precheck(con, cmp_id, verdicts), **differ}
         con.execute("DELETE FROM error_born WHERE cmp_id = ?", [cmp_id])
         for token, (gid, tid) in verdicts.items():
             con.execute("INSERT INTO error_born VALUES (?, ?, ?, ?, ?)", [cmp_id, token, gid, tid, evidence.get(token)])

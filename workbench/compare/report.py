@@ -28,8 +28,17 @@ def write_msit_csv(con: duckdb.DuckDBPyConnection, cmp_id: int, out_dir: Path, t
     return path
 
 
-def format_summary(res: CompareResult, golden_label: str, test_label: str, csv_path: Path | None) -> list[str]:
-    """The lines `wb compare` prints."""
+def format_summary(
+    res: CompareResult,
+    golden_label: str,
+    test_label: str,
+    csv_path: Path | None,
+    first_divergent: str | None = None,
+    inputs_differ: dict[int, str] | None = None,
+) -> list[str]:
+    """The lines `wb compare` prints; `first_divergent` (the logits line) and `inputs_differ` (token -> the line
+    that replaces its verdict) come from the token analysis."""
+    inputs_differ = inputs_differ or {}
     cov = res.coverage
     lines = [
         f"golden: {golden_label}",
@@ -62,11 +71,15 @@ def format_summary(res: CompareResult, golden_label: str, test_label: str, csv_p
         lines.append(f"problem: {line}")
     if len(res.problems) > 20:
         lines.append(f"problem: ... and {len(res.problems) - 20} more (see runs.problems in the catalog)")
+    if first_divergent is not None:
+        lines.append(first_divergent)
     if res.first_failing_token is not None:
-        lines.append(f"first divergent token: {res.first_failing_token}")
-    for tok in sorted(res.born):
-        name = res.born[tok]
-        if name is None:
+        lines.append(f"first token with an error born: {res.first_failing_token}")
+    for tok in sorted(res.born.keys() | inputs_differ.keys()):
+        name = res.born.get(tok)
+        if tok in inputs_differ:
+            lines.append(inputs_differ[tok])
+        elif name is None:
             lines.append(f"token {tok}: no error born (every output passes, or no op fails with passing inputs)")
         else:
             test_name = res.born_test.get(tok)
