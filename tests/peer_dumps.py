@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = 4
 
 
-def dump(tool: str, out: Path, *, defect: bool = False, bf16: bool = False, forced: list[int] | None = None) -> list[int]:
+def dump(
+    tool: str, out: Path, *, defect: bool = False, bf16: bool = False, forced: list[int] | None = None
+) -> list[int]:
     """Run the peer dumper in a subprocess; returns the ids the run generated."""
     args = [sys.executable, "-m", "tests.peer_dumps", tool, str(out)]
     args += ["--defect"] if defect else []
