@@ -10,6 +10,7 @@ import os
 import sys
 
 from workbench.cli import (  # noqa: F401  (registration)
+    badcase_cmd,
     catalog_cmds,
     compare_cmd,
     demo_cmd,
