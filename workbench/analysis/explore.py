@@ -20,6 +20,7 @@ from typing import Any, Literal
 import duckdb
 import numpy as np
 
+from workbench.analysis.token_view import StripCell, strip_cells
 from workbench.catalog.schema import SCHEMA_VERSION
 
 Side = Literal["golden", "test"]
@@ -408,6 +409,14 @@ class Explorer:
             ids,
             str(dt[0][0]) if dt else None,
         )
+
+    def logits_strip(self) -> list[StripCell]:
+        """One cell per token: the logits verdict, KL, and why the runs' inputs differ (`analysis.logits`)."""
+        cur = self._cur()
+        try:
+            return strip_cells(cur, self.info.cmp_id, self.info.tokens)
+        finally:
+            cur.close()
 
     def run_id(self, side: Side) -> int:
         return self.info.golden_run if side == "golden" else self.info.test_run
