@@ -24,9 +24,10 @@ class StripCell:
     test_top1: int | None
     inputs_differ: bool
     inputs_reason: str | None
+    reason: str | None = None  # why the logits were not compared
 
-    def describe(self) -> str:
-        """One line for the strip's label and tooltip."""
+    def describe(self, why: bool = False) -> str:
+        """One line for the strip's label; `why` adds why the logits were not compared (the tooltip)."""
         verdict = {True: "logits pass", False: "logits FAIL", None: "logits not compared"}[self.passed]
         parts = [f"token {self.token}: {verdict}"]
         if self.kl is not None:
@@ -35,6 +36,8 @@ class StripCell:
             parts.append(f"top-1 {self.golden_top1}/{self.test_top1}")
         if self.inputs_differ:
             parts.append(self.inputs_reason or "inputs differ")
+        if why and self.reason:
+            parts.append(self.reason)
         return "; ".join(parts)
 
 
@@ -47,7 +50,7 @@ def strip_cells(con: duckdb.DuckDBPyConnection, cmp_id: int, tokens: Iterable[in
     rows = {
         int(r[0]): r
         for r in con.execute(
-            "SELECT token_id, passed, kl_divergence, cosine_similarity, golden_top1, test_top1 FROM logits "
+            "SELECT token_id, passed, kl_divergence, cosine_similarity, golden_top1, test_top1, reason FROM logits "
             "WHERE cmp_id = ?",
             [cmp_id],
         ).fetchall()
@@ -76,6 +79,7 @@ def strip_cells(con: duckdb.DuckDBPyConnection, cmp_id: int, tokens: Iterable[in
                 None if r is None else r[5],
                 bool(s and s[1]),
                 None if s is None else s[2],
+                None if r is None else r[6],
             )
         )
     return out

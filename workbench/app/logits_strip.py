@@ -104,7 +104,7 @@ class LogitsStrip(Static):
     # ------------------------------------------------------------------ mouse
     def on_mouse_move(self, event: events.MouseMove) -> None:
         c = self._cell_at(event.x)
-        self.tooltip = c.describe() if c is not None else None
+        self.tooltip = c.describe(why=True) if c is not None else None
 
     def on_click(self, event: events.Click) -> None:
         c = self._cell_at(event.x)

@@ -8,6 +8,7 @@ Our torch dumper records every root call's input ids (`token_ids`) and the gener
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -90,7 +91,7 @@ def read_ids(path: str | Path) -> list[int]:
     return [int(v) for v in t.reshape(-1).tolist()]
 
 
-def find_manifest(path: str | Path) -> Path:
+def find_manifest(path: str | os.PathLike[str]) -> Path:
     """The `wb_manifest.json` of the dump at `path` (any level msit accepts, or the file itself)."""
     p = Path(path)
     if p.is_file():
@@ -124,7 +125,7 @@ def _below(p: Path, depth: int) -> Iterable[Path]:
             yield from _below(child, depth - 1)
 
 
-def generated_ids(path: str | Path) -> list[int]:
+def generated_ids(path: str | os.PathLike[str]) -> list[int]:
     """The ids a dumped run generated (its `wb_manifest.json`), for `follow_tokens`; `DumpError` when absent."""
     manifest = find_manifest(path)
     data = read_json(manifest)
