@@ -133,8 +133,9 @@ def candidates_from_catalog(con: duckdb.DuckDBPyConnection, run_id: int) -> list
     rows = con.execute(
         "SELECT t.token_id, n.name, n.type, n.parent_id IS NULL, coalesce(n.exec_order, -1), t.idx, t.path, "
         "t.dtype, t.shape FROM tensors t JOIN nodes n ON n.run_id = t.run_id AND n.node_id = t.node_id "
-        "WHERE t.run_id = ? AND t.io = 'out' AND t.path IS NOT NULL",
-        [run_id],
+        "WHERE t.run_id = ? AND t.io = 'out' AND t.path IS NOT NULL AND (n.parent_id IS NULL "
+        "OR regexp_matches(n.name, ?, 'i') OR regexp_matches(coalesce(n.type, ''), ?, 'i'))",
+        [run_id, _LOGITS_RE.pattern, _LOGITS_RE.pattern],
     ).fetchall()
     return [
         Candidate(int(r[0]), str(r[1]), r[2], bool(r[3]), int(r[4]), int(r[5]), str(r[6]), r[7], _shape(r[8]))

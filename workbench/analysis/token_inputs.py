@@ -46,9 +46,9 @@ def embedding_ids(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[int, list
     rows = con.execute(
         "SELECT t.token_id, n.name, n.type, t.path, t.dtype FROM tensors t "
         "JOIN nodes n ON n.run_id = t.run_id AND n.node_id = t.node_id "
-        "WHERE t.run_id = ? AND t.io = 'in' AND t.path IS NOT NULL "
+        "WHERE t.run_id = ? AND t.io = 'in' AND t.path IS NOT NULL AND list_contains(?, t.dtype) "
         "ORDER BY t.token_id, n.exec_order NULLS LAST, t.idx",
-        [run_id],
+        [run_id, sorted(INT_DTYPES)],
     ).fetchall()
     out: dict[int, list[int]] = {}
     for tok, name, typ, path, dtype in rows:
