@@ -132,3 +132,17 @@ def test_missing_file(tmp_path: Path) -> None:
         cwd=ROOT,
     )
     assert res.returncode == 2 and res.stderr.strip() == f"wb: error: {tmp_path / 'nope.csv'}: no such file"
+
+
+def test_run_command_for_the_first_case(tmp_path: Path) -> None:
+    (tmp_path / "g.jsonl").write_text('{"id": "a", "prompt": "two words", "output_ids": [1, 2, 3]}\n')
+    (tmp_path / "t.jsonl").write_text('{"id": "a", "prompt": "two words", "output_ids": [1, 5, 3]}\n')
+    record = tmp_path / "args.txt"
+    script = "import sys; open(sys.argv[1], 'w').write('|'.join(sys.argv[2:]))"
+    cmd = f'{sys.executable} -c "{script}" {record} {{prompt}} {{key}} {{tokens}} {{last_token}}'
+    res = run_wb("badcase", "-gp", str(tmp_path / "g.jsonl"), "-mp", str(tmp_path / "t.jsonl"), "--run", cmd)
+    assert res.returncode == 0, res.stderr
+    assert record.read_text() == "two words|a|0,1|1"
+    assert "-> exit 0" in res.stdout
+    res = run_wb("badcase", "-gp", str(tmp_path / "g.jsonl"), "-mp", str(tmp_path / "t.jsonl"), "--run", "echo {nope}")
+    assert res.returncode == 2 and "unknown placeholder" in res.stderr and len(res.stderr.strip().splitlines()) == 1

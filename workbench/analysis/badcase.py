@@ -270,3 +270,35 @@ def next_dump(case: BadCase) -> list[str]:
         + "   (execute counts: add 1 to both ends when MindIE runs a warmup first)",
         "  then:   wb compare -gp ./golden -mp ./test -o out/",
     ]
+
+
+def run_command(template: str, case: BadCase) -> tuple[list[str], int]:
+    """Run `template` for a bad case, `{prompt}`, `{key}`, `{tokens}` (`0,1,..,N`) and `{last_token}` filled in
+    (each as one argument); returns (the argv, its exit status). `BadCaseError` when it cannot be started."""
+    import shlex
+    import subprocess
+
+    last = case.first_diff if case.first_diff is not None else 3
+    values = {
+        "prompt": case.prompt or "",
+        "key": case.key,
+        "tokens": ",".join(str(t) for t in range(last + 1)),
+        "last_token": str(last),
+    }
+    try:
+        parts = shlex.split(template)
+    except ValueError as exc:
+        raise BadCaseError(f"--run {template!r}: {exc}") from None
+    if not parts:
+        raise BadCaseError("--run: empty command")
+    try:
+        argv = [p.format(**values) for p in parts]
+    except (KeyError, IndexError, ValueError) as exc:
+        raise BadCaseError(
+            f"--run {template!r}: unknown placeholder {exc} (use {{prompt}}, {{key}}, {{tokens}}, {{last_token}})"
+        ) from None
+    try:
+        proc = subprocess.run(argv, check=False)
+    except OSError as exc:
+        raise BadCaseError(f"--run: cannot start {argv[0]!r} ({exc.strerror or exc})") from None
+    return argv, proc.returncode

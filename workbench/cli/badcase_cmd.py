@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -33,9 +34,9 @@ def _cell(value: Any) -> str:
     return text if len(text) <= 40 else text[:39] + "…"
 
 
-def run_badcase(golden: Path, test: Path, out: Path | None) -> int:
-    """Print the bad cases (and write them to `out` as CSV); returns how many there are."""
-    from workbench.analysis.badcase import compare_cases, next_dump, read_cases
+def run_badcase(golden: Path, test: Path, out: Path | None, run: list[str] | None = None) -> int:
+    """Print the bad cases (and write them to `out` as CSV), run `run` commands for the first; returns how many."""
+    from workbench.analysis.badcase import compare_cases, next_dump, read_cases, run_command
 
     g_cases, t_cases = read_cases(golden), read_cases(test)
     bad, only_g, only_t = compare_cases(g_cases, t_cases)
@@ -66,6 +67,11 @@ def run_badcase(golden: Path, test: Path, out: Path | None) -> int:
         first = next((b for b in bad if b.first_diff is not None), bad[0])
         for line in next_dump(first):
             typer.echo(line)
+        for template in run or []:
+            argv, code = run_command(template, first)
+            typer.echo(f"run: {shlex.join(argv)} -> exit {code}")
+            if code != 0:
+                raise ValueError(f"--run: {argv[0]} exited with status {code}")
     return len(bad)
 
 
@@ -74,6 +80,14 @@ def badcase(
     golden: Annotated[Path, typer.Option("-gp", "--golden-path", help="Golden results: msit bad-case CSV or JSONL.")],
     test: Annotated[Path, typer.Option("-mp", "--my-path", help="Test results, same kinds.")],
     out: Annotated[Path | None, typer.Option("-o", "--output", help="Write the bad cases to this CSV file.")] = None,
+    run: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--run",
+            help="Command to run for the first bad case (repeatable: golden, then test), with {prompt}, {key}, "
+            '{tokens} (0,1,..,N) and {last_token} filled in, e.g. "python dump_case.py --prompt {prompt}".',
+        ),
+    ] = None,
 ) -> None:
     """Bad cases of two result files (msit analyze/bcanalyze CSVs or JSONL): flipped or other outputs; what to dump."""
-    guarded(lambda: run_badcase(golden, test, out))
+    guarded(lambda: run_badcase(golden, test, out, run))
