@@ -309,3 +309,18 @@ def test_atb_stack_follow_tokens_and_logits(our_runs: OurRuns, tmp_path: Path) -
     assert len(data) == NEW
     assert all(d["golden_node"] == "root.lm_head" and "LmHead" in d["test_node"] for d in data)
     assert [d["golden_top1"] for d in data] == our_runs.golden_ids
+
+
+def test_wb_logits_from_the_model_output_alone(tmp_path: Path) -> None:
+    """No lm_head in the dump (only the root module): the model's own output holds the logits."""
+    model = tiny_llama()
+    golden, g_ids = _generate_dump(model, tmp_path / "golden", layer_name="root")
+    test, _ = _generate_dump(
+        copy.deepcopy(model).to(torch.bfloat16), tmp_path / "test", layer_name="root", follow_tokens=golden
+    )
+    assert not list(golden.rglob("root.lm_head"))
+    res = run_wb("logits", "-gp", str(golden), "-mp", str(test), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert [d["golden_node"] for d in data] == ["root"] * NEW and [d["golden_top1"] for d in data] == g_ids
+    assert all(d["dtype"] == "bfloat16" and d["passed"] is True for d in data), data
