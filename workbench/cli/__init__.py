@@ -14,6 +14,7 @@ from workbench.cli import (  # noqa: F401  (registration)
     catalog_cmds,
     compare_cmd,
     demo_cmd,
+    errcheck_cmd,
     logits_cmd,
     open_cmd,
     precheck_cmd,
