@@ -114,13 +114,14 @@ def available_defects(stack: str) -> dict[str, str]:
     return atb_defects()
 
 
-def _dump_torch(model: Any, dump_path: Path, prompt: torch.Tensor, forced: list[int] | None) -> tuple[Path, list[int]]:
+def _dump_torch(model: Any, dump_path: Path, prompt: torch.Tensor, follow: Path | None) -> tuple[Path, list[int]]:
+    """Dump a greedy decode; a test run follows the golden dump's tokens (`follow_tokens`)."""
     from workbench.dump import DumpConfig, register_hook
 
-    cfg = DumpConfig(dump_path=str(dump_path), token_range=list(range(NEW_TOKENS)))
+    cfg = DumpConfig(dump_path=str(dump_path), token_range=list(range(NEW_TOKENS)), follow_tokens=follow)
     handle = register_hook(model, cfg)
     try:
-        tokens = decode(model, prompt, NEW_TOKENS, forced)
+        tokens = decode(model, prompt, NEW_TOKENS)
     finally:
         handle.remove()
     roots = sorted(dump_path.glob("msit_dump_*"))
@@ -161,12 +162,12 @@ def make_demo(
         text, plant = TORCH_DEFECTS[name]
         test_model = copy.deepcopy(model).to(torch.bfloat16)
         expected = plant(test_model)
-        test_root, _ = _dump_torch(test_model, out / "test", prompt, tokens)
+        test_root, _ = _dump_torch(test_model, out / "test", prompt, golden_root)
         log(f"demo: test run (torch bf16, defect: {text}) dumped to {test_root}")
         return DemoPlan(golden_root, test_root, None, f"{name}: {text}", expected, 0)
     from workbench.backends.defects import Defect
     from workbench.backends.demo import DEFAULT_DEFECT, run_atb_demo
 
-    test_root, text, expected = run_atb_demo(model, prompt, tokens, out / "test", defect)
+    test_root, text, expected = run_atb_demo(model, prompt, tokens, out / "test", defect, follow=golden_root)
     log(f"demo: test run (ATB-structured stack, bf16, defect: {text}) dumped to {test_root}")
     return DemoPlan(golden_root, test_root, None, text, expected, Defect(defect or DEFAULT_DEFECT).start)

@@ -53,23 +53,38 @@ GROUP BY m.cmp_id, m.token_id, m.golden_node_id
 def refresh_verdicts(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, int | None]:
     """Rebuild `node_results`, `error_born` and `advice` of one comparison; returns token -> golden node id.
 
-    Where no op is born at a token, the advisor's first op (when it stands out of its peers' noise)
-    is what the ATB precheck refines, and the evidence is stored with that advice.
+    Also refreshes the logits and token input status (`analysis.token_inputs`): a token whose inputs differ
+    between the runs names no op (its `error_born` row keeps NULL with the reason as evidence) and gets no
+    advisor origin. Where no op is born at a token, the advisor's first op (when it stands out of its
+    peers' noise) is what the ATB precheck refines, and the evidence is stored with that advice.
     """
     from workbench.analysis.advisor import SIGNIFICANT, compute_advice, write_advice
+    from workbench.analysis.token_inputs import refresh_token_analysis
 
+    refresh_token_analysis(con, cmp_id)
+    differ = {
+        int(t): str(r)
+        for t, r in con.execute(
+            "SELECT token_id, reason FROM token_status WHERE cmp_id = ? AND inputs_differ", [cmp_id]
+        ).fetchall()
+    }
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute("DELETE FROM node_results WHERE cmp_id = ?", [cmp_id])
         con.execute(NODE_RESULTS_SQL, [cmp_id])
         verdicts = _born_per_token(con, cmp_id)
+        for token in verdicts.keys() & differ.keys():
+            verdicts[token] = (None, None)
         advice = compute_advice(con, cmp_id)
         origins: dict[int, tuple[int | None, int | None]] = {
             tok: (items[0].golden_node_id, items[0].test_node_id)
             for tok, items in advice.items()
-            if items and verdicts.get(tok, (None, None))[0] is None and items[0].score >= SIGNIFICANT
+            if items
+            and tok not in differ
+            and verdicts.get(tok, (None, None))[0] is None
+            and items[0].score >= SIGNIFICANT
         }
-        evidence = _refine_with_precheck(con, cmp_id, verdicts)
+        evidence = {**_refine_with_precheck(con, cmp_id, verdicts), **differ}
         origin_evidence = _refine_with_precheck(con, cmp_id, origins)
         con.execute("DELETE FROM error_born WHERE cmp_id = ?", [cmp_id])
         for token, (gid, tid) in verdicts.items():

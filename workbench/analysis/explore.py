@@ -20,6 +20,8 @@ from typing import Any, Literal
 import duckdb
 import numpy as np
 
+from workbench.analysis.token_view import StripCell, strip_cells
+
 Side = Literal["golden", "test"]
 
 # Heatmap / tree colouring metrics: node_results column, label, better direction.
@@ -384,6 +386,14 @@ class Explorer:
             ids,
             str(dt[0][0]) if dt else None,
         )
+
+    def logits_strip(self) -> list[StripCell]:
+        """One cell per token: the logits verdict, KL, and why the runs' inputs differ (`analysis.logits`)."""
+        cur = self._cur()
+        try:
+            return strip_cells(cur, self.info.cmp_id, self.info.tokens)
+        finally:
+            cur.close()
 
     def run_id(self, side: Side) -> int:
         return self.info.golden_run if side == "golden" else self.info.test_run

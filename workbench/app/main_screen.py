@@ -25,6 +25,7 @@ from workbench.analysis.explore import (
 from workbench.app.actions import bindings
 from workbench.app.detail import render_detail
 from workbench.app.heatmap import GLYPH_FAIL, GLYPH_NAN, GLYPH_NONE, LEVEL_EDGES, HeatmapView
+from workbench.app.logits_strip import LogitsStrip
 from workbench.app.opcause import OpCauseActions, PrecheckPanel
 from workbench.app.themes import DOMAIN_DEFAULTS, HEAT_LEVELS
 from workbench.app.trees import TopologyTree
@@ -108,6 +109,7 @@ class MainScreen(OpCauseActions, Screen[None]):
         with Horizontal(id="top"):
             with Vertical(id="heat-pane"):
                 yield Static("", id="heat-title")
+                yield LogitsStrip(id="logits-strip")
                 yield HeatmapView(id="heatmap")
                 yield Static("", id="legend")
             with VerticalScroll(id="detail-pane"):
@@ -130,6 +132,18 @@ class MainScreen(OpCauseActions, Screen[None]):
         self.load_heatmap(self.metric, self.drill_layer, None)
         self.load_trees()
         self.load_status(self.token)
+        self._load_strip()
+
+    def _load_strip(self) -> None:
+        strip = self.query_one(LogitsStrip)
+        strip.token = self.token
+        strip.load(self.explorer)
+
+    @on(LogitsStrip.TokenSelected)
+    def _strip_token(self, event: LogitsStrip.TokenSelected) -> None:
+        view = self.query_one(HeatmapView)
+        if view.data is not None and event.token in view.data.tokens:
+            view.move_cursor(view.cursor[0], view.data.tokens.index(event.token))
 
     def set_explorer(self, explorer: Explorer) -> None:
         """Switch to a reopened catalog (after an edit): reload everything shown."""
@@ -137,6 +151,7 @@ class MainScreen(OpCauseActions, Screen[None]):
         self.load_heatmap(self.metric, self.drill_layer, self.query_one(HeatmapView).cursor)
         self.load_trees()
         self.load_status(self.token)
+        self._load_strip()
         if self.selected is not None:
             self.load_detail(self.selected, self.token)
 
@@ -371,6 +386,7 @@ class MainScreen(OpCauseActions, Screen[None]):
         """Change the current token: recolour trees, refresh the detail pane."""
         self.token = token
         self._update_titles()
+        self.query_one(LogitsStrip).set_token(token)
         self.load_status(token)
         if self.selected is not None:
             self.load_detail(self.selected, token)

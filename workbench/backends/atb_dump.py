@@ -52,7 +52,9 @@ class AtbDumpConfig:
     `token_range`: execute counts (dump folders) to save, None for all. `save_time`: 0 before,
     1 after, 2 both, 3 intensors before + outtensors after (msit's default). `save_tensor_part`:
     0 inputs, 1 outputs, 2 both. `stats_only`: header-only `.bin` with max/min/mean/l2norm.
-    `warmup`: one extra prefill first, as folder 0 (MindIE's warmup).
+    `warmup`: one extra prefill first, as folder 0 (MindIE's warmup). `follow_tokens`: a golden dump folder
+    whose generated ids the run decodes instead of its own argmax (after each step's logits are computed and
+    dumped), so every token of the test run sees the golden run's inputs.
     """
 
     dump_path: str | Path
@@ -64,6 +66,7 @@ class AtbDumpConfig:
     device_id: int = 0
     seed: int | None = None
     queue_size: int = 64
+    follow_tokens: str | Path | None = None
 
     def __post_init__(self) -> None:
         if self.save_time not in (0, 1, 2, 3):
@@ -237,6 +240,7 @@ class AtbDumper:
             "save_time": c.save_time,
             "save_tensor_part": c.save_tensor_part,
             "stats_only": c.stats_only,
+            "follow_tokens": str(c.follow_tokens) if c.follow_tokens is not None else None,
         }
 
     def finish_manifest(self, generated: list[int]) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -435,13 +435,29 @@ class AtbLlama:
         *,
         dump: AtbDumpConfig | None = None,
         forced: list[int] | None = None,
+        follow_tokens: str | Path | None = None,
     ) -> AtbRun:
         """Greedy decoding (one prefill, then one decode execution per further token), optionally dumped.
 
         `forced` replays given tokens instead of the argmax (so a test run decodes what the golden
-        run decoded). Execution `k` (0 prefill) is dump folder `k` (`k + 1` with a warmup).
+        run decoded); `follow_tokens` (or `dump.follow_tokens`) takes them from a golden dump's manifest.
+        Execution `k` (0 prefill) is dump folder `k` (`k + 1` with a warmup).
         """
         from workbench.backends.atb_dump import AtbDumper
+        from workbench.formats.token_ids import generated_ids
+
+        source = follow_tokens if follow_tokens is not None else (dump.follow_tokens if dump is not None else None)
+        if source is not None:
+            if forced is not None:
+                raise ValueError("give either forced or follow_tokens, not both")
+            forced = generated_ids(source)
+            if dump is not None and dump.follow_tokens is None:
+                dump = replace(dump, follow_tokens=source)  # the manifest says whose tokens were decoded
+            if len(forced) < max_new_tokens:
+                raise ValueError(
+                    f"follow_tokens {source}: the golden run generated {len(forced)} tokens, "
+                    f"fewer than max_new_tokens {max_new_tokens}"
+                )
 
         ids = torch.as_tensor(input_ids)
         if ids.dim() == 2:

@@ -27,8 +27,10 @@ def run_atb_demo(
     defect: str | None,
     *,
     dtype: torch.dtype = torch.bfloat16,
+    follow: Path | None = None,
 ) -> tuple[Path, str, str]:
-    """Dump the ATB stack decoding `tokens` (the golden run's choice) into `out`.
+    """Dump the ATB stack decoding `tokens` (the golden run's choice) into `out`; with `follow` (the golden
+    dump) the tokens are taken from its manifest instead (`AtbDumpConfig.follow_tokens`).
 
     Returns (the msit_dump_* folder, a description, the op folder where the defect is born
     at its first active token: `Defect(kind).start`, 0 except for kv_slot).
@@ -40,7 +42,10 @@ def run_atb_demo(
     if name == "fp16_overflow":
         dtype = torch.float16  # the overflow only exists in fp16
     atb = AtbLlama.from_hf(model, dtype=dtype, defect=planted)
-    run = atb.run(prompt, len(tokens), dump=AtbDumpConfig(dump_path=out), forced=list(tokens))
+    if follow is not None:
+        run = atb.run(prompt, len(tokens), dump=AtbDumpConfig(dump_path=out, follow_tokens=follow))
+    else:
+        run = atb.run(prompt, len(tokens), dump=AtbDumpConfig(dump_path=out), forced=list(tokens))
     assert run.dump_root is not None
     expected = planted.expected_op(planted.start, atb.dims.num_layers, dtype=dtype) or ""
     return run.dump_root, f"{name}: {DEFECT_KINDS[name]}", expected

@@ -182,6 +182,45 @@ CREATE TABLE IF NOT EXISTS advice (
     evidence       VARCHAR,               -- rank 1 only: how the test op was pinned down (precheck)
     PRIMARY KEY (cmp_id, token_id, rank)
 );
+
+-- the logits of each token (last position's vocabulary row, float64): `wb logits`, `wb compare`
+CREATE TABLE IF NOT EXISTS logits (
+    cmp_id              INTEGER NOT NULL,
+    token_id            INTEGER NOT NULL,
+    golden_node         VARCHAR,          -- the node whose output holds the logits (lm_head, LmHead, root)
+    test_node           VARCHAR,
+    dtype               VARCHAR,          -- the test logits' dtype (picks the thresholds)
+    vocab               INTEGER,
+    cosine_similarity   DOUBLE,
+    kl_divergence       DOUBLE,           -- KL(golden || test) of the softmaxes, float64
+    golden_top1         BIGINT,
+    test_top1           BIGINT,
+    top1_agree          BOOLEAN,
+    top5_overlap        INTEGER,          -- golden top-5 ids also in the test top-5
+    golden_top_p_golden DOUBLE,           -- probability of the golden top-1 id, golden run
+    golden_top_p_test   DOUBLE,           -- ... test run
+    golden_top_p_delta  DOUBLE,           -- test - golden
+    prob_l1             DOUBLE,           -- sum |p_golden - p_test|
+    passed              BOOLEAN,          -- NULL when nothing could be compared (see reason)
+    failed_metrics      VARCHAR,
+    reason              VARCHAR,
+    golden_path         VARCHAR,
+    test_path           VARCHAR,
+    PRIMARY KEY (cmp_id, token_id)
+);
+
+-- whether the two runs were fed the same token ids at each token; from the first token whose inputs
+-- differ on, no op is named (error_born keeps NULL with this reason)
+CREATE TABLE IF NOT EXISTS token_status (
+    cmp_id          INTEGER NOT NULL,
+    token_id        INTEGER NOT NULL,
+    inputs_differ   BOOLEAN,              -- NULL: unknown (no ids recorded or dumped)
+    golden_input_id BIGINT,               -- first differing id (the token's own ids, else NULL)
+    test_input_id   BIGINT,
+    source          VARCHAR,              -- manifest | embedding | top-1 (how the ids were found)
+    reason          VARCHAR,
+    PRIMARY KEY (cmp_id, token_id)
+);
 """
 
 COMPARISON_VIEW = """

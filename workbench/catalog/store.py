@@ -63,7 +63,8 @@ def open_catalog(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBP
                     f"{p}: a DuckDB database of another program ({n} tables, no wb schema version): "
                     "refused, left untouched; give wb its own catalog file"
                 )
-            con.execute(TABLES_DDL)
+        con.execute(TABLES_DDL)  # every statement is IF NOT EXISTS: older catalogs gain the newer tables
+        if version is None:
             con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
         con.execute(COMPARISON_VIEW)
     except duckdb.Error as exc:

@@ -14,11 +14,13 @@ from pathlib import Path
 
 from workbench.cli import (  # noqa: F401  (registration)
     advise_cmd,
+    badcase_cmd,
     catalog_cmds,
     compare_cmd,
     demo_cmd,
     dump_cmd,
     errcheck_cmd,
+    logits_cmd,
     open_cmd,
     precheck_cmd,
     redump_cmd,

@@ -30,6 +30,7 @@ def run_compare_cli(
     follow_symlinks: bool = False,
 ) -> Any:
     """Shared by `wb compare`, `wb open` and `wb demo`: compare, write the CSV, print the summary."""
+    from workbench.analysis.token_inputs import token_lines
     from workbench.compare.tasks import token_ranges
     from workbench.jobs.compare import run_compare
 
@@ -58,13 +59,16 @@ def run_compare_cli(
     try:
         tok = None if ranges is None else ranges.among(_run_tokens(con, res.golden_run))
         csv_path = catalog_guard(catalog, lambda: write_msit_csv(con, res.cmp_id, out, tok))
+        first_divergent, inputs_differ = token_lines(con, res.cmp_id)
         labels = {}
         for run_id in (res.golden_run, res.test_run):
             row = first_row(con.execute("SELECT kind, path FROM runs WHERE run_id = ?", [run_id]))
             labels[run_id] = f"{row[1]} ({row[0]})" if row else str(run_id)
     finally:
         con.close()
-    for line in format_summary(res, labels[res.golden_run], labels[res.test_run], csv_path):
+    for line in format_summary(
+        res, labels[res.golden_run], labels[res.test_run], csv_path, first_divergent, inputs_differ
+    ):
         say(line)
     return res
 

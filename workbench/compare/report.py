@@ -37,8 +37,17 @@ def write_msit_csv(con: duckdb.DuckDBPyConnection, cmp_id: int, out_dir: Path, t
     return path
 
 
-def format_summary(res: CompareResult, golden_label: str, test_label: str, csv_path: Path | None) -> list[str]:
-    """The lines `wb compare` prints."""
+def format_summary(
+    res: CompareResult,
+    golden_label: str,
+    test_label: str,
+    csv_path: Path | None,
+    first_divergent: str | None = None,
+    inputs_differ: dict[int, str] | None = None,
+) -> list[str]:
+    """The lines `wb compare` prints; `first_divergent` (the logits line) and `inputs_differ` (token -> the line
+    that replaces its verdict) come from the token analysis."""
+    inputs_differ = inputs_differ or {}
     cov = res.coverage
     lines = [
         f"golden: {golden_label}",
@@ -71,12 +80,16 @@ def format_summary(res: CompareResult, golden_label: str, test_label: str, csv_p
         lines.append(f"problem: {line}")
     if len(res.problems) > 20:
         lines.append(f"problem: ... and {len(res.problems) - 20} more (see runs.problems in the catalog)")
+    if first_divergent is not None:
+        lines.append(first_divergent)
     if res.first_failing_token is not None:
-        lines.append(f"first divergent token: {res.first_failing_token}")
-    for tok in sorted(res.born):
-        name = res.born[tok]
+        lines.append(f"first token with an error born: {res.first_failing_token}")
+    for tok in sorted(res.born.keys() | inputs_differ.keys()):
+        name = res.born.get(tok)
         origin = res.origins.get(tok)
-        if name is None and origin is not None and origin.stands_out:
+        if tok in inputs_differ:
+            lines.append(inputs_differ[tok])
+        elif name is None and origin is not None and origin.stands_out:
             test_name = origin.test_node
             suffix = f"  [test op: {test_name}]" if test_name and test_name != origin.golden_node else ""
             lines.append(f"most likely origin: {origin.golden_node} (token {tok}): {origin.reason}{suffix}")

@@ -65,6 +65,9 @@ class DumpConfig:
     1 statistics.csv only, 2 both; dump_last_logits: dump only the last submodule output of each token;
     mode: "module", "api" or a list of both; dump_weight: save every parameter once; layer_name: glob
     (`*` only) on module/API names; seed: call `seed_all(seed)` now.
+    follow_tokens: a golden dump folder (or a list of ids): at every root call the model's output logits are
+    replaced, after they are dumped, by ones whose only choice is the golden run's token, so `generate()` feeds
+    the test run the golden run's tokens and every token stays comparable.
     writer_threads: background writer threads (default: by CPU count, at least 2 on storage where creating a
     folder is slow); max_queue_bytes: bound on the
     bytes of tensors waiting to be written (the model waits when it is reached).
@@ -85,6 +88,7 @@ class DumpConfig:
         dump_weight: bool = False,
         layer_name: str | None = None,
         seed: int | None = None,
+        follow_tokens: str | os.PathLike[str] | Iterable[int] | None = None,
         writer_threads: int | None = None,
         max_queue_bytes: int = DEFAULT_QUEUE_BYTES,
     ) -> None:
@@ -137,6 +141,8 @@ class DumpConfig:
             raise DumpConfigError(f"DumpConfig: seed must be an int or None, got {seed!r}")
         self.seed = seed
 
+        self.follow_tokens, self.follow_ids = self._follow(follow_tokens)
+
         self.writer_threads_auto = writer_threads is None  # the dumper may add a thread for slow storage
         if writer_threads is None:
             writer_threads = min(4, max(1, (os.cpu_count() or 1) // 4))
@@ -172,6 +178,24 @@ class DumpConfig:
         self.dump_last_logits = False
         self.dump_weight = True
         return dict(spec)
+
+    @staticmethod
+    def _follow(value: str | os.PathLike[str] | Iterable[int] | None) -> tuple[str | None, list[int] | None]:
+        """(what to record as the source, the ids to pick) of `follow_tokens`."""
+        if value is None:
+            return None, None
+        if isinstance(value, (str, os.PathLike)):
+            from workbench.formats.model import DumpError
+            from workbench.formats.token_ids import generated_ids
+
+            try:
+                return str(value), generated_ids(value)
+            except DumpError as exc:
+                raise DumpConfigError(f"DumpConfig: follow_tokens: {exc}") from None
+        ids = _int_list("follow_tokens", value)
+        if not ids:
+            raise DumpConfigError("DumpConfig: follow_tokens is empty")
+        return f"{len(ids)} ids given", ids
 
     @staticmethod
     def _module_list(value: Iterable[type[nn.Module] | str] | None) -> list[type[nn.Module] | str]:
@@ -243,6 +267,7 @@ class DumpConfig:
             "dump_weight": self.dump_weight,
             "layer_name": self.layer_name,
             "seed": self.seed,
+            "follow_tokens": self.follow_tokens,
             "writer_threads": self.writer_threads,
             "max_queue_bytes": self.max_queue_bytes,
         }

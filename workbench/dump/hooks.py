@@ -120,6 +120,9 @@ class DumpHandle:
         self.dump_dir, folder_seconds = _claim_dump_dir(config.dump_path, self.device)
         self._dir = str(self.dump_dir)
         self.manifest = Manifest(model, config.to_json(), self.dump_dir)
+        if config.follow_ids is not None:
+            self.manifest.follow_ids = config.follow_ids
+            self.manifest.meta["follow_tokens"] = config.follow_tokens
         self._want_tensors = config.dump_statistics_mode != 1
         # Much to write (tensors), or slow storage: the writers take an OpenMP team so that they write while
         # the model runs (see `run_when_idle`); slow storage also gets a second thread, since file creation
@@ -156,6 +159,7 @@ class DumpHandle:
 
         walk(model, "root")
         self._handles.append(model.register_forward_pre_hook(self._token_start))
+        self._handles.append(model.register_forward_pre_hook(self._record_inputs, with_kwargs=True))
         for module in dict.fromkeys(m for m in model.modules()):
             name = names[id(module)]
             selected = cfg.dump_module and cfg.module_selected(name, module)
@@ -169,6 +173,8 @@ class DumpHandle:
                 )
             )
         self._handles.append(model.register_forward_hook(self._token_end))
+        # last: sees the output after it was dumped, and may replace it (follow_tokens)
+        self._handles.append(model.register_forward_hook(self._token_choice))
         if cfg.dump_api:
             self._mode = ApiDumpMode(self._on_api)
 
@@ -210,6 +216,40 @@ class DumpHandle:
         snapshot = manifest.snapshot(self.token)
         self.writer.call(lambda: manifest.write(snapshot))
         self.active = False
+
+    def _record_inputs(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if isinstance(ids, torch.Tensor) and not ids.is_floating_point() and ids.numel() and dumpable(ids):
+            assert self.manifest is not None
+            row = ids.reshape(-1, ids.shape[-1])[0] if ids.dim() >= 2 else ids.reshape(-1)
+            self.manifest.token_ids[str(self.token)] = [int(v) for v in row.tolist()]
+
+    def _token_choice(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+        """Record the top-1 of this call's last position; with `follow_tokens`, make the golden token the only
+        choice (a new output object: what was dumped stays the model's own)."""
+        logits = logits_of(output)
+        if logits is None or not dumpable(logits) or logits.dim() == 0 or logits.numel() == 0:
+            return None
+        assert self.manifest is not None
+        last = logits.reshape(-1, logits.shape[-1])[-1] if logits.dim() >= 2 else logits
+        self.manifest.top1[str(self.token)] = int(last.argmax())
+        follow = self.config.follow_ids
+        if follow is None:
+            return None
+        if self.token >= len(follow):
+            if self.token == len(follow):
+                log.warning("follow_tokens: the golden run generated %d tokens; later calls choose freely", len(follow))
+            return None
+        tok = follow[self.token]
+        if not 0 <= tok < logits.shape[-1]:
+            raise DumpError(
+                self.config.follow_tokens or "follow_tokens",
+                f"golden token id {tok} is outside the vocabulary ({logits.shape[-1]})",
+            )
+        forced = logits.detach().clone()
+        forced[..., -1, :] = torch.finfo(forced.dtype).min if forced.is_floating_point() else 0
+        forced[..., -1, tok] = 0
+        return with_logits(output, forced)
 
     def _make_pre(self, name: str, type_name: str, selected: bool) -> Callable[..., None]:
         cfg = self.config
@@ -438,6 +478,33 @@ class DumpHandle:
 
     def __exit__(self, *exc: object) -> None:
         self.remove()
+
+
+def logits_of(output: Any) -> torch.Tensor | None:
+    """The logits in a model's output: a tensor, a ModelOutput / dict `logits`, or a tuple's first tensor."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, dict):
+        value = output.get("logits")
+        return value if isinstance(value, torch.Tensor) else None
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    return None
+
+
+def with_logits(output: Any, logits: torch.Tensor) -> Any:
+    """A copy of `output` holding `logits` instead (the original object is left as it was)."""
+    if isinstance(output, torch.Tensor):
+        return logits
+    if isinstance(output, dict):
+        fields = {**output, "logits": logits}
+        try:
+            return type(output)(**fields)
+        except TypeError:
+            return fields
+    if isinstance(output, tuple):
+        return (logits, *output[1:])
+    return [logits, *output[1:]]
 
 
 def register_hook(model: nn.Module, config: DumpConfig) -> DumpHandle:

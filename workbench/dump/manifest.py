@@ -87,6 +87,10 @@ class Manifest:
         self.output_fields: dict[str, dict[str, dict[str, str]]] = {}
         self.tokens_done: list[int] = []
         self.errors: list[str] = []
+        # every root call, dumped or not: the ids it was fed and the top-1 of its last position's logits
+        self.token_ids: dict[str, list[int]] = {}
+        self.top1: dict[str, int] = {}
+        self.follow_ids: list[int] | None = None
 
     def start_token(self, token: int) -> list[str]:
         """Begin a token; returns the list that collects its call order."""
@@ -102,6 +106,22 @@ class Manifest:
         """Record which `output_{i}` came from which ModelOutput / dict field."""
         self.output_fields.setdefault(str(token), {})[module] = names
 
+    def generated(self) -> list[int]:
+        """The id chosen at each root call: the next call's last input id, else the followed id, else top-1."""
+        calls = sorted(int(t) for t in {*self.token_ids, *self.top1})
+        out: list[int] = []
+        for t in calls:
+            nxt = self.token_ids.get(str(t + 1))
+            if nxt:
+                out.append(nxt[-1])
+            elif self.follow_ids is not None and t < len(self.follow_ids):
+                out.append(self.follow_ids[t])
+            elif str(t) in self.top1:
+                out.append(self.top1[str(t)])
+            else:
+                break
+        return out
+
     def snapshot(self, token: int | None) -> dict[str, Any]:
         """A JSON-ready copy of the manifest after `token` finished (None: nothing new finished)."""
         if token is not None and token not in self.tokens_done:
@@ -114,6 +134,9 @@ class Manifest:
             "exec_order": {t: list(v) for t, v in self.exec_order.items() if t in done},
             "kwargs_inputs": {t: dict(v) for t, v in self.kwargs_inputs.items() if t in done},
             "output_fields": {t: dict(v) for t, v in self.output_fields.items() if t in done},
+            "token_ids": {t: list(v) for t, v in self.token_ids.items()},
+            "top1": dict(self.top1),
+            "generated": self.generated(),
             **self.meta,
             "updated_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "errors": list(self.errors),

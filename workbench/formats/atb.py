@@ -268,6 +268,7 @@ def read_atb(
     meta: dict[str, Any] = {"device_folder": dev_dir.name}
     if graphs.files:
         meta["atb_graphs"] = dict(graphs.files)
+    _read_wb_manifest(dump_root, meta, problems)
 
     try:
         entries = list_dir(dev_dir)
@@ -324,6 +325,23 @@ def read_atb(
         meta=meta,
         problems=problems,
     )
+
+
+_WB_MANIFEST_KEYS = ("input_ids", "generated", "follow_tokens", "dtype", "defect_description", "command")
+
+
+def _read_wb_manifest(dump_root: Path, meta: dict[str, Any], problems: list[str]) -> None:
+    """The token facts our ATB stack records in `wb_manifest.json` (prompt and generated ids), into `meta`."""
+    path = dump_root / "wb_manifest.json"
+    if not path.is_file():
+        return
+    try:
+        data = read_json(path)
+    except DumpError as exc:
+        problems.append(str(exc))
+        return
+    if isinstance(data, dict):
+        meta["wb_manifest"] = {k: data[k] for k in _WB_MANIFEST_KEYS if k in data}
 
 
 def _walk_ops(

@@ -1,0 +1,112 @@
+"""The logits strip above the heatmap: one cell per token, green when its logits pass, red when they fail,
+grey where the two runs were fed different tokens (with the reason); the current token's KL on the right.
+
+Hovering a cell shows its line as a tooltip; clicking it selects the token (`TokenSelected`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual import events, work
+from textual.message import Message
+from textual.widgets import Static
+
+from workbench.analysis.explore import Explorer
+from workbench.analysis.token_view import StripCell
+from workbench.app.themes import DOMAIN_DEFAULTS
+
+LABEL = "logits "
+
+
+class LogitsStrip(Static):
+    """One cell per token of the comparison (data from `Explorer.logits_strip`)."""
+
+    DEFAULT_CSS = "LogitsStrip { height: 1; padding: 0 1; }"
+
+    @dataclass
+    class TokenSelected(Message):
+        token: int
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__("", id=id)
+        self.cells: list[StripCell] = []
+        self.token: int | None = None
+        self.width_per_cell = 2
+
+    # ------------------------------------------------------------------ data
+    def load(self, explorer: Explorer) -> None:
+        """Read the cells in a worker thread; the strip redraws when they arrive."""
+        self._load(explorer)
+
+    @work(thread=True, exclusive=True, group="logits-strip", exit_on_error=False)
+    def _load(self, explorer: Explorer) -> None:
+        cells = explorer.logits_strip()
+        self.app.call_from_thread(self.show_cells, cells)
+
+    def show_cells(self, cells: list[StripCell]) -> None:
+        self.cells = cells
+        self.display = bool(cells)
+        self.width_per_cell = max((len(str(c.token)) for c in cells), default=1) + 1
+        self._redraw()
+
+    def set_token(self, token: int) -> None:
+        """Mark the current token and show its line."""
+        self.token = token
+        self._redraw()
+
+    def cell(self, token: int) -> StripCell | None:
+        return next((c for c in self.cells if c.token == token), None)
+
+    # ------------------------------------------------------------------ drawing
+    def _colours(self) -> dict[str, str]:
+        try:
+            variables = self.app.get_css_variables()
+        except Exception:  # not mounted in an app yet
+            variables = {}
+        merged = {**DOMAIN_DEFAULTS, **variables}
+        return {k: merged[k] for k in ("ok", "fail", "unmatched")}
+
+    def style_of(self, cell: StripCell) -> str:
+        """`differ`, `pass`, `fail` or `none`: what the cell's colour says."""
+        if cell.inputs_differ:
+            return "differ"
+        return {True: "pass", False: "fail", None: "none"}[cell.passed]
+
+    def render_text(self) -> Text:
+        colours = self._colours()
+        bg = {"pass": colours["ok"], "fail": colours["fail"], "differ": colours["unmatched"], "none": ""}
+        text = Text(LABEL, style="bold")
+        for c in self.cells:
+            kind = self.style_of(c)
+            style = f"on {bg[kind]}" if bg[kind] else "dim"
+            if kind == "differ":
+                style += " strike"
+            if c.token == self.token:
+                style += " bold reverse"
+            text.append(str(c.token).rjust(self.width_per_cell - 1) + " ", style=style)
+        current = self.cell(self.token) if self.token is not None else None
+        if current is not None:
+            text.append("  " + current.describe())
+        return text
+
+    def _redraw(self) -> None:
+        self.update(self.render_text())
+
+    def _cell_at(self, x: int) -> StripCell | None:
+        pos = x - 1 - len(LABEL)  # padding, then the label
+        if pos < 0:
+            return None
+        idx = pos // self.width_per_cell
+        return self.cells[idx] if idx < len(self.cells) else None
+
+    # ------------------------------------------------------------------ mouse
+    def on_mouse_move(self, event: events.MouseMove) -> None:
+        c = self._cell_at(event.x)
+        self.tooltip = c.describe(why=True) if c is not None else None
+
+    def on_click(self, event: events.Click) -> None:
+        c = self._cell_at(event.x)
+        if c is not None:
+            self.post_message(self.TokenSelected(c.token))

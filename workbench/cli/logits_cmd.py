@@ -1,0 +1,166 @@
+"""`wb logits`: per-token logits of two dumps (cosine, KL in float64, top-k agreement), and the first failing token."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from workbench.cli.common import app, fail, guarded
+
+if TYPE_CHECKING:
+    from workbench.analysis.logits import LogitsRow
+    from workbench.analysis.token_inputs import TokenInputs
+
+FORMATS = ("table", "csv", "json")
+CSV_NAME = "logits.csv"
+# (header, LogitsRow attribute, format) of the table view
+TABLE = (
+    ("token", "token_id", "d"),
+    ("cosine", "cosine_similarity", ".6f"),
+    ("KL", "kl_divergence", ".3e"),
+    ("top1 g", "golden_top1", "d"),
+    ("top1 t", "test_top1", "d"),
+    ("agree", "top1_agree", "b"),
+    ("top5", "top5_overlap", "d"),
+    ("p(top) g", "golden_top_p_golden", ".4f"),
+    ("p(top) t", "golden_top_p_test", ".4f"),
+    ("dp", "golden_top_p_delta", "+.4f"),
+    ("L1(p)", "prob_l1", ".4f"),
+    ("passed", "passed", "b"),
+)
+
+
+def _cell(value: Any, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if fmt == "b":
+        return "yes" if value else "no"
+    return format(value, fmt)
+
+
+def format_table(rows: list[LogitsRow], notes: dict[int, str]) -> list[str]:
+    """Aligned text table, one row per token, with a note (failed metrics, why not compared, inputs differ)."""
+    head = [h for h, _, _ in TABLE] + ["note"]
+    body = []
+    for r in rows:
+        note = "; ".join(
+            x
+            for x in (f"fails on {r.failed_metrics}" if r.failed_metrics else None, r.reason, notes.get(r.token_id))
+            if x
+        )
+        body.append([_cell(getattr(r, attr), fmt) for _, attr, fmt in TABLE] + [note])
+    widths = [max(len(head[i]), *(len(b[i]) for b in body)) if body else len(head[i]) for i in range(len(head))]
+    lines = ["  ".join(h.rjust(w) if i < len(TABLE) else h for i, (h, w) in enumerate(zip(head, widths, strict=True)))]
+    for b in body:
+        lines.append(
+            "  ".join(c.rjust(w) if i < len(TABLE) else c for i, (c, w) in enumerate(zip(b, widths, strict=True)))
+        )
+    return [ln.rstrip() for ln in lines]
+
+
+def _records(rows: list[LogitsRow], notes: dict[int, str]) -> list[dict[str, Any]]:
+    return [{**r.as_dict(), "inputs": notes.get(r.token_id)} for r in rows]
+
+
+def verdict_line(rows: list[LogitsRow]) -> str:
+    from workbench.analysis.logits import describe, first_failing
+
+    first = first_failing(rows)
+    if first is not None:
+        return f"first failing token: {first.token_id} ({describe(first)})"
+    unjudged = sum(1 for r in rows if r.passed is None)
+    return "no token fails" + (f" ({unjudged} token(s) could not be judged)" if unjudged else "")
+
+
+def _with_catalog(golden: Any, test: Any, th: Any, out: Path) -> tuple[list[LogitsRow], list[TokenInputs]]:
+    """Store the rows (and the tokens' input status) in OUT/catalog.duckdb, in the comparison of these dumps."""
+    from workbench.analysis.logits import ensure_comparison, rows_from_catalog, store_logits
+    from workbench.analysis.token_inputs import compared_tokens, store_token_status, token_inputs
+    from workbench.catalog import CATALOG_NAME
+    from workbench.catalog.store import ingest_dump, open_catalog
+
+    out.mkdir(parents=True, exist_ok=True)
+    con = open_catalog(out / CATALOG_NAME)
+    try:
+        g_run, t_run = ingest_dump(con, golden).run_id, ingest_dump(con, test).run_id
+        cmp_id = ensure_comparison(con, g_run, t_run, th)
+        rows = rows_from_catalog(con, cmp_id, th)
+        store_logits(con, cmp_id, rows)
+        keys = sorted({r.token_id for r in rows} | set(compared_tokens(con, cmp_id)))
+        status = token_inputs(con, cmp_id, keys, {r.token_id: r for r in rows})
+        store_token_status(con, cmp_id, status)
+    finally:
+        con.close()
+    return rows, status
+
+
+def run_logits(
+    golden: Path, test: Path, out: Path | None, fmt: str, thresholds: Path | None, tokens: str | None
+) -> list[LogitsRow]:
+    """Compare the logits of two dumps and print them (`fmt`); with `out`, also a CSV and the catalog."""
+    from workbench.analysis.logits import rows_from_dumps
+    from workbench.compare.tasks import parse_tokens
+    from workbench.compare.thresholds import Thresholds
+    from workbench.formats import open_dump
+
+    if fmt not in FORMATS:
+        raise ValueError(f"--format {fmt!r}: expected table, csv or json")
+    th = Thresholds.load(thresholds)
+    wanted = parse_tokens(tokens)
+    g_dump, t_dump = open_dump(golden), open_dump(test)
+    notes: dict[int, str] = {}
+    if out is not None:
+        rows, status = _with_catalog(g_dump, t_dump, th, out)
+        notes = {s.token_id: s.reason for s in status if s.inputs_differ and s.reason}
+    else:
+        rows = rows_from_dumps(g_dump, t_dump, th)
+    if wanted is not None:
+        rows = [r for r in rows if r.token_id in wanted]
+    if not rows:
+        raise ValueError(
+            f"no logits in {golden} or {test}: dump lm_head (msit dump_last_logits=True, or a full dump), "
+            "ATB's LmHead, or the model's output"
+        )
+    if out is not None:
+        import pandas as pd
+
+        pd.DataFrame(_records(rows, notes)).to_csv(out / CSV_NAME, index=False, float_format="%.10g")
+    if fmt == "table":
+        for line in format_table(rows, notes):
+            typer.echo(line)
+        typer.echo(verdict_line(rows))
+    elif fmt == "json":
+        typer.echo(json.dumps(_records(rows, notes), indent=1))
+        typer.echo(verdict_line(rows), err=True)
+    else:
+        import pandas as pd
+
+        typer.echo(pd.DataFrame(_records(rows, notes)).to_csv(index=False, float_format="%.10g"), nl=False)
+        typer.echo(verdict_line(rows), err=True)
+    if out is not None:
+        typer.echo(f"report: {out / CSV_NAME}", err=fmt != "table")
+    return rows
+
+
+@app.command()
+def logits(
+    golden: Annotated[Path, typer.Option("-gp", "--golden-path", help="Golden dump (any level msit accepts).")],
+    test: Annotated[Path, typer.Option("-mp", "--my-path", help="Test dump (any level msit accepts).")],
+    out: Annotated[
+        Path | None,
+        typer.Option("-o", "--output", help="Output folder: logits.csv and the rows in OUT/catalog.duckdb."),
+    ] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv or json (stdout).")] = "table",
+    thresholds: Annotated[
+        Path | None, typer.Option("--thresholds", help="TOML file overriding pass/fail bounds (rule 'logits').")
+    ] = None,
+    tokens: Annotated[str | None, typer.Option("--tokens", help="Tokens to show, e.g. 0-3,7.")] = None,
+) -> None:
+    """Per-token logits: cosine, KL (float64), top-1/top-5 agreement, golden top probability; first failing token."""
+    rows = guarded(lambda: run_logits(golden, test, out, fmt, thresholds, tokens))
+    if all(r.passed is None for r in rows):
+        raise fail("no token could be judged (see the note column)", 1)
