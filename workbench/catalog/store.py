@@ -59,8 +59,8 @@ def open_catalog(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBP
             con.close()
             raise CatalogError(f"{p}: not a wb catalog (no schema version)")
         return con
+    con.execute(TABLES_DDL)  # every statement is IF NOT EXISTS: tables added since a catalog was made appear
     if version is None:
-        con.execute(TABLES_DDL)
         con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
     con.execute(COMPARISON_VIEW)
     return con

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Collection, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -31,6 +31,7 @@ from workbench.compare.pool import IN_PROCESS_BYTES, PoolStarter, default_worker
 from workbench.compare.tasks import SUMMARY_FIELDS, PairTask, StatsTask, batches, file_identity, tensor_bytes
 from workbench.compare.thresholds import Thresholds
 from workbench.compare.worker import run_batch
+from workbench.core.metrics import STAT_BOUND, STAT_METRIC_NAMES
 from workbench.formats import open_dump
 from workbench.formats.model import Dump
 
@@ -195,6 +196,7 @@ class _ResultSink:
         self.con, self.cmp_id, self.golden_run, self.test_run, self.judge = con, cmp_id, golden_run, test_run, judge
         self.metric_rows: list[dict[str, Any]] = []
         self.stat_rows: list[dict[str, Any]] = []
+        self.stat_metric_rows: list[dict[str, Any]] = []
         self.failed = 0
         self.uncomparable = 0
         self.done_pairs: set[int] = set()
@@ -230,7 +232,11 @@ class _ResultSink:
             self.metric_rows.append(row)
             if passed is False:
                 self.failed += 1
-            if not values or all(values.get(m) is None for m in ALL_METRICS):
+            stat_values = res.get("stat_values")
+            if stat_values:
+                self.stat_metric_rows.append({"pair_id": res["pair_id"], **stat_values})
+            on_stats = stat_values and any(v is not None for v in stat_values.values())
+            if (not values or all(values.get(m) is None for m in ALL_METRICS)) and not on_stats:
                 self.uncomparable += 1
             if g:
                 self.stat_rows.append(
@@ -251,7 +257,7 @@ class _ResultSink:
             )
 
     def flush(self) -> None:
-        if not self.metric_rows and not self.stat_rows:
+        if not self.metric_rows and not self.stat_rows and not self.stat_metric_rows:
             return
         con = self.con
         con.execute("BEGIN TRANSACTION")
@@ -282,6 +288,16 @@ class _ResultSink:
                     f"INSERT OR REPLACE INTO metrics (cmp_id, {cols}) SELECT ?, {cols} FROM _mdf", [self.cmp_id]
                 )
                 con.unregister("_mdf")
+            if self.stat_metric_rows:
+                xdf = pd.DataFrame(self.stat_metric_rows, columns=["pair_id", *STAT_METRIC_NAMES])
+                for col in STAT_METRIC_NAMES:
+                    xdf[col] = xdf[col].astype("float64")
+                con.register("_xdf", xdf)
+                cols = ", ".join(["pair_id", *STAT_METRIC_NAMES])
+                con.execute(
+                    f"INSERT OR REPLACE INTO stat_metrics (cmp_id, {cols}) SELECT ?, {cols} FROM _xdf", [self.cmp_id]
+                )
+                con.unregister("_xdf")
             if self.stat_rows:
                 sdf = pd.DataFrame(self.stat_rows).drop_duplicates(["run_id", "tensor_id"], keep="last")
                 for col in ("numel", "nan_count", "inf_count"):
@@ -302,6 +318,7 @@ class _ResultSink:
             raise
         self.metric_rows.clear()
         self.stat_rows.clear()
+        self.stat_metric_rows.clear()
 
 
 def execute_tasks(
@@ -501,6 +518,7 @@ def compute_pending(
     first_of: dict[tuple[Any, ...], int] = {}
     aliases: dict[int, list[tuple[int, int, int]]] = {}
     claims: dict[PairKey, PairTask] = {}
+    g_stats, t_stats = _recorded_stats(con, golden.run_id), _recorded_stats(con, test.run_id)
     if early is not None:
         early.wait_submitted()
     for pair_id, g_tid, t_tid, transform in zip(
@@ -515,11 +533,18 @@ def compute_pending(
                 aliases.setdefault(first_of[key], []).append((pair_id, g_tid, t_tid))
                 continue
             first_of[key] = pair_id
-        task = PairTask(pair_id, g_path, t_path, t_dtype, g_tid, t_tid, transform)
+        gs, ts = g_stats.get(g_tid) if g_path is None else None, t_stats.get(t_tid) if t_path is None else None
+        if gs is not None or ts is not None:  # a statistics-only side: compared on statistics
+            numel = int(g_numel) if g_numel is not None and g_numel == g_numel else None
+            task = PairTask(pair_id, g_path, t_path, t_dtype, g_tid, t_tid, transform, gs, ts, numel)
+        else:
+            task = PairTask(pair_id, g_path, t_path, t_dtype, g_tid, t_tid, transform)
         if early is not None and early.has(key):
             claims[key] = task
         tasks.append(task)
-        sizes.append(tensor_bytes(g_numel, g_dtype) + tensor_bytes(t_numel, t_dtype))
+        sizes.append(
+            (tensor_bytes(g_numel, g_dtype) if g_path else 0) + (tensor_bytes(t_numel, t_dtype) if t_path else 0)
+        )
     if stats_for_unpaired:
         for run, info, used in (
             (golden.run_id, g_info, set(pairs["golden_tensor_id"])),
@@ -543,8 +568,10 @@ def compute_pending(
     pair_node = dict(zip(pairs["pair_id"].astype(int), pairs["golden_node_id"].astype(int)))
     pair_dtype = {int(p): t_info[int(tid)][1] for p, tid in zip(pairs["pair_id"], pairs["test_tensor_id"])}
 
+    run_dtype = compute_dtype(t_info[int(tid)][1] for tid in pairs["test_tensor_id"])
+
     def judge(res: dict[str, Any]) -> tuple[bool | None, list[str]]:
-        return _judge(thresholds, res, node_info[pair_node[res["pair_id"]]], pair_dtype[res["pair_id"]])
+        return _judge(thresholds, res, node_info[pair_node[res["pair_id"]]], pair_dtype[res["pair_id"]], run_dtype)
 
     sink = _ResultSink(con, cmp_id, golden.run_id, test.run_id, judge)
     sink.aliases = aliases
@@ -554,12 +581,48 @@ def compute_pending(
     return len(todo), sink.failed, sink.uncomparable
 
 
+def _recorded_stats(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[int, dict[str, float | None]]:
+    """tensor_id -> the max/min/mean/norm a statistics-only dump recorded, for its tensors without data."""
+    rows = con.execute(
+        "SELECT tensor_id, max, min, mean, norm FROM tensors WHERE run_id = ? AND path IS NULL "
+        "AND (max IS NOT NULL OR min IS NOT NULL OR mean IS NOT NULL OR norm IS NOT NULL)",
+        [run_id],
+    ).fetchall()
+    return {int(r[0]): {"max": r[1], "min": r[2], "mean": r[3], "norm": r[4]} for r in rows}
+
+
+# floating dtypes from the tightest bounds to the loosest
+_PRECISION = ("float64", "float32", "float16", "bfloat16")
+
+
+def compute_dtype(dtypes: Iterable[str | None]) -> str | None:
+    """The floating dtype most of a run's tensors have: what a bf16 model computes in, although some of its ops
+    (RMSNorm's variance, softmax) upcast to float32 and so carry bf16 error in float32 tensors."""
+    counts = Counter(d for d in dtypes if d in _PRECISION)
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def _looser(a: str | None, b: str | None) -> str | None:
+    if a not in _PRECISION or b not in _PRECISION:
+        return a or b
+    return max(a, b, key=_PRECISION.index)
+
+
 def _judge(
-    thresholds: Thresholds, res: dict[str, Any], node: tuple[str, str], dtype: str | None
+    thresholds: Thresholds, res: dict[str, Any], node: tuple[str, str], dtype: str | None, run_dtype: str | None = None
 ) -> tuple[bool | None, list[str]]:
-    """Pass/fail of one pair: NaN/Inf on the test side that the golden side does not have fails it."""
+    """Pass/fail of one pair: NaN/Inf on the test side that the golden side does not have fails it.
+
+    A pair without tensor metrics is judged on its statistics (`stat_rel_euclid_bound`) against the looser of
+    its own dtype and the run's compute dtype: statistics cannot tell an upcast op's own error from the
+    error its input carried in, which the tensor metrics of its inputs would show."""
     values = res["values"]
     if not values or all(values.get(m) is None for m in ALL_METRICS):
+        stat_values = res.get("stat_values") or {}
+        if stat_values.get(STAT_BOUND) is not None:
+            return thresholds.judge_statistics(
+                stat_values[STAT_BOUND], _looser(dtype, run_dtype) or "float32", node_name=node[0], node_type=node[1]
+            )
         g, t = res.get("golden") or {}, res.get("test") or {}
         if g and t and (t.get("nan_count") or t.get("inf_count")) and not (g.get("nan_count") or g.get("inf_count")):
             return False, ["nan_inf"]
@@ -575,7 +638,8 @@ def _judge(
 def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds) -> None:
     """Apply new thresholds to every computed pair of a comparison (no tensor is read)."""
     df = con.execute(
-        "SELECT x.*, gn.name AS _node, gn.type AS _type, tt.dtype AS _dtype FROM metrics x "
+        f"SELECT x.*, s.{STAT_BOUND} AS _stat_bound, gn.name AS _node, gn.type AS _type, tt.dtype AS _dtype "
+        "FROM metrics x LEFT JOIN stat_metrics s USING (cmp_id, pair_id) "
         "JOIN matches m USING (cmp_id, pair_id) JOIN comparisons c USING (cmp_id) "
         "JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id "
         "JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id "
@@ -584,14 +648,16 @@ def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds)
     ).df()
     if df.empty:
         return
+    run_dtype = compute_dtype(df["_dtype"])
     passed, failed = [], []
     for r in df.to_dict("records"):
         res = {
             "values": {m: _none(r[m]) for m in ALL_METRICS},
             "golden": {"nan_count": _none(r["golden_nan_count"]), "inf_count": _none(r["golden_inf_count"])},
             "test": {"nan_count": _none(r["my_nan_count"]), "inf_count": _none(r["my_inf_count"])},
+            "stat_values": {STAT_BOUND: _none(r["_stat_bound"])},
         }
-        p, over = _judge(thresholds, res, (str(r["_node"]), str(r["_type"] or "")), _none(r["_dtype"]))
+        p, over = _judge(thresholds, res, (str(r["_node"]), str(r["_type"] or "")), _none(r["_dtype"]), run_dtype)
         passed.append(p)
         failed.append(",".join(over) if over else None)
     upd = pd.DataFrame({"pair_id": df["pair_id"], "passed": pd.array(passed, dtype="boolean"), "failed": failed})

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.formats.layers import inherit_layers, layer_from_name
-from workbench.formats.model import Dump, DumpError, Node, OrderSource, TensorEntry, TensorStats, dtype_name
-from workbench.formats.scan import content_key, list_dir, load_pth_lazy, pth_header, read_json
+from workbench.formats.model import Dump, DumpError, Node, OrderSource, TensorEntry, TensorStats
+from workbench.formats.scan import content_key, list_dir, pth_header, read_json
 
 MANIFEST = "wb_manifest.json"
 MODEL_TREE = "model_tree.json"
@@ -260,10 +260,13 @@ def _scan_module(
     for role in ("in", "out"):
         for idx, (_nums, path) in enumerate(sorted(by_role[role])):
             st = stats.pop((role, idx), None)
+            key = None
             try:
-                # headers need no torch; the data-flow order (no manifest) hashes payloads
-                t = load_pth_lazy(path) if hashes is not None else None
-                dt, shape = (dtype_name(t.dtype), tuple(int(d) for d in t.shape)) if t is not None else pth_header(path)
+                # the data-flow order (no manifest) hashes a few spread runs of each payload; no torch either way
+                if hashes is not None:
+                    dt, shape, key = content_key(path)
+                else:
+                    dt, shape = pth_header(path)
             except DumpError as exc:
                 problems.append(str(exc))
                 out.append(
@@ -290,12 +293,7 @@ def _scan_module(
                     stats=st[2] if st else None,
                 )
             )
-            if hashes is not None and t is not None:
-                try:
-                    key = content_key(t)
-                except (RuntimeError, OSError, ValueError) as exc:
-                    problems.append(f"{path}: payload unreadable ({str(exc).splitlines()[0][:120]})")
-                    continue
+            if hashes is not None and key is not None:
                 target = hashes.inputs if role == "in" else hashes.outputs
                 assert target is not None
                 target[module].append(key)
