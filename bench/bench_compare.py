@@ -137,26 +137,28 @@ def largest_pair_mb(golden: Path, test: Path) -> float:
     return best / 1e6
 
 
-def run_timed(cmd: list[str], cwd: Path) -> tuple[float, int, str]:
-    """Wall time, peak RSS (KiB) of the command's process tree, output tail."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+def run_timed(cmd: list[str], cwd: Path) -> tuple[float, float, int, str]:
+    """Wall time, CPU time (user + system of the whole process tree), peak RSS (KiB) of the command, output."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(
         ["/usr/bin/time", "-f", "MAXRSS_KB=%M", *cmd],
         cwd=cwd,
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)},  # this checkout's workbench
     )
     dt = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     out = proc.stdout + proc.stderr
-    rss = max(before, 0)
+    rss = 0
     for line in out.splitlines():
         if line.startswith("MAXRSS_KB="):
             rss = int(line.split("=")[1])
     if proc.returncode != 0:
         print(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{out[-3000:]}")
-    return dt, rss, out
+    return dt, cpu, rss, out
 
 
 @dataclass
@@ -166,20 +168,20 @@ class Runs:
     label: str
     golden: Path
     test: Path
-    wb: list[tuple[float, int, int]] = field(default_factory=list)  # wall, peak RSS KiB, pairs
-    msit: list[tuple[float, int, int]] = field(default_factory=list)
+    wb: list[tuple[float, int, int, float]] = field(default_factory=list)  # wall, peak RSS KiB, pairs, CPU s
+    msit: list[tuple[float, int, int, float]] = field(default_factory=list)
 
 
 def run_wb(runs: Runs, out: Path, workers: int, size_mb: float, i: int) -> None:
     wb = shutil.which("wb") or str(Path(sys.executable).with_name("wb"))
     shutil.rmtree(out, ignore_errors=True)
     cmd = [wb, "compare", "-gp", str(runs.golden), "-mp", str(runs.test), "-o", str(out), "--workers", str(workers)]
-    t_wb, rss_wb, log_wb = run_timed(cmd, out.parent)
+    t_wb, cpu_wb, rss_wb, log_wb = run_timed(cmd, out.parent)
     pairs = next((int(line.split()[2]) for line in log_wb.splitlines() if line.startswith("pairs compared:")), 0)
-    runs.wb.append((t_wb, rss_wb, pairs))
+    runs.wb.append((t_wb, rss_wb, pairs, cpu_wb))
     print(
         f"run {i + 1} [{runs.label}]: wb compare   {t_wb:6.2f} s  {pairs} pairs  {pairs / t_wb:7.1f} pairs/s  "
-        f"{size_mb / t_wb:6.1f} MB/s  peak RSS {rss_wb / 1024:.0f} MiB (workers {workers})",
+        f"{size_mb / t_wb:6.1f} MB/s  CPU {cpu_wb:5.2f} s  peak RSS {rss_wb / 1024:.0f} MiB (workers {workers})",
         flush=True,
     )
 
@@ -188,13 +190,13 @@ def run_msit(runs: Runs, out: Path, msit: str, i: int) -> None:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     cmd = [msit, "llm", "compare", "-gp", str(runs.golden), "-mp", str(runs.test), "-o", str(out)]
-    t_ms, rss_ms, _log = run_timed(cmd, out.parent)
+    t_ms, cpu_ms, rss_ms, _log = run_timed(cmd, out.parent)
     reports = list(out.glob("msit_cmp_report_*"))
     msit_pairs = count_msit_rows(reports)
-    runs.msit.append((t_ms, rss_ms, msit_pairs))
+    runs.msit.append((t_ms, rss_ms, msit_pairs, cpu_ms))
     print(
         f"run {i + 1} [{runs.label}]: msit compare {t_ms:6.2f} s  {msit_pairs} pairs  "
-        f"{msit_pairs / t_ms:7.1f} pairs/s  peak RSS {rss_ms / 1024:.0f} MiB  "
+        f"{msit_pairs / t_ms:7.1f} pairs/s  CPU {cpu_ms:5.2f} s  peak RSS {rss_ms / 1024:.0f} MiB  "
         f"({', '.join(r.name for r in reports) or 'no report'})",
         flush=True,
     )
@@ -222,6 +224,11 @@ def summarise(runs: Runs) -> None:
         f"[{runs.label}] wall-time ratio msit/wb: {ms_med / wb_med:.1f}x (medians; per interleaved run "
         f"{', '.join(f'{r:.1f}' for r in per_run)}, median {statistics.median(per_run):.1f}x; target >= 10x); "
         f"wb compares {wb_pairs} pairs, msit {ms_pairs}"
+    )
+    wb_cpu, ms_cpu = statistics.median(r[3] for r in runs.wb), statistics.median(r[3] for r in runs.msit)
+    print(
+        f"[{runs.label}] CPU-time ratio msit/wb (medians, all processes): {ms_cpu / wb_cpu:.1f}x "
+        f"(wb {wb_cpu:.2f} s, msit {ms_cpu:.2f} s)"
     )
     print(f"largest tensor pair {largest_pair_mb(runs.golden, runs.test):.0f} MB")
 
