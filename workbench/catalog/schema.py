@@ -29,7 +29,8 @@ CREATE TABLE IF NOT EXISTS runs (
     n_tensors    INTEGER,
     problems     VARCHAR[],               -- one line per unreadable file
     meta         JSON,                    -- manifest: command, cwd, argv, device, ...
-    ingested_at  TIMESTAMP DEFAULT current_timestamp
+    ingested_at  TIMESTAMP DEFAULT current_timestamp,
+    rank         INTEGER                  -- rank (device) id of a multi-rank dump, NULL for a single rank
 );
 
 CREATE TABLE IF NOT EXISTS nodes (
@@ -148,6 +149,20 @@ CREATE TABLE IF NOT EXISTS stat_metrics (
     l2norm_stat_relative_error DOUBLE,
     stat_rel_euclid_bound      DOUBLE,    -- lower bound of relative_euclidean_distance from the statistics
     PRIMARY KEY (cmp_id, pair_id)
+);
+
+-- all-reduce check of a multi-rank dump (analysis/allreduce.py): each rank's output of a communication op
+-- against the sum of every rank's input; culprit_rank/factor name the rank whose contribution explains it
+CREATE TABLE IF NOT EXISTS allreduce_checks (
+    run_id       INTEGER NOT NULL,        -- the run of this rank
+    token_id     INTEGER NOT NULL,
+    node         VARCHAR NOT NULL,
+    rel_error    DOUBLE,                  -- ||out - sum(inputs)|| / ||sum(inputs)||
+    passed       BOOLEAN,
+    culprit_rank INTEGER,                 -- runs.rank of the rank whose contribution is off
+    factor       DOUBLE,                  -- that contribution arrived multiplied by this (0: dropped)
+    reason       VARCHAR,
+    PRIMARY KEY (run_id, token_id, node)
 );
 
 -- per (token, golden node) roll-up written after a compare: drives the trees, the heatmap

@@ -60,6 +60,7 @@ def open_catalog(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBP
             raise CatalogError(f"{p}: not a wb catalog (no schema version)")
         return con
     con.execute(TABLES_DDL)  # every statement is IF NOT EXISTS: tables added since a catalog was made appear
+    con.execute("ALTER TABLE runs ADD COLUMN IF NOT EXISTS rank INTEGER")  # catalogs made before ranks
     if version is None:
         con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
     con.execute(COMPARISON_VIEW)

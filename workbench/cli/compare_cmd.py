@@ -22,7 +22,88 @@ def run_compare_cli(
     thresholds: Path | None,
     quiet: bool = False,
 ) -> Any:
-    """Shared by `wb compare`, `wb open` and `wb demo`: compare, write the CSV, print the summary."""
+    """Shared by `wb compare`, `wb open` and `wb demo`: compare, write the CSV, print the summary.
+
+    Two multi-rank dumps (one folder per process or device) are compared rank with rank into one catalog
+    (`runs.rank`), with one CSV and one summary per rank; returns the last rank's result then."""
+    from workbench.formats.detect import find_ranks, pair_ranks
+
+    g_ranks, t_ranks = find_ranks(golden), find_ranks(test)
+    if not (g_ranks and t_ranks):
+        return _compare_one(golden, test, out, mapping, tokens, workers, thresholds, quiet)
+    pairs = pair_ranks(g_ranks, t_ranks)
+    by_id = all(g.rank is not None and g.rank == t.rank for g, t in pairs)
+    typer.echo(
+        f"ranks: golden {len(g_ranks)}, test {len(t_ranks)}; paired {len(pairs)} "
+        f"by {'device/rank id' if by_id else 'order'}"
+    )
+    res = None
+    runs: list[tuple[int, int, int]] = []  # rank, golden run, test run
+    for i, (g, t) in enumerate(pairs):
+        rank = g.rank if by_id and g.rank is not None else i
+        typer.echo(f"== rank {rank}: golden {g.label}, test {t.label}")
+        res = _compare_one(
+            g.path, t.path, out, mapping, tokens, workers, thresholds, quiet, rank=rank, dumps=(g.open, t.open)
+        )
+        runs.append((rank, res.golden_run, res.test_run))
+    for side, ranks in (("golden", [g for g, _ in pairs]), ("test", [t for _, t in pairs])):
+        _allreduce_check(side, ranks, [(r, g if side == "golden" else t) for r, g, t in runs], out)
+    return res
+
+
+def _allreduce_check(side: str, ranks: list[Any], run_ids: list[tuple[int, int]], out: Path) -> None:
+    """All-reduce check of one side's ranks: stored in `allreduce_checks`, failures printed."""
+    from workbench.analysis.allreduce import check_allreduce, describe
+    from workbench.catalog import CATALOG_NAME
+    from workbench.catalog.store import open_catalog
+
+    results = check_allreduce([r.open() for r in ranks])
+    if not results:
+        return
+    labels = [f"rank {rk}" for rk, _ in run_ids]
+    con = open_catalog(out / CATALOG_NAME)
+    try:
+        con.executemany(
+            "INSERT OR REPLACE INTO allreduce_checks VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                [
+                    run_ids[x.rank_index][1],
+                    x.token,
+                    x.node,
+                    x.rel_error,
+                    x.passed,
+                    None if x.culprit is None else run_ids[x.culprit][0],
+                    x.factor,
+                    x.reason,
+                ]
+                for x in results
+            ],
+        )
+    finally:
+        con.close()
+    bad = [x for x in results if x.passed is False]
+    ops = {(x.token, x.node) for x in results}
+    typer.echo(
+        f"all-reduce check ({side}): {len(ops)} op calls x {len(ranks)} ranks, "
+        f"{len({(x.token, x.node) for x in bad})} failing"
+    )
+    for x in bad[:20]:
+        typer.echo(f"  all-reduce mismatch: {describe(x, labels)}")
+
+
+def _compare_one(
+    golden: Path,
+    test: Path,
+    out: Path,
+    mapping: Path | None,
+    tokens: str | None,
+    workers: int | None,
+    thresholds: Path | None,
+    quiet: bool = False,
+    *,
+    rank: int | None = None,
+    dumps: tuple[Any, Any] | None = None,
+) -> Any:
     from workbench.catalog import CATALOG_NAME
     from workbench.compare.pool import PoolStarter, default_workers, worth_a_pool
     from workbench.compare.tasks import parse_tokens
@@ -37,7 +118,7 @@ def run_compare_cli(
         from workbench.formats import open_dump
 
         tok = parse_tokens(tokens)
-        g_dump, t_dump = open_dump(golden), open_dump(test)
+        g_dump, t_dump = (dumps[0](), dumps[1]()) if dumps else (open_dump(golden), open_dump(test))
         early = None
         if starter is not None and g_dump.kind == t_dump.kind:
             from workbench.compare.early import EarlyPairs
@@ -69,7 +150,9 @@ def run_compare_cli(
             starter.shutdown()
     con = open_catalog(catalog)
     try:
-        csv_path = write_msit_csv(con, res.cmp_id, out, tok)
+        if rank is not None:
+            con.execute("UPDATE runs SET rank = ? WHERE run_id IN (?, ?)", [rank, res.golden_run, res.test_run])
+        csv_path = write_msit_csv(con, res.cmp_id, out, tok, "" if rank is None else f"_rank{rank}")
         labels = {}
         for run_id in (res.golden_run, res.test_run):
             row = first_row(con.execute("SELECT kind, path FROM runs WHERE run_id = ?", [run_id]))
