@@ -29,10 +29,19 @@ $(MSIT_STAMP): $(STAMP)
 	  || echo "msit could not be installed: its compatibility tests will be skipped (see $(VENV)/wb-msit-install.log)"
 	@touch $(MSIT_STAMP)
 
+# msprobe (mindstudio-probe), likewise for the compatibility tests only; numpy/pandas/torch held where they are.
+MSPROBE_STAMP := $(VENV)/.wb-msprobe
+$(MSPROBE_STAMP): $(STAMP)
+	-@$(PY) -m pip freeze | grep -iE '^(numpy|pandas|torch)==' > $(VENV)/wb-constraints.txt; \
+	PIP_CONSTRAINT=$(CURDIR)/$(VENV)/wb-constraints.txt timeout 900 $(PY) -m pip install -q "mindstudio-probe==26.2.0" \
+	  > $(VENV)/wb-msprobe-install.log 2>&1 \
+	  || echo "msprobe could not be installed: its compatibility tests will be skipped (see $(VENV)/wb-msprobe-install.log)"
+	@touch $(MSPROBE_STAMP)
+
 demo: install
 	$(VENV)/bin/wb demo
 
-test: install $(MSIT_STAMP)
+test: install $(MSIT_STAMP) $(MSPROBE_STAMP)
 	@command -v tmux >/dev/null 2>&1 || (command -v apt-get >/dev/null 2>&1 && \
 		(apt-get install -y -qq tmux >/dev/null 2>&1 || (apt-get update -qq >/dev/null 2>&1 && \
 		apt-get install -y -qq tmux >/dev/null 2>&1)) || echo "tmux not installed: the tmux end-to-end test will be skipped")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,6 +9,7 @@ import typer
 
 from workbench.catalog import first_row
 from workbench.cli.common import ProgressPrinter, app, fail, guarded
+from workbench.core.files import DEFAULT_OUTPUT
 
 
 def run_compare_cli(
@@ -104,50 +104,27 @@ def _compare_one(
     rank: int | None = None,
     dumps: tuple[Any, Any] | None = None,
 ) -> Any:
-    from workbench.catalog import CATALOG_NAME
-    from workbench.compare.pool import PoolStarter, default_workers, worth_a_pool
+    """One golden/test pair of dumps (or of ranks: `dumps` reads them, `rank` goes into `runs.rank`)."""
     from workbench.compare.tasks import parse_tokens
+    from workbench.core.files import CATALOG_NAME
+    from workbench.jobs.compare import run_compare
 
-    # boot the workers first, then read the dumps and hand the workers the pairs that are obvious
-    # (same place in two dumps of one kind) while this process imports pandas/DuckDB and builds the catalog
-    n_workers = workers or default_workers()
-    starter = (
-        PoolStarter(n_workers) if golden.exists() and test.exists() and worth_a_pool(golden, test, n_workers) else None
+    tok = parse_tokens(tokens)
+    catalog = out / CATALOG_NAME  # the job makes OUT once both dumps are read
+    res = run_compare(
+        dumps[0]() if dumps else golden,
+        dumps[1]() if dumps else test,
+        catalog,
+        mapping=mapping,
+        tokens=tok,
+        workers=workers,
+        thresholds=thresholds,
+        progress=None if quiet else ProgressPrinter(),
+        freeze_gc=True,
     )
-    try:
-        from workbench.formats import open_dump
+    from workbench.catalog.store import open_catalog
+    from workbench.compare.report import format_summary, write_msit_csv
 
-        tok = parse_tokens(tokens)
-        g_dump, t_dump = (dumps[0](), dumps[1]()) if dumps else (open_dump(golden), open_dump(test))
-        early = None
-        if starter is not None and g_dump.kind == t_dump.kind:
-            from workbench.compare.early import EarlyPairs
-
-            early = EarlyPairs(g_dump, t_dump, starter, tok)
-
-        from workbench.catalog.store import open_catalog
-        from workbench.compare.pipeline import run_compare
-        from workbench.compare.report import format_summary, write_msit_csv
-
-        gc.freeze()  # the imported modules' objects need no more collecting: ~0.1 s less of GC per run
-
-        out.mkdir(parents=True, exist_ok=True)
-        catalog = out / CATALOG_NAME
-        res = run_compare(
-            g_dump,
-            t_dump,
-            catalog,
-            mapping=mapping,
-            tokens=tok,
-            workers=n_workers,
-            thresholds=thresholds,
-            progress=None if quiet else ProgressPrinter(),
-            pool=starter,
-            early=early,
-        )
-    finally:
-        if starter is not None:
-            starter.shutdown()
     con = open_catalog(catalog)
     try:
         if rank is not None:
@@ -178,7 +155,7 @@ def compare(
     ] = None,
     out: Annotated[
         Path, typer.Option("-o", "--output", help="Output folder: catalog.duckdb and the CSV report.")
-    ] = Path("wb_out"),
+    ] = Path(DEFAULT_OUTPUT),
     tokens: Annotated[str | None, typer.Option("--tokens", help="Tokens to compare, e.g. 0-3,7.")] = None,
     workers: Annotated[int | None, typer.Option("--workers", "-j", help="Worker processes (default: cores).")] = None,
     thresholds: Annotated[
