@@ -39,6 +39,8 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("toggle_color", "a", "a", "Colour by worst metric / added error", "main"),
     ActionSpec("next_metric", "m", "m", "Next heatmap metric", "main"),
     ActionSpec("drill_up", "u,backspace", "u", "Back to the layer heatmap", "main"),
+    ActionSpec("precheck", "p", "p", "Precheck: re-run the selected test op alone in float64", "main", show=False),
+    ActionSpec("redump", "d", "d", "Re-dump the selected op and token with full tensors", "main", show=False),
     ActionSpec("focus_next_pane", "tab", "tab", "Next pane", "main", show=False, palette=False),
     ActionSpec(
         "select_cell",

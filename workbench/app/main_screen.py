@@ -25,6 +25,7 @@ from workbench.analysis.explore import (
 from workbench.app.actions import bindings
 from workbench.app.detail import render_detail
 from workbench.app.heatmap import GLYPH_FAIL, GLYPH_NAN, GLYPH_NONE, LEVEL_EDGES, HeatmapView
+from workbench.app.opcause import OpCauseActions, PrecheckPanel
 from workbench.app.themes import DOMAIN_DEFAULTS, HEAT_LEVELS
 from workbench.app.trees import TopologyTree
 
@@ -63,7 +64,7 @@ class SelectNode(Message):
     node_id: int | None
 
 
-class MainScreen(Screen[None]):
+class MainScreen(OpCauseActions, Screen[None]):
     """Where the user finds the token, the layer and the op where the error is born."""
 
     BINDINGS = bindings("main")
@@ -111,6 +112,7 @@ class MainScreen(Screen[None]):
                 yield Static("", id="legend")
             with VerticalScroll(id="detail-pane"):
                 yield Static(render_detail(None, None, {}), id="detail")
+                yield PrecheckPanel("", id="precheck")
         with Horizontal(id="trees"):
             golden = TopologyTree("golden", id="golden-tree")
             golden.border_title = "golden"
