@@ -1,17 +1,18 @@
-"""Compare throughput: `wb compare` vs `msit llm compare` on the same pair of dumps, in one run.
+"""Compare speed: `wb compare` vs `msit llm compare` on the same pairs of dumps, in one interleaved run.
 
-The dumps: an 8-layer, 1024-hidden Llama (fp32 golden, bf16 test), 384-token prompt, 4 decoded
-tokens, dumped by our dumper in msit's layout (about 600 MB together). Prints wall time, pairs/s,
-MB/s and peak memory (max RSS of the child process) of both tools over interleaved runs, and the ratio of
-the medians.
+The dumps: an 8-layer, 1024-hidden Llama (fp32 golden, bf16 test, vocab 8000), 384-token prompt + 3 decode
+steps (tokens 0-3). The headline pair is dumped by msit's own `register_hook` (no manifest, no hard links: the
+dumps users have); the second pair by our dumper. Each round runs both tools on both pairs; prints wall time,
+pairs/s, MB/s and peak memory (max RSS of the process tree), the load average, and the msit/wb wall-time ratio
+of the medians and per round.
 
-    .venv/bin/python bench/bench_compare.py [--quick] [--keep DIR] [--workers N] [--repeat R]
+    .venv/bin/python bench/bench_compare.py [--quick] [--keep DIR] [--workers N] [--repeat R] [--no-ours]
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import json
 import os
 import resource
 import shutil
@@ -20,22 +21,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+DECODE_CALLS = 4  # prefill + 3 decode steps: tokens 0-3
 
 
-def build_dumps(base: Path, quick: bool) -> tuple[Path, Path]:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from workbench.demo import decode
-    from workbench.dump import DumpConfig, register_hook
-
+def model_config(quick: bool) -> tuple[dict[str, int], int]:
+    """The benchmark model (issue 13: 8 layers, hidden 1024, vocab 8000, 384-token prompt) and prompt length."""
     if quick:
-        cfg = LlamaConfig(
+        cfg = dict(
             hidden_size=256,
             intermediate_size=688,
             num_hidden_layers=4,
@@ -43,31 +42,72 @@ def build_dumps(base: Path, quick: bool) -> tuple[Path, Path]:
             num_key_value_heads=8,
             vocab_size=4000,
         )
-        prompt_len = 96
-    else:
-        cfg = LlamaConfig(
-            hidden_size=1024,
-            intermediate_size=2816,
-            num_hidden_layers=8,
-            num_attention_heads=16,
-            num_key_value_heads=16,
-            vocab_size=32000,
-        )
-        prompt_len = 384
+        return cfg, 96
+    cfg = dict(
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=8,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        vocab_size=8000,
+    )
+    return cfg, 384
+
+
+def dump_one(base: Path, dumper: str, side: str, quick: bool) -> None:
+    """Dump one side (fp32 golden or bf16 test) with `dumper` (`wb` or `msit`), in this process.
+
+    msit's DumpConfig is a process-wide singleton and its hooks stay installed, so every side runs in a
+    fresh process; the test side replays the golden side's tokens (saved next to the dumps).
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from workbench.demo import decode
+
+    cfg_kw, prompt_len = model_config(quick)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg).eval()
-    prompt = torch.randint(3, cfg.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1))
-    roots = []
-    tokens = None
-    for name, m in (("golden", model), ("test", copy.deepcopy(model).to(torch.bfloat16))):
-        h = register_hook(m, DumpConfig(dump_path=str(base / name), token_range=list(range(4))))
+    model = LlamaForCausalLM(LlamaConfig(**cfg_kw)).eval()
+    if side == "test":
+        model = model.to(torch.bfloat16)
+    prompt = torch.randint(3, cfg_kw["vocab_size"], (1, prompt_len), generator=torch.Generator().manual_seed(1))
+    token_file = base / "tokens.json"
+    forced = json.loads(token_file.read_text()) if side == "test" else None
+    out = base / side
+    tokens = list(range(DECODE_CALLS))
+    if dumper == "msit":
+        import logging
+
+        from msit_llm import DumpConfig as MsitConfig
+        from msit_llm import register_hook as msit_register
+
+        logging.getLogger("msit_logger").disabled = True
+        msit_register(model, MsitConfig(dump_path=str(out), token_range=tokens))
+        chosen = decode(model, prompt, DECODE_CALLS, forced)
+    else:
+        from workbench.dump import DumpConfig, register_hook
+
+        h = register_hook(model, DumpConfig(dump_path=str(out), token_range=tokens))
         try:
-            tokens = decode(m, prompt, 4, tokens if name == "test" else None)
+            chosen = decode(model, prompt, DECODE_CALLS, forced)
         finally:
             h.remove()
-        torch_dir = next((base / name).glob("msit_dump_*/torch_tensors/*"))
-        roots.append(torch_dir)
-    return roots[0], roots[1]
+    if side == "golden":
+        token_file.write_text(json.dumps(chosen))
+
+
+def build_dumps(base: Path, dumper: str, quick: bool) -> tuple[Path, Path]:
+    """Golden and test dumps by `dumper`, each side in a fresh process; returns their `{device}_{pid}` folders."""
+    base.mkdir(parents=True, exist_ok=True)
+    for side in ("golden", "test"):
+        cmd = [sys.executable, __file__, "--dump-one", dumper, side, str(base)] + (["--quick"] if quick else [])
+        subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return dump_dirs(base)
+
+
+def dump_dirs(base: Path) -> tuple[Path, Path]:
+    golden = next((base / "golden").glob("msit_dump_*/torch_tensors/*"))
+    test = next((base / "test").glob("msit_dump_*/torch_tensors/*"))
+    return golden, test
 
 
 def du(path: Path) -> int:
@@ -97,26 +137,151 @@ def largest_pair_mb(golden: Path, test: Path) -> float:
     return best / 1e6
 
 
-def run_timed(cmd: list[str], cwd: Path) -> tuple[float, int, str]:
-    """Wall time, peak RSS (KiB) of the command's process tree, output tail."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+
+
+def _new_cgroup() -> Path | None:
+    """A cpuacct cgroup (v1) for one command: it counts every descendant, also the compare workers that a
+    forkserver reaps (which rusage of the command's process never sees); None where it cannot be made."""
+    for n in range(1000):
+        cg = CPUACCT / f"wb_bench_{os.getpid()}_{n}"
+        try:
+            cg.mkdir()
+            return cg
+        except FileExistsError:
+            continue
+        except OSError:
+            return None
+    return None
+
+
+def _drop_cgroup(cg: Path) -> None:
+    for _ in range(50):  # a forkserver may outlive the command for a moment
+        try:
+            cg.rmdir()
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
+def run_timed(cmd: list[str], cwd: Path) -> tuple[float, float, int, str]:
+    """Wall time, CPU time (user + system of every process the command started), peak RSS (KiB, the largest
+    single process), output."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cg = _new_cgroup()
+    prefix = ["sh", "-c", 'echo $$ > "$0/tasks" && exec "$@"', str(cg)] if cg is not None else []
     t0 = time.perf_counter()
     proc = subprocess.run(
-        ["/usr/bin/time", "-f", "MAXRSS_KB=%M", *cmd],
+        [*prefix, "/usr/bin/time", "-f", "MAXRSS_KB=%M", *cmd],
         cwd=cwd,
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)},  # this checkout's workbench
     )
     dt = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if cg is not None:
+        time.sleep(0.2)
+        cpu = int((cg / "cpuacct.usage").read_text()) / 1e9
+        _drop_cgroup(cg)
     out = proc.stdout + proc.stderr
-    rss = max(before, 0)
+    rss = 0
     for line in out.splitlines():
         if line.startswith("MAXRSS_KB="):
             rss = int(line.split("=")[1])
     if proc.returncode != 0:
         print(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{out[-3000:]}")
-    return dt, rss, out
+    return dt, cpu, rss, out
+
+
+def measure_floor(golden: Path, test: Path) -> tuple[float, float, int]:
+    """The floor of a compare on this machine: every same-place pair read once (memory-mapped, as the workers
+    do) and one metric pass over it, in this process, nothing else (no process start, catalog or matching).
+    Returns (wall s, CPU s, pairs); the pages are in the page cache, as for the tools."""
+    from workbench.compare.metrics import compare_tensors
+    from workbench.formats.arrays import read_array
+
+    files = sorted(golden.rglob("*.pth"))
+    c0, t0, n = time.process_time(), time.perf_counter(), 0
+    for g in files:
+        t = test / g.relative_to(golden)
+        if t.exists():
+            compare_tensors(read_array(g), read_array(t))
+            n += 1
+    return time.perf_counter() - t0, time.process_time() - c0, n
+
+
+@dataclass
+class Runs:
+    """Every run of both tools on one pair of dumps."""
+
+    label: str
+    golden: Path
+    test: Path
+    wb: list[tuple[float, int, int, float]] = field(default_factory=list)  # wall, peak RSS KiB, pairs, CPU s
+    msit: list[tuple[float, int, int, float]] = field(default_factory=list)
+
+
+def run_wb(runs: Runs, out: Path, workers: int, size_mb: float, i: int) -> None:
+    wb = shutil.which("wb") or str(Path(sys.executable).with_name("wb"))
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [wb, "compare", "-gp", str(runs.golden), "-mp", str(runs.test), "-o", str(out), "--workers", str(workers)]
+    t_wb, cpu_wb, rss_wb, log_wb = run_timed(cmd, out.parent)
+    pairs = next((int(line.split()[2]) for line in log_wb.splitlines() if line.startswith("pairs compared:")), 0)
+    runs.wb.append((t_wb, rss_wb, pairs, cpu_wb))
+    print(
+        f"run {i + 1} [{runs.label}]: wb compare   {t_wb:6.2f} s  {pairs} pairs  {pairs / t_wb:7.1f} pairs/s  "
+        f"{size_mb / t_wb:6.1f} MB/s  CPU {cpu_wb:5.2f} s  peak RSS {rss_wb / 1024:.0f} MiB (workers {workers})",
+        flush=True,
+    )
+
+
+def run_msit(runs: Runs, out: Path, msit: str, i: int) -> None:
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    cmd = [msit, "llm", "compare", "-gp", str(runs.golden), "-mp", str(runs.test), "-o", str(out)]
+    t_ms, cpu_ms, rss_ms, _log = run_timed(cmd, out.parent)
+    reports = list(out.glob("msit_cmp_report_*"))
+    msit_pairs = count_msit_rows(reports)
+    runs.msit.append((t_ms, rss_ms, msit_pairs, cpu_ms))
+    print(
+        f"run {i + 1} [{runs.label}]: msit compare {t_ms:6.2f} s  {msit_pairs} pairs  "
+        f"{msit_pairs / t_ms:7.1f} pairs/s  CPU {cpu_ms:5.2f} s  peak RSS {rss_ms / 1024:.0f} MiB  "
+        f"({', '.join(r.name for r in reports) or 'no report'})",
+        flush=True,
+    )
+
+
+def summarise(runs: Runs) -> None:
+    print(f"--- {runs.label} dumps ({runs.golden.parent.parent.parent.parent.name}) ---")
+    wb_med = statistics.median(r[0] for r in runs.wb)
+    wb_pairs = runs.wb[0][2]
+    print(
+        f"wb compare:   median {wb_med:.2f} s, best {min(r[0] for r in runs.wb):.2f} s of {len(runs.wb)}: "
+        f"{wb_pairs / wb_med:.1f} pairs/s (median), peak RSS {max(r[1] for r in runs.wb) / 1024:.0f} MiB"
+    )
+    if not runs.msit:
+        print("msit not installed (pip install msit && msit install llm): no reference measured")
+        return
+    ms_med = statistics.median(r[0] for r in runs.msit)
+    ms_pairs = runs.msit[0][2]
+    print(
+        f"msit compare: median {ms_med:.2f} s, best {min(r[0] for r in runs.msit):.2f} s of {len(runs.msit)}: "
+        f"{ms_pairs / ms_med:.1f} pairs/s (median), peak RSS {max(r[1] for r in runs.msit) / 1024:.0f} MiB"
+    )
+    per_run = sorted(m[0] / w[0] for w, m in zip(runs.wb, runs.msit))
+    print(
+        f"[{runs.label}] wall-time ratio msit/wb: {ms_med / wb_med:.1f}x (medians; per interleaved run "
+        f"{', '.join(f'{r:.1f}' for r in per_run)}, median {statistics.median(per_run):.1f}x; target >= 10x); "
+        f"wb compares {wb_pairs} pairs, msit {ms_pairs}"
+    )
+    wb_cpu, ms_cpu = statistics.median(r[3] for r in runs.wb), statistics.median(r[3] for r in runs.msit)
+    print(
+        f"[{runs.label}] CPU-time ratio msit/wb (medians, all processes): {ms_cpu / wb_cpu:.1f}x "
+        f"(wb {wb_cpu:.2f} s, msit {ms_cpu:.2f} s)"
+    )
+    print(f"largest tensor pair {largest_pair_mb(runs.golden, runs.test):.0f} MB")
 
 
 def main() -> None:
@@ -125,79 +290,52 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, help="keep (or reuse) the dumps in this folder")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--repeat", type=int, default=5, help="interleaved runs of each tool (medians are reported)")
+    ap.add_argument("--no-ours", action="store_true", help="measure msit-made dumps only")
+    ap.add_argument("--dump-one", nargs=3, metavar=("DUMPER", "SIDE", "BASE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.dump_one:
+        dumper, side, base_dir = args.dump_one
+        dump_one(Path(base_dir), dumper, side, args.quick)
+        return
     base = args.keep or Path(tempfile.mkdtemp(prefix="wb_bench_compare_"))
     base.mkdir(parents=True, exist_ok=True)
-    if not (base / "golden").exists():
-        t0 = time.perf_counter()
-        golden, test = build_dumps(base, args.quick)
-        print(f"dumps built in {time.perf_counter() - t0:.1f} s")
-    else:
-        golden = next((base / "golden").glob("msit_dump_*/torch_tensors/*"))
-        test = next((base / "test").glob("msit_dump_*/torch_tensors/*"))
-    size_mb = (du(golden) + du(test)) / 1e6
-    print(f"dump size: {size_mb:.0f} MB (golden {du(golden) / 1e6:.0f} MB, test {du(test) / 1e6:.0f} MB)")
-
-    wb = shutil.which("wb") or str(Path(sys.executable).with_name("wb"))
     msit = shutil.which("msit") or str(Path(sys.executable).with_name("msit"))
     has_msit = Path(msit).exists()
-    out_wb, out_msit = base / "out_wb", base / "out_msit"
-    wb_runs: list[tuple[float, int, int]] = []  # wall, peak RSS KiB, pairs
-    msit_runs: list[tuple[float, int, int]] = []
+    dumpers = (["msit"] if has_msit else []) + ([] if args.no_ours else ["wb"])
+    all_runs: list[Runs] = []
+    for dumper in dumpers:
+        where = base / f"{dumper}_made"
+        if not (where / "test").exists():
+            t0 = time.perf_counter()
+            build_dumps(where, dumper, args.quick)
+            print(f"{dumper}-made dumps built in {time.perf_counter() - t0:.1f} s")
+        golden, test = dump_dirs(where)
+        size_mb = (du(golden) + du(test)) / 1e6
+        n_files = sum(1 for _ in golden.rglob("*.pth"))
+        print(
+            f"{dumper}-made dumps: {size_mb:.0f} MB (golden {du(golden) / 1e6:.0f} MB, test {du(test) / 1e6:.0f} MB), "
+            f"{n_files} golden files"
+        )
+        all_runs.append(Runs(f"{dumper}-made", golden, test))
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for i in range(args.repeat):  # interleaved, so both tools see the same machine load
-        shutil.rmtree(out_wb, ignore_errors=True)
-        t_wb, rss_wb, log_wb = run_timed(
-            [wb, "compare", "-gp", str(golden), "-mp", str(test), "-o", str(out_wb), "--workers", str(args.workers)],
-            base,
-        )
-        pairs = next((int(line.split()[2]) for line in log_wb.splitlines() if line.startswith("pairs compared:")), 0)
-        wb_runs.append((t_wb, rss_wb, pairs))
+        for runs in all_runs:
+            size_mb = (du(runs.golden) + du(runs.test)) / 1e6
+            run_wb(runs, base / "out_wb", args.workers, size_mb, i)
+            if has_msit:
+                run_msit(runs, base / "out_msit", msit, i)
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    for runs in all_runs:
+        summarise(runs)
+        floors = [measure_floor(runs.golden, runs.test) for _ in range(3)]
+        wall, cpu, n = min(floors, key=lambda f: f[1])
+        wb_wall = statistics.median(r[0] for r in runs.wb)
+        wb_cpu = statistics.median(r[3] for r in runs.wb)
         print(
-            f"run {i + 1}: wb compare   {t_wb:6.2f} s  {pairs} pairs  {pairs / t_wb:7.1f} pairs/s  "
-            f"{size_mb / t_wb:6.1f} MB/s  peak RSS {rss_wb / 1024:.0f} MiB (workers {args.workers})"
-        )
-        if not has_msit:
-            continue
-        shutil.rmtree(out_msit, ignore_errors=True)
-        out_msit.mkdir()
-        t_ms, rss_ms, _log = run_timed(
-            [msit, "llm", "compare", "-gp", str(golden), "-mp", str(test), "-o", str(out_msit)], base
-        )
-        reports = list(out_msit.glob("msit_cmp_report_*"))
-        msit_pairs = count_msit_rows(reports)
-        msit_runs.append((t_ms, rss_ms, msit_pairs))
-        print(
-            f"run {i + 1}: msit compare {t_ms:6.2f} s  {msit_pairs} pairs  {msit_pairs / t_ms:7.1f} pairs/s  "
-            f"peak RSS {rss_ms / 1024:.0f} MiB  ({', '.join(r.name for r in reports) or 'no report'})"
-        )
-    wb_med = statistics.median(r[0] for r in wb_runs)
-    wb_pairs = wb_runs[0][2]
-    print(
-        f"wb compare:   median {wb_med:.2f} s, best {min(r[0] for r in wb_runs):.2f} s of {len(wb_runs)}: "
-        f"{wb_pairs / wb_med:.1f} pairs/s (median)"
-    )
-    if not msit_runs:
-        print("msit not installed (pip install msit && msit install llm): no reference measured")
-    else:
-        ms_med = statistics.median(r[0] for r in msit_runs)
-        ms_pairs = msit_runs[0][2]
-        print(
-            f"msit compare: median {ms_med:.2f} s, best {min(r[0] for r in msit_runs):.2f} s of {len(msit_runs)}: "
-            f"{ms_pairs / ms_med:.1f} pairs/s (median)"
-        )
-        print(
-            f"wall-time ratio msit/wb (medians): {ms_med / wb_med:.1f}x (wb compares {wb_pairs} pairs, msit {ms_pairs})"
-        )
-        if ms_pairs:
-            ratios = sorted((w[2] / w[0]) / (m[2] / m[0]) for w, m in zip(wb_runs, msit_runs))
-            print(
-                f"throughput ratio wb/msit (pairs/s, medians): {(wb_pairs / wb_med) / (ms_pairs / ms_med):.1f}x "
-                f"(per interleaved run: {', '.join(f'{r:.1f}' for r in ratios)}; target >= 10x)"
-            )
-        print(
-            f"peak memory: wb {max(r[1] for r in wb_runs) / 1024:.0f} MiB, msit "
-            f"{max(r[1] for r in msit_runs) / 1024:.0f} MiB; "
-            f"largest tensor pair {largest_pair_mb(golden, test):.0f} MB"
+            f"[{runs.label}] floor (read each of {n} pairs once + one metric pass, one process, best of 3): "
+            f"{wall:.2f} s wall, {cpu:.2f} s CPU; wb uses {wb_cpu / cpu:.1f}x the floor's CPU, "
+            f"{wb_wall / (cpu / max(1, min(args.workers, os.cpu_count() or 1))):.1f}x its wall time on "
+            f"{args.workers} idle cores"
         )
     if not args.keep:
         shutil.rmtree(base, ignore_errors=True)

@@ -29,7 +29,8 @@ CREATE TABLE IF NOT EXISTS runs (
     n_tensors    INTEGER,
     problems     VARCHAR[],               -- one line per unreadable file
     meta         JSON,                    -- manifest: command, cwd, argv, device, ...
-    ingested_at  TIMESTAMP DEFAULT current_timestamp
+    ingested_at  TIMESTAMP DEFAULT current_timestamp,
+    rank         INTEGER                  -- rank (device) id of a multi-rank dump, NULL for a single rank
 );
 
 CREATE TABLE IF NOT EXISTS nodes (
@@ -131,6 +132,37 @@ CREATE TABLE IF NOT EXISTS metrics (
     failed_metrics              VARCHAR,  -- comma list of metrics over their threshold
     cmp_fail_reason             VARCHAR,
     PRIMARY KEY (cmp_id, pair_id)
+);
+
+-- statistics metrics of every computed pair (core/metrics.py STAT_METRICS, docs/metrics.md): the only
+-- metrics of a pair with a statistics-only side; `metrics.passed` then comes from stat_rel_euclid_bound
+CREATE TABLE IF NOT EXISTS stat_metrics (
+    cmp_id                     INTEGER NOT NULL,
+    pair_id                    INTEGER NOT NULL,
+    max_stat_absolute_error    DOUBLE,
+    max_stat_relative_error    DOUBLE,
+    min_stat_absolute_error    DOUBLE,
+    min_stat_relative_error    DOUBLE,
+    mean_stat_absolute_error   DOUBLE,
+    mean_stat_relative_error   DOUBLE,
+    l2norm_stat_absolute_error DOUBLE,
+    l2norm_stat_relative_error DOUBLE,
+    stat_rel_euclid_bound      DOUBLE,    -- lower bound of relative_euclidean_distance from the statistics
+    PRIMARY KEY (cmp_id, pair_id)
+);
+
+-- all-reduce check of a multi-rank dump (analysis/allreduce.py): each rank's output of a communication op
+-- against the sum of every rank's input; culprit_rank/factor name the rank whose contribution explains it
+CREATE TABLE IF NOT EXISTS allreduce_checks (
+    run_id       INTEGER NOT NULL,        -- the run of this rank
+    token_id     INTEGER NOT NULL,
+    node         VARCHAR NOT NULL,
+    rel_error    DOUBLE,                  -- ||out - sum(inputs)|| / ||sum(inputs)||
+    passed       BOOLEAN,
+    culprit_rank INTEGER,                 -- runs.rank of the rank whose contribution is off
+    factor       DOUBLE,                  -- that contribution arrived multiplied by this (0: dropped)
+    reason       VARCHAR,
+    PRIMARY KEY (run_id, token_id, node)
 );
 
 -- per (token, golden node) roll-up written after a compare: drives the trees, the heatmap
@@ -285,14 +317,25 @@ SELECT
     m.golden_node_id,
     m.test_node_id,
     m.golden_tensor_id,
-    m.test_tensor_id
+    m.test_tensor_id,
+    s.max_stat_absolute_error,
+    s.max_stat_relative_error,
+    s.min_stat_absolute_error,
+    s.min_stat_relative_error,
+    s.mean_stat_absolute_error,
+    s.mean_stat_relative_error,
+    s.l2norm_stat_absolute_error,
+    s.l2norm_stat_relative_error,
+    s.stat_rel_euclid_bound,
+    (gt.path IS NULL OR tt.path IS NULL)              AS on_statistics   -- compared on statistics only
 FROM matches m
 JOIN comparisons c ON c.cmp_id = m.cmp_id
 JOIN tensors gt ON gt.run_id = c.golden_run AND gt.tensor_id = m.golden_tensor_id
 JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id
 JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id
 JOIN nodes tn ON tn.run_id = c.test_run AND tn.node_id = m.test_node_id
-LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id;
+LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
+LEFT JOIN stat_metrics s ON s.cmp_id = m.cmp_id AND s.pair_id = m.pair_id;
 """
 
 # Columns of msit's CSV report, in msit's order (docs: shared formats README section 4).

@@ -64,6 +64,7 @@ def open_catalog(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBP
                     "refused, left untouched; give wb its own catalog file"
                 )
         con.execute(TABLES_DDL)  # every statement is IF NOT EXISTS: older catalogs gain the newer tables
+        con.execute("ALTER TABLE runs ADD COLUMN IF NOT EXISTS rank INTEGER")  # catalogs made before ranks
         if version is None:
             con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
         con.execute(COMPARISON_VIEW)

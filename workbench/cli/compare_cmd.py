@@ -29,19 +29,116 @@ def run_compare_cli(
     quiet: bool = False,
     follow_symlinks: bool = False,
 ) -> Any:
-    """Shared by `wb compare`, `wb open` and `wb demo`: compare, write the CSV, print the summary."""
-    from workbench.analysis.token_inputs import token_lines
+    """Shared by `wb compare`, `wb open` and `wb demo`: compare, write the CSV, print the summary.
+
+    Two multi-rank dumps (one folder per process or device) are compared rank with rank into one catalog
+    (`runs.rank`), with one CSV and one summary per rank; returns the last rank's result then."""
     from workbench.compare.tasks import token_ranges
-    from workbench.jobs.compare import run_compare
+    from workbench.formats.detect import find_ranks, pair_ranks
 
     ranges = token_ranges(tokens)  # a bad --tokens fails before anything is read; ranges bind to the dumps' tokens
     check_output_dir(out)
+    g_ranks, t_ranks = find_ranks(golden), find_ranks(test)
+    if not (g_ranks and t_ranks):
+        return _compare_one(
+            golden, test, out, mapping, ranges, workers, thresholds, quiet, follow_symlinks=follow_symlinks
+        )
+    pairs = pair_ranks(g_ranks, t_ranks)
+    by_id = all(g.rank is not None and g.rank == t.rank for g, t in pairs)
+    say(
+        f"ranks: golden {len(g_ranks)}, test {len(t_ranks)}; paired {len(pairs)} "
+        f"by {'device/rank id' if by_id else 'order'}"
+    )
+    res = None
+    runs: list[tuple[int, int, int]] = []  # rank, golden run, test run
+    for i, (g, t) in enumerate(pairs):
+        rank = g.rank if by_id and g.rank is not None else i
+        say(f"== rank {rank}: golden {g.label}, test {t.label}")
+        res = _compare_one(
+            g.path,
+            t.path,
+            out,
+            mapping,
+            ranges,
+            workers,
+            thresholds,
+            quiet,
+            rank=rank,
+            dumps=(g.open, t.open),
+            follow_symlinks=follow_symlinks,
+        )
+        runs.append((rank, res.golden_run, res.test_run))
+    for side, ranks in (("golden", [g for g, _ in pairs]), ("test", [t for _, t in pairs])):
+        _allreduce_check(side, ranks, [(r, g if side == "golden" else t) for r, g, t in runs], out)
+    return res
+
+
+def _allreduce_check(side: str, ranks: list[Any], run_ids: list[tuple[int, int]], out: Path) -> None:
+    """All-reduce check of one side's ranks: stored in `allreduce_checks`, failures printed."""
+    from workbench.analysis.allreduce import check_allreduce, describe
+    from workbench.catalog.store import open_catalog
+
+    results = check_allreduce([r.open() for r in ranks])
+    if not results:
+        return
+    labels = [f"rank {rk}" for rk, _ in run_ids]
+    catalog = out / CATALOG_NAME
+    con = catalog_guard(catalog, lambda: open_catalog(catalog))
+    try:
+        con.executemany(
+            "INSERT OR REPLACE INTO allreduce_checks VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                [
+                    run_ids[x.rank_index][1],
+                    x.token,
+                    x.node,
+                    x.rel_error,
+                    x.passed,
+                    None if x.culprit is None else run_ids[x.culprit][0],
+                    x.factor,
+                    x.reason,
+                ]
+                for x in results
+            ],
+        )
+    finally:
+        con.close()
+    bad = [x for x in results if x.passed is False]
+    ops = {(x.token, x.node) for x in results}
+    say(
+        f"all-reduce check ({side}): {len(ops)} op calls x {len(ranks)} ranks, "
+        f"{len({(x.token, x.node) for x in bad})} failing"
+    )
+    for x in bad[:20]:
+        say(f"  all-reduce mismatch: {describe(x, labels)}")
+
+
+def _compare_one(
+    golden: Path,
+    test: Path,
+    out: Path,
+    mapping: Path | None,
+    ranges: Any,
+    workers: int | None,
+    thresholds: Path | None,
+    quiet: bool = False,
+    *,
+    rank: int | None = None,
+    dumps: tuple[Any, Any] | None = None,
+    follow_symlinks: bool = False,
+) -> Any:
+    """One golden/test pair of dumps (or of ranks: `dumps` reads them, `rank` goes into `runs.rank`)."""
+    from workbench.analysis.token_inputs import token_lines
+    from workbench.catalog.store import open_catalog
+    from workbench.compare.report import format_summary, write_msit_csv
+    from workbench.jobs.compare import run_compare
+
     catalog = out / CATALOG_NAME
     res = catalog_guard(
         catalog,
         lambda: run_compare(
-            golden,
-            test,
+            dumps[0]() if dumps else golden,
+            dumps[1]() if dumps else test,
             catalog,
             mapping=mapping,
             tokens=ranges,
@@ -52,13 +149,13 @@ def run_compare_cli(
             follow_symlinks=follow_symlinks,
         ),
     )
-    from workbench.catalog.store import open_catalog
-    from workbench.compare.report import format_summary, write_msit_csv
-
     con = catalog_guard(catalog, lambda: open_catalog(catalog))
     try:
+        if rank is not None:
+            con.execute("UPDATE runs SET rank = ? WHERE run_id IN (?, ?)", [rank, res.golden_run, res.test_run])
         tok = None if ranges is None else ranges.among(_run_tokens(con, res.golden_run))
-        csv_path = catalog_guard(catalog, lambda: write_msit_csv(con, res.cmp_id, out, tok))
+        suffix = "" if rank is None else f"_rank{rank}"
+        csv_path = catalog_guard(catalog, lambda: write_msit_csv(con, res.cmp_id, out, tok, suffix))
         first_divergent, inputs_differ = token_lines(con, res.cmp_id)
         labels = {}
         for run_id in (res.golden_run, res.test_run):

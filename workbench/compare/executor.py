@@ -18,14 +18,14 @@ import duckdb
 import pandas as pd
 
 from workbench.compare.early import EarlyPairs, PairKey
-from workbench.compare.judge import PairResult, StatsResult, judge_pair, result_from_wire
+from workbench.compare.judge import PairResult, StatsResult, compute_dtype, judge_pair, result_from_wire
 from workbench.compare.matching import RunFrames
 from workbench.compare.pair_store import none_if_na
 from workbench.compare.pool import IN_PROCESS_BYTES, PoolStarter, new_pool
 from workbench.compare.tasks import SUMMARY_FIELDS, PairTask, StatsTask, batches, file_identity, tensor_bytes
 from workbench.compare.thresholds import Thresholds
 from workbench.compare.worker import run_batch
-from workbench.core.metrics import ALL_METRICS
+from workbench.core.metrics import ALL_METRICS, STAT_BOUND, STAT_METRIC_NAMES
 from workbench.core.progress import CompareCancelled, Progress, ProgressFn
 
 Judge = Callable[[PairResult], tuple[bool | None, list[str]]]
@@ -43,6 +43,7 @@ class ResultSink:
         self.con, self.cmp_id, self.golden_run, self.test_run, self.judge = con, cmp_id, golden_run, test_run, judge
         self.metric_rows: list[dict[str, Any]] = []
         self.stat_rows: list[dict[str, Any]] = []
+        self.stat_metric_rows: list[dict[str, Any]] = []
         self.failed = 0
         self.uncomparable = 0
         self.done_pairs: set[int] = set()
@@ -97,6 +98,8 @@ class ResultSink:
             self.failed += 1
         if not res.comparable:
             self.uncomparable += 1
+        if res.stat_values:
+            self.stat_metric_rows.append({"pair_id": res.pair_id, **res.stat_values})
         if g:
             self.stat_rows.append({"run_id": self.golden_run, "tensor_id": res.golden_tensor_id, **g, "error": None})
         if t:
@@ -105,7 +108,7 @@ class ResultSink:
             self.flush()
 
     def flush(self) -> None:
-        if not self.metric_rows and not self.stat_rows:
+        if not self.metric_rows and not self.stat_rows and not self.stat_metric_rows:
             return
         con = self.con
         con.execute("BEGIN TRANSACTION")
@@ -136,6 +139,16 @@ class ResultSink:
                     f"INSERT OR REPLACE INTO metrics (cmp_id, {cols}) SELECT ?, {cols} FROM _mdf", [self.cmp_id]
                 )
                 con.unregister("_mdf")
+            if self.stat_metric_rows:
+                xdf = pd.DataFrame(self.stat_metric_rows, columns=["pair_id", *STAT_METRIC_NAMES])
+                for col in STAT_METRIC_NAMES:
+                    xdf[col] = xdf[col].astype("float64")
+                con.register("_xdf", xdf)
+                cols = ", ".join(["pair_id", *STAT_METRIC_NAMES])
+                con.execute(
+                    f"INSERT OR REPLACE INTO stat_metrics (cmp_id, {cols}) SELECT ?, {cols} FROM _xdf", [self.cmp_id]
+                )
+                con.unregister("_xdf")
             if self.stat_rows:
                 sdf = pd.DataFrame(self.stat_rows).drop_duplicates(["run_id", "tensor_id"], keep="last")
                 for col in ("numel", "nan_count", "inf_count"):
@@ -156,6 +169,7 @@ class ResultSink:
             raise
         self.metric_rows.clear()
         self.stat_rows.clear()
+        self.stat_metric_rows.clear()
 
 
 def execute_tasks(
@@ -360,6 +374,7 @@ def compute_pending(
     first_of: dict[PairKey, int] = {}
     aliases: dict[int, list[tuple[int, int, int]]] = {}
     claims: dict[PairKey, PairTask] = {}
+    g_stats, t_stats = _recorded_stats(con, golden.run_id), _recorded_stats(con, test.run_id)
     if early is not None:
         early.wait_submitted()
     for pair_id, g_tid, t_tid, transform in zip(
@@ -376,11 +391,18 @@ def compute_pending(
                 aliases.setdefault(first_of[key], []).append((pair_id, g_tid, t_tid))
                 continue
             first_of[key] = pair_id
-        task = PairTask(pair_id, g_path, t_path, t_dtype, g_tid, t_tid, transform)
+        gs, ts = g_stats.get(g_tid) if g_path is None else None, t_stats.get(t_tid) if t_path is None else None
+        if gs is not None or ts is not None:  # a statistics-only side: compared on statistics
+            numel = int(g_numel) if g_numel is not None and g_numel == g_numel else None
+            task = PairTask(pair_id, g_path, t_path, t_dtype, g_tid, t_tid, transform, gs, ts, numel)
+        else:
+            task = PairTask(pair_id, g_path, t_path, t_dtype, g_tid, t_tid, transform)
         if early is not None and key is not None and early.has(key):
             claims[key] = task
         tasks.append(task)
-        sizes.append(tensor_bytes(g_numel, g_dtype) + tensor_bytes(t_numel, t_dtype))
+        sizes.append(
+            (tensor_bytes(g_numel, g_dtype) if g_path else 0) + (tensor_bytes(t_numel, t_dtype) if t_path else 0)
+        )
     if stats_for_unpaired:
         for run, info, used in (
             (golden.run_id, g_info, set(pairs["golden_tensor_id"])),
@@ -407,6 +429,8 @@ def compute_pending(
     pair_dtype = {int(p): t_info[int(tid)][1] for p, tid in zip(pairs["pair_id"], pairs["test_tensor_id"])}
     pair_io = dict(zip(pairs["pair_id"].astype(int), pairs["io"].astype(str)))
 
+    run_dtype = compute_dtype(t_info[int(tid)][1] for tid in pairs["test_tensor_id"])
+
     def judge(res: PairResult) -> tuple[bool | None, list[str]]:
         name, op_type, is_root = node_info[pair_node[res.pair_id]]
         return judge_pair(
@@ -419,6 +443,8 @@ def compute_pending(
             node_type=op_type,
             io=pair_io[res.pair_id],
             is_model=is_root,
+            stat_bound=(res.stat_values or {}).get(STAT_BOUND),
+            run_dtype=run_dtype,
         )
 
     sink = ResultSink(con, cmp_id, golden.run_id, test.run_id, judge)
@@ -427,3 +453,13 @@ def compute_pending(
         tasks, sizes, sink, workers=workers, progress=progress, cancel=cancel, pool=pool, early=early, claims=claims
     )
     return len(todo), sink.failed, sink.uncomparable
+
+
+def _recorded_stats(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[int, dict[str, float | None]]:
+    """tensor_id -> the max/min/mean/norm a statistics-only dump recorded, for its tensors without data."""
+    rows = con.execute(
+        "SELECT tensor_id, max, min, mean, norm FROM tensors WHERE run_id = ? AND path IS NULL "
+        "AND (max IS NOT NULL OR min IS NOT NULL OR mean IS NOT NULL OR norm IS NOT NULL)",
+        [run_id],
+    ).fetchall()
+    return {int(r[0]): {"max": r[1], "min": r[2], "mean": r[3], "norm": r[4]} for r in rows}

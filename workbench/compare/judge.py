@@ -7,12 +7,14 @@ the compare sink, `rejudge` (new thresholds, no tensor read) and the ATB prechec
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from workbench.compare.tasks import SUMMARY_FIELDS
 from workbench.compare.thresholds import NAN_INF, Thresholds
-from workbench.core.metrics import ALL_METRICS
+from workbench.core.metrics import ALL_METRICS, STAT_BOUND
 
 if TYPE_CHECKING:
     import duckdb
@@ -32,11 +34,19 @@ class PairResult:
     reason: str | None
     golden: Stats | None = None
     test: Stats | None = None
+    stat_values: dict[str, float | None] | None = None  # `STAT_METRICS` (every pair; the only ones on statistics)
 
     @property
     def comparable(self) -> bool:
-        """Whether any metric could be computed."""
-        return any(self.values.get(m) is not None for m in ALL_METRICS)
+        """Whether any metric (tensor or statistics) could be computed."""
+        return any(self.values.get(m) is not None for m in ALL_METRICS) or self.on_statistics
+
+    @property
+    def on_statistics(self) -> bool:
+        """No tensor metric, but statistics ones: a side of a statistics-only dump."""
+        return not any(self.values.get(m) is not None for m in ALL_METRICS) and any(
+            v is not None for v in (self.stat_values or {}).values()
+        )
 
     def under(self, pair_id: int, golden_tensor_id: int, test_tensor_id: int) -> PairResult:
         """The same numbers for another pair that reads the same files."""
@@ -65,6 +75,7 @@ def result_from_wire(res: dict[str, Any]) -> PairResult | StatsResult:
             res.get("reason") or None,
             res.get("golden") or None,
             res.get("test") or None,
+            res.get("stat_values") or None,
         )
     summary = res.get("summary")
     return StatsResult(
@@ -84,6 +95,23 @@ def nan_inf_mismatch(golden: Stats | None, test: Stats | None) -> bool:
     return t_nan + t_inf > 0 and (t_nan, t_inf) != (g_nan, g_inf)
 
 
+# floating dtypes from the tightest bounds to the loosest
+_PRECISION = ("float64", "float32", "float16", "bfloat16")
+
+
+def compute_dtype(dtypes: Iterable[str | None]) -> str | None:
+    """The floating dtype most of a run's tensors have: what a bf16 model computes in, although some of its ops
+    (RMSNorm's variance, softmax) upcast to float32 and so carry bf16 error in float32 tensors."""
+    counts = Counter(d for d in dtypes if d in _PRECISION)
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def _looser(a: str | None, b: str | None) -> str | None:
+    if a not in _PRECISION or b not in _PRECISION:
+        return a or b
+    return max(a, b, key=_PRECISION.index)
+
+
 def judge_pair(
     thresholds: Thresholds,
     values: dict[str, float | None],
@@ -95,12 +123,26 @@ def judge_pair(
     node_type: str = "",
     io: str = "out",
     is_model: bool = False,
+    stat_bound: float | None = None,
+    run_dtype: str | None = None,
 ) -> tuple[bool | None, list[str]]:
     """(passed, failed metrics) of one pair. A NaN/Inf mismatch fails it, even when no metric is computable.
 
     `io` says whether the pair is a node's input or output (rules such as the logits rule judge outputs
-    only); `is_model` marks the model's own output (the root module's).
+    only); `is_model` marks the model's own output (the root module's). A pair without tensor metrics is
+    judged on its statistics (`stat_bound`, `stat_rel_euclid_bound`) against the looser of its own dtype and
+    the run's compute dtype (`run_dtype`): statistics cannot tell an upcast op's own error from the error its
+    input carried in, which the tensor metrics of its inputs would show.
     """
+    if stat_bound is not None and not any(values.get(m) is not None for m in ALL_METRICS):
+        return thresholds.judge_statistics(
+            stat_bound,
+            _looser(dtype, run_dtype) or "float32",
+            node_name=node_name,
+            node_type=node_type,
+            io=io,
+            is_model=is_model,
+        )
     mismatch = nan_inf_mismatch(golden, test)
     passed, failed = thresholds.judge(
         values,
@@ -123,8 +165,9 @@ def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds)
     from workbench.compare.pair_store import none_if_na
 
     df = con.execute(
-        "SELECT x.*, gn.name AS _node, gn.type AS _type, gn.parent_id IS NULL AS _root, m.io AS _io, "
-        "tt.dtype AS _dtype FROM metrics x "
+        f"SELECT x.*, s.{STAT_BOUND} AS _stat_bound, gn.name AS _node, gn.type AS _type, "
+        "gn.parent_id IS NULL AS _root, m.io AS _io, tt.dtype AS _dtype "
+        "FROM metrics x LEFT JOIN stat_metrics s USING (cmp_id, pair_id) "
         "JOIN matches m USING (cmp_id, pair_id) JOIN comparisons c USING (cmp_id) "
         "JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id "
         "JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id "
@@ -133,6 +176,7 @@ def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds)
     ).df()
     if df.empty:
         return
+    run_dtype = compute_dtype(df["_dtype"])
     passed, failed = [], []
     for r in df.to_dict("records"):
         p, over = judge_pair(
@@ -145,6 +189,8 @@ def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds)
             node_type=str(r["_type"] or ""),
             io=str(r["_io"]),
             is_model=bool(r["_root"]),
+            stat_bound=none_if_na(r["_stat_bound"]),
+            run_dtype=run_dtype,
         )
         passed.append(p)
         failed.append(",".join(over) if over else None)

@@ -13,10 +13,13 @@ from workbench.compare.summary import CompareResult
 _CSV_INJECTION = ("=", "+", "-", "@", "\t", "\r")
 
 
-def write_msit_csv(con: duckdb.DuckDBPyConnection, cmp_id: int, out_dir: Path, tokens: set[int] | None = None) -> Path:
-    """msit's report columns by msit's names, rows in token then execution order; returns the file."""
+def write_msit_csv(
+    con: duckdb.DuckDBPyConnection, cmp_id: int, out_dir: Path, tokens: set[int] | None = None, suffix: str = ""
+) -> Path:
+    """msit's report columns by msit's names, rows in token then execution order; returns the file
+    (`suffix`, e.g. `_rank1`, keeps the reports of several ranks apart)."""
     stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%d%H%M%S")
-    path = out_dir / f"msit_cmp_report_{stamp}.csv"
+    path = out_dir / f"msit_cmp_report{suffix}_{stamp}.csv"
     cols = ", ".join(MSIT_CSV_COLUMNS)
     tok = "" if tokens is None else f" AND golden_token_id IN ({','.join(str(int(t)) for t in sorted(tokens))})"
     result = con.execute(f"SELECT {cols}, passed FROM comparison WHERE cmp_id = ?{tok} ORDER BY data_id", [cmp_id])

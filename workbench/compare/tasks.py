@@ -35,6 +35,10 @@ class PairTask:
     golden_tensor_id: int
     test_tensor_id: int
     transform: str | None = None
+    # a side without tensor data (statistics-only dump): its recorded max/min/mean/norm, compared on statistics
+    golden_stats: dict[str, float | None] | None = None
+    test_stats: dict[str, float | None] | None = None
+    numel: int | None = None  # golden element count (from the shape) when the golden side has no data
 
 
 @dataclass(frozen=True, slots=True)

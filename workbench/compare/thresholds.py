@@ -19,6 +19,7 @@ from typing import Any
 from workbench.catalog.schema import ALL_METRICS
 from workbench.core.files import package_data
 from workbench.core.metrics import NAN_INF as NAN_INF
+from workbench.core.metrics import STAT_BOUND, STAT_BOUND_JUDGED_AS
 from workbench.formats.model import canonical_dtype
 
 DEFAULTS_RESOURCE = "thresholds.toml"
@@ -202,6 +203,27 @@ class Thresholds:
         if not judged and not failed:
             return None, []
         return not failed, failed
+
+    def judge_statistics(
+        self,
+        bound: float | None,
+        dtype: str | None,
+        *,
+        node_name: str = "",
+        node_type: str = "",
+        io: str = "out",
+        is_model: bool = False,
+    ) -> tuple[bool | None, list[str]]:
+        """(passed, failed metrics) of a pair compared on statistics only: `bound` (`stat_rel_euclid_bound`,
+        a lower bound of the relative euclidean distance) fails when above that metric's maximum, when the
+        relative euclidean distance decides; None when nothing decides."""
+        verdict, bounds = self._resolve(dtype, node_name, node_type, io, is_model)
+        hi = bounds.get(STAT_BOUND_JUDGED_AS, (None, None))[1]
+        if bound is None or STAT_BOUND_JUDGED_AS not in verdict or hi is None:
+            return None, []
+        if math.isnan(bound) or bound > hi:
+            return False, [STAT_BOUND]
+        return True, []
 
     def to_json(self) -> str:
         """The effective configuration as canonical JSON (stored with each comparison)."""

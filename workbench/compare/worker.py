@@ -15,6 +15,7 @@ import numpy as np
 
 from workbench.compare.layout import LAYOUT_PREFIX, layout_rule, not_comparable
 from workbench.compare.metrics import compare_tensors, summarize
+from workbench.compare.stat_metrics import stat_metrics
 from workbench.compare.tasks import SUMMARY_FIELDS, PairTask, StatsTask
 from workbench.formats.arrays import RawTensor, read_array
 from workbench.formats.model import DumpError
@@ -94,7 +95,13 @@ def _load(path: str | None, side: str) -> tuple[RawTensor | None, str | None]:
 
 
 def run_pair(task: PairTask) -> dict[str, Any]:
-    """Metrics and both sides' statistics for one pair; problems become `cmp_fail_reason`."""
+    """Metrics and both sides' statistics for one pair; problems become `cmp_fail_reason`.
+
+    Every pair also gets the statistics metrics (`stat_values`); a side of a statistics-only dump (no
+    file, its statistics in the task) is compared on statistics only.
+    """
+    if task.golden_stats is not None or task.test_stats is not None:
+        return _run_stats_pair(task)
     golden, g_err = _load(task.golden_path, "golden_data_path")
     test, t_err = _load(task.test_path, "my_data_path")
     out: dict[str, Any] = {
@@ -131,6 +138,45 @@ def run_pair(task: PairTask) -> dict[str, Any]:
     if not task.transform:
         out["golden"] = _summary_dict(res.golden)
         out["test"] = _summary_dict(res.test)
+    if any(v is not None for v in res.values.values()):  # not for pairs the tensors could not compare (layout)
+        out["stat_values"] = stat_metrics(_summary_dict(res.golden), _summary_dict(res.test), res.golden.numel)
+    return out
+
+
+def _run_stats_pair(task: PairTask) -> dict[str, Any]:
+    """A pair with at least one statistics-only side: the other side (if it has data) is summarised in one
+    pass, then both are compared on max/min/mean/L2 norm."""
+    out: dict[str, Any] = {
+        "pair_id": task.pair_id,
+        "golden_tensor_id": task.golden_tensor_id,
+        "test_tensor_id": task.test_tensor_id,
+        "values": {},
+        "finite_only": False,
+        "reason": None,
+    }
+    sides: list[dict[str, Any] | None] = []
+    numel = task.numel
+    for name, path, stats, key in (
+        ("golden_data_path", task.golden_path, task.golden_stats, "golden"),
+        ("my_data_path", task.test_path, task.test_stats, "test"),
+    ):
+        if stats is not None:
+            sides.append(dict(stats))
+            continue
+        arr, err = _load(path, name)
+        if arr is None:
+            out["reason"] = err
+            return out
+        summary = _summary_dict(summarize(arr))
+        out[key] = summary
+        if key == "golden":
+            numel = summary["numel"]
+        sides.append(summary)
+    g, t = sides
+    assert g is not None and t is not None
+    out["stat_values"] = stat_metrics(g, t, numel)
+    if all(v is None for v in out["stat_values"].values()):
+        out["reason"] = "no statistics to compare (statistics-only dump without max/min/mean/norm)"
     return out
 
 

@@ -46,7 +46,6 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("one_thousandth_err_ratio", "1‰ err ratio", "higher", False, None, True),
     MetricSpec("five_thousandths_err_ratio", "5‰ err ratio", "higher", False, None, True),
 )
-BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 MSIT_METRICS: tuple[str, ...] = tuple(m.name for m in METRICS if m.msit)
 ALL_METRICS: tuple[str, ...] = tuple(m.name for m in METRICS)
 # The failed-metric name of a NaN/Inf mismatch (test side has NaN/Inf the golden side lacks).
@@ -58,4 +57,29 @@ def spec(name: str) -> MetricSpec:
     try:
         return BY_NAME[name]
     except KeyError:
-        raise KeyError(f"unknown metric {name!r}; known: {', '.join(ALL_METRICS)}") from None
+        raise KeyError(f"unknown metric {name!r}; known: {', '.join(BY_NAME)}") from None
+
+
+# Statistics metrics: what can be compared when one side (or both) kept only max/min/mean/L2 norm
+# (statistics-only dumps: msit `statistics.csv`, msprobe summary mode, ATB `.bin` statistics headers).
+# For each statistic s: `{s}_stat_absolute_error` = |s(test) - s(golden)| and `{s}_stat_relative_error` =
+# that / max(|s(golden)|, float32 eps) (msit's `compare_statistics` names and formula; msprobe's
+# `{S} diff` / `{S}RelativeErr` are the signed difference and the same ratio in percent). They are computed
+# for every pair (from the tensors when both sides have them). `stat_rel_euclid_bound` is
+# max(|d l2norm|, |d mean| * sqrt(numel), |d max|, |d min|) / l2norm(golden), a LOWER BOUND of the relative
+# euclidean distance (each term is at most ||test - golden||_2): a statistics-only pair fails when the bound
+# already exceeds the relative euclidean distance's bound for its dtype, so every such failure is certain.
+STAT_KEYS: tuple[str, ...] = ("max", "min", "mean", "l2norm")
+STAT_BOUND = "stat_rel_euclid_bound"
+STAT_METRICS: tuple[MetricSpec, ...] = (
+    *(
+        MetricSpec(f"{k}_stat_{kind}_error", f"{k} {label}", "lower", False)
+        for k in STAT_KEYS
+        for kind, label in (("absolute", "abs diff"), ("relative", "rel diff"))
+    ),
+    MetricSpec(STAT_BOUND, "rel euclid >=", "lower", False, None, False),
+)
+STAT_METRIC_NAMES: tuple[str, ...] = tuple(m.name for m in STAT_METRICS)
+# The full metric whose bound judges `STAT_BOUND`.
+STAT_BOUND_JUDGED_AS = "relative_euclidean_distance"
+BY_NAME: dict[str, MetricSpec] = {m.name: m for m in (*METRICS, *STAT_METRICS)}

@@ -13,8 +13,11 @@ first device/rank are read, and `meta["other_candidates"]` lists the others.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from workbench.core.files import MANIFEST_NAME, MODEL_TREE_NAME
@@ -194,3 +197,93 @@ def _open_atb(p: Path) -> Dump | None:
         return None
     dump = atb.read_atb(dump_root, candidates[0])
     return _note_others(dump, candidates[0], candidates)
+
+
+# ---------------------------------------------------------------------------------------------- ranks
+
+_DEV_ID_RE = re.compile(r"^(?:[a-z]+)?(\d+)_\d+$")  # npu3_1234, cuda0_77, 3_1234 (ATB); cpu_123 has none
+
+
+@dataclass(frozen=True)
+class RankDump:
+    """One rank (process, device) of a multi-rank dump: its id where the folder names one, and how to read it."""
+
+    rank: int | None
+    label: str  # the folder: npu3_1234, rank3, 0_4321
+    path: Path
+    open: Callable[[], Dump]
+
+
+def find_ranks(path: str | Path) -> list[RankDump]:
+    """The ranks below a dump path that holds several (tensor parallelism writes one folder per process):
+    msit `torch_tensors/{dev}_{pid}`, ATB `tensors/{dev}_{pid}`, msprobe `step*/rank{N}`; [] for one rank."""
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        return []
+    p = p.resolve()
+    found = _msprobe_ranks(p) or _torch_ranks(p) or _atb_ranks(p)
+    return found if len(found) >= 2 else []
+
+
+def _dev_id(name: str) -> int | None:
+    m = _DEV_ID_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def _msprobe_ranks(p: Path) -> list[RankDump]:
+    if msprobe.is_msprobe_rank_dir(p) or p.name == "dump_tensor_data":
+        return []
+    by_rank = msprobe.find_all_rank_dirs(p)
+    out = []
+    for name, dirs in sorted(by_rank.items(), key=lambda kv: (len(kv[0]), kv[0])):
+        digits = name.removeprefix("rank")
+        out.append(
+            RankDump(
+                int(digits) if digits.isdigit() else None,
+                name,
+                dirs[0][1],
+                functools.partial(msprobe.read_msprobe, dirs, root=dirs[0][1]),
+            )
+        )
+    return out
+
+
+def _torch_ranks(p: Path) -> list[RankDump]:
+    if msit_torch.is_torch_device_dir(p):
+        return []
+    tt = p if p.name == "torch_tensors" else p / "torch_tensors"
+    if not tt.is_dir():
+        tt = next((d / "torch_tensors" for d in _dump_dirs(p) if (d / "torch_tensors").is_dir()), tt)
+    devs = _torch_dev_dirs(tt) if tt.is_dir() else []
+    return [RankDump(_dev_id(d.name), d.name, d, functools.partial(msit_torch.read_msit_torch, d)) for d in devs]
+
+
+def _atb_ranks(p: Path) -> list[RankDump]:
+    if atb.is_atb_device_dir(p):
+        return []
+    if p.name == "tensors":
+        tensors, root = p, p.parent
+    elif (p / "tensors").is_dir():
+        tensors, root = p / "tensors", p
+    else:
+        d = next((d for d in _dump_dirs(p) if (d / "tensors").is_dir()), None)
+        if d is None:
+            return []
+        tensors, root = d / "tensors", d
+    devs = _atb_dev_dirs(tensors)
+    return [RankDump(_dev_id(d.name), d.name, d, functools.partial(atb.read_atb, root, d)) for d in devs]
+
+
+def pair_ranks(golden: list[RankDump], test: list[RankDump]) -> list[tuple[RankDump, RankDump]]:
+    """Golden and test ranks paired by device/rank id when both sides name the same ids, else in order
+    (ids, then folder names); extra ranks on one side stay unpaired."""
+    g_ids, t_ids = [r.rank for r in golden], [r.rank for r in test]
+    if None not in g_ids and None not in t_ids and set(g_ids) == set(t_ids) and len(set(g_ids)) == len(g_ids):
+        by_id = {r.rank: r for r in test}
+        return [(g, by_id[g.rank]) for g in sorted(golden, key=lambda r: r.rank or 0)]
+
+    def order(r: RankDump) -> tuple[bool, int, int, str]:  # cpu_{pid}: processes by pid (rank 0 starts first)
+        tail = r.label.rsplit("_", 1)[-1]
+        return (r.rank is None, r.rank or 0, int(tail) if tail.isdigit() else 0, r.label)
+
+    return list(zip(sorted(golden, key=order), sorted(test, key=order)))

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from workbench.core.files import MANIFEST_NAME, MODEL_TREE_NAME
-from workbench.formats.arrays import read_pth_array
 from workbench.formats.layers import inherit_layers, layer_from_name
 from workbench.formats.model import (
     TENSOR_ROLES,
@@ -340,10 +339,14 @@ def _scan_module(
     for role in TENSOR_ROLES:
         for idx, (_nums, path) in enumerate(sorted(by_role[role])):
             st = stats.pop((role, idx), None)
+            key = None
             try:
-                # headers need no torch; the data-flow order (no manifest) hashes payloads (torch-free too)
-                t = read_pth_array(path) if hashes is not None else None
-                dt, shape = (t.dtype, check_shape(path, t.shape)) if t is not None else pth_header(path)
+                # the data-flow order (no manifest) hashes a few spread runs of each payload; no torch either way
+                if hashes is not None:
+                    dt, raw_shape, key = content_key(path)
+                    shape = check_shape(path, raw_shape)
+                else:
+                    dt, shape = pth_header(path)
             except DumpError as exc:
                 problems.append(str(exc))
                 out.append(
@@ -370,12 +373,7 @@ def _scan_module(
                     stats=st[2] if st else None,
                 )
             )
-            if hashes is not None and t is not None:
-                try:
-                    key = content_key(t)
-                except (RuntimeError, OSError, ValueError) as exc:
-                    problems.append(f"{path}: payload unreadable ({str(exc).splitlines()[0][:120]})")
-                    continue
+            if hashes is not None and key is not None:
                 target = hashes.inputs if role == "in" else hashes.outputs
                 assert target is not None
                 target[module].append(key)

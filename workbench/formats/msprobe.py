@@ -93,6 +93,29 @@ def find_rank_dirs(path: Path) -> list[tuple[int, Path]]:
     return ranks[first]
 
 
+def find_all_rank_dirs(path: Path) -> dict[str, list[tuple[int, Path]]]:
+    """Every rank folder name below a dump path or a step folder -> its (step, folder) pairs."""
+    steps: list[tuple[int, Path]] = []
+    m = _STEP_RE.match(path.name)
+    if m:
+        steps = [(int(m.group(1)), path)]
+    else:
+        try:
+            entries = list_dir(path)
+            steps = [(int(x.group(1)), Path(e.path)) for e in entries if e.is_dir and (x := _STEP_RE.match(e.name))]
+        except DumpError:
+            return {}
+    ranks: dict[str, list[tuple[int, Path]]] = defaultdict(list)
+    for step, sp in sorted(steps):
+        try:
+            for e in list_dir(sp):
+                if e.is_dir and _RANK_RE.match(e.name) and (Path(e.path) / "dump.json").is_file():
+                    ranks[e.name].append((step, Path(e.path)))
+        except DumpError:
+            continue
+    return dict(ranks)
+
+
 def read_msprobe(rank_dirs: list[tuple[int, Path]], *, root: Path) -> Dump:
     """Read the dump.json/construct.json of one rank over the given steps."""
     problems: list[str] = []

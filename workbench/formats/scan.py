@@ -26,10 +26,11 @@ if TYPE_CHECKING:  # torch is imported only when a payload is read
     import torch
 
 MAX_JSON_BYTES = 256 * 1024 * 1024
-# tensors above this size are hashed on evenly spaced samples (data-flow matching only needs identity)
-FULL_HASH_BYTES = 4 * 1024 * 1024
-_SAMPLES = 64
-_SAMPLE_BYTES = 16 * 1024
+# tensors above this size are hashed on evenly spaced samples (data-flow matching only needs identity, and
+# activations that agree on 16 spread runs of 4 KiB are the same tensor)
+SMALL_HASH_BYTES = 64 * 1024
+_SAMPLES = 16
+_SAMPLE_BYTES = 4 * 1024
 
 
 @dataclass(slots=True)
@@ -164,23 +165,52 @@ def npy_header(path: str) -> tuple[str, tuple[int, ...]]:
     return dtype_name(dtype), check_shape(path, tuple(int(d) for d in shape))
 
 
-def content_key(t: Any) -> bytes:
-    """A digest of a tensor's dtype, shape and bytes (sampled above `FULL_HASH_BYTES`), for data-flow matching.
+def content_key(path: str) -> tuple[str, tuple[int, ...], bytes]:
+    """dtype name, shape and a digest of one tensor file's values, for data-flow matching (no torch for plain
+    `.pth` files).
 
-    `t` is a `RawTensor`, a numpy array or a torch tensor; the same content gives the same key either way."""
-    from workbench.formats.arrays import as_raw
+    The digest covers dtype, shape and, above `SMALL_HASH_BYTES`, `_SAMPLES` evenly spaced runs of
+    `_SAMPLE_BYTES` of the logical (row-major) values, so a view and its contiguous copy hash the same and a
+    large tensor costs a few page reads, not a pass over its bytes. Raises `DumpError` when unreadable.
+    """
+    from workbench.formats.arrays import read_pth_array
 
-    raw = as_raw(t)
+    try:
+        size = os.stat(path).st_size
+    except OSError as exc:
+        raise DumpError(path, f"cannot read: {exc.strerror or exc}") from None
+    raw = read_pth_array(path, size)
+    arr = raw.array
+    shape = tuple(int(d) for d in arr.shape)
     h = hashlib.blake2b(digest_size=16)
-    h.update(f"{raw.dtype}|{raw.shape}|".encode())
-    if raw.numel == 0:
-        return h.digest()
-    flat = np.ascontiguousarray(raw.array).reshape(-1).view(np.uint8)
-    n = flat.shape[0]
-    if n <= FULL_HASH_BYTES:
-        h.update(flat.data)
-    else:
-        step = (n - _SAMPLE_BYTES) // (_SAMPLES - 1)
+    h.update(f"{raw.dtype}|{shape}|".encode())
+    try:
+        _hash_values(h, arr)
+    except (OSError, ValueError) as exc:  # a mapped page that cannot be read (file truncated meanwhile)
+        raise DumpError(path, f"payload unreadable ({str(exc).splitlines()[0][:120]})") from None
+    return raw.dtype, shape, h.digest()
+
+
+def _hash_values(h: Any, arr: np.ndarray) -> None:
+    n = int(arr.size)
+    if n == 0:
+        return
+    itemsize = arr.dtype.itemsize
+    if arr.flags.c_contiguous:
+        flat = arr.reshape(-1).view(np.uint8)
+        if flat.nbytes <= SMALL_HASH_BYTES:
+            h.update(flat.data)
+            return
+        run = max(1, _SAMPLE_BYTES // itemsize) * itemsize
+        step = (flat.nbytes // itemsize - run // itemsize) // (_SAMPLES - 1) * itemsize
         for i in range(_SAMPLES):
-            h.update(flat[i * step : i * step + _SAMPLE_BYTES].data)
-    return h.digest()
+            h.update(flat[i * step : i * step + run].data)
+        return
+    if n * itemsize <= SMALL_HASH_BYTES:
+        h.update(np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data)
+        return
+    run = max(1, _SAMPLE_BYTES // itemsize)
+    step = (n - run) // (_SAMPLES - 1)
+    for i in range(_SAMPLES):
+        idx = np.unravel_index(np.arange(i * step, i * step + run), arr.shape)
+        h.update(np.ascontiguousarray(arr[idx]).view(np.uint8).data)
