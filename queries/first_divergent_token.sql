@@ -1,4 +1,5 @@
--- First divergent token: the earliest token whose logits (last op in execution order) fail, with its metrics
+-- First divergent token: the earliest token whose logits (last op in execution order) fail, with its metrics;
+-- no row when every token's logits pass
 WITH last_out AS (
     SELECT token_id, golden_node, test_node, cosine_similarity, kl_divergence,
            relative_euclidean_distance, passed,
@@ -9,6 +10,6 @@ WITH last_out AS (
 SELECT token_id, golden_node AS logits_op, test_node AS test_op, cosine_similarity, kl_divergence,
        relative_euclidean_distance, passed
 FROM last_out
-WHERE rn = 1
-ORDER BY passed NULLS LAST, token_id
+WHERE rn = 1 AND passed = false
+ORDER BY token_id
 LIMIT 1;

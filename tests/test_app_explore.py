@@ -170,8 +170,12 @@ def test_bad_catalogs_give_one_line_errors(tmp_path: Path) -> None:
         Explorer(tmp_path)
     junk = tmp_path / "junk.duckdb"
     junk.write_bytes(b"hello, not a database" * 100)
-    with pytest.raises(ExploreError, match="cannot open"):
+    with pytest.raises(ExploreError, match="not a DuckDB catalog"):
         Explorer(junk)
+    csv = tmp_path / "x.csv"
+    csv.write_text("a,b\n1,2\n")
+    with pytest.raises(ExploreError, match=r"x\.csv: not a DuckDB catalog \(wb open takes"):
+        Explorer(csv)
     plain = tmp_path / "plain.duckdb"
     con = duckdb.connect(str(plain))
     con.execute("CREATE TABLE x (a INT)")

@@ -48,6 +48,7 @@ __all__ = ["POST", "PRE", "ExploreError", "Explorer", "connect_read_only"]
 # heatmap row groups outside the decoder layers (layers are numbered from 0)
 PRE = -1  # ops before the first layer
 POST = 1_000_000_000  # ops after the last layer
+DUCKDB_MAGIC = b"DUCK"  # bytes 8-11 of every DuckDB database file
 STAT_COLUMNS = ("dtype", "shape", "min", "max", "mean", "std", "norm", "nan_count", "inf_count", "path")
 
 
@@ -76,6 +77,16 @@ def connect_read_only(catalog: str | Path) -> duckdb.DuckDBPyConnection:
         raise ExploreError(f"{p}: catalog not found")
     if p.is_dir():
         raise ExploreError(f"{p}: is a folder, not a catalog file")
+    try:
+        with p.open("rb") as f:
+            head = f.read(12)
+    except OSError as exc:
+        raise ExploreError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    if head[8:12] != DUCKDB_MAGIC:
+        raise ExploreError(
+            f"{p}: not a DuckDB catalog (wb open takes a catalog.duckdb written by `wb compare`, its folder, or two "
+            "dump folders)"
+        )
     try:
         con = duckdb.connect(str(p), read_only=True)
     except duckdb.Error as exc:

@@ -34,6 +34,7 @@ from workbench.app.themes import DOMAIN_DEFAULTS, HEAT_LEVELS
 from workbench.app.trees import TopologyTree
 
 MIN_TREES_H = 6  # rows the trees keep whatever the terminal
+LEGEND_W = 30  # the heatmap pane is at least this wide, for the legend
 TOP_SHARE = 0.6  # of the rows below the status line: heatmap and detail pane
 
 
@@ -100,8 +101,7 @@ class MainScreen(WorkbenchScreen[None]):
     MainScreen #top { height: 60%; }
     MainScreen #heat-pane { width: 50%; border: round $secondary 50%; }
     MainScreen #heat-pane:focus-within { border: round $primary; }
-    MainScreen #heat-title { height: 1; padding: 0 1; text-style: bold; text-wrap: nowrap; text-overflow: ellipsis; }
-    MainScreen #legend { height: auto; max-height: 4; padding: 0 1; }
+    MainScreen #legend { height: auto; padding: 0 1; }
     MainScreen #detail-pane { width: 1fr; border: round $secondary 50%; padding: 0 1; scrollbar-gutter: stable; }
     MainScreen #detail-pane:focus-within { border: round $primary; }
     MainScreen #trees { height: 1fr; min-height: 6; }
@@ -137,7 +137,6 @@ class MainScreen(WorkbenchScreen[None]):
         yield Static("", id="status")
         with Horizontal(id="top"):
             with Vertical(id="heat-pane"):
-                yield Static("", id="heat-title")
                 yield HeatmapView(id="heatmap")
                 yield Static("", id="legend")
             with VerticalScroll(id="detail-pane"):
@@ -172,16 +171,20 @@ class MainScreen(WorkbenchScreen[None]):
             return
         body = max(height - 2, 1)  # status line and footer
         view = self.query_one(HeatmapView)
-        top = max(int(body * TOP_SHARE), min(body - MIN_TREES_H, self._heat_height_needed(view)))
+        pane_w = view.preferred_width(max(int(width * 0.5), 24)) + 2  # + border
+        pane_w = min(max(pane_w, LEGEND_W + 4), max(width - 36, 24))
+        self.query_one("#heat-pane").styles.width = pane_w
+        legend = self.query_one("#legend", Static)
+        legend_lines = len(self._legend(view).wrap(self.app.console, max(pane_w - 4, 10)))
+        rows = view.data.values.shape[0] if view.data is not None else 4
+        needed = rows + 1 + legend_lines + 2  # token header, legend, border
+        top = max(int(body * TOP_SHARE), needed)
         top = max(min(top, body - MIN_TREES_H), 6)
         self.query_one("#top").styles.height = top
-        pane_w = view.preferred_width(max(int(width * 0.5), 24)) + 2  # + border
-        legend_w = 34  # the legend's key line wraps below this
-        self.query_one("#heat-pane").styles.width = min(max(pane_w, legend_w, 24), max(width - 30, 24))
-
-    def _heat_height_needed(self, view: HeatmapView) -> int:
-        rows = view.data.values.shape[0] if view.data is not None else 4
-        return rows + 1 + 1 + 3 + 2  # header, title, legend, border
+        legend.styles.height = legend_lines
+        ntok = len(view.data.tokens) if view.data is not None else 0
+        hscroll = 1 if view.preferred_width(10_000) > pane_w - 2 and ntok else 0
+        view.styles.height = max(min(rows + 1 + hscroll, top - 2 - legend_lines), 2)
 
     def set_explorer(self, explorer: Explorer) -> None:
         """Switch to a reopened catalog (after an edit): reload everything shown."""
@@ -378,7 +381,7 @@ class MainScreen(WorkbenchScreen[None]):
             where = "layers"
         else:
             where = f"ops of {_group_name(self.drill_layer)} (u: back)"
-        self.query_one("#heat-title", Static).update(f"{label} by token x {where}", layout=False)
+        self.query_one("#heat-pane").border_title = f"{label} by token x {where}"
         colour = "added error" if self.color_by_added else label
         # the verdict first: it is what a narrow terminal must still show
         status = Text.assemble(
@@ -412,7 +415,7 @@ class MainScreen(WorkbenchScreen[None]):
                 for m in self.explorer.info.verdict_metrics()
                 if m in COLOURINGS and self._scale(m).bound is not None
             ]
-            text.append("worst of " + ", ".join(parts) + " (1 = at the bound)", style="bold")
+            text.append("worst of " + ", ".join(parts), style="bold")
         elif scale.bound is None:
             text.append(f"{COLOURINGS[metric].label}: no bound; shaded up to the largest shown", style="bold")
         else:
@@ -426,12 +429,12 @@ class MainScreen(WorkbenchScreen[None]):
             shown = i in (0, 4, 6) or (scale.bound is None and i == 3)
             text.append(f"{_edge_value(edges[i], metric, view.bound)} " if shown else " ")
         text.append("\n")
-        text.append(f" {GLYPH_FAIL} ", style=f"bold on {v['heat-5']}")
+        text.append(f"{GLYPH_FAIL}", style=f"bold on {v['heat-5']}")
         text.append(" fails ")
-        text.append(f" {GLYPH_NAN} ", style=f"bold on {v['nan']}")
+        text.append(f"{GLYPH_NAN}", style=f"bold on {v['nan']}")
         text.append(" NaN/Inf ")
-        text.append(f" {GLYPH_NONE} ", style=v["unmatched"])
-        text.append(" not compared")
+        text.append(f"{GLYPH_NONE}", style=v["unmatched"])
+        text.append(" none")
         return text
 
     # ------------------------------------------------------------------ selection

@@ -25,6 +25,7 @@ class TopologyTree(Tree[TreeRow]):
 
     def __init__(self, side: Side, *, id: str | None = None) -> None:
         super().__init__(side, id=id)
+        self.guide_depth = 2  # deep models: narrow guides leave room for the names
         self.side = side
         self.show_root = False
         self.auto_expand = False
@@ -220,6 +221,7 @@ class TopologyTree(Tree[TreeRow]):
         text = Text.assemble(
             (prefix, base_style),
             (mark + " ", mstyle + Style(bold=True)),
+            ("◆ " if born else "", self._styles.get("born", Style()) + Style(bold=True)),
             (row.short_name, name_style + style),
             (f" {row.type}", self._styles.get("dim", Style())),
             (f" {row.shape}" if row.shape else "", self._styles.get("dim", Style())),
@@ -227,5 +229,5 @@ class TopologyTree(Tree[TreeRow]):
         if mark == "?":
             text.append(" unmatched", self._styles.get("unmatched", Style()))
         if born:
-            text.append(" ◆ error born here", self._styles.get("born", Style()) + Style(bold=True))
+            text.append(" error born here", self._styles.get("born", Style()) + Style(bold=True))
         return text

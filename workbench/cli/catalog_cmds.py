@@ -8,12 +8,13 @@ from typing import Annotated
 import typer
 
 from workbench.cli.common import app, guarded
+from workbench.core.files import DEFAULT_CATALOG
 
 
 @app.command()
 def ingest(
     dump: Annotated[Path, typer.Argument(help="A dump folder (msit torch, ATB or msprobe).")],
-    catalog: Annotated[Path, typer.Option("--catalog", "-c", help="Catalog file.")] = Path("catalog.duckdb"),
+    catalog: Annotated[Path, typer.Option("--catalog", "-c", help="Catalog file.")] = Path(DEFAULT_CATALOG),
 ) -> None:
     """Add one dump to a catalog (skipped when the same content is already there)."""
     from workbench.catalog.store import ingest_dump, open_catalog
@@ -21,6 +22,7 @@ def ingest(
 
     def go() -> None:
         d = open_dump(dump)
+        catalog.parent.mkdir(parents=True, exist_ok=True)
         con = open_catalog(catalog)
         try:
             res = ingest_dump(con, d)
@@ -39,7 +41,7 @@ def ingest(
 @app.command()
 def query(
     sql: Annotated[str, typer.Argument(help="SQL text, a .sql file, or the name of a saved query in queries/.")],
-    catalog: Annotated[Path, typer.Option("--catalog", "-c", help="Catalog file.")] = Path("wb_out/catalog.duckdb"),
+    catalog: Annotated[Path, typer.Option("--catalog", "-c", help="Catalog file.")] = Path(DEFAULT_CATALOG),
     fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv or json.")] = "table",
     cmp_id: Annotated[
         int | None, typer.Option("--cmp", help="Comparison id for saved queries (default: newest).")

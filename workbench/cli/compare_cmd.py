@@ -38,6 +38,8 @@ def run_compare_cli(
 
         tok = parse_tokens(tokens)
         g_dump, t_dump = open_dump(golden), open_dump(test)
+        if tok is not None:
+            check_tokens(tok, g_dump.tokens, t_dump.tokens, tokens or "")
         early = None
         if starter is not None and g_dump.kind == t_dump.kind:
             from workbench.compare.early import EarlyPairs
@@ -79,6 +81,25 @@ def run_compare_cli(
     for line in format_summary(res, labels[res.golden_run], labels[res.test_run], csv_path):
         typer.echo(line)
     return res
+
+
+def check_tokens(wanted: set[int], golden: list[int], test: list[int], text: str) -> None:
+    """Refuse `--tokens` naming no token of the dumps (nothing would be compared; no empty CSV is written)."""
+    have = sorted(set(golden) & set(test))
+    if wanted & set(have):
+        return
+    raise ValueError(f"--tokens {text}: the dumps have no such token; they hold tokens {token_ranges(have) or 'none'}")
+
+
+def token_ranges(tokens: list[int]) -> str:
+    """[0, 1, 2, 3, 7] -> '0-3, 7'."""
+    out: list[str] = []
+    for t in sorted(tokens):
+        if out and t == int(out[-1].split("-")[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{t}"
+        else:
+            out.append(str(t))
+    return ", ".join(out)
 
 
 @app.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -26,7 +27,18 @@ def precheck(
         th = Thresholds.load(thresholds)
         if not path.is_dir():
             raise ValueError(f"{path}: no such folder")
-        results = precheck_group(path, thresholds=th)  # an op folder yields itself
+        results = []
+        folders = folders_to_check(path)
+        for folder in folders:
+            found = precheck_group(folder, thresholds=th)  # an op folder yields itself
+            if len(folders) > 1:  # several tokens: say which one each op ran at
+                found = [replace(r, name=f"token {folder.name}: {r.name or r.op_dir}") for r in found]
+            results += found
+        if not results:
+            raise ValueError(
+                f"{path}: no ATB op folders here or below (give a dump folder, its tensors/{{dev}}_{{pid}} folder, "
+                "a token folder, a layer folder or an op folder)"
+            )
         failed = 0
         for r in results:
             label = r.name or r.op_dir
@@ -53,3 +65,12 @@ def precheck(
     code = guarded(go)
     if code:
         raise typer.Exit(code)
+
+
+def folders_to_check(path: Path) -> list[Path]:
+    """Where to look for ops: the token folders when `path` is a dump or lies above its tokens, else `path`
+    itself (a token, layer or op folder)."""
+    from workbench.formats.atb import token_folders
+
+    tokens = token_folders(path)
+    return tokens or [path]

@@ -139,10 +139,15 @@ def _insert_node_matches(con: duckdb.DuckDBPyConnection, cmp_id: int, matches: l
             "evidence": [m.evidence for m in matches],
         }
     )
+    # one row per node pair (docs/catalog.md): a pair matched for several tensor selections (fused q/k/v,
+    # gate/up) is still one pair; one already stored (an editor re-pair) is not added again
+    df = df.drop_duplicates(["golden_node_id", "test_node_id"], keep="first")
     con.register("_nm", df)
     con.execute(
-        "INSERT INTO node_matches SELECT ?, golden_node_id, test_node_id, method, confidence, evidence FROM _nm",
-        [cmp_id],
+        "INSERT INTO node_matches SELECT ?, n.golden_node_id, n.test_node_id, n.method, n.confidence, n.evidence "
+        "FROM _nm n WHERE NOT EXISTS (SELECT 1 FROM node_matches o WHERE o.cmp_id = ? "
+        "AND o.golden_node_id = n.golden_node_id AND o.test_node_id = n.test_node_id)",
+        [cmp_id, cmp_id],
     )
     con.unregister("_nm")
 
@@ -548,8 +553,21 @@ def compute_pending(
 
     sink = _ResultSink(con, cmp_id, golden.run_id, test.run_id, judge)
     sink.aliases = aliases
+    n_stats = sum(1 for t in tasks if isinstance(t, StatsTask))
+    # the progress counts tasks: the pairs to compute (files shared by several pairs once) and the statistics
+    # of tensors without a counterpart, so its total differs from the summary's `pairs compared`
+    stage = f"compare ({len(tasks) - n_stats} pairs + {n_stats} unpaired tensors' statistics)" if n_stats else "compare"
     execute_tasks(
-        tasks, sizes, sink, workers=workers, progress=progress, cancel=cancel, pool=pool, early=early, claims=claims
+        tasks,
+        sizes,
+        sink,
+        workers=workers,
+        progress=progress,
+        cancel=cancel,
+        pool=pool,
+        early=early,
+        claims=claims,
+        stage=stage,
     )
     return len(todo), sink.failed, sink.uncomparable
 
@@ -634,7 +652,11 @@ def _coverage(golden: RunFrames, test: RunFrames, matches: list[NodeMatch], pair
     g_matched = {m.golden_node_id for m in matches} & g_with
     t_matched = {m.test_node_id for m in matches} & t_with
     by_method: dict[str, int] = {}
-    for m in matches:
+    seen: set[tuple[int, int]] = set()
+    for m in matches:  # node pairs, each once (a fused q/k/v pair is matched once per tensor selection)
+        if (m.golden_node_id, m.test_node_id) in seen:
+            continue
+        seen.add((m.golden_node_id, m.test_node_id))
         by_method[m.method.split(":")[0]] = by_method.get(m.method.split(":")[0], 0) + 1
     # the modules a port is judged on: Linear, norm, attention and MLP blocks of the golden model
     categories: dict[str, list[int]] = {}
