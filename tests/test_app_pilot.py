@@ -196,7 +196,7 @@ async def test_mapping_editor_pairs_unpairs_and_saves(small_catalog: Path, tmp_p
         await pilot.press("p")
         assert mapping.mapping.pairs[0].golden == "root.model.layers.2.act_fn"
         try:
-            import workbench.compare.pipeline  # noqa: F401
+            import workbench.jobs.compare  # noqa: F401
 
             pipeline = True
         except ImportError:

@@ -14,7 +14,8 @@ from transformers import LlamaForCausalLM
 from tests.conftest import atb_test_llama, dump_run
 from workbench.backends import AtbDumpConfig, AtbLlama, Defect
 from workbench.catalog.store import open_catalog
-from workbench.compare.pipeline import CompareResult, run_compare
+from workbench.compare.summary import CompareResult
+from workbench.jobs.compare import run_compare
 
 STEPS = 3
 LAYERS = 2

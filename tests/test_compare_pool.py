@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-import workbench.compare.pipeline as pipeline
+import workbench.compare.executor as executor
+import workbench.jobs.compare as pipeline
 from tests.conftest import TinyDumps
 from workbench.catalog.schema import ALL_METRICS
 from workbench.compare.early import EarlyPairs
@@ -38,7 +39,7 @@ def test_pool_and_early_pairs_give_the_in_process_numbers(
     tiny_dumps: TinyDumps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     in_process = pipeline.run_compare(tiny_dumps.golden, tiny_dumps.bf16, tmp_path / "a.duckdb", workers=1)
-    monkeypatch.setattr(pipeline, "IN_PROCESS_BYTES", 0)  # tiny dumps: force the pool
+    monkeypatch.setattr(executor, "IN_PROCESS_BYTES", 0)  # tiny dumps: force the pool
     pool = new_pool(2)
     try:
         g, t = open_dump(tiny_dumps.golden), open_dump(tiny_dumps.bf16)

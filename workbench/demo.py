@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from workbench.core.files import CATALOG_NAME
+
 DEMO_SEED = 1234
 PROMPT_TOKENS = 24
 NEW_TOKENS = 4
@@ -155,7 +157,7 @@ def make_demo(
     for sub in ("golden", "test"):
         if (out / sub).exists():
             shutil.rmtree(out / sub)
-    cat = out / "catalog.duckdb"
+    cat = out / CATALOG_NAME
     if cat.exists():
         cat.unlink()
     out.mkdir(parents=True, exist_ok=True)

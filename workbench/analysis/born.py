@@ -13,7 +13,8 @@ from pathlib import Path
 
 import duckdb
 
-from workbench.catalog.store import first_row
+from workbench.catalog import first_row
+from workbench.formats.atb import op_folder_of
 
 NODE_RESULTS_SQL = """
 INSERT INTO node_results
@@ -144,7 +145,7 @@ def _refine_with_precheck(
         )
         if found is None:
             continue
-        name, op_dir = str(found[0]), Path(str(found[1])).parent.parent  # .../{node}/{before|after}/x.bin
+        name, op_dir = str(found[0]), op_folder_of(str(found[1]))
         results = precheck_group(op_dir)  # a leaf op folder yields just itself
         if [Path(r.op_dir) for r in results] == [op_dir]:
             res = results[0]

@@ -19,8 +19,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,17 +26,22 @@ from typing import Any
 
 import torch
 
+from workbench.compare.judge import judge_pair, nan_inf_mismatch
 from workbench.compare.metrics import compare_tensors
-from workbench.compare.thresholds import NAN_INF, Thresholds
+from workbench.compare.thresholds import Thresholds
 from workbench.formats import atb_bin
+from workbench.formats.atb import (
+    OP_PARAM_FILE,
+    leaf_op_folders,
+    op_tensor_files,
+    parse_op_folder,
+    token_folder_of,
+)
 from workbench.formats.model import DumpError
 from workbench.formats.tensor_io import bin_to_tensor, dtype_name
 
 Tensor = torch.Tensor
 
-_OP_DIR = re.compile(r"^(\d+)_(\w+)$")
-_TOKEN_DIR = re.compile(r"^\d+$")
-_TENSOR_FILE = re.compile(r"^(intensor|outtensor)(\d+)\.bin$")
 FLOAT64_MAC_LIMIT = 1 << 27  # multiply-adds below which a reference is computed in float64
 LINEAR_CHUNK_BYTES = 64 << 20  # weight slice converted at a time (bounds the copy of a huge lm_head)
 ROW_CHUNK = 1 << 14  # cache rows compared at a time for stray in-place writes
@@ -525,8 +528,9 @@ class _Peers:
         key = str(token_dir)
         if key not in self._seen:
             found = []
-            for leaf in _leaves(token_dir):
-                op_type = _OP_DIR.match(leaf.name).group(2)  # type: ignore[union-attr]
+            for leaf in leaf_op_folders(token_dir):
+                parsed = parse_op_folder(leaf.name)
+                op_type = parsed[1] if parsed else ""
                 if op_type in _AUDITED:
                     try:
                         found.append((op_type, _read_param(leaf)))
@@ -564,7 +568,7 @@ class _Peers:
 
 
 def _read_param(op_dir: Path) -> dict[str, Any]:
-    path = op_dir / "op_param.json"
+    path = op_dir / OP_PARAM_FILE
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -580,49 +584,11 @@ def _read_param(op_dir: Path) -> dict[str, Any]:
     return param
 
 
-def _tensor_files(folder: Path, prefix: str) -> list[Path]:
-    """`{prefix}{k}.bin` files of a folder, by index; a gap in the indices is an error."""
-    if not folder.is_dir():
-        return []
-    found: dict[int, Path] = {}
-    for entry in os.scandir(folder):
-        m = _TENSOR_FILE.match(entry.name)
-        if m and m.group(1) == prefix:
-            found[int(m.group(2))] = Path(entry.path)
-    if found and sorted(found) != list(range(len(found))):
-        missing = next(i for i in range(len(found) + 1) if i not in found)
-        raise DumpError(folder / f"{prefix}{missing}.bin", "missing file (the indices have a gap)")
-    return [found[i] for i in sorted(found)]
-
-
 def _load(path: Path) -> Tensor:
     hdr = atb_bin.read_header(path)
     if hdr.layout not in _PLAIN_LAYOUTS:
         raise _Unsupported(f"{path}: {hdr.layout} layout is not supported (only ND tensors)")
     return bin_to_tensor(atb_bin.read_bin(path, hdr), hdr.dtype)
-
-
-def _leaves(folder: Path) -> list[Path]:
-    """Leaf op folders below `folder`, depth first in folder index order (execution order)."""
-    try:
-        entries = [e for e in os.scandir(folder) if e.is_dir(follow_symlinks=False) and _OP_DIR.match(e.name)]
-    except OSError:
-        return []
-    if not entries:
-        return [folder] if _OP_DIR.match(folder.name) else []
-    out: list[Path] = []
-    for e in sorted(entries, key=lambda e: int(e.name.split("_", 1)[0])):
-        out += _leaves(Path(e.path))
-    return out
-
-
-def _token_dir(op_dir: Path) -> Path | None:
-    for parent in op_dir.parents:
-        if _TOKEN_DIR.match(parent.name):
-            return parent
-        if not _OP_DIR.match(parent.name):
-            return None
-    return None
 
 
 # ---------------------------------------------------------------------------------------- judging
@@ -648,8 +614,9 @@ def _judge(ref: _Ref, th: Thresholds, name: str, op_type: str) -> OutputCheck:
     reference = ref.reference.reshape(test.shape).float()
     test = test.clone()
     pm = compare_tensors(reference, test, dtype)
-    g, t = pm.golden, pm.test
-    mismatch = t.nan_count + t.inf_count > 0 and (t.nan_count, t.inf_count) != (g.nan_count, g.inf_count)
+    g_counts = {"nan_count": pm.golden.nan_count, "inf_count": pm.golden.inf_count}
+    t_counts = {"nan_count": pm.test.nan_count, "inf_count": pm.test.inf_count}
+    mismatch = nan_inf_mismatch(g_counts, t_counts)
     if pm.reason:
         notes.insert(0, pm.reason)
     if (
@@ -662,9 +629,7 @@ def _judge(ref: _Ref, th: Thresholds, name: str, op_type: str) -> OutputCheck:
         failed = list(stray)
         notes.append("every element is NaN/Inf, exactly where the reference has them")
     else:
-        passed, failed = th.judge(pm.values, dtype, node_name=name, node_type=op_type, nan_inf_mismatch=mismatch)
-        if mismatch and passed is None:
-            passed, failed = False, [NAN_INF]
+        passed, failed = judge_pair(th, pm.values, g_counts, t_counts, dtype, node_name=name, node_type=op_type)
         if stray:
             passed, failed = False, [*failed, *stray]
     return OutputCheck(ref.index, pm.values, passed, failed, "; ".join(notes) or None)
@@ -717,14 +682,14 @@ def precheck_group(group_dir: str | Path, *, thresholds: Thresholds | None = Non
     if not folder.is_dir():
         raise DumpError(folder, "missing folder" if not folder.exists() else "not a folder")
     th, peers = thresholds or Thresholds.load(), _Peers()
-    return [_check(leaf, th, peers) for leaf in _leaves(folder)]
+    return [_check(leaf, th, peers) for leaf in leaf_op_folders(folder)]
 
 
 def _check(op_dir: Path, th: Thresholds, peers: _Peers) -> PrecheckResult:
-    token_dir = _token_dir(op_dir)
+    token_dir = token_folder_of(op_dir)
     name = op_dir.relative_to(token_dir).as_posix() if token_dir is not None else op_dir.name
-    m = _OP_DIR.match(op_dir.name)
-    op_type = m.group(2) if m else ""
+    parsed = parse_op_folder(op_dir.name)
+    op_type = parsed[1] if parsed else ""
 
     def result(
         supported: bool,
@@ -735,7 +700,7 @@ def _check(op_dir: Path, th: Thresholds, peers: _Peers) -> PrecheckResult:
     ) -> PrecheckResult:
         return PrecheckResult(str(op_dir), op_type, supported, passed, outputs or [], reason, name, issues or [])
 
-    if m is None:
+    if parsed is None:
         return result(False, None, f"{op_dir}: not an ATB op folder ({{index}}_{{OpType}})")
     if not op_dir.is_dir():
         return result(op_type in CHECKERS, None, f"{op_dir}: missing folder")
@@ -744,10 +709,8 @@ def _check(op_dir: Path, th: Thresholds, peers: _Peers) -> PrecheckResult:
         return result(False, None, f"no reference for {op_type} (supported: {', '.join(SUPPORTED_OPS)})")
     try:
         param = _read_param(op_dir)
-        in_files = _tensor_files(op_dir / "before", "intensor")
-        before = bool(in_files)
-        in_files = in_files or _tensor_files(op_dir / "after", "intensor")
-        out_files = _tensor_files(op_dir / "after", "outtensor")
+        files = op_tensor_files(op_dir)
+        in_files, out_files, before = files.inputs, files.outputs, files.inputs_before
         if not in_files:
             return result(True, None, f"{op_dir}: no intensor*.bin in before/ or after/ (outputs-only dump?)")
         if not out_files:

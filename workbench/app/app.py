@@ -190,7 +190,7 @@ class WorkbenchApp(App[int]):
     @work(thread=True, exclusive=True, group="compare", exit_on_error=False)
     def run_compare_worker(self) -> None:
         try:
-            from workbench.compare.pipeline import CompareCancelled, run_compare
+            from workbench.jobs.compare import CompareCancelled, run_compare
         except ImportError as exc:
             self.post_message(OpenFailed("Cannot compare", f"the compare pipeline is unavailable ({exc})"))
             return
@@ -290,7 +290,7 @@ class WorkbenchApp(App[int]):
     def _edit_worker(self, pairs: list[PairSpec], remove: list[tuple[str, str]]) -> None:
         text, error = "", False
         try:
-            from workbench.compare.pipeline import add_node_pairs
+            from workbench.jobs.compare import add_node_pairs
 
             added = add_node_pairs(self.catalog, int(self.cmp_id or 0), pairs, remove)
             text = f"{added} tensor pair(s) added, {len(remove)} node pair(s) removed; metrics computed"

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from workbench.backends.atb_ops import Graph, LeafOp
+from workbench.core.files import MANIFEST_NAME
 from workbench.formats.atb_bin import write_bin, write_bin_stats
 from workbench.formats.model import DumpError, TensorStats
 from workbench.formats.tensor_io import dtype_name
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 
 SAVE_BEFORE, SAVE_AFTER, SAVE_BOTH, SAVE_IN_BEFORE_OUT_AFTER = 0, 1, 2, 3
 PART_IN, PART_OUT, PART_BOTH = 0, 1, 2
-MANIFEST = "wb_manifest.json"
+MANIFEST = MANIFEST_NAME
 
 
 @dataclass(slots=True)

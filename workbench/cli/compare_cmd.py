@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,6 +9,7 @@ import typer
 
 from workbench.catalog import first_row
 from workbench.cli.common import ProgressPrinter, app, fail, guarded
+from workbench.core.files import DEFAULT_OUTPUT
 
 
 def run_compare_cli(
@@ -23,52 +23,26 @@ def run_compare_cli(
     quiet: bool = False,
 ) -> Any:
     """Shared by `wb compare`, `wb open` and `wb demo`: compare, write the CSV, print the summary."""
-    from workbench.catalog import CATALOG_NAME
-    from workbench.compare.pool import PoolStarter, default_workers, worth_a_pool
     from workbench.compare.tasks import parse_tokens
+    from workbench.core.files import CATALOG_NAME
+    from workbench.jobs.compare import run_compare
 
-    # boot the workers first, then read the dumps and hand the workers the pairs that are obvious
-    # (same place in two dumps of one kind) while this process imports pandas/DuckDB and builds the catalog
-    n_workers = workers or default_workers()
-    starter = (
-        PoolStarter(n_workers) if golden.exists() and test.exists() and worth_a_pool(golden, test, n_workers) else None
+    tok = parse_tokens(tokens)
+    catalog = out / CATALOG_NAME  # the job makes OUT once both dumps are read
+    res = run_compare(
+        golden,
+        test,
+        catalog,
+        mapping=mapping,
+        tokens=tok,
+        workers=workers,
+        thresholds=thresholds,
+        progress=None if quiet else ProgressPrinter(),
+        freeze_gc=True,
     )
-    try:
-        from workbench.formats import open_dump
+    from workbench.catalog.store import open_catalog
+    from workbench.compare.report import format_summary, write_msit_csv
 
-        tok = parse_tokens(tokens)
-        g_dump, t_dump = open_dump(golden), open_dump(test)
-        if tok is not None:
-            check_tokens(tok, g_dump.tokens, t_dump.tokens, tokens or "")
-        early = None
-        if starter is not None and g_dump.kind == t_dump.kind:
-            from workbench.compare.early import EarlyPairs
-
-            early = EarlyPairs(g_dump, t_dump, starter, tok)
-
-        from workbench.catalog.store import open_catalog
-        from workbench.compare.pipeline import run_compare
-        from workbench.compare.report import format_summary, write_msit_csv
-
-        gc.freeze()  # the imported modules' objects need no more collecting: ~0.1 s less of GC per run
-
-        out.mkdir(parents=True, exist_ok=True)
-        catalog = out / CATALOG_NAME
-        res = run_compare(
-            g_dump,
-            t_dump,
-            catalog,
-            mapping=mapping,
-            tokens=tok,
-            workers=n_workers,
-            thresholds=thresholds,
-            progress=None if quiet else ProgressPrinter(),
-            pool=starter,
-            early=early,
-        )
-    finally:
-        if starter is not None:
-            starter.shutdown()
     con = open_catalog(catalog)
     try:
         csv_path = write_msit_csv(con, res.cmp_id, out, tok)
@@ -81,25 +55,6 @@ def run_compare_cli(
     for line in format_summary(res, labels[res.golden_run], labels[res.test_run], csv_path):
         typer.echo(line)
     return res
-
-
-def check_tokens(wanted: set[int], golden: list[int], test: list[int], text: str) -> None:
-    """Refuse `--tokens` naming no token of the dumps (nothing would be compared; no empty CSV is written)."""
-    have = sorted(set(golden) & set(test))
-    if wanted & set(have):
-        return
-    raise ValueError(f"--tokens {text}: the dumps have no such token; they hold tokens {token_ranges(have) or 'none'}")
-
-
-def token_ranges(tokens: list[int]) -> str:
-    """[0, 1, 2, 3, 7] -> '0-3, 7'."""
-    out: list[str] = []
-    for t in sorted(tokens):
-        if out and t == int(out[-1].split("-")[-1]) + 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{t}"
-        else:
-            out.append(str(t))
-    return ", ".join(out)
 
 
 @app.command()
@@ -116,7 +71,7 @@ def compare(
     ] = None,
     out: Annotated[
         Path, typer.Option("-o", "--output", help="Output folder: catalog.duckdb and the CSV report.")
-    ] = Path("wb_out"),
+    ] = Path(DEFAULT_OUTPUT),
     tokens: Annotated[str | None, typer.Option("--tokens", help="Tokens to compare, e.g. 0-3,7.")] = None,
     workers: Annotated[int | None, typer.Option("--workers", "-j", help="Worker processes (default: cores).")] = None,
     thresholds: Annotated[

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from workbench.cli.common import app, guarded
+from workbench.core.files import DEFAULT_OUTPUT
 
 
 @app.command("open")
@@ -16,7 +17,7 @@ def open_cmd(
     test: Annotated[Path | None, typer.Argument(help="Test dump folder.")] = None,
     mapping: Annotated[Path | None, typer.Option("-mf", "--mapping", help="Mapping file or folder.")] = None,
     out: Annotated[Path, typer.Option("-o", "--output", help="Folder for the catalog when comparing.")] = Path(
-        "wb_out"
+        DEFAULT_OUTPUT
     ),
     theme: Annotated[str | None, typer.Option("--theme", help="Theme name from themes/.")] = None,
     cmp_id: Annotated[

@@ -8,7 +8,7 @@ from pathlib import Path
 import duckdb
 
 from workbench.catalog.schema import MSIT_CSV_COLUMNS
-from workbench.compare.pipeline import CompareResult
+from workbench.compare.summary import CompareResult
 
 _CSV_INJECTION = ("=", "+", "-", "@", "\t", "\r")
 

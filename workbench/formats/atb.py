@@ -22,6 +22,7 @@ ops t+1, and later folders shift by one (the same numbering as msit for its usua
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from workbench.formats.model import Dump, DumpError, Node, TensorEntry
 from workbench.formats.scan import list_dir, read_json
 
 _OP_RE = re.compile(r"^(\d+)_(.+)$")
+_TOKEN_RE = re.compile(r"^\d+$")
 _TENSOR_RE = re.compile(r"^(intensor|outtensor)(\d+)\.bin$")
 _PREFILL_WORDS = ("prefill", "encoder", "encode", "context", "full")
 _DECODE_WORDS = ("decoder", "decode", "incre")
@@ -65,6 +67,82 @@ def token_folders(path: Path, depth: int = 4) -> list[Path]:
     for c in kids:
         out += token_folders(c, depth - 1)
     return out
+
+
+# ------------------------------------------------------------------ the folder layout, for readers of single ops
+OP_PARAM_FILE = "op_param.json"  # an op folder's params
+
+
+def parse_op_folder(name: str) -> tuple[int, str] | None:
+    """(index, op name) of an op folder name `{index}_{OpName}` (e.g. `3_RmsNormOperation`), else None."""
+    m = _OP_RE.match(name)
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
+def is_token_folder(name: str) -> bool:
+    """Whether a folder name is an execute-count folder (`{count}`, below `tensors/{dev}_{pid}`)."""
+    return _TOKEN_RE.match(name) is not None
+
+
+def op_folder_of(tensor_path: str | Path) -> Path:
+    """The op folder of a tensor file `.../{n}_{OpName}/{before|after}/{in|out}tensor{k}.bin`."""
+    return Path(tensor_path).parent.parent
+
+
+def token_folder_of(op_dir: Path) -> Path | None:
+    """The execute-count folder an op folder lies in (through any group folders), or None."""
+    for parent in op_dir.parents:
+        if is_token_folder(parent.name):
+            return parent
+        if parse_op_folder(parent.name) is None:
+            return None
+    return None
+
+
+def leaf_op_folders(folder: Path) -> list[Path]:
+    """Leaf op folders below `folder` (itself when it is a leaf op), depth first in execution order."""
+    try:
+        entries = [e for e in os.scandir(folder) if e.is_dir(follow_symlinks=False) and _OP_RE.match(e.name)]
+    except OSError:
+        return []
+    if not entries:
+        return [folder] if _OP_RE.match(folder.name) else []
+    out: list[Path] = []
+    for e in sorted(entries, key=lambda e: int(e.name.split("_", 1)[0])):
+        out += leaf_op_folders(Path(e.path))
+    return out
+
+
+def numbered_tensor_files(folder: Path, prefix: str) -> list[Path]:
+    """`{prefix}{k}.bin` files of a `before`/`after` folder, by index; a gap in the indices is a `DumpError`."""
+    if not folder.is_dir():
+        return []
+    found: dict[int, Path] = {}
+    for entry in os.scandir(folder):
+        m = _TENSOR_RE.match(entry.name)
+        if m and m.group(1) == prefix:
+            found[int(m.group(2))] = Path(entry.path)
+    if found and sorted(found) != list(range(len(found))):
+        missing = next(i for i in range(len(found) + 1) if i not in found)
+        raise DumpError(folder / f"{prefix}{missing}.bin", "missing file (the indices have a gap)")
+    return [found[i] for i in sorted(found)]
+
+
+@dataclass(frozen=True, slots=True)
+class OpTensorFiles:
+    """The dumped tensors of one op folder: inputs (from `before/`, else `after/`) and outputs (`after/`)."""
+
+    inputs: list[Path]
+    outputs: list[Path]
+    inputs_before: bool  # the inputs were dumped before the op ran (an in-place op has not changed them)
+
+
+def op_tensor_files(op_dir: Path) -> OpTensorFiles:
+    """The input and output files of one op folder (see `OpTensorFiles`); a gap in an index is a `DumpError`."""
+    inputs = numbered_tensor_files(op_dir / "before", "intensor")
+    before = bool(inputs)
+    inputs = inputs or numbered_tensor_files(op_dir / "after", "intensor")
+    return OpTensorFiles(inputs, numbered_tensor_files(op_dir / "after", "outtensor"), before)
 
 
 @dataclass(slots=True)
@@ -330,7 +408,7 @@ def _names(topo: dict[str, Any] | None, key: str) -> list[str] | None:
 
 
 def _read_params(folder: Path, topo: dict[str, Any] | None, problems: list[str]) -> dict[str, Any] | None:
-    p = folder / "op_param.json"
+    p = folder / OP_PARAM_FILE
     value: Any = None
     if p.is_file():
         try:

@@ -16,6 +16,7 @@ import os
 import re
 from pathlib import Path
 
+from workbench.core.files import MANIFEST_NAME, MODEL_TREE_NAME
 from workbench.formats import atb, msit_torch, msprobe
 from workbench.formats.model import Dump, DumpError
 from workbench.formats.scan import list_dir
@@ -32,7 +33,7 @@ def open_dump(path: str | Path) -> Dump:
         raise DumpError(p, "no such file or folder")
     p = p.resolve()
     if p.is_file():
-        if p.name in ("model_tree.json", "dump.json", msit_torch.MANIFEST):
+        if p.name in (MODEL_TREE_NAME, "dump.json", MANIFEST_NAME):
             p = p.parent
         else:
             raise DumpError(p, "is a file, not a dump folder (pass the folder that holds the dump)")

@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workbench.core.files import MANIFEST_NAME, MODEL_TREE_NAME
 from workbench.formats.layers import inherit_layers, layer_from_name
 from workbench.formats.model import Dump, DumpError, Node, OrderSource, TensorEntry, TensorStats, dtype_name
 from workbench.formats.scan import content_key, list_dir, load_pth_lazy, pth_header, read_json
 
-MANIFEST = "wb_manifest.json"
-MODEL_TREE = "model_tree.json"
+MANIFEST = MANIFEST_NAME
+MODEL_TREE = MODEL_TREE_NAME
 STATS_CSV = "statistics.csv"
 _TENSOR_RE = re.compile(r"^(input|output)((?:_\d+)*)$")
 _MAX_PRODUCERS = 32  # a content hash produced by more modules than this carries no ordering information

@@ -1,0 +1,224 @@
+"""Catalog writes of a comparison: its id, its node pairs and tensor pairs, and the run frames they are built from.
+
+Nothing here reads a tensor; `compare.executor` fills in the metrics of the pairs stored here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pandas as pd
+
+from workbench.catalog import first_row
+from workbench.compare.mapping import MappingFile, PairSpec
+from workbench.compare.matching import NodeMatch, RunFrames, pair_tensors
+from workbench.compare.thresholds import Thresholds
+
+
+def none_if_na(v: Any) -> Any:
+    """None for None, NaN, NA and NaT (what pandas hands back for a SQL NULL); `v` otherwise."""
+    if v is None:
+        return None
+    try:
+        if pd.isna(v):
+            return None
+    except (TypeError, ValueError):
+        pass
+    return v
+
+
+def load_frames(con: duckdb.DuckDBPyConnection, run_id: int) -> RunFrames:
+    """The nodes and tensors of one run, as `compare.matching` takes them."""
+    kind_row = first_row(con.execute("SELECT kind FROM runs WHERE run_id = ?", [run_id]))
+    assert kind_row is not None
+    nodes = con.execute(
+        "SELECT node_id, name, type, parent_id, depth, exec_order, layer, phase, params FROM nodes "
+        "WHERE run_id = ? ORDER BY node_id",
+        [run_id],
+    ).df()
+    tensors = con.execute(
+        "SELECT tensor_id, token_id, node_id, io, idx, path, dtype, shape, numel, layout, error FROM tensors "
+        "WHERE run_id = ? ORDER BY tensor_id",
+        [run_id],
+    ).df()
+    return RunFrames(run_id, str(kind_row[0]), nodes, tensors)
+
+
+def comparison_id(
+    con: duckdb.DuckDBPyConnection, golden_run: int, test_run: int, mapping: MappingFile | None, thresholds: Thresholds
+) -> tuple[int, bool]:
+    """The comparison of these runs under this mapping (made if new) and whether its thresholds changed."""
+    digest = mapping.digest() if mapping and not mapping.is_empty() else "none"
+    row = first_row(
+        con.execute(
+            "SELECT cmp_id, thresholds FROM comparisons WHERE golden_run = ? AND test_run = ? "
+            "AND mapping_digest = ? ORDER BY cmp_id DESC LIMIT 1",
+            [golden_run, test_run, digest],
+        )
+    )
+    th_json = thresholds.to_json()
+    if row:
+        changed = (row[1] is None) or json.loads(row[1]) != json.loads(th_json)
+        if changed:
+            con.execute("UPDATE comparisons SET thresholds = ? WHERE cmp_id = ?", [th_json, row[0]])
+        return int(row[0]), changed
+    nxt = first_row(con.execute("SELECT nextval('cmp_seq')"))
+    assert nxt is not None
+    cmp_id = int(nxt[0])
+    con.execute(
+        "INSERT INTO comparisons (cmp_id, golden_run, test_run, mapping_digest, mapping, thresholds) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        [
+            cmp_id,
+            golden_run,
+            test_run,
+            digest,
+            json.dumps(mapping.to_json()) if mapping and not mapping.is_empty() else None,
+            th_json,
+        ],
+    )
+    return cmp_id, False
+
+
+def insert_node_matches(con: duckdb.DuckDBPyConnection, cmp_id: int, matches: list[NodeMatch]) -> None:
+    """Add node pairs to a comparison (inside the caller's transaction)."""
+    if not matches:
+        return
+    df = pd.DataFrame(
+        {
+            "golden_node_id": [m.golden_node_id for m in matches],
+            "test_node_id": [m.test_node_id for m in matches],
+            "method": [m.method for m in matches],
+            "confidence": [m.confidence for m in matches],
+            "evidence": [m.evidence for m in matches],
+        }
+    )
+    # one row per node pair (docs/catalog.md): a pair matched for several tensor selections (fused q/k/v,
+    # gate/up) is still one pair; one already stored (an editor re-pair) is not added again
+    df = df.drop_duplicates(["golden_node_id", "test_node_id"], keep="first")
+    con.register("_nm", df)
+    con.execute(
+        "INSERT INTO node_matches SELECT ?, n.golden_node_id, n.test_node_id, n.method, n.confidence, n.evidence "
+        "FROM _nm n WHERE NOT EXISTS (SELECT 1 FROM node_matches o WHERE o.cmp_id = ? "
+        "AND o.golden_node_id = n.golden_node_id AND o.test_node_id = n.test_node_id)",
+        [cmp_id, cmp_id],
+    )
+    con.unregister("_nm")
+
+
+def store_node_matches(con: duckdb.DuckDBPyConnection, cmp_id: int, matches: list[NodeMatch]) -> None:
+    """Replace the node pairs of a comparison."""
+    con.execute("BEGIN TRANSACTION")
+    con.execute("DELETE FROM node_matches WHERE cmp_id = ?", [cmp_id])
+    insert_node_matches(con, cmp_id, matches)
+    con.execute("COMMIT")
+
+
+def store_pairs(con: duckdb.DuckDBPyConnection, cmp_id: int, pairs: pd.DataFrame) -> pd.DataFrame:
+    """Insert tensor pairs not yet in the catalog; return every pair of `pairs` with its pair_id."""
+    existing = con.execute(
+        "SELECT pair_id, golden_tensor_id, test_tensor_id FROM matches WHERE cmp_id = ?", [cmp_id]
+    ).df()
+    merged = pairs.merge(existing, on=["golden_tensor_id", "test_tensor_id"], how="left")
+    new = merged[merged["pair_id"].isna()].copy()
+    if len(new):
+        start_row = first_row(
+            con.execute("SELECT coalesce(max(pair_id), -1) + 1 FROM matches WHERE cmp_id = ?", [cmp_id])
+        )
+        assert start_row is not None
+        start = int(start_row[0])
+        new["pair_id"] = range(start, start + len(new))
+        con.register("_new_pairs", new)
+        con.execute(
+            "INSERT INTO matches SELECT ?, pair_id, token_id, test_token_id, golden_tensor_id, test_tensor_id, "
+            "golden_node_id, test_node_id, io, method, confidence, transform FROM _new_pairs",
+            [cmp_id],
+        )
+        con.unregister("_new_pairs")
+        merged.loc[merged["pair_id"].isna(), "pair_id"] = new["pair_id"].values
+    merged["pair_id"] = merged["pair_id"].astype(int)
+    return merged
+
+
+def store_tensor_pairs(con: duckdb.DuckDBPyConnection, cmp_id: int, pairs: pd.DataFrame) -> pd.DataFrame:
+    """`store_pairs` in its own transaction; an empty `pairs` comes back with an empty pair_id column."""
+    if not len(pairs):
+        return pairs.assign(pair_id=pd.Series(dtype=int))
+    con.execute("BEGIN TRANSACTION")
+    try:
+        stored = store_pairs(con, cmp_id, pairs)
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+    return stored
+
+
+def comparison_runs(
+    con: duckdb.DuckDBPyConnection, catalog: str | Path, cmp_id: int
+) -> tuple[RunFrames, RunFrames, Thresholds]:
+    """The golden and test frames of an existing comparison and the thresholds it was judged with."""
+    row = first_row(con.execute("SELECT golden_run, test_run, thresholds FROM comparisons WHERE cmp_id = ?", [cmp_id]))
+    if row is None:
+        raise ValueError(f"{catalog}: no comparison {cmp_id}")
+    golden, test = load_frames(con, int(row[0])), load_frames(con, int(row[1]))
+    th = Thresholds.from_dict(json.loads(row[2])) if row[2] else Thresholds.load(None)
+    return golden, test, th
+
+
+def edit_node_pairs(
+    con: duckdb.DuckDBPyConnection,
+    cmp_id: int,
+    golden: RunFrames,
+    test: RunFrames,
+    pairs: Sequence[PairSpec],
+    remove: Sequence[tuple[str, str]] = (),
+) -> tuple[pd.DataFrame, int]:
+    """Unpair `remove` (golden, test node names) and pair `pairs`, in one transaction.
+
+    Returns the tensor pairs of the new node pairs (with pair ids) and how many tensor pairs were added.
+    """
+    g_names, t_names = golden.by_name(), test.by_name()
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for g, t in remove:
+            gid, tid = g_names.get(g), t_names.get(t)
+            if gid is None or tid is None:
+                continue
+            con.execute(
+                "DELETE FROM metrics WHERE cmp_id = ? AND pair_id IN (SELECT pair_id FROM matches "
+                "WHERE cmp_id = ? AND golden_node_id = ? AND test_node_id = ?)",
+                [cmp_id, cmp_id, gid, tid],
+            )
+            con.execute(
+                "DELETE FROM matches WHERE cmp_id = ? AND golden_node_id = ? AND test_node_id = ?", [cmp_id, gid, tid]
+            )
+            con.execute(
+                "DELETE FROM node_matches WHERE cmp_id = ? AND golden_node_id = ? AND test_node_id = ?",
+                [cmp_id, gid, tid],
+            )
+        new_matches = []
+        for p in pairs:
+            gid, tid = g_names.get(p.golden), t_names.get(p.test)
+            if gid is None:
+                raise ValueError(f"golden node {p.golden!r} is not in comparison {cmp_id}")
+            if tid is None:
+                raise ValueError(f"test node {p.test!r} is not in comparison {cmp_id}")
+            new_matches.append(
+                NodeMatch(gid, tid, "editor", 1.0, "paired in the mapping editor", p.golden_tensor, p.test_tensor)
+            )
+        insert_node_matches(con, cmp_id, new_matches)
+        tp = pair_tensors(new_matches, golden, test)
+        before = first_row(con.execute("SELECT count(*) FROM matches WHERE cmp_id = ?", [cmp_id]))
+        stored = store_pairs(con, cmp_id, tp) if len(tp) else tp.assign(pair_id=pd.Series(dtype=int))
+        after = first_row(con.execute("SELECT count(*) FROM matches WHERE cmp_id = ?", [cmp_id]))
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+    assert before is not None and after is not None
+    return stored, int(after[0]) - int(before[0])

@@ -1,0 +1,271 @@
+"""The compare job: read two dumps, ingest them, match, compute metrics, refresh the verdicts, summarise.
+
+The one compare path: `wb compare`, `wb open`, `wb demo` and the app (in a thread worker, reporting
+`Progress`, cancelled through an event) all call `run_compare`; the app's mapping editor calls
+`add_node_pairs`. Incremental: pairs whose metrics are already in the catalog are not computed again; an
+interrupted run keeps every batch it committed.
+
+Light to import (no pandas, DuckDB or torch): the worker pool is started first, in the background, and
+the pairs that are obvious (same place in two dumps of one kind) go to it as soon as both dumps are read,
+while this process imports the heavy modules and builds the catalog.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Collection, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from workbench.compare.pool import PoolStarter, default_workers, worth_a_pool
+from workbench.core.progress import CompareCancelled, Progress, ProgressFn
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from workbench.compare.early import EarlyPairs
+    from workbench.compare.mapping import MappingFile, PairSpec
+    from workbench.compare.matching import AutoMatcher
+    from workbench.compare.summary import CompareResult
+    from workbench.compare.thresholds import Thresholds
+    from workbench.formats.model import Dump
+
+__all__ = ["CompareCancelled", "Progress", "ProgressFn", "add_node_pairs", "run_compare"]
+
+
+def run_compare(
+    golden: str | Path | Dump,
+    test: str | Path | Dump,
+    catalog: str | Path,
+    *,
+    mapping: str | Path | MappingFile | None = None,
+    tokens: Collection[int] | None = None,
+    workers: int | None = None,
+    thresholds: str | Path | Thresholds | None = None,
+    progress: ProgressFn | None = None,
+    cancel: threading.Event | None = None,
+    auto: bool = True,
+    pool: ProcessPoolExecutor | PoolStarter | None = None,
+    early: EarlyPairs | None = None,
+    freeze_gc: bool = False,
+) -> CompareResult:
+    """Read (unless given read), ingest, match and compare two dumps into `catalog`; see the module docstring.
+
+    `pool` (from `workbench.compare.pool.new_pool` or a `PoolStarter`) is used and left running; without
+    one, a pool is started here when the dumps are big enough and shut down at the end. With a pool,
+    same-kind dumps get their same-place pairs computed while the catalog is prepared (`early`, made here
+    if not given). `freeze_gc` (for a short-lived process such as the CLI) moves every object imported so
+    far out of the garbage collector's sight once the heavy modules are in: ~0.1 s less of GC per run.
+    Raises `CompareCancelled` when `cancel` is set; what was committed is kept.
+    """
+    from workbench.compare.mapping import MappingFile
+    from workbench.compare.thresholds import Thresholds
+
+    th = thresholds if isinstance(thresholds, Thresholds) else Thresholds.load(thresholds)
+    mf = mapping if isinstance(mapping, MappingFile) or mapping is None else MappingFile.load(mapping)
+    n_workers = workers or default_workers()
+    own: PoolStarter | None = None
+    if pool is None and worth_a_pool(_root(golden), _root(test), n_workers):
+        own = pool = PoolStarter(n_workers)
+    try:
+        return _read_ingest_compare(
+            golden, test, catalog, mf, tokens, th, n_workers, progress, cancel, auto, pool, early, freeze_gc
+        )
+    finally:
+        if own is not None:
+            own.shutdown()
+
+
+def _root(dump: str | Path | Dump) -> Path:
+    return Path(dump) if isinstance(dump, str | Path) else dump.root
+
+
+def _read_ingest_compare(
+    golden: str | Path | Dump,
+    test: str | Path | Dump,
+    catalog: str | Path,
+    mf: MappingFile | None,
+    tokens: Collection[int] | None,
+    th: Thresholds,
+    workers: int,
+    progress: ProgressFn | None,
+    cancel: threading.Event | None,
+    auto: bool,
+    pool: ProcessPoolExecutor | PoolStarter | None,
+    early: EarlyPairs | None,
+    freeze_gc: bool,
+) -> CompareResult:
+    from workbench.formats import open_dump
+
+    if progress:
+        progress(Progress("read dumps", 0, 2))
+    g_dump = open_dump(golden) if isinstance(golden, str | Path) else golden
+    if progress:
+        progress(Progress("read dumps", 1, 2))
+    t_dump = open_dump(test) if isinstance(test, str | Path) else test
+    if progress:
+        progress(Progress("read dumps", 2, 2))
+    if tokens is not None:
+        check_tokens(set(tokens), g_dump.tokens, t_dump.tokens)
+    if early is None and pool is not None and g_dump.kind == t_dump.kind:
+        from workbench.compare.early import EarlyPairs
+
+        early = EarlyPairs(g_dump, t_dump, pool, tokens)
+    try:
+        # the heavy imports, while the workers compute the early pairs
+        from workbench.catalog.store import ingest_dump, open_catalog
+        from workbench.compare import executor, pair_store, summary  # noqa: F401  (imported while workers compute)
+
+        if freeze_gc:
+            gc.freeze()
+        Path(catalog).parent.mkdir(parents=True, exist_ok=True)
+        con = open_catalog(catalog)
+        try:
+            if progress:
+                progress(Progress("ingest", 0, 2))
+            g_ing = ingest_dump(con, g_dump)
+            t_ing = ingest_dump(con, t_dump)
+            if progress:
+                progress(Progress("ingest", 2, 2))
+            if cancel is not None and cancel.is_set():
+                raise CompareCancelled()
+            return _compare_runs(
+                con,
+                Path(catalog),
+                g_ing.run_id,
+                t_ing.run_id,
+                mf,
+                tokens,
+                th,
+                workers,
+                progress,
+                cancel,
+                auto,
+                problems=[*g_ing.problems, *t_ing.problems],
+                pool=pool,
+                early=early,
+            )
+        finally:
+            con.close()
+    finally:
+        if early is not None:
+            early.cancel()  # whatever was not claimed
+
+
+def _auto_matcher(auto: bool) -> AutoMatcher | None:
+    if not auto:
+        return None
+    try:
+        from workbench.compare.automap import auto_match
+    except ImportError:
+        return None
+    return auto_match
+
+
+def _compare_runs(
+    con: duckdb.DuckDBPyConnection,
+    catalog: Path,
+    golden_run: int,
+    test_run: int,
+    mapping: MappingFile | None,
+    tokens: Collection[int] | None,
+    thresholds: Thresholds,
+    workers: int,
+    progress: ProgressFn | None,
+    cancel: threading.Event | None,
+    auto: bool,
+    problems: list[str],
+    pool: ProcessPoolExecutor | PoolStarter | None = None,
+    early: EarlyPairs | None = None,
+) -> CompareResult:
+    from workbench.analysis.born import refresh_verdicts
+    from workbench.compare.executor import compute_pending
+    from workbench.compare.judge import rejudge
+    from workbench.compare.matching import match_nodes, pair_tensors
+    from workbench.compare.pair_store import comparison_id, load_frames, store_node_matches, store_tensor_pairs
+    from workbench.compare.summary import summarize_comparison
+
+    golden = load_frames(con, golden_run)
+    test = load_frames(con, test_run)
+    cmp_id, th_changed = comparison_id(con, golden_run, test_run, mapping, thresholds)
+    if progress:
+        progress(Progress("match", 0, 1))
+    matches = match_nodes(golden, test, mapping, auto=_auto_matcher(auto))
+    store_node_matches(con, cmp_id, matches)
+    pairs = store_tensor_pairs(con, cmp_id, pair_tensors(matches, golden, test, tokens))
+    if progress:
+        progress(Progress("match", 1, 1, message=f"{len(pairs)} tensor pairs"))
+    if th_changed:
+        rejudge(con, cmp_id, thresholds)
+    computed, _failed_new, _unc = compute_pending(
+        con,
+        cmp_id,
+        golden,
+        test,
+        pairs,
+        thresholds,
+        workers=workers,
+        progress=progress,
+        cancel=cancel,
+        pool=pool,
+        early=early,
+    )
+    if progress:
+        progress(Progress("verdict", 0, 1))
+    refresh_verdicts(con, cmp_id)
+    if progress:
+        progress(Progress("verdict", 1, 1))
+    return summarize_comparison(
+        con, catalog, cmp_id, golden, test, matches, pairs, tokens, computed=computed, problems=problems
+    )
+
+
+def add_node_pairs(
+    catalog: str | Path,
+    cmp_id: int,
+    pairs: Sequence[PairSpec],
+    remove: Sequence[tuple[str, str]] = (),
+    *,
+    workers: int = 1,
+) -> int:
+    """Pair (and unpair) nodes of an existing comparison; metrics of new tensor pairs are computed now.
+
+    Returns the number of tensor pairs added. Used by the app's mapping editor.
+    """
+    from workbench.analysis.born import refresh_verdicts
+    from workbench.catalog.store import open_catalog
+    from workbench.compare.executor import compute_pending
+    from workbench.compare.pair_store import comparison_runs, edit_node_pairs
+
+    con = open_catalog(catalog)
+    try:
+        golden, test, th = comparison_runs(con, catalog, cmp_id)
+        stored, added = edit_node_pairs(con, cmp_id, golden, test, pairs, remove)
+        compute_pending(con, cmp_id, golden, test, stored, th, workers=workers, stats_for_unpaired=False)
+        refresh_verdicts(con, cmp_id)
+        return added
+    finally:
+        con.close()
+
+
+def check_tokens(wanted: set[int], golden: list[int], test: list[int]) -> None:
+    """Refuse tokens the dumps lack entirely (nothing would be compared, and the report would be empty)."""
+    have = sorted(set(golden) & set(test))
+    if wanted & set(have):
+        return
+    asked = token_ranges(sorted(wanted))
+    raise ValueError(f"--tokens {asked}: the dumps have no such token; they hold tokens {token_ranges(have) or 'none'}")
+
+
+def token_ranges(tokens: list[int]) -> str:
+    """[0, 1, 2, 3, 7] -> '0-3,7'."""
+    out: list[list[int]] = []
+    for t in sorted(tokens):
+        if out and t == out[-1][1] + 1:
+            out[-1][1] = t
+        else:
+            out.append([t, t])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+
