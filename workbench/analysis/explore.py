@@ -10,6 +10,7 @@ threads can query at once.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import threading
@@ -567,9 +568,9 @@ class Explorer:
     # ------------------------------------------------------------------ advisor
     def advice(self, token: int | None = None, top: int | None = 50) -> tuple[list[Any], str]:
         """The advisor's ranked suspects (`analysis.advisor.advise`), and a note when there are none."""
-        try:
-            from workbench.analysis.advisor import advise
-        except ImportError:
+        try:  # the advisor lands separately: the app works without it
+            advise = importlib.import_module("workbench.analysis.advisor").advise
+        except (ImportError, AttributeError):
             return [], "the advisor is not part of this wb build (workbench.analysis.advisor is missing)"
         cur = self._cur()
         try:

@@ -93,9 +93,10 @@ def render_detail(detail: PairDetail | None, diff: TensorDiff | None, styles: di
         verdict.append(f"error born at: {detail.born_name} (token {detail.token})", style=born_style)
     else:
         verdict.append(f"token {detail.token}: every output passes", style=ok)
-    if detail.born_test_name and (detail.born_here or detail.born_name):
+    pinned = detail.born_test_name
+    if pinned and (detail.evidence or pinned != detail.born_name) and (detail.born_here or detail.born_name):
         verdict.append("\n  test op pinned down: ", style=born_style)
-        verdict.append(detail.born_test_name, style=f"bold {born_style}")
+        verdict.append(pinned, style=f"bold {born_style}")
         if detail.evidence:
             verdict.append(f"\n  evidence: {detail.evidence}", style="italic")
     parts.append(verdict)
@@ -130,7 +131,7 @@ def render_detail(detail: PairDetail | None, diff: TensorDiff | None, styles: di
         stats.add_column(f"{label} golden", justify="right")
         stats.add_column(f"{p.test_io or p.io}{p.test_index} test", justify="right")
     for key, label in STATISTICS:
-        cells: list[Text | str] = []
+        cells = []
         for p in detail.pairs:
             for s in (p.golden, p.test):
                 value = s.get(key)

@@ -115,12 +115,12 @@ class HeatmapView(ScrollView, can_focus=True):
         self.scale = scale
         self.bound = scale.bound if scale.bound is not None else relative_bound(data.values, data.metric)
         sev = severity_array(data.values, data.metric, self.bound)
-        lv = np.full(data.values.shape, -1, dtype=np.int8)
+        lv: np.ndarray = np.full(data.values.shape, -1, dtype=np.int8)
         finite = ~np.isnan(sev)
         if finite.any():
             lv[finite] = np.searchsorted(np.array(LEVEL_EDGES), sev[finite], side="right").astype(np.int8)
         if scale.bound is None:
-            lv = np.minimum(lv, PASS_LEVELS - 1).astype(np.int8)
+            np.minimum(lv, PASS_LEVELS - 1, out=lv)
         self._levels = lv
         self._gutter = max([4, *(len(x) for x in data.row_labels)]) + 1
         r, c = cursor if cursor is not None else self.cursor

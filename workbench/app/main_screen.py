@@ -256,8 +256,11 @@ class MainScreen(WorkbenchScreen[None]):
         if cursor is None and msg.data.tokens:
             col = msg.data.tokens.index(self.token) if self.token in msg.data.tokens else 0
             cursor = (view.cursor[0] if msg.data.layer is None else 0, col)
-        if msg.data.layer is not None and self._cursor_node in msg.data.row_nodes:
-            cursor = (msg.data.row_nodes.index(self._cursor_node), cursor[1] if cursor else 0)
+        if msg.data.layer is not None:
+            # the op rows arrived: the cursor goes to the selected op (or the one asked for) when it is here
+            target = self._cursor_node if self._cursor_node is not None else self.selected
+            if target in msg.data.row_nodes:
+                cursor = (msg.data.row_nodes.index(target), cursor[1] if cursor else 0)
             self._cursor_node = None
         view.set_data(msg.data, self._scale(msg.data.metric), cursor)
         self._last_row = view.cursor[0]

@@ -62,7 +62,7 @@ def theme_from_toml(path: Path) -> Theme:
     if not isinstance(variables, dict):
         raise ThemeError(f"{path}: [variables] must be a table")
     merged = {**DOMAIN_DEFAULTS, **{str(k): str(v) for k, v in variables.items()}}
-    kwargs = {k: str(data[k]) for k in _THEME_FIELDS if k in data}
+    kwargs: dict[str, Any] = {k: str(data[k]) for k in _THEME_FIELDS if k in data}
     return Theme(name=str(name), dark=bool(data.get("dark", True)), variables=merged, **kwargs)
 
 

@@ -154,7 +154,7 @@ class TopologyTree(Tree[TreeRow]):
         self.call_after_refresh(self._center_on, target)
         return True
 
-    def _center_on(self, node: TreeNode[int]) -> None:
+    def _center_on(self, node: TreeNode[TreeRow]) -> None:
         """Scroll so that `node` is in the middle: where it lands then depends only on the tree's final
         height, not on where the view was (a minimal scroll left it one line apart between runs)."""
         before, self.center_scroll = self.center_scroll, True
@@ -178,7 +178,11 @@ class TopologyTree(Tree[TreeRow]):
     # ------------------------------------------------------------------ rendering
     def on_mount(self) -> None:
         self._load_styles()
-        self.watch(self.app, "theme", lambda _t: (self._load_styles(), self._invalidate()), init=False)
+        self.watch(self.app, "theme", self._theme_changed, init=False)
+
+    def _theme_changed(self, _theme: str) -> None:
+        self._load_styles()
+        self._invalidate()
 
     def _load_styles(self) -> None:
         v = {**DOMAIN_DEFAULTS, **self.app.get_css_variables()}

@@ -268,4 +268,3 @@ def token_ranges(tokens: list[int]) -> str:
         else:
             out.append([t, t])
     return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
-
