@@ -322,7 +322,7 @@ class MainScreen(WorkbenchScreen[None]):
                     self.set_token(token)
                 self.select(node)
 
-        title = "Suspects ranked by the advisor (Enter: go there)" + (f"\n{msg.note}" if msg.note else "")
+        title = "Suspects ranked by the advisor (Enter: go there)"
         self.app.push_screen(PickerScreen(title, msg.entries, empty=msg.note or "no advice"), chosen)
 
     def _mark_loaded(self, what: str) -> None:

@@ -37,7 +37,7 @@ class MappingScreen(WorkbenchScreen[None]):
     MappingScreen OptionList { height: 1fr; }
     MappingScreen Label { text-style: bold; padding: 0 1; }
     MappingScreen .sel-label { text-style: none; color: $text-muted; }
-    MappingScreen #map-status { height: 2; padding: 0 1; background: $panel; }
+    MappingScreen #map-status { height: auto; max-height: 4; padding: 0 1; background: $panel; }
     """
 
     def __init__(self, session: Session) -> None:
@@ -147,7 +147,8 @@ class MappingScreen(WorkbenchScreen[None]):
         state = "unsaved changes" if self.dirty else "saved" if self.target.exists() else "not saved yet"
         self.query_one("#map-status", Static).update(
             f"{len(self.golden)} golden and {len(self.test)} test ops unmatched, {len(self.pairs)} pairs · "
-            f"mapping file: {self.target} ({state})\n{text}"
+            f"mapping file: {self.target} ({state})\n"
+            f"{text or 'type to filter, Enter (or Tab) to its list; there p pairs the highlighted ops, x unpairs'}"
         )
 
     # ------------------------------------------------------------------ actions
