@@ -277,3 +277,22 @@ def test_decode_only_ops_are_listed_and_node_tensors_shown(demo_catalog: Path) -
         assert len(pairs) == len({(p.golden, p.test) for p in pairs})  # one row per pair
     finally:
         ex.close()
+
+
+def test_detail_pane_reads_tensors_without_torch(small_catalog: Path) -> None:
+    """The detail pane's histogram and worst elements come from numpy: the app process never imports torch."""
+    code = (
+        "import sys; from workbench.analysis.explore import Explorer; "
+        f"ex = Explorer({str(small_catalog)!r}); d = ex.pair_detail({DEFECT_ID}, 3); "
+        "diff = ex.tensor_diff(d.pairs[0]); assert diff.numel == 16 and diff.top, diff; "
+        "print('torch' in sys.modules); sys.exit(1 if 'torch' in sys.modules else 0)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr

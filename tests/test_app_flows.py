@@ -154,7 +154,6 @@ async def test_mapping_editor_decode_only_ops_focus_labels_and_size_warning(demo
         tl.highlighted = next(i for i in range(tl.option_count) if tl.get_option_at_index(i).id == t.name)
         tl.focus()
         await pilot.press("p")
-        assert "differ in size" in str(mapping.query_one("#map-status", Static).render())
         await wait_for(pilot, lambda: any("differ in size" in str(n.message) for n in app._notifications), 60)
 
 
@@ -187,7 +186,7 @@ async def test_advisor_panel(small_catalog: Path) -> None:
         try:
             import workbench.analysis.advisor  # noqa: F401
         except ImportError:  # not merged yet: the panel says so instead of failing
-            assert "advisor is not part of this wb build" in _text(picker.query_one("#picker-title", Static))
+            assert any("advisor is not part of this wb build" in _text(w) for w in picker.query(Static))
             await pilot.press("escape")
             await wait_for(pilot, lambda: app.screen is screen)
             return

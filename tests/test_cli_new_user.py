@@ -103,3 +103,13 @@ def test_nan_inf_locations_start_where_the_nan_is_made(small_catalog: Path) -> N
     first = rows[0]
     # the op that made the NaN comes before the layer that holds it
     assert first["golden_node"] == DEFECT and first["io"] == "out"
+
+
+def test_first_divergent_token_says_nothing_when_every_token_passes(small_catalog: Path) -> None:
+    res = run_wb("query", "first_divergent_token", "-c", str(small_catalog), "-f", "csv")
+    assert res.stdout.splitlines()[1].split(",")[0] == "1"  # the planted defect starts at token 1
+    con = duckdb.connect(str(small_catalog))
+    con.execute("UPDATE metrics SET passed = true, failed_metrics = NULL")
+    con.close()
+    res = run_wb("query", "first_divergent_token", "-c", str(small_catalog))
+    assert res.returncode == 0 and res.stdout.strip() == "(no rows)"  # never a passing token
