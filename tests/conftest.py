@@ -15,7 +15,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 # the app tests' fixtures (a synthetic catalog, the demo catalog), shared by the whole suite
-pytest_plugins = ["tests.conftest_app"]
+pytest_plugins = ["tests.conftest_app", "tests.conftest_peers"]
 WB = [sys.executable, "-m", "workbench.cli"]
 
 

@@ -203,8 +203,13 @@ def test_special_cases_never_raise() -> None:
     assert all(v is None for v in mismatch.values.values())
     assert mismatch.reason == "data shape doesn't match: golden [2, 3] (6 elements) vs test [3, 3] (9 elements)"
     assert mismatch.test.numel == 9
-    flat = compare_tensors(torch.arange(6.0).reshape(2, 3), torch.arange(6.0).reshape(1, 6))
-    assert flat.values["cosine_similarity"] == 1.0 and flat.reason == "shape [2, 3] vs [1, 6], compared flattened"
+    # a layout rule (merged dimensions) relates the shapes: compared, and nothing to report
+    merged = compare_tensors(torch.arange(6.0).reshape(2, 3), torch.arange(6.0).reshape(1, 6))
+    assert merged.values["cosine_similarity"] == 1.0 and merged.reason is None
+    # the same element count under a transposed shape: not comparable, never flattened silently
+    swapped = compare_tensors(torch.arange(6.0).reshape(2, 3), torch.arange(6.0).reshape(3, 2))
+    assert all(v is None for v in swapped.values.values())
+    assert swapped.reason == "not comparable: shape [2, 3] vs [3, 2] (no layout rule maps one onto the other)"
     scalar = compare_tensors(torch.tensor(2.0), torch.tensor(2.5))
     assert scalar.values["max_relative_error"] == pytest.approx(0.25)
     huge = compare_tensors(torch.full((10,), 3e38), torch.full((10,), -3e38)).values

@@ -9,7 +9,14 @@ import contextlib
 import os
 import sys
 
-from workbench.cli import catalog_cmds, compare_cmd, demo_cmd, open_cmd, precheck_cmd  # noqa: F401  (registration)
+from workbench.cli import (  # noqa: F401  (registration)
+    catalog_cmds,
+    compare_cmd,
+    demo_cmd,
+    errcheck_cmd,
+    open_cmd,
+    precheck_cmd,
+)
 from workbench.cli.common import app
 
 

@@ -1,26 +1,38 @@
 """Pairing golden nodes with test nodes, then golden tensors with test tensors.
 
-The ladder, highest priority first (a golden node matched by a higher rung is not matched
-again by a lower one):
+`MATCHERS` holds one matching method per entry, highest priority first, all with one signature
+(`MatchContext -> list[NodeMatch]`). A golden node matched by a method is not matched again by a
+later one; a test node paired by a mapping file is left out of the automatic methods:
 
-1. explicit pairs of a mapping file (`mapping-file`),
-2. layer-wildcard rules of a mapping file (`mapping-rule`),
-3. type maps (msit's `op_mapping_file.json` or the `types` of ours) zipped per layer when
-   the counts agree (`type-map`),
-4. identical node names, for two dumps of the same kind (`name`),
-5. automatic torch <-> accelerated-library mapping (`auto-*`, `workbench.compare.automap`).
+1. `mapping-file`: explicit pairs of a mapping file,
+2. `mapping-rule`: layer-wildcard rules of a mapping file,
+3. `type-map`: type maps (msit's `op_mapping_file.json` or the `types` of ours) zipped per layer when
+   the counts agree,
+4. `aligned`: two dumps of the same kind. Their call streams are aligned as sequences, scope by
+   scope (the children of two paired modules, in execution order), on op type (and module name),
+   tensor shapes and position (`workbench.compare.align`): an op one run has and the other has not
+   (a hook's extra `Tensor.__mul__`, a missing module call) stays unmatched instead of shifting every
+   later call counter onto the wrong op. Pairs with identical names are recorded as `name`, pairs
+   whose names differ (shifted counters) as `aligned`,
+5. `auto`: torch <-> accelerated-library mapping (`auto-*`, `workbench.compare.automap`), for two
+   dumps of different kinds.
 
 Pairs the user rejected (`unpaired` in the mapping file) are dropped whatever produced them.
+`pair_tensors` then pairs tensors and records, per tensor pair, the layout transform that makes
+two different shapes comparable (`workbench.compare.layout`).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import cast
 
 import pandas as pd
 
+from workbench.compare.align import StreamSide, align_scope, shape_tuple
+from workbench.compare.layout import layout_rule, shape_after, with_layout
 from workbench.compare.mapping import MappingFile, TensorSel
 
 NODE_COLUMNS = ["node_id", "name", "type", "parent_id", "depth", "exec_order", "layer", "phase", "params"]
@@ -55,111 +67,178 @@ AutoMatcher = Callable[[RunFrames, RunFrames, set[int]], list[NodeMatch]]
 
 
 def _layer_key(v: object) -> int | None:
-    return None if v is None or pd.isna(v) else int(v)  # type: ignore[arg-type]
+    return None if v is None or pd.isna(v) else int(cast(float, v))
 
 
 def _ordered(nodes: pd.DataFrame) -> pd.DataFrame:
     return nodes.sort_values(["exec_order", "node_id"], na_position="last")
 
 
+@dataclass(slots=True)
+class MatchContext:
+    """What every matching method sees: both runs, the mapping file, and what earlier methods matched."""
+
+    golden: RunFrames
+    test: RunFrames
+    mapping: MappingFile | None
+    auto: AutoMatcher | None
+    taken: set[int] = field(default_factory=set)  # golden nodes matched by an earlier method
+    taken_test: set[int] = field(default_factory=set)  # test nodes paired by a mapping file
+    found: list[NodeMatch] = field(default_factory=list)  # every match so far, in order
+
+
+Matcher = Callable[[MatchContext], list[NodeMatch]]
+
+
+def _explicit_pairs(ctx: MatchContext) -> list[NodeMatch]:
+    """A mapping file's `pairs`: several per node allowed (different tensors)."""
+    if not ctx.mapping:
+        return []
+    g_names, t_names = ctx.golden.by_name(), ctx.test.by_name()
+    out = []
+    for p in ctx.mapping.pairs:
+        g, t = g_names.get(p.golden), t_names.get(p.test)
+        if g is not None and t is not None:
+            src = ctx.mapping.source or "mapping"
+            out.append(NodeMatch(g, t, "mapping-file", 1.0, f"pair in {src}", p.golden_tensor, p.test_tensor))
+    return out
+
+
+def _layer_rules(ctx: MatchContext) -> list[NodeMatch]:
+    """A mapping file's layer-wildcard `rules`: one test node of the golden node's layer, or none."""
+    if not ctx.mapping:
+        return []
+    golden, test = ctx.golden, ctx.test
+    out: list[NodeMatch] = []
+    taken = set(ctx.taken)
+    for r in ctx.mapping.rules:
+        gre, tre = r.golden_regex(), r.test_regex()
+        g_hits = golden.nodes[golden.nodes["name"].map(lambda s, rx=gre: bool(rx.match(s)))]
+        t_hits = test.nodes[test.nodes["name"].map(lambda s, rx=tre: bool(rx.match(s)))]
+        t_by_layer: dict[int | None, list[int]] = defaultdict(list)
+        for nid, layer in zip(t_hits["node_id"], t_hits["layer"]):
+            t_by_layer[_layer_key(layer)].append(int(nid))
+        for nid, layer in zip(g_hits["node_id"], g_hits["layer"]):
+            cands = t_by_layer.get(_layer_key(layer), [])
+            if int(nid) not in taken and len(cands) == 1:
+                why = f"rule {r.golden} <-> {r.test}"
+                out.append(NodeMatch(int(nid), cands[0], "mapping-rule", 1.0, why, r.golden_tensor, r.test_tensor))
+        taken |= {m.golden_node_id for m in out}
+    return out
+
+
+def _type_maps(ctx: MatchContext) -> list[NodeMatch]:
+    """A mapping file's type maps, zipped per layer when the counts agree."""
+    if not ctx.mapping:
+        return []
+    golden, test = ctx.golden, ctx.test
+    out: list[NodeMatch] = []
+    taken = set(ctx.taken)
+    for tr in ctx.mapping.types:
+        t_sel = tr.test_tensor
+        for golden_type, g_sel in zip(tr.golden_types, tr.golden_tensors):
+            g_hits = golden.nodes[golden.nodes["type"].fillna("").str.contains(golden_type, regex=False)]
+            t_hits = test.nodes[test.nodes["type"].fillna("").str.contains(tr.test_type, regex=False)]
+            g_groups = {k: _ordered(v) for k, v in g_hits.groupby(g_hits["layer"].map(_layer_key), dropna=False)}
+            t_groups = {k: _ordered(v) for k, v in t_hits.groupby(t_hits["layer"].map(_layer_key), dropna=False)}
+            for layer, g_grp in g_groups.items():
+                t_grp = t_groups.get(layer)
+                if t_grp is None or len(t_grp) != len(g_grp):
+                    continue
+                for gid, tid in zip(g_grp["node_id"], t_grp["node_id"]):
+                    if int(gid) not in taken:
+                        why = f"type {golden_type} <-> {tr.test_type}, layer {layer}"
+                        out.append(NodeMatch(int(gid), int(tid), "type-map", 0.9, why, g_sel, t_sel))
+        taken |= {m.golden_node_id for m in out}
+    return out
+
+
+def _aligned(ctx: MatchContext) -> list[NodeMatch]:
+    """Two dumps of one kind: call streams aligned scope by scope (`workbench.compare.align`)."""
+    golden, test = ctx.golden, ctx.test
+    if golden.kind != test.kind:
+        return []
+    roles = _roles(golden.tensors) & _roles(test.tensors)
+    g = StreamSide.build(golden.kind, golden.nodes, golden.tensors, roles)
+    t = StreamSide.build(test.kind, test.nodes, test.tensors, roles)
+    out: list[NodeMatch] = []
+    paired_g: set[int] = set()
+    paired_t: set[int] = set()
+    # scopes to align: the top level, then the children of every pair (a mapping file's pairs included)
+    scopes: list[tuple[int | None, int | None]] = [(None, None)]
+    scopes += [(m.golden_node_id, m.test_node_id) for m in ctx.found]
+    seen_scopes: set[tuple[int | None, int | None]] = set()
+    while scopes:
+        gp, tp = scopes.pop(0)
+        if (gp, tp) in seen_scopes:
+            continue
+        seen_scopes.add((gp, tp))
+        gs = [n for n in g.children.get(gp, []) if n not in ctx.taken and n not in paired_g]
+        ts = [n for n in t.children.get(tp, []) if n not in ctx.taken_test and n not in paired_t]
+        where = "the top level" if gp is None else g.name[gp]
+        for gid, tid, how in align_scope(g, t, gs, ts):
+            paired_g.add(gid)
+            paired_t.add(tid)
+            scopes.append((gid, tid))
+            out.append(_aligned_match(g, t, gid, tid, how, where))
+    # nodes outside every aligned scope (a parent that only one run has): identical names and types
+    t_names = {name: nid for nid, name in t.name.items() if nid not in paired_t and nid not in ctx.taken_test}
+    for gid, name in g.name.items():
+        other = t_names.get(name)
+        if gid in paired_g or gid in ctx.taken or other is None or g.type[gid] != t.type[other]:
+            continue
+        out.append(NodeMatch(gid, other, "name", 1.0, "identical name"))
+    return out
+
+
+def _aligned_match(g: StreamSide, t: StreamSide, gid: int, tid: int, how: str, where: str) -> NodeMatch:
+    if g.name[gid] == t.name[tid]:
+        return NodeMatch(gid, tid, "name", 1.0, "identical name")
+    if how == "key":
+        why = f"call-stream alignment under {where}: same type and shapes, another position or counter"
+        return NodeMatch(gid, tid, "aligned", 0.9, why)
+    why = f"call-stream alignment under {where}: same type between aligned neighbours, other shapes"
+    return NodeMatch(gid, tid, "aligned", 0.6, why)
+
+
+def _roles(tensors: pd.DataFrame) -> set[str]:
+    return set(tensors["io"].unique()) if "io" in tensors and len(tensors) else set()
+
+
+def _auto(ctx: MatchContext) -> list[NodeMatch]:
+    """Torch module tree <-> accelerated library op graph (`workbench.compare.automap`)."""
+    if ctx.golden.kind == ctx.test.kind or ctx.auto is None:
+        return []
+    return ctx.auto(ctx.golden, ctx.test, set(ctx.taken))
+
+
+# The matching methods, highest priority first; every one has the signature `Matcher`.
+MATCHERS: dict[str, Matcher] = {
+    "mapping-file": _explicit_pairs,
+    "mapping-rule": _layer_rules,
+    "type-map": _type_maps,
+    "aligned": _aligned,
+    "auto": _auto,
+}
+MAPPING_METHODS = ("mapping-file", "mapping-rule", "type-map")
+
+
 def match_nodes(
     golden: RunFrames, test: RunFrames, mapping: MappingFile | None = None, auto: AutoMatcher | None = None
 ) -> list[NodeMatch]:
-    """Node pairs by the ladder above."""
-    out: list[NodeMatch] = []
-    taken: set[int] = set()  # golden nodes matched with all tensors
-    g_names, t_names = golden.by_name(), test.by_name()
+    """Node pairs by the methods of `MATCHERS`, in priority order; rejected pairs dropped."""
+    ctx = MatchContext(golden, test, mapping, auto)
     rejected = set(mapping.unpaired) if mapping else set()
     g_name_of = dict(zip(golden.nodes["node_id"], golden.nodes["name"]))
     t_name_of = dict(zip(test.nodes["node_id"], test.nodes["name"]))
-
-    def add(m: NodeMatch) -> None:
-        if (g_name_of[m.golden_node_id], t_name_of[m.test_node_id]) in rejected:
-            return
-        out.append(m)
-
-    if mapping:
-        # 1. explicit pairs: several per node allowed (different tensors)
-        explicit: set[int] = set()
-        for p in mapping.pairs:
-            g, t = g_names.get(p.golden), t_names.get(p.test)
-            if g is None or t is None:
-                continue
-            add(
-                NodeMatch(
-                    g, t, "mapping-file", 1.0, f"pair in {mapping.source or 'mapping'}", p.golden_tensor, p.test_tensor
-                )
-            )
-            explicit.add(g)
-        taken |= explicit
-        # 2. layer-wildcard rules
-        for r in mapping.rules:
-            gre, tre = r.golden_regex(), r.test_regex()
-            g_hits = golden.nodes[golden.nodes["name"].map(lambda s, rx=gre: bool(rx.match(s)))]
-            t_hits = test.nodes[test.nodes["name"].map(lambda s, rx=tre: bool(rx.match(s)))]
-            t_by_layer: dict[int | None, list[int]] = defaultdict(list)
-            for nid, layer in zip(t_hits["node_id"], t_hits["layer"]):
-                t_by_layer[_layer_key(layer)].append(int(nid))
-            for nid, layer in zip(g_hits["node_id"], g_hits["layer"]):
-                if int(nid) in taken:
-                    continue
-                cands = t_by_layer.get(_layer_key(layer), [])
-                if len(cands) == 1:
-                    add(
-                        NodeMatch(
-                            int(nid),
-                            cands[0],
-                            "mapping-rule",
-                            1.0,
-                            f"rule {r.golden} <-> {r.test}",
-                            r.golden_tensor,
-                            r.test_tensor,
-                        )
-                    )
-            taken |= {m.golden_node_id for m in out}
-        # 3. type maps, zipped per layer when counts agree
-        for tr in mapping.types:
-            t_sel = tr.test_tensor
-            for golden_type, g_sel in zip(tr.golden_types, tr.golden_tensors):
-                g_hits = golden.nodes[golden.nodes["type"].fillna("").str.contains(golden_type, regex=False)]
-                t_hits = test.nodes[test.nodes["type"].fillna("").str.contains(tr.test_type, regex=False)]
-                g_groups = {k: _ordered(v) for k, v in g_hits.groupby(g_hits["layer"].map(_layer_key), dropna=False)}
-                t_groups = {k: _ordered(v) for k, v in t_hits.groupby(t_hits["layer"].map(_layer_key), dropna=False)}
-                for layer, g_grp in g_groups.items():
-                    t_grp = t_groups.get(layer)
-                    if t_grp is None or len(t_grp) != len(g_grp):
-                        continue
-                    for gid, tid in zip(g_grp["node_id"], t_grp["node_id"]):
-                        if int(gid) in taken:
-                            continue
-                        add(
-                            NodeMatch(
-                                int(gid),
-                                int(tid),
-                                "type-map",
-                                0.9,
-                                f"type {golden_type} <-> {tr.test_type}, layer {layer}",
-                                g_sel,
-                                t_sel,
-                            )
-                        )
-            taken |= {m.golden_node_id for m in out}
-
-    # 4. identical names (same kind of dump)
-    if golden.kind == test.kind:
-        for name, gid in g_names.items():
-            if gid in taken:
-                continue
-            tid = t_names.get(name)
-            if tid is not None:
-                add(NodeMatch(gid, tid, "name", 1.0, "identical name"))
-        taken |= {m.golden_node_id for m in out}
-    # 5. automatic cross-stack mapping
-    elif auto is not None:
-        for m in auto(golden, test, taken):
-            if m.golden_node_id not in taken:
-                add(m)
-    return out
+    for method, matcher in MATCHERS.items():
+        found = [m for m in matcher(ctx) if m.golden_node_id not in ctx.taken]
+        kept = [m for m in found if (g_name_of[m.golden_node_id], t_name_of[m.test_node_id]) not in rejected]
+        ctx.found.extend(kept)
+        ctx.taken |= {m.golden_node_id for m in kept}
+        if method in MAPPING_METHODS:
+            ctx.taken_test |= {m.test_node_id for m in kept}
+    return ctx.found
 
 
 def _resolve(m: NodeMatch) -> tuple[str, str | None, int | None, str | None, int | None]:
@@ -261,4 +340,28 @@ def pair_tensors(
             "transform": res["transform"],
         }
     )
+    out["transform"] = _layout_transforms(out, golden, test)
     return out.reset_index(drop=True)
+
+
+def _shapes(frames: RunFrames, ids: pd.Series) -> list[list[int] | None]:
+    if "shape" not in frames.tensors.columns:
+        return [None] * len(ids)
+    by_id = dict(zip(frames.tensors["tensor_id"], frames.tensors["shape"]))
+    out: list[list[int] | None] = []
+    for tid in ids:
+        shape = shape_tuple(by_id.get(tid))
+        out.append(None if shape is None else list(shape))
+    return out
+
+
+def _layout_transforms(pairs: pd.DataFrame, golden: RunFrames, test: RunFrames) -> list[str | None]:
+    """Each pair's transform, plus the layout rule (`layout:squeeze`, ...) that relates two different shapes."""
+    out: list[str | None] = []
+    g_shapes, t_shapes = _shapes(golden, pairs["golden_tensor_id"]), _shapes(test, pairs["test_tensor_id"])
+    for tr, gs, ts in zip(pairs["transform"], g_shapes, t_shapes):
+        tr = None if tr is None or (isinstance(tr, float) and pd.isna(tr)) else str(tr)
+        g_eff, t_eff = shape_after(gs, tr, "g"), shape_after(ts, tr, "t")
+        rule = layout_rule(g_eff, t_eff) if g_eff is not None and t_eff is not None else None
+        out.append(with_layout(tr, rule) if rule else tr)
+    return out

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from workbench.catalog.schema import ALL_METRICS
+from workbench.compare.layout import layout_rule, not_comparable
 from workbench.formats.arrays import RawTensor, as_raw
 from workbench.formats.model import canonical_dtype
 
@@ -397,8 +398,9 @@ def compare_tensors(golden: TensorLike, test: TensorLike, test_dtype: str | None
     """All metrics of one pair plus both sides' statistics; never raises on odd data.
 
     `test_dtype` names the dtype the test run computed in (for the ULP unit); by default the
-    test tensor's own dtype. Tensors are flattened: equal numel is enough (msit compares numel
-    only); a shape difference is recorded in `reason`.
+    test tensor's own dtype. Two shapes are compared element by element only when they are equal or a
+    layout rule relates them (`workbench.compare.layout`: squeezed batch, merged heads); otherwise the
+    pair is `not comparable` (no metrics), never silently flattened.
     """
     with np.errstate(all="ignore"):  # overflow to Inf and 0/0 are data here, handled, not warnings
         return _compare(as_raw(golden), as_raw(test), test_dtype)
@@ -421,8 +423,8 @@ def _compare(g_raw: RawTensor, t_raw: RawTensor, test_dtype: str | None) -> Pair
     if g_raw.numel == 0:
         return PairMetrics(none, summarize(g_raw), summarize(t_raw), False, "empty tensor: nothing to compare")
     reasons: list[str] = []
-    if gshape != tshape:
-        reasons.append(f"shape {gshape} vs {tshape}, compared flattened")
+    if gshape != tshape and layout_rule(gshape, tshape) is None:
+        return PairMetrics(none, summarize(g_raw), summarize(t_raw), False, not_comparable(gshape, tshape))
     dtype = canonical_dtype(test_dtype) or canonical_dtype(t_raw.dtype)
     gs, ts, pair = _Side(), _Side(), _Pair(_ULP_PARAMS.get(dtype or ""))
     for g, m in zip(_chunks(g_raw, "g"), _chunks(t_raw, "m"), strict=True):

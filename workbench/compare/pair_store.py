@@ -41,7 +41,8 @@ def load_frames(con: duckdb.DuckDBPyConnection, run_id: int) -> RunFrames:
         [run_id],
     ).df()
     tensors = con.execute(
-        "SELECT tensor_id, token_id, node_id, io, idx, path, dtype, shape, numel, layout, error FROM tensors "
+        "SELECT tensor_id, token_id, node_id, io, idx, path, dtype, shape, numel, layout, error, norm, mean "
+        "FROM tensors "
         "WHERE run_id = ? ORDER BY tensor_id",
         [run_id],
     ).df()

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from workbench.compare.layout import LAYOUT_PREFIX, layout_rule, not_comparable
 from workbench.compare.metrics import compare_tensors, summarize
 from workbench.compare.tasks import SUMMARY_FIELDS, PairTask, StatsTask
 from workbench.formats.arrays import RawTensor, read_array
@@ -46,11 +47,18 @@ def apply_transform(golden: RawTensor, test: RawTensor, spec: str | None) -> tup
     """Layout fixes recorded on a pair, `;`-separated, each for one side (`g.` golden, `t.` test):
 
     `t.chunk:DIM:I:N` keeps chunk I of N along DIM (a fused gate-up output holds gate then up);
-    `t.slice:DIM:START:STOP` keeps a slice; `g.flat` / `t.flat` flattens.
+    `t.slice:DIM:START:STOP` keeps a slice; `g.flat` / `t.flat` flattens; `layout:RULE` views the test
+    tensor in the golden's shape when that layout rule (`workbench.compare.layout`) relates the two.
     """
     if not spec:
         return golden, test
     for step in spec.split(";"):
+        if step.strip().startswith(LAYOUT_PREFIX):
+            rule = layout_rule(golden.shape, test.shape)
+            if rule is None:
+                raise ValueError(not_comparable(list(golden.shape), list(test.shape)))
+            test = RawTensor(test.array.reshape(golden.array.shape), test.dtype)
+            continue
         side, _, op = step.strip().partition(".")
         parts = op.split(":")
         target = golden if side == "g" else test
@@ -110,7 +118,10 @@ def run_pair(task: PairTask) -> dict[str, Any]:
         golden, test = apply_transform(golden, test, task.transform)
     except (ValueError, RuntimeError, IndexError) as exc:
         out["values"], out["finite_only"] = {}, False
-        out["reason"] = f"cannot apply layout transform {task.transform!r}: {exc}"
+        text = str(exc)
+        out["reason"] = (
+            text if text.startswith("not comparable") else f"cannot apply transform {task.transform!r}: {text}"
+        )
         return out
     res = compare_tensors(golden, test, test_dtype=task.test_dtype)
     out["values"] = dict(res.values)
