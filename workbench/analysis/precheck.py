@@ -59,6 +59,7 @@ class OutputCheck:
     passed: bool | None
     failed_metrics: list[str]
     reason: str | None = None
+    label: str = ""  # what was judged when it is not a plain output (torch stages: "q_proj", "attention core")
 
 
 @dataclass(slots=True)

@@ -310,6 +310,18 @@ class WorkbenchApp(App[int]):
                     error = True
         self.post_message(EditDone(explorer, text, error))
 
+    def reopen_after_edit(self, text: str, error: bool) -> None:
+        """Reopen the catalog after a job wrote it (a re-dump) and refresh every screen; posts EditDone."""
+        self._reopen_worker(text, error)
+
+    @work(thread=True, exclusive=True, group="edit", exit_on_error=False)
+    def _reopen_worker(self, text: str, error: bool) -> None:
+        try:
+            explorer: Explorer | None = Explorer(self.catalog, self.cmp_id)
+        except ExploreError as exc:
+            explorer, text, error = None, f"{text}; cannot reopen: {exc}", True
+        self.post_message(EditDone(explorer, text, error))
+
     def on_edit_done(self, msg: EditDone) -> None:
         if msg.explorer is not None:
             self.explorer = msg.explorer

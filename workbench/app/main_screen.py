@@ -29,6 +29,7 @@ from workbench.analysis.views import Heatmap, NodeStatus, NodeTensors, PairDetai
 from workbench.app.actions import bindings
 from workbench.app.detail import render_detail, render_node_tensors
 from workbench.app.heatmap import GLYPH_FAIL, GLYPH_NAN, GLYPH_NONE, LEVEL_EDGES, HeatmapView
+from workbench.app.opcause import OpCauseActions, PrecheckPanel
 from workbench.app.screens import ComparisonChosen, PickerEntry, PickerScreen, Session, WorkbenchScreen
 from workbench.app.themes import DOMAIN_DEFAULTS, HEAT_LEVELS
 from workbench.app.trees import TopologyTree
@@ -91,7 +92,7 @@ class AdviceReady(Message):
     note: str
 
 
-class MainScreen(WorkbenchScreen[None]):
+class MainScreen(OpCauseActions, WorkbenchScreen[None]):
     """Where the user finds the token, the layer and the op where the error is born."""
 
     SCOPE = "main"
@@ -141,6 +142,7 @@ class MainScreen(WorkbenchScreen[None]):
                 yield Static("", id="legend")
             with VerticalScroll(id="detail-pane"):
                 yield Static(render_detail(None, None, {}), id="detail")
+                yield PrecheckPanel("", id="precheck")
         with Horizontal(id="trees"):
             golden = TopologyTree("golden", id="golden-tree")
             golden.border_title = "golden"

@@ -40,6 +40,8 @@ class TopologyTree(Tree[TreeRow]):
         self.added_bound: float | None = None
         self.color_by_added = False
         self.born_id: int | None = None  # node of THIS side where the error is born at this token
+        self.badges: dict[tuple[int, int], tuple[str, str]] = {}  # (golden id, token) -> (text, style key)
+        self.token: int | None = None  # the token the badges are shown for
         self._styles: dict[str, Style] = {}
 
     # ------------------------------------------------------------------ data
@@ -234,4 +236,8 @@ class TopologyTree(Tree[TreeRow]):
             text.append(" unmatched", self._styles.get("unmatched", Style()))
         if born:
             text.append(" error born here", self._styles.get("born", Style()) + Style(bold=True))
+        gid = self.golden_id(row)
+        badge = self.badges.get((gid, self.token)) if gid is not None and self.token is not None else None
+        if badge is not None:
+            text.append(f" {badge[0]}", self._styles.get(badge[1], Style()) + Style(bold=True))
         return text

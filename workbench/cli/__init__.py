@@ -13,9 +13,11 @@ from workbench.cli import (  # noqa: F401  (registration)
     catalog_cmds,
     compare_cmd,
     demo_cmd,
+    dump_cmd,
     errcheck_cmd,
     open_cmd,
     precheck_cmd,
+    redump_cmd,
 )
 from workbench.cli.common import app
 

@@ -1,4 +1,4 @@
-"""`wb precheck`: re-run ops alone on their dumped inputs."""
+"""`wb precheck`: re-run ops alone on their dumped inputs (ATB op folders, torch modules and API calls)."""
 
 from __future__ import annotations
 
@@ -8,59 +8,126 @@ from typing import Annotated
 
 import typer
 
+from workbench.analysis.precheck import PrecheckResult
 from workbench.cli.common import app, guarded
 
 
 @app.command()
 def precheck(
-    path: Annotated[Path, typer.Argument(help="An ATB op folder, a group (layer) folder or a token folder of a dump.")],
+    path: Annotated[
+        Path | None,
+        typer.Argument(
+            help="An ATB op / group / token folder, or a torch dump: a module folder ({dev}/{token}/{module}), "
+            "a token folder, or any dump level (msit torch, msprobe)."
+        ),
+    ] = None,
+    token: Annotated[
+        int | None, typer.Option("--token", "-t", help="Token to check (torch; default: the first).")
+    ] = None,
+    node: Annotated[str | None, typer.Option("--node", "-n", help="One node by name (torch dump or catalog).")] = None,
+    catalog: Annotated[
+        Path | None, typer.Option("--catalog", "-c", help="Check a node of a comparison in this catalog.")
+    ] = None,
+    cmp_id: Annotated[int | None, typer.Option("--cmp", help="Comparison id (default: the latest).")] = None,
+    side: Annotated[str, typer.Option("--side", help="test or golden (catalog mode).")] = "test",
     thresholds: Annotated[
-        Path | None, typer.Option("--thresholds", help="TOML file overriding pass/fail bounds.")
+        Path | None, typer.Option("--thresholds", help="TOML file overriding pass/fail bounds (ATB ops).")
     ] = None,
     show_all: Annotated[bool, typer.Option("--all", help="Also list ops that pass.")] = False,
 ) -> None:
-    """Re-run ATB ops alone on their dumped inputs with a float32/64 reference; report the ops that disagree."""
-    from workbench.analysis.precheck import precheck_group
-    from workbench.compare.thresholds import Thresholds
+    """Re-run ops alone on their dumped inputs with a float64 reference; report the ops that disagree.
+
+    Torch modules and API calls are judged with msit opcheck's standard (share of elements within a relative
+    error: bf16 2^-8 / fp16 2^-10 over 99.9%, fp32 2^-20 over 99.99%); ATB ops with the compare thresholds.
+    """
 
     def go() -> int:
-        th = Thresholds.load(thresholds)
-        if not path.is_dir():
-            raise ValueError(f"{path}: no such folder")
-        results = []
-        folders = folders_to_check(path)
-        for folder in folders:
-            found = precheck_group(folder, thresholds=th)  # an op folder yields itself
-            if len(folders) > 1:  # several tokens: say which one each op ran at
-                found = [replace(r, name=f"token {folder.name}: {r.name or r.op_dir}") for r in found]
-            results += found
-        if not results:
-            raise ValueError(
-                f"{path}: no ATB op folders here or below (give a dump folder, its tensors/{{dev}}_{{pid}} folder, "
-                "a token folder, a layer folder or an op folder)"
-            )
+        results = _results()
         failed = 0
         for r in results:
             label = r.name or r.op_dir
             if not r.supported:
-                if show_all:
+                if show_all or len(results) == 1:
                     typer.echo(f"skip  {label}  ({r.reason})")
                 continue
             if r.passed is False:
                 failed += 1
                 worst = ", ".join(
-                    f"out{o.index}: {','.join(o.failed_metrics) or o.reason}" for o in r.outputs if o.passed is False
+                    f"{o.label or f'out{o.index}'}: {','.join(o.failed_metrics) or o.reason}"
+                    for o in r.outputs
+                    if o.passed is False
                 )
                 typer.echo(f"FAIL  {label}  {worst}" + (f"  ({r.reason})" if r.reason else ""))
             elif r.passed is None:
                 typer.echo(f"?     {label}  ({r.reason})")
-            elif show_all:
-                typer.echo(f"ok    {label}")
+            elif show_all or len(results) == 1:
+                typer.echo(f"ok    {label}" + (f"  ({r.reason})" if r.reason else ""))
         checked = sum(1 for r in results if r.supported)
         typer.echo(
             f"{checked} ops re-run, {failed} disagree with their dumped outputs, {len(results) - checked} not supported"
         )
         return 1 if failed else 0
+
+    def _results() -> list[PrecheckResult]:
+        from workbench.analysis import precheck_torch as pt
+
+        try:
+            if catalog is not None:
+                return [_catalog_result(catalog)]
+            if path is None:
+                raise ValueError("give a dump folder, or --catalog with --node")
+            if not path.is_dir():
+                raise ValueError(f"{path}: no such folder")
+            from workbench.formats.atb import token_folders
+
+            tokens_below = token_folders(path)
+            if tokens_below or _is_atb(path):
+                from workbench.analysis.precheck import precheck_group
+                from workbench.compare.thresholds import Thresholds
+
+                th = Thresholds.load(thresholds)
+                found: list[PrecheckResult] = []
+                folders = tokens_below or [path]
+                for folder in folders:
+                    here = precheck_group(folder, thresholds=th)  # an op folder yields itself
+                    if len(folders) > 1:  # several tokens: say which one each op ran at
+                        here = [replace(r, name=f"token {folder.name}: {r.name or r.op_dir}") for r in here]
+                    found += here
+                if not found:
+                    raise ValueError(
+                        f"{path}: no ATB op folders here or below (give a dump folder, its tensors/{{dev}}_{{pid}} "
+                        "folder, a token folder, a layer folder or an op folder)"
+                    )
+                return found
+            return pt.precheck_path(path, token, node)
+        except pt.CannotRun as exc:
+            raise ValueError(str(exc)) from None
+
+    def _catalog_result(cat: Path) -> PrecheckResult:
+        from workbench.analysis.precheck_torch import precheck_catalog
+        from workbench.catalog.store import open_catalog
+
+        if node is None:
+            raise ValueError("--catalog needs --node (a golden node name)")
+        if side not in ("test", "golden"):
+            raise ValueError(f"--side must be test or golden, not {side!r}")
+        if not cat.is_file():
+            raise ValueError(f"{cat}: no such catalog")
+        con = open_catalog(cat, read_only=True)
+        try:
+            cid = cmp_id
+            if cid is None:
+                row = con.execute("SELECT max(cmp_id) FROM comparisons").fetchone()
+                if row is None or row[0] is None:
+                    raise ValueError(f"{cat}: no comparison yet (run wb compare)")
+                cid = int(row[0])
+            tok = token
+            if tok is None:
+                row = con.execute("SELECT min(token_id) FROM node_results WHERE cmp_id = ?", [cid]).fetchone()
+                tok = int(row[0]) if row and row[0] is not None else 0
+            return precheck_catalog(con, cid, node, tok, side)
+        finally:
+            con.close()
 
     code = guarded(go)
     if code:
@@ -74,3 +141,19 @@ def folders_to_check(path: Path) -> list[Path]:
 
     tokens = token_folders(path)
     return tokens or [path]
+
+
+def _is_atb(path: Path) -> bool:
+    """An ATB op/group/token folder (`{index}_{OpType}` folders, or `before`/`after` below)."""
+    import re
+
+    op = re.compile(r"^\d+_\w+$")
+    if op.match(path.name) or (path / "after").is_dir() or (path / "before").is_dir():
+        return True
+    try:
+        return (
+            any(p.is_dir() and op.match(p.name) and not p.name.startswith("root") for p in path.iterdir())
+            and not (path.parent / "model_tree.json").exists()
+        )
+    except OSError:
+        return False

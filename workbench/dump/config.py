@@ -6,6 +6,7 @@ says, and two models can be hooked with two configs in one process.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -14,6 +15,7 @@ from typing import Any
 
 from torch import nn
 
+from workbench.core.files import REDUMP_ENV
 from workbench.dump.seed import seed_all
 
 MODES = ("module", "api")
@@ -147,6 +149,29 @@ class DumpConfig:
 
         if seed is not None:
             seed_all(seed)
+        self.redump = self._apply_redump_env()
+
+    def _apply_redump_env(self) -> dict[str, Any] | None:
+        """`wb redump` re-runs the recorded command with `WB_REDUMP` set: full tensors in and out of just the
+        op and token it names, written where it says (whatever the script's own DumpConfig asked for)."""
+        text = os.environ.get(REDUMP_ENV)
+        if not text:
+            return None
+        try:
+            spec = json.loads(text)
+            self.dump_path = Path(spec["dump_path"])
+            self.token_range = _int_list("token_range", spec["token_range"])
+            self.layer_name = str(spec["layer_name"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DumpConfigError(f"DumpConfig: {REDUMP_ENV} is not a redump request ({exc})") from None
+        self.token_set = frozenset(self.token_range)
+        self.layer_regex = re.compile(glob_to_regex(self.layer_name))
+        self.module_list = []
+        self.tensor_part = 2
+        self.dump_statistics_mode = 0
+        self.dump_last_logits = False
+        self.dump_weight = True
+        return dict(spec)
 
     @staticmethod
     def _module_list(value: Iterable[type[nn.Module] | str] | None) -> list[type[nn.Module] | str]:

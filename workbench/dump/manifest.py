@@ -71,6 +71,7 @@ class Manifest:
         self.path = dump_dir / MANIFEST_NAME
         self.meta: dict[str, Any] = {
             "command": list(sys.argv),
+            "executable": sys.executable,  # with `command` and `cwd`: what `wb redump` re-runs
             "cwd": os.getcwd(),
             "python": sys.version.split()[0],
             "torch": torch.__version__,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 DumpKind = Literal["msit_torch", "atb", "msprobe"]
-TensorRole = Literal["in", "out"]
+TensorRole = Literal["in", "out", "param"]  # param: a module's weight (once per run, or per call)
 # How the execution order of nodes was obtained:
 #   recorded   - written by the dumper at run time (our manifest, msprobe call counters)
 #   topology   - ATB graph order (node order in the topology JSON / folder index)

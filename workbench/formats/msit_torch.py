@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import heapq
+import os
 import re
 from collections import defaultdict
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from workbench.formats.scan import content_key, list_dir, load_pth_lazy, pth_hea
 MANIFEST = MANIFEST_NAME
 MODEL_TREE = MODEL_TREE_NAME
 STATS_CSV = "statistics.csv"
+WEIGHTS_DIR = "weights"  # `dump_weight=True`: `weights/{module}.{param}.pth`, once per run
 _TENSOR_RE = re.compile(r"^(input|output)((?:_\d+)*)$")
 _MAX_PRODUCERS = 32  # a content hash produced by more modules than this carries no ordering information
 
@@ -77,6 +79,7 @@ def read_msit_torch(
 
     sel = _Selection(token, module)
     tensors, hashes = _scan_tokens(dev_dir, sel, problems, want_hashes=manifest is None)
+    _scan_weights(dev_dir, sel, tensors, problems)
 
     # modules seen on disk but absent from the tree (API-mode folders, missing tree)
     by_name = {n.name: n for n in nodes}
@@ -219,6 +222,48 @@ def _scan_tokens(
                 continue
             _scan_module(tok, m.name, m.path, tensors, problems, hashes if hash_this else None)
     return tensors, hashes
+
+
+def _scan_weights(dev_dir: Path, sel: _Selection, out: list[TensorEntry], problems: list[str]) -> None:
+    """Parameters saved once per run (`weights/root.x.weight.pth`) as `param` tensors of their module, filed
+    under the first token read (they do not change between tokens); numbered by parameter name."""
+    folder = dev_dir / WEIGHTS_DIR
+    if not folder.is_dir():
+        return
+    token = sel.token if sel.token is not None else min((t.token for t in out), default=0)
+    try:
+        files = [f for f in list_dir(folder) if not f.is_dir and f.name.endswith(".pth")]
+    except DumpError as exc:
+        problems.append(str(exc))
+        return
+    by_module: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for f in sorted(files, key=lambda f: f.name):
+        module, _, pname = f.name[:-4].rpartition(".")
+        if not module or not pname:
+            problems.append(f"{f.path}: unexpected weight file name (want <module>.<param>.pth)")
+            continue
+        if sel.module is not None and not (module == sel.module or module.startswith(sel.module + ".")):
+            continue
+        by_module[module].append((pname, f.path))
+    for module, params in by_module.items():
+        for idx, (_pname, path) in enumerate(sorted(params)):
+            try:
+                dt, shape = pth_header(path)
+            except DumpError as exc:
+                problems.append(str(exc))
+                out.append(TensorEntry(token, module, "param", idx, path, error=exc.reason))
+                continue
+            out.append(TensorEntry(token, module, "param", idx, path, dtype=dt, shape=shape))
+
+
+def param_name(path: str) -> str:
+    """The parameter name in a weight file's path: ours (`root.x.weight.pth`), msprobe's (`...parameters.weight.pt`)."""
+    stem = os.path.basename(path)
+    for ext in (".pth", ".pt", ".npy"):
+        if stem.endswith(ext):
+            stem = stem[: -len(ext)]
+            break
+    return stem.rpartition(".")[2]
 
 
 def _role_index(stem: str) -> tuple[str, tuple[int, ...]] | None:

@@ -16,7 +16,8 @@ a module called j > 0 times before within the same token gets `#j` appended. An 
 name when a step holds one forward).
 
 Tensor indices: input tensors are numbered in order over `input_args` then `input_kwargs` (nested
-lists flattened, non-tensor values skipped), outputs likewise.
+lists flattened, non-tensor values skipped), outputs likewise. A module call's `parameters` (its direct
+weights) become `param` tensors numbered by parameter name, so they are compared like msprobe does.
 """
 
 from __future__ import annotations
@@ -301,7 +302,13 @@ def _num(v: Any) -> float | None:
 
 def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems: list[str]) -> None:
     e = call.entry
-    roles = (("in", [e.get("input_args", []), e.get("input_kwargs", {})]), ("out", [e.get("output", [])]))
+    params = e.get("parameters")
+    named = sorted(params.items()) if isinstance(params, dict) else []
+    roles = (
+        ("in", [e.get("input_args", []), e.get("input_kwargs", {})]),
+        ("out", [e.get("output", [])]),
+        ("param", [v for _, v in named]),  # numbered by parameter name, as our weights are
+    )
     for role, parts in roles:
         for idx, leaf in enumerate(_leaves(parts)):
             dtype = str(leaf.get("dtype", "")).removeprefix("torch.") or None

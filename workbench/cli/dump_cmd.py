@@ -1,0 +1,81 @@
+"""`wb dump --exec`: dump any torch script's model with no change to the script."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from workbench.cli.common import app, fail
+
+
+@app.command()
+def dump(
+    exec_: Annotated[
+        str, typer.Option("--exec", help='The command to run, e.g. "python run.py --prompt hi" (quoted).')
+    ],
+    out: Annotated[Path, typer.Option("-o", "--output", help="Dump folder (msit's layout is written below it).")],
+    tokens: Annotated[
+        str | None, typer.Option("--tokens", help="Forward calls (tokens) to dump, e.g. 0-3,7 (default: 0).")
+    ] = None,
+    modules: Annotated[
+        str | None,
+        typer.Option("--modules", help="Module classes to dump, comma separated (e.g. Linear,LlamaRMSNorm)."),
+    ] = None,
+    stats_only: Annotated[
+        bool, typer.Option("--stats-only", help="Statistics only (statistics.csv), no tensor files.")
+    ] = False,
+    weights: Annotated[bool, typer.Option("--weights", help="Also save every weight once (for wb precheck).")] = False,
+) -> None:
+    """Run a torch script and dump the model it builds (msit's layout, plus wb's manifest), no code change.
+
+    The first model the script calls is hooked (a Hugging Face PreTrainedModel, or any module with
+    parameters and submodules); its forward calls are the tokens. The command is recorded for `wb redump`.
+    """
+    from workbench.compare.tasks import parse_tokens
+    from workbench.dump.autohook import hook_env
+
+    try:
+        argv = shlex.split(exec_)
+    except ValueError as exc:
+        raise fail(f"--exec: cannot split the command ({exc})") from None
+    if not argv:
+        raise fail("--exec: empty command")
+    try:
+        token_set = parse_tokens(tokens) if tokens else None
+    except ValueError as exc:
+        raise fail(f"--tokens: {exc}") from None
+    out_dir = out.resolve()
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise fail(f"{out}: cannot create the dump folder ({exc.strerror or exc})") from None
+    config: dict[str, object] = {
+        "dump_path": str(out_dir),
+        "token_range": sorted(token_set) if token_set else [0],
+        "dump_statistics_mode": 1 if stats_only else 0,
+        "dump_weight": weights,
+        "exec_command": exec_,
+        "exec_cwd": os.getcwd(),
+    }
+    if modules:
+        config["module_list"] = [m.strip() for m in modules.split(",") if m.strip()]
+    before = set(out_dir.glob("msit_dump_*/torch_tensors/*"))
+    try:
+        proc = subprocess.run(argv, env={**os.environ, **hook_env(config)}, check=False)
+    except OSError as exc:
+        raise fail(f"--exec: cannot run {argv[0]}: {exc.strerror or exc}") from None
+    made = sorted(set(out_dir.glob("msit_dump_*/torch_tensors/*")) - before)
+    if proc.returncode != 0:
+        raise fail(
+            f"the command exited with code {proc.returncode}" + (f"; partial dump: {made[-1]}" if made else ""),
+            proc.returncode if 0 < proc.returncode < 128 else 1,
+        )
+    if not made:
+        raise fail("the command ran but built no torch model to dump (no nn.Module with parameters was called)", 1)
+    for d in made:
+        typer.echo(f"dump written: {d}")

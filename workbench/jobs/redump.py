@@ -1,0 +1,304 @@
+"""Re-dump one op at one token with full tensors, by re-running the command recorded in the run's manifest.
+
+The dumper records `command`, `executable` and `cwd` (and, for `wb dump --exec`, the exec line) in
+`wb_manifest.json`; the catalog keeps the manifest in `runs.meta`. The job re-runs that command with
+`WB_REDUMP` set, which makes every `DumpConfig` of the script dump just the op's subtree (`layer_name`)
+at just that token, inputs and outputs as tensors, with weights, into a fresh folder. The new dump is
+ingested as a run of its own, then the compared run's tensor rows of that op and token are pointed at
+the new files and the metrics of their pairs are computed again, so the app shows full tensors where it
+had statistics before. Cancelling stops the process (and its children) and changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pandas as pd
+
+from workbench.core.files import REDUMP_ENV
+from workbench.core.progress import Progress, ProgressFn
+
+REDUMP_DIR = "wb_redump"  # next to the catalog: one folder per re-dump
+_NOT_RERUNNABLE = {"ipython", "jupyter", "jupyter-notebook", "jupyter-lab", "py.test"}
+
+
+class RedumpError(Exception):
+    """Why a re-dump cannot be done or failed; one line."""
+
+
+class RedumpCancelled(RedumpError):
+    """The user cancelled; nothing was changed."""
+
+
+@dataclass(slots=True)
+class RedumpPlan:
+    """What will be re-run, where the dump goes and which catalog rows it refreshes."""
+
+    cmp_id: int
+    run_id: int
+    node: str
+    token: int
+    argv: list[str]
+    cwd: str
+    env: dict[str, str]
+    out_dir: Path
+
+
+@dataclass(slots=True)
+class RedumpResult:
+    """What the re-dump brought: the new dump folder, its run id, tensors now full, pairs recomputed."""
+
+    dump_dir: Path
+    run_id: int
+    tensors_updated: int
+    pairs_recomputed: int
+    log: Path
+    notes: list[str] = field(default_factory=list)
+
+
+def _recorded_command(meta: dict[str, Any]) -> tuple[list[str], str, bool]:
+    """(argv, cwd, zero-code) from a run's manifest; `RedumpError` when it has none."""
+    exec_spec = meta.get("exec")
+    cwd = str(meta.get("cwd") or os.getcwd())
+    if isinstance(exec_spec, dict) and isinstance(exec_spec.get("command"), str):
+        return shlex.split(exec_spec["command"]), str(exec_spec.get("cwd") or cwd), True
+    command = meta.get("command")
+    if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
+        raise RedumpError("the run has no recorded command (only dumps written by wb's dumper record one)")
+    script = command[0]
+    base = os.path.basename(script)
+    if base in _NOT_RERUNNABLE or base.startswith("ipykernel") or "pytest" in base:
+        raise RedumpError(f"the run was dumped from {base} (a test runner or notebook): no command to re-run")
+    if script in ("-c", "") or script.startswith("<"):
+        raise RedumpError(f"the recorded command cannot be re-run ({' '.join(command)[:80]})")
+    if script.endswith(".py") or os.path.isfile(os.path.join(cwd, script)):
+        return [str(meta.get("executable") or sys.executable), *command], cwd, False
+    return list(command), cwd, False  # a console script (pytest, wb, ...): run as recorded
+
+
+def plan_redump(
+    con: duckdb.DuckDBPyConnection, cmp_id: int, golden_node: int | str, token: int, catalog: Path, side: str = "test"
+) -> RedumpPlan:
+    """Work out the command, environment and output folder for re-dumping one op of a comparison."""
+    row = con.execute("SELECT golden_run, test_run FROM comparisons WHERE cmp_id = ?", [cmp_id]).fetchone()
+    if row is None:
+        raise RedumpError(f"no comparison {cmp_id} in {catalog}")
+    golden_run, test_run = int(row[0]), int(row[1])
+    if isinstance(golden_node, str):
+        found = con.execute(
+            "SELECT node_id FROM nodes WHERE run_id = ? AND name = ?", [golden_run, golden_node]
+        ).fetchone()
+        if found is None:
+            raise RedumpError(f"no golden node {golden_node!r} in comparison {cmp_id}")
+        gid = int(found[0])
+    else:
+        gid = int(golden_node)
+    run_id, node_id = golden_run, gid
+    if side == "test":
+        found = con.execute(
+            "SELECT test_node_id FROM node_matches WHERE cmp_id = ? AND golden_node_id = ? LIMIT 1", [cmp_id, gid]
+        ).fetchone()
+        if found is None:
+            raise RedumpError("the op has no counterpart on the test side")
+        run_id, node_id = test_run, int(found[0])
+    info = con.execute(
+        "SELECT r.kind, r.meta, n.name FROM runs r JOIN nodes n ON n.run_id = r.run_id WHERE r.run_id = ? "
+        "AND n.node_id = ?",
+        [run_id, node_id],
+    ).fetchone()
+    if info is None:
+        raise RedumpError(f"run {run_id} has no node {node_id}")
+    kind, meta_text, node = info
+    if kind != "msit_torch":
+        raise RedumpError(f"a {kind} run: re-dump works on dumps written by wb's torch dumper")
+    meta = json.loads(meta_text) if meta_text else {}
+    argv, cwd, zero_code = _recorded_command(meta if isinstance(meta, dict) else {})
+    stamp = time.strftime("%Y%m%d_%H%M%S")
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in str(node))[-80:]
+    out_dir = catalog.resolve().parent / REDUMP_DIR / f"{stamp}_{safe}_t{token}"
+    request = {"dump_path": str(out_dir), "token_range": [token], "layer_name": f"{node}*"}
+    env = {REDUMP_ENV: json.dumps(request)}
+    if zero_code:
+        from workbench.dump.autohook import hook_env
+
+        env.update(hook_env(json.loads(meta.get("exec", {}).get("config") or "{}") | {"dump_path": str(out_dir)}))
+    return RedumpPlan(cmp_id, run_id, str(node), token, argv, cwd, env, out_dir)
+
+
+def run_redump(
+    catalog: str | Path,
+    cmp_id: int,
+    golden_node: int | str,
+    token: int,
+    *,
+    side: str = "test",
+    progress: ProgressFn | None = None,
+    cancel: threading.Event | None = None,
+    timeout_s: float | None = None,
+) -> RedumpResult:
+    """Re-run the recorded command for one op and token, ingest the dump and refresh the comparison."""
+    from workbench.catalog.store import open_catalog
+
+    cat = Path(catalog)
+    report = progress or (lambda p: None)
+    report(Progress("planning", 0, 4))
+    con = open_catalog(cat, read_only=True)
+    try:
+        plan = plan_redump(con, cmp_id, golden_node, token, cat, side)
+    finally:
+        con.close()
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    log = plan.out_dir / "redump.log"
+    report(Progress(f"running {' '.join(plan.argv)[:100]}", 1, 4))
+    _run(plan, log, report, cancel, timeout_s)
+    report(Progress("reading the new dump", 2, 4))
+    dump_dir = _new_dump(plan)
+    report(Progress("ingesting and recomputing pairs", 3, 4))
+    con = open_catalog(cat)
+    try:
+        result = _ingest(con, plan, dump_dir, log)
+    finally:
+        con.close()
+    report(Progress("done", 4, 4))
+    return result
+
+
+def _run(
+    plan: RedumpPlan, log: Path, report: ProgressFn, cancel: threading.Event | None, timeout_s: float | None
+) -> None:
+    env = {**os.environ, **plan.env}
+    try:
+        with open(log, "w", encoding="utf-8") as fh:
+            proc = subprocess.Popen(
+                plan.argv,
+                cwd=plan.cwd,
+                env=env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: cancelling stops its children too
+            )
+    except OSError as exc:
+        raise RedumpError(f"cannot start {plan.argv[0]}: {exc.strerror or exc}") from None
+    start = time.monotonic()
+    while proc.poll() is None:
+        if (cancel is not None and cancel.is_set()) or (timeout_s is not None and time.monotonic() - start > timeout_s):
+            _stop(proc)
+            if cancel is not None and cancel.is_set():
+                raise RedumpCancelled("re-dump cancelled; nothing was changed")
+            raise RedumpError(f"the re-run took longer than {timeout_s:g} s and was stopped (log: {log})")
+        report(Progress(f"running {' '.join(plan.argv)[:100]}", 1, 4, message=_last_line(log)))
+        time.sleep(0.2)
+    if proc.returncode != 0:
+        raise RedumpError(
+            f"the re-run exited with code {proc.returncode}: {_last_line(log) or 'no output'} (log: {log})"
+        )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=5)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def _last_line(log: Path) -> str:
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(log) - 400))
+            lines = [ln for ln in fh.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1].strip()[:160] if lines else ""
+
+
+def _new_dump(plan: RedumpPlan) -> Path:
+    found = sorted(plan.out_dir.glob("msit_dump_*/torch_tensors/*"))
+    if not found:
+        raise RedumpError(
+            f"the re-run wrote no dump under {plan.out_dir} (did the script build its model with wb's dumper?)"
+        )
+    dev = found[-1]
+    if not (dev / str(plan.token) / plan.node).is_dir():
+        raise RedumpError(f"the re-run did not reach {plan.node} at token {plan.token} (dump: {dev})")
+    return dev
+
+
+def _ingest(con: duckdb.DuckDBPyConnection, plan: RedumpPlan, dump_dir: Path, log: Path) -> RedumpResult:
+    from workbench.analysis.born import refresh_verdicts
+    from workbench.catalog.store import ingest_dump
+    from workbench.compare.executor import compute_pending
+    from workbench.compare.pair_store import load_frames
+    from workbench.compare.thresholds import Thresholds
+    from workbench.formats.detect import open_dump
+
+    dump = open_dump(dump_dir)
+    new_run = ingest_dump(con, dump).run_id
+    # the compared run's rows of the op's subtree at this token take the new files (same node, io, index)
+    upd = con.execute(
+        "SELECT o.tensor_id, t.path, t.dtype, t.shape, t.numel FROM tensors o "
+        "JOIN nodes on_ ON on_.run_id = o.run_id AND on_.node_id = o.node_id "
+        "JOIN nodes nn ON nn.run_id = ? AND nn.name = on_.name "
+        "JOIN tensors t ON t.run_id = nn.run_id AND t.node_id = nn.node_id AND t.io = o.io AND t.idx = o.idx "
+        "AND t.token_id = o.token_id "
+        "WHERE o.run_id = ? AND o.token_id = ? AND t.path IS NOT NULL AND t.error IS NULL",
+        [new_run, plan.run_id, plan.token],
+    ).df()
+    notes: list[str] = []
+    if upd.empty:
+        notes.append("no tensor of the compared run matched the re-dumped files (node names differ?)")
+        return RedumpResult(dump_dir, new_run, 0, 0, log, notes)
+    row = con.execute(
+        "SELECT golden_run, test_run, thresholds FROM comparisons WHERE cmp_id = ?", [plan.cmp_id]
+    ).fetchone()
+    assert row is not None
+    side_col = "test_tensor_id" if int(row[1]) == plan.run_id else "golden_tensor_id"
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.register("_upd", upd)
+        con.execute(
+            "UPDATE tensors SET path = u.path, dtype = u.dtype, shape = u.shape, numel = u.numel, std = NULL, "
+            "error = NULL FROM _upd u WHERE tensors.run_id = ? AND tensors.tensor_id = u.tensor_id",
+            [plan.run_id],
+        )
+        con.execute(
+            f"DELETE FROM metrics WHERE cmp_id = ? AND pair_id IN (SELECT pair_id FROM matches WHERE cmp_id = ? "
+            f"AND {side_col} IN (SELECT tensor_id FROM _upd))",
+            [plan.cmp_id, plan.cmp_id],
+        )
+        con.unregister("_upd")
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    pairs = con.execute(
+        "SELECT pair_id, token_id, golden_tensor_id, test_tensor_id, golden_node_id, test_node_id, io, method, "
+        "confidence, transform FROM matches WHERE cmp_id = ? AND pair_id NOT IN "
+        "(SELECT pair_id FROM metrics WHERE cmp_id = ?)",
+        [plan.cmp_id, plan.cmp_id],
+    ).df()
+    th = Thresholds.from_dict(json.loads(row[2])) if row[2] else Thresholds.load(None)
+    golden, test = load_frames(con, int(row[0])), load_frames(con, int(row[1]))
+    computed = 0
+    if not pairs.empty:
+        computed, _, _ = compute_pending(
+            con, plan.cmp_id, golden, test, pd.DataFrame(pairs), th, workers=1, stats_for_unpaired=False
+        )
+    refresh_verdicts(con, plan.cmp_id)
+    return RedumpResult(dump_dir, new_run, len(upd), computed, log, notes)
