@@ -8,10 +8,14 @@ STAMP      := $(VENV)/.wb-installed
 .PHONY: install demo test lint bench clean
 
 $(STAMP): pyproject.toml
+	@echo "make: setting up $(VENV) once (a few minutes; later runs skip this)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "make: [1/3] upgrading pip in $(VENV)"
 	$(PY) -m pip install -q --upgrade pip
 	# torch first: any other spec than the local CPU wheel pulls gigabytes of CUDA packages
+	@echo "make: [2/3] installing $(TORCH_SPEC) (CPU build, about 200 MB)"
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	@echo "make: [3/3] installing wb and its dependencies (textual, duckdb, pandas, typer, transformers, pytest, ...)"
 	$(PY) -m pip install -q -e ".[test]"
 	touch $(STAMP)
 

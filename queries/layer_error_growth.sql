@@ -3,7 +3,7 @@ WITH per_layer AS (
     SELECT r.token_id, n.layer,
            max(r.max_rel_euclid) AS worst_rel_euclid,
            min(r.min_cosine)     AS worst_cosine,
-           sum(r.out_failed)     AS failed_outputs
+           CAST(coalesce(sum(r.out_failed), 0) AS BIGINT) AS failed_outputs
     FROM node_results r
     JOIN comparisons c USING (cmp_id)
     JOIN nodes n ON n.run_id = c.golden_run AND n.node_id = r.golden_node_id

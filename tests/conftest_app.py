@@ -99,5 +99,7 @@ def demo_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     catalog = out / "catalog.duckdb"
     if res.returncode != 0 or not catalog.exists():
         pytest.fail(f"wb demo failed ({res.returncode}): {res.stderr[-2000:]}")
+    # with no terminal, the demo ends by saying how to open the app on it
+    assert res.stdout.rstrip().splitlines()[-1] == f"open the app on it: wb open {catalog}", res.stdout[-500:]
     _BUILT["demo"] = catalog
     return catalog

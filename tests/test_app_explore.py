@@ -11,14 +11,10 @@ import numpy as np
 import pytest
 
 from tests.conftest_app import DEFECT, DEFECT_ID, REPO
-from workbench.analysis.explore import (
-    ExploreError,
-    Explorer,
-    bound_from_thresholds,
-    severity,
-    severity_array,
-)
+from workbench.analysis.explore import POST, PRE, ExploreError, Explorer
+from workbench.analysis.severity import VERDICT, scale_for, severity, severity_array
 from workbench.catalog.schema import SCHEMA_VERSION
+from workbench.compare.thresholds import Thresholds
 
 
 def test_comparison_info_and_thresholds(small_catalog: Path) -> None:
@@ -29,7 +25,9 @@ def test_comparison_info_and_thresholds(small_catalog: Path) -> None:
         assert info.tokens == [0, 1, 2, 3, 4]
         assert info.bound("cosine_similarity") == pytest.approx(0.99)  # stored thresholds JSON
         assert info.bound("kl_divergence") == pytest.approx(0.005)
-        assert info.bound("added_error") == pytest.approx(0.02)  # not stored: documented default
+        assert info.bound("added_error") == pytest.approx(0.05)  # measured and bounded in rel. euclidean distance
+        assert info.bound("max_relative_error") is None  # no bound in the thresholds: none invented
+        assert info.scale("kl_divergence").decides is False and info.scale("cosine_similarity").decides
         assert info.n_pairs > 0
         assert ex.born_all() == {0: None, 1: DEFECT, 2: DEFECT, 3: DEFECT, 4: DEFECT}
     finally:
@@ -37,15 +35,23 @@ def test_comparison_info_and_thresholds(small_catalog: Path) -> None:
 
 
 def test_bounds_and_severity() -> None:
-    th = {
-        "default_dtype": "float32",
-        "dtype": {"float16": {"cosine_similarity": {"min": 0.95}}, "float32": {"cosine_similarity": {"min": 0.99}}},
-    }
-    assert bound_from_thresholds(th, "cosine_similarity") == 0.99
-    assert bound_from_thresholds(th, "cosine_similarity", "float16") == 0.95
-    assert bound_from_thresholds(th, "cosine_similarity", "bfloat16") == 0.99  # default dtype's table
-    assert bound_from_thresholds(th, "kl_divergence", "float16") == 0.005  # documented default
-    assert bound_from_thresholds({"x": {"snr_db": {"min": 30}}}, "snr_db") == 30
+    th = Thresholds.from_dict(
+        {
+            "verdict": ["cosine_similarity"],
+            "default_dtype": "float32",
+            "dtype": {
+                "float16": {"cosine_similarity": {"min": 0.95}, "kl_divergence": {"max": 0.01}},
+                "float32": {"cosine_similarity": {"min": 0.99}},
+            },
+        }
+    )
+    assert scale_for(th, "cosine_similarity", None).bound == 0.99
+    assert scale_for(th, "cosine_similarity", "float16").bound == 0.95
+    assert scale_for(th, "cosine_similarity", "bfloat16").bound == 0.99  # default dtype's table
+    assert scale_for(th, "kl_divergence", "float16").bound == 0.01  # informational: shown, decides nothing
+    assert not scale_for(th, "kl_divergence", "float16").decides
+    assert scale_for(th, "kl_divergence", "float32").bound is None  # no bound: none invented
+    assert scale_for(th, VERDICT, "float16").bound == 1.0
     assert severity(0.99, "cosine_similarity", 0.99) == pytest.approx(1.0)
     assert severity(1.0, "cosine_similarity", 0.99) == 0.0
     assert severity(0.1, "kl_divergence", 0.05) == pytest.approx(2.0)
@@ -164,8 +170,12 @@ def test_bad_catalogs_give_one_line_errors(tmp_path: Path) -> None:
         Explorer(tmp_path)
     junk = tmp_path / "junk.duckdb"
     junk.write_bytes(b"hello, not a database" * 100)
-    with pytest.raises(ExploreError, match="cannot open"):
+    with pytest.raises(ExploreError, match="not a DuckDB catalog"):
         Explorer(junk)
+    csv = tmp_path / "x.csv"
+    csv.write_text("a,b\n1,2\n")
+    with pytest.raises(ExploreError, match=r"x\.csv: not a DuckDB catalog \(wb open takes"):
+        Explorer(csv)
     plain = tmp_path / "plain.duckdb"
     con = duckdb.connect(str(plain))
     con.execute("CREATE TABLE x (a INT)")
@@ -198,15 +208,14 @@ def test_explore_is_headless() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_tensor_diff_in_chunks_matches_one_pass(small_catalog: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import workbench.analysis.explore as explore
+def test_tensor_diff_in_chunks_matches_one_pass(small_catalog: Path) -> None:
+    from workbench.analysis.tensor_diff import tensor_diff
 
     ex = Explorer(small_catalog)
     try:
         pair = ex.pair_detail(DEFECT_ID, 3).pairs[0]
         whole = ex.tensor_diff(pair, k=5)
-        monkeypatch.setattr(explore, "DIFF_CHUNK", 3)  # 16 elements -> 6 chunks
-        chunked = ex.tensor_diff(pair, k=5)
+        chunked = tensor_diff(pair, k=5, chunk=3)  # 16 elements -> 6 chunks
         assert chunked.top == whole.top and chunked.hist_counts == whole.hist_counts
         assert chunked.hist_edges == whole.hist_edges and chunked.exact == whole.exact
         g = np.load(pair.golden["path"]).astype(np.float64).ravel()
@@ -214,3 +223,76 @@ def test_tensor_diff_in_chunks_matches_one_pass(small_catalog: Path, monkeypatch
         assert [e for *_, e in whole.top] == pytest.approx(sorted(np.abs(g - t), reverse=True)[:5])
     finally:
         ex.close()
+
+
+def test_pre_and_post_rows_drill_into_their_own_ops(demo_catalog: Path) -> None:
+    """`pre` holds the ops before the first layer, `post` those after the last: each drills into its own."""
+    ex = Explorer(demo_catalog)
+    try:
+        hm = ex.heatmap()
+        assert hm.row_labels[0] == "pre" and hm.row_labels[-1] == "post"
+        assert hm.row_layers[0] == PRE and hm.row_layers[-1] == POST
+        pre, post = ex.heatmap(VERDICT, PRE), ex.heatmap(VERDICT, POST)
+        assert "embed_tokens" in pre.row_labels and "lm_head" in post.row_labels
+        assert not set(pre.row_nodes) & set(post.row_nodes)
+        names = {r.node_id: r.name for r in ex.tree_rows("golden")}
+        pre_pick = ex.worst_node(1, PRE)
+        post_pick = ex.worst_node(1, POST)
+        assert pre_pick in pre.row_nodes and "norm" not in names[pre_pick]  # never root.model.norm
+        assert post_pick in post.row_nodes
+        assert ex.group_of(post_pick) == POST and ex.group_of(pre_pick) == PRE
+    finally:
+        ex.close()
+
+
+def test_verdict_colouring_is_the_worst_verdict_severity(small_catalog: Path) -> None:
+    ex = Explorer(small_catalog)
+    try:
+        hm = ex.heatmap(VERDICT)
+        cos, euc = ex.heatmap("cosine_similarity"), ex.heatmap("relative_euclidean_distance")
+        expect = np.fmax(
+            severity_array(cos.values, "cosine_similarity", 0.99),
+            severity_array(euc.values, "relative_euclidean_distance", 0.05),
+        )
+        np.testing.assert_allclose(hm.values, expect)
+        # a failing cell is beyond the bound (severity > 1) and a passing one within it
+        assert (hm.values[hm.failed & ~hm.nan_inf] > 1).all()
+        status = ex.node_status(2, VERDICT)
+        assert status[DEFECT_ID].worst is not None and status[DEFECT_ID].worst > 1
+    finally:
+        ex.close()
+
+
+def test_decode_only_ops_are_listed_and_node_tensors_shown(demo_catalog: Path) -> None:
+    ex = Explorer(demo_catalog)
+    try:
+        unmatched = ex.unmatched("test")
+        decode_only = [u for u in unmatched if u.first_token > 0]
+        assert decode_only, "ops that only run at decode tokens must be pairable too"
+        assert all(u.out_numel is None or u.out_numel > 0 for u in unmatched)
+        node = ex.node_tensors("test", decode_only[0].node_id, 0)
+        assert node.token == decode_only[0].first_token and node.tensors  # shown at a token where it ran
+        assert node.tensors[0].stats["norm"] is not None
+        pairs = ex.node_pairs()
+        assert len(pairs) == len({(p.golden, p.test) for p in pairs})  # one row per pair
+    finally:
+        ex.close()
+
+
+def test_detail_pane_reads_tensors_without_torch(small_catalog: Path) -> None:
+    """The detail pane's histogram and worst elements come from numpy: the app process never imports torch."""
+    code = (
+        "import sys; from workbench.analysis.explore import Explorer; "
+        f"ex = Explorer({str(small_catalog)!r}); d = ex.pair_detail({DEFECT_ID}, 3); "
+        "diff = ex.tensor_diff(d.pairs[0]); assert diff.numel == 16 and diff.top, diff; "
+        "print('torch' in sys.modules); sys.exit(1 if 'torch' in sys.modules else 0)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr

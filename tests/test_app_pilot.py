@@ -74,7 +74,8 @@ async def test_opens_on_first_failing_token_and_moves_tokens(small_catalog: Path
         status = str(screen.query_one("#status", Static).render())
         assert f"error born at: {DEFECT}" in status
         heat = screen.query_one(HeatmapView)
-        assert heat.has_focus and heat.cursor == (0, 1)
+        assert heat.has_focus and heat.cursor == (2, 1)  # on the born op's layer (L1) at its token
+        assert screen.selected == DEFECT_ID  # the born op is selected at start-up
         await pilot.press("left")
         await wait_for(pilot, lambda: screen.token == 0 and screen.born_id is None and bool(screen.status))
         golden, _ = trees(screen)
@@ -84,7 +85,7 @@ async def test_opens_on_first_failing_token_and_moves_tokens(small_catalog: Path
         await pilot.press("left_square_bracket")
         await wait_for(pilot, lambda: screen.token == 1)
         await pilot.press("down", "down")
-        assert heat.cursor == (2, 1)
+        assert heat.cursor == (4, 1)
 
 
 async def test_enter_drills_into_a_layer_and_selects_the_op_everywhere(small_catalog: Path) -> None:
@@ -92,7 +93,7 @@ async def test_enter_drills_into_a_layer_and_selects_the_op_everywhere(small_cat
     async with app.run_test(size=SIZE) as pilot:
         screen = await ready(pilot, app)
         heat = screen.query_one(HeatmapView)
-        await pilot.press("down", "down", "right", "enter")  # layer 1, token 2
+        await pilot.press("right", "enter")  # layer 1 (where the cursor starts), token 2
         await wait_for(pilot, lambda: screen.drill_layer == 1 and screen.selected == DEFECT_ID)
         await pilot.app.workers.wait_for_complete()
         await pilot.pause()
@@ -121,6 +122,7 @@ async def test_linked_selection_next_failing_and_born(small_catalog: Path) -> No
         screen = await ready(pilot, app)
         golden, test = trees(screen)
         golden.focus()
+        await pilot.press("home")
         await pilot.press("n")  # first failing node in execution order at token 1
         await wait_for(pilot, lambda: screen.selected is not None)
         first = cursor_id(golden)
@@ -158,9 +160,14 @@ async def test_colour_toggle_and_metric_cycle(small_catalog: Path) -> None:
         assert st.worst == pytest.approx(st.added_error)  # coloured by the error the op adds
         assert "added error" in str(screen.query_one("#status", Static).render())
         heat = screen.query_one(HeatmapView)
-        await pilot.press("m")
-        await wait_for(pilot, lambda: heat.data is not None and heat.data.metric == "relative_euclidean_distance")
-        assert "rel. euclid ≤ 0.05 passes" in str(screen.query_one("#legend", Static).render())
+        assert heat.data is not None and heat.data.metric == "verdict"  # coloured by the verdict by default
+        legend = str(screen.query_one("#legend", Static).render())
+        assert "worst of cosine ≥ 0.99, rel euclid ≤ 0.05" in legend
+        for _ in range(6):
+            await pilot.press("m")
+            await wait_for(pilot, lambda: heat.data is not None and heat.data.metric == screen.metric)
+        assert heat.data.metric == "relative_euclidean_distance"
+        assert "rel euclid ≤ 0.05 passes" in str(screen.query_one("#legend", Static).render())
 
 
 async def test_mapping_editor_pairs_unpairs_and_saves(small_catalog: Path, tmp_path: Path) -> None:
@@ -312,7 +319,7 @@ async def test_mouse_click_moves_the_heatmap_cursor(small_catalog: Path) -> None
         screen = await ready(pilot, app)
         heat = screen.query_one(HeatmapView)
         gutter = heat._gutter
-        await pilot.click(HeatmapView, offset=(gutter + 2 * 3, 1 + 3))  # token 3, row L2
+        await pilot.click(HeatmapView, offset=(gutter + heat.cell_w * 3, 1 + 3))  # token 3, row L2
         await wait_for(pilot, lambda: screen.token == 3)
         assert heat.cursor == (3, 3)
 

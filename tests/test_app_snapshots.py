@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from textual.widgets import OptionList, TextArea
+import pytest
+from textual.widgets import Input, OptionList, TextArea
 
 from tests.conftest_app import SIZE
 from tests.test_app_pilot import ready, wait_for
@@ -54,7 +55,7 @@ def test_snapshot_drilled_op_detail(snap_compare, small_catalog_master: Path) ->
 
     async def before(pilot) -> None:  # type: ignore[no-untyped-def]
         screen = await ready(pilot, app)
-        await pilot.press("down", "down", "right", "enter")
+        await pilot.press("right", "enter")  # the cursor starts on the born op's layer (L1)
         await wait_for(pilot, lambda: screen.drill_layer == 1 and screen.selected is not None)
         await pilot.app.workers.wait_for_complete()
         await pilot.pause(0.2)
@@ -88,6 +89,8 @@ def test_snapshot_mapping_editor(snap_compare, small_catalog_master: Path) -> No
                 and app.screen.query_one("#golden-list", OptionList).option_count > 0
             ),
         )
+        for field in app.screen.query(Input):  # focus starts in the filter: no blinking cursor in the picture
+            field.cursor_blink = False
         await pilot.pause(0.2)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=before)
@@ -134,3 +137,16 @@ def test_snapshot_bad_input(snap_compare) -> None:  # type: ignore[no-untyped-de
         await pilot.pause(0.1)
 
     assert snap_compare(app, terminal_size=(100, 20), run_before=before)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 30), (200, 50)], ids=["80x24", "120x30", "200x50"])
+def test_snapshot_demo_sizes(snap_compare, demo_catalog: Path, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+    """The layout sized to the data and the terminal: every heatmap row visible, the detail pane growing."""
+    app = main_app(demo_catalog)
+
+    async def before(pilot) -> None:  # type: ignore[no-untyped-def]
+        await ready(pilot, app)
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause(0.3)
+
+    assert snap_compare(app, terminal_size=size, run_before=before)

@@ -106,12 +106,29 @@ TORCH_DEFECTS: dict[str, tuple[str, Callable[[Any], str]]] = {
 }
 
 
+STACKS = ("atb", "torch")
+
+
 def available_defects(stack: str) -> dict[str, str]:
+    """Defect name -> one-line description, for one test stack."""
     if stack == "torch":
         return {k: v[0] for k, v in TORCH_DEFECTS.items()}
-    from workbench.backends.demo import atb_defects
+    from workbench.backends.defects import DEFECT_KINDS
 
-    return atb_defects()
+    return dict(DEFECT_KINDS)
+
+
+def check_choice(stack: str, defect: str | None) -> None:
+    """Refuse an unknown stack or a defect the stack cannot plant (before any work); ValueError says which."""
+    if stack not in STACKS:
+        raise ValueError(f"--stack {stack!r}: expected one of {', '.join(STACKS)}")
+    if defect is None:
+        return
+    known = available_defects(stack)
+    if defect not in known:
+        other = [s for s in STACKS if s != stack and defect in available_defects(s)]
+        hint = f" ({defect!r} is a defect of --stack {other[0]})" if other else ""
+        raise ValueError(f"--defect {defect!r}: --stack {stack} plants one of {', '.join(known)}{hint}")
 
 
 def _dump_torch(model: Any, dump_path: Path, prompt: torch.Tensor, follow: Path | None) -> tuple[Path, list[int]]:
@@ -136,8 +153,7 @@ def make_demo(
     """Build, run and dump the demo into `out` (replacing an earlier demo there); returns what to compare."""
     from workbench.dump import seed_all
 
-    if stack not in ("atb", "torch"):
-        raise ValueError(f"--stack {stack!r}: expected atb or torch")
+    check_choice(stack, defect)
     out = Path(out)
     for sub in ("golden", "test"):
         if (out / sub).exists():

@@ -1,284 +1,74 @@
 """Read-only SQL the workbench app needs: trees, per-token node status, heatmaps, pair detail, SQL console.
 
-Headless on purpose (no Textual import): the app's thread workers call these methods and post
-the results as messages. Everything shown comes from SQL aggregates (`node_results`); tensors
-are read only for the one pair shown in the detail pane (histogram and top-k worst elements).
-Each call takes its own cursor of one read-only connection, so workers on several threads can
-query at once.
+Headless on purpose (no Textual, no torch import): the app's thread workers call these methods and
+post the results (`analysis.views`) as messages. Everything shown comes from SQL aggregates
+(`node_results`); tensors are read only for the one pair shown in the detail pane
+(`analysis.tensor_diff`). Colours are severities (`analysis.severity`) against the comparison's own
+thresholds. Each call takes its own cursor of one read-only connection, so workers on several
+threads can query at once.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import duckdb
 import numpy as np
 
+from workbench.analysis.severity import VERDICT, colouring, severity, severity_array, verdict_columns
+from workbench.analysis.tensor_diff import tensor_diff
 from workbench.analysis.token_view import StripCell, strip_cells
+from workbench.analysis.views import (
+    ComparisonInfo,
+    ComparisonSummary,
+    ExploreError,
+    Heatmap,
+    NodePair,
+    NodeStatus,
+    NodeTensors,
+    PairDetail,
+    PairRow,
+    ResultSet,
+    Side,
+    TensorDiff,
+    TensorStats,
+    TreeRow,
+    Unmatched,
+)
+from workbench.compare.thresholds import Thresholds
+from workbench.core.metrics import ALL_METRICS, BY_NAME
 
-Side = Literal["golden", "test"]
+__all__ = ["POST", "PRE", "ExploreError", "Explorer", "connect_read_only"]
 
-# Heatmap / tree colouring metrics: node_results column, label, better direction.
-# `higher_is_better` metrics (cosine) fail below their bound; the others fail above it.
-METRICS: dict[str, tuple[str, str, bool]] = {
-    "cosine_similarity": ("min_cosine", "cosine", True),
-    "relative_euclidean_distance": ("max_rel_euclid", "rel. euclid", False),
-    "kl_divergence": ("max_kl", "KL", False),
-    "max_relative_error": ("max_rel_err", "max rel err", False),
-    "mean_relative_error": ("mean_rel_err", "mean rel err", False),
-    "max_absolute_error": ("max_abs_err", "max abs err", False),
-    "added_error": ("added_error", "added error", False),
-}
-# Bounds used for colouring when the comparison stores none for a metric (docs/metrics.md defaults).
-DEFAULT_BOUNDS: dict[str, float] = {
-    "cosine_similarity": 0.99,
-    "relative_euclidean_distance": 0.05,
-    "kl_divergence": 0.005,
-    "max_relative_error": 0.5,
-    "mean_relative_error": 0.05,
-    "max_absolute_error": 1.0,
-    "added_error": 0.02,
-}
-MAX_DETAIL_ELEMENTS = 256 * 1024 * 1024  # refuse to load a pair bigger than this (elements per side)
-DIFF_CHUNK = 4 * 1024 * 1024  # elements per chunk when computing the error distribution
-HIST_EDGES = np.arange(-12.0, 6.5, 0.5)  # log10 |error| bins: half decades from 1e-12 to 1e6
-
-
-class ExploreError(Exception):
-    """A catalog the app cannot show; the message is one line naming the file."""
+# heatmap row groups outside the decoder layers (layers are numbered from 0)
+PRE = -1  # ops before the first layer
+POST = 1_000_000_000  # ops after the last layer
+DUCKDB_MAGIC = b"DUCK"  # bytes 8-11 of every DuckDB database file
+STAT_COLUMNS = ("dtype", "shape", "min", "max", "mean", "std", "norm", "nan_count", "inf_count", "path")
 
 
-@dataclass(frozen=True, slots=True)
-class ComparisonInfo:
-    """The comparison shown: runs, thresholds, tokens and size."""
-
-    cmp_id: int
-    golden_run: int
-    test_run: int
-    golden_path: str
-    test_path: str
-    golden_kind: str
-    test_kind: str
-    thresholds: dict[str, Any]
-    tokens: list[int]
-    n_pairs: int
-    comparisons: list[int]
-    test_dtype: str | None = None
-
-    def bound(self, metric: str) -> float:
-        """Pass/fail bound of a colouring metric for the test dtype (stored thresholds, else a default)."""
-        return bound_from_thresholds(self.thresholds, metric, self.test_dtype)
+def info_verdict_columns(info: ComparisonInfo) -> list[tuple[str, str, float]]:
+    """(metric, node_results column, bound) of the comparison's verdict metrics for its test dtype."""
+    return verdict_columns(info.thresholds, info.test_dtype)
 
 
-@dataclass(frozen=True, slots=True)
-class TreeRow:
-    """One topology node as the trees show it."""
-
-    node_id: int
-    name: str
-    type: str
-    parent_id: int | None
-    depth: int
-    exec_order: int | None
-    layer: int | None
-    shape: str
-    counterpart: int | None  # matched node on the other side
-    has_tensors: bool
-
-    @property
-    def short_name(self) -> str:
-        for sep in (".", "/"):
-            if sep in self.name:
-                return self.name.rsplit(sep, 1)[-1]
-        return self.name
-
-
-@dataclass(frozen=True, slots=True)
-class NodeStatus:
-    """A golden node's roll-up for one token (from `node_results`)."""
-
-    node_id: int
-    counterpart: int | None
-    passed: bool | None
-    worst: float | None  # value of the colouring metric
-    added_error: float | None
-    has_nan_inf: bool
-    born: bool
-
-
-@dataclass(slots=True)
-class Heatmap:
-    """Rows (layers, or ops of one layer) x tokens of one metric, plus failing and NaN/Inf marks."""
-
-    metric: str
-    layer: int | None  # None: one row per layer; else one row per op of this layer
-    row_labels: list[str]
-    row_nodes: list[int | None]  # golden node id per row (op rows), None for layer rows
-    row_layers: list[int | None]
-    tokens: list[int]
-    values: np.ndarray  # float64 [rows, tokens], NaN where nothing was compared
-    failed: np.ndarray  # bool [rows, tokens]
-    nan_inf: np.ndarray  # bool [rows, tokens]
-
-
-@dataclass(frozen=True, slots=True)
-class PairRow:
-    """One compared tensor pair of the selected node and token."""
-
-    pair_id: int
-    io: str
-    golden_index: int
-    test_index: int
-    metrics: dict[str, float | None]
-    failed_metrics: list[str]
-    passed: bool | None
-    golden: dict[str, Any]  # dtype, shape, min, max, mean, std, norm, nan, inf, path
-    test: dict[str, Any]
-    fail_reason: str | None
-
-
-@dataclass(slots=True)
-class TensorDiff:
-    """Error distribution and worst elements of one pair, read from its two tensor files."""
-
-    pair_id: int
-    numel: int
-    hist_edges: list[float]  # log10(|error|) bin edges
-    hist_counts: list[int]
-    exact: int  # elements with zero error
-    nonfinite: int
-    top: list[tuple[tuple[int, ...], float, float, float]]  # index, golden, test, abs error
-    error: str | None = None
-
-
-@dataclass(slots=True)
-class PairDetail:
-    """Everything the detail pane shows for a golden node at a token."""
-
-    node_id: int
-    token: int
-    golden_name: str
-    golden_type: str
-    test_name: str | None
-    test_type: str | None
-    pairs: list[PairRow]
-    born_name: str | None  # verdict for this token
-    born_here: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Unmatched:
-    """A node with tensors and no counterpart."""
-
-    node_id: int
-    name: str
-    type: str
-    layer: int | None
-    exec_order: int | None
-    outs: int
-    ins: int
-
-
-@dataclass(frozen=True, slots=True)
-class NodePair:
-    """A current node-level pair (what the mapping editor can unpair)."""
-
-    golden: str
-    test: str
-    method: str
-
-
-@dataclass(slots=True)
-class ResultSet:
-    """A SQL console result: columns, at most `limit` rows, and whether more existed."""
-
-    columns: list[str]
-    rows: list[tuple[Any, ...]]
-    truncated: bool
-    elapsed_ms: float = 0.0
-    types: list[str] = field(default_factory=list)
-
-
-def bound_from_thresholds(thresholds: dict[str, Any], metric: str, dtype: str | None = None) -> float:
-    """A metric's bound in a comparison's thresholds JSON (`[dtype.X]` tables of thresholds.toml).
-
-    The table of `dtype` is used, else the one of `default_dtype`; other layouts are searched for the
-    metric name; the documented default applies when the metric has no bound.
-    """
-    tables = thresholds.get("dtype")
-    if isinstance(tables, dict) and tables:
-        for key in (dtype, thresholds.get("default_dtype"), "float32"):
-            table = tables.get(key) if isinstance(key, str) else None
-            if isinstance(table, dict) and metric in table:
-                value = _bound_value(table[metric])
-                if value is not None:
-                    return value
-        return DEFAULT_BOUNDS.get(metric, 1.0)
-    found: list[tuple[int, float]] = []
-
-    def walk(obj: Any, path: tuple[str, ...]) -> None:
-        if isinstance(obj, dict):
-            for k, v in obj.items():
-                if k == metric:
-                    val = _bound_value(v)
-                    if val is not None:
-                        score = 2 if dtype and dtype in path else (1 if not any(p in _DTYPES for p in path) else 0)
-                        found.append((score, val))
-                else:
-                    walk(v, (*path, str(k)))
-
-    walk(thresholds, ())
-    if found:
-        return max(found, key=lambda x: x[0])[1]
-    return DEFAULT_BOUNDS.get(metric, 1.0)
-
-
-_DTYPES = ("float16", "bfloat16", "float32", "float64", "fp16", "bf16", "fp32")
-
-
-def _bound_value(v: Any) -> float | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, dict):
-        for key in ("min", "max", "bound", "threshold", "value", "limit"):
-            if isinstance(v.get(key), (int, float)) and not isinstance(v.get(key), bool):
-                return float(v[key])
-    return None
-
-
-def severity(value: float, metric: str, bound: float) -> float:
-    """Error severity of a value: 0 perfect, 1 at the pass/fail bound, >1 failing; NaN stays NaN."""
-    if value is None or math.isnan(value):
-        return math.nan
-    higher_better = METRICS.get(metric, ("", "", False))[2]
-    if higher_better:
-        gap = max(1.0 - bound, 1e-12)
-        return max(0.0, (1.0 - value) / gap)
-    if bound <= 0:
-        return 0.0 if value <= 0 else math.inf
-    return max(0.0, value / bound)
-
-
-def severity_array(values: np.ndarray, metric: str, bound: float) -> np.ndarray:
-    """`severity` over an array (NaN stays NaN)."""
-    v = np.asarray(values, dtype=np.float64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        if METRICS.get(metric, ("", "", False))[2]:
-            out = (1.0 - v) / max(1.0 - bound, 1e-12)
-        elif bound <= 0:
-            out = np.where(v <= 0, 0.0, np.inf)
-            out[np.isnan(v)] = np.nan
-        else:
-            out = v / bound
-    return np.where(np.isnan(out), np.nan, np.maximum(out, 0.0))
+def _stored_thresholds(text: Any) -> tuple[Thresholds, str | None]:
+    """The thresholds stored with a comparison; the package defaults (and why) when they cannot be read."""
+    if not text:
+        return Thresholds.load(), "no thresholds stored with this comparison: package defaults shown"
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("not a table")
+        return Thresholds.from_dict(data, "stored thresholds"), None
+    except (TypeError, ValueError) as exc:
+        return Thresholds.load(), f"stored thresholds unreadable ({str(exc)[:80]}): package defaults shown"
 
 
 def connect_read_only(catalog: str | Path) -> duckdb.DuckDBPyConnection:
@@ -286,8 +76,23 @@ def connect_read_only(catalog: str | Path) -> duckdb.DuckDBPyConnection:
     from workbench.catalog import CatalogError
     from workbench.catalog.readonly import connect_read_only as confined
 
+    p = Path(catalog)
+    if not p.exists():
+        raise ExploreError(f"{p}: catalog not found")
+    if p.is_dir():
+        raise ExploreError(f"{p}: is a folder, not a catalog file")
     try:
-        return confined(catalog)
+        with p.open("rb") as f:
+            head = f.read(12)
+    except OSError as exc:
+        raise ExploreError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    if head[8:12] != DUCKDB_MAGIC:
+        raise ExploreError(
+            f"{p}: not a DuckDB catalog (wb open takes a catalog.duckdb written by `wb compare`, its folder, or two "
+            "dump folders)"
+        )
+    try:
+        return confined(p)
     except CatalogError as exc:
         raise ExploreError(str(exc)) from None
 
@@ -347,10 +152,7 @@ class Explorer:
             "WHERE c.cmp_id = ?",
             [cmp_id],
         )[0]
-        try:
-            thresholds = json.loads(row[2]) if row[2] else {}
-        except (TypeError, ValueError):
-            thresholds = {}
+        thresholds, note = _stored_thresholds(row[2])
         # error_born has one row per compared token: far smaller than node_results
         tokens = [
             int(r[0])
@@ -380,11 +182,12 @@ class Explorer:
             str(row[5] or "?"),
             str(row[4] or "?"),
             str(row[6] or "?"),
-            thresholds if isinstance(thresholds, dict) else {},
+            thresholds,
             tokens,
             n_pairs,
             ids,
             str(dt[0][0]) if dt else None,
+            note,
         )
 
     def logits_strip(self) -> list[StripCell]:
@@ -399,18 +202,22 @@ class Explorer:
         return self.info.golden_run if side == "golden" else self.info.test_run
 
     # ------------------------------------------------------------------ trees
+    # ------------------------------------------------------------------ trees
     def tree_rows(self, side: Side) -> list[TreeRow]:
-        """Every node of one side in execution order, with its output shape and counterpart."""
+        """Every node of one side in execution order, with its output shape and counterpart.
+
+        `has_tensors` counts every token (a decode-only op has none at the first token); the shape is
+        the first output's at the first token the node has tensors at.
+        """
         run = self.run_id(side)
         me, other = ("golden_node_id", "test_node_id") if side == "golden" else ("test_node_id", "golden_node_id")
-        first_token = self.info.tokens[0] if self.info.tokens else 0
         rows = self._rows(
             f"""
             WITH shapes AS (
-                SELECT node_id, arg_min(shape, idx) AS shape, count(*) AS n
-                FROM tensors WHERE run_id = ? AND token_id = ? AND io = 'out' GROUP BY node_id
+                SELECT node_id, arg_min(shape, token_id * 1000000 + idx) AS shape
+                FROM tensors WHERE run_id = ? AND io = 'out' GROUP BY node_id
             ), anyt AS (
-                SELECT DISTINCT node_id FROM tensors WHERE run_id = ? AND token_id = ?
+                SELECT DISTINCT node_id FROM tensors WHERE run_id = ?
             ), cp AS (
                 SELECT {me} AS node_id, min({other}) AS counterpart FROM node_matches
                 WHERE cmp_id = ? GROUP BY {me}
@@ -423,7 +230,7 @@ class Explorer:
             LEFT JOIN cp USING (node_id)
             WHERE n.run_id = ?
             ORDER BY n.exec_order NULLS LAST, n.node_id""",
-            [run, first_token, run, first_token, self.info.cmp_id, run],
+            [run, run, self.info.cmp_id, run],
         )
         return [
             TreeRow(
@@ -441,31 +248,47 @@ class Explorer:
             for r in rows
         ]
 
-    def node_status(self, token: int, metric: str) -> dict[int, NodeStatus]:
-        """Per golden node roll-up at one token, coloured by `metric` (a key of METRICS)."""
-        col = METRICS[metric][0]
+    def node_status(self, token: int, colour_by: str = VERDICT) -> dict[int, NodeStatus]:
+        """Per golden node roll-up at one token; `worst` is the value of a colouring (see `severity`)."""
+        info = self.info
+        if colour_by == VERDICT:
+            cols = info_verdict_columns(info)
+            expr = ", ".join(c for _, c, _ in cols) or "NULL"
+        else:
+            expr = colouring(colour_by).column or "NULL"
         rows = self._rows(
-            f"SELECT golden_node_id, test_node_id, passed, {col}, added_error, coalesce(has_nan_inf, false), "
-            "coalesce(born, false) FROM node_results WHERE cmp_id = ? AND token_id = ?",
-            [self.info.cmp_id, token],
+            f"SELECT golden_node_id, test_node_id, passed, added_error, coalesce(has_nan_inf, false), "
+            f"coalesce(born, false), {expr} FROM node_results WHERE cmp_id = ? AND token_id = ?",
+            [info.cmp_id, token],
         )
-        return {
-            int(r[0]): NodeStatus(
-                int(r[0]), None if r[1] is None else int(r[1]), r[2], _f(r[3]), _f(r[4]), bool(r[5]), bool(r[6])
+        out: dict[int, NodeStatus] = {}
+        for r in rows:
+            if colour_by == VERDICT:
+                sevs = [severity(_f(v), m, b) for (m, _, b), v in zip(cols, r[6:])]
+                finite = [s for s in sevs if not math.isnan(s)]
+                worst: float | None = max(finite) if finite else None
+            else:
+                worst = _f(r[6])
+            out[int(r[0])] = NodeStatus(
+                int(r[0]), None if r[1] is None else int(r[1]), r[2], worst, _f(r[3]), bool(r[4]), bool(r[5])
             )
-            for r in rows
-        }
+        return out
 
     def born(self, token: int) -> tuple[int | None, int | None]:
         """(golden node id, test node id) where the error is born at `token` (None when all passes)."""
+        g, t, _ = self.born_evidence(token)
+        return g, t
+
+    def born_evidence(self, token: int) -> tuple[int | None, int | None, str | None]:
+        """The verdict at `token`: golden node, the test op pinned down (precheck), and the evidence."""
         rows = self._rows(
-            "SELECT golden_node_id, test_node_id FROM error_born WHERE cmp_id = ? AND token_id = ?",
+            "SELECT golden_node_id, test_node_id, evidence FROM error_born WHERE cmp_id = ? AND token_id = ?",
             [self.info.cmp_id, token],
         )
         if not rows:
-            return None, None
-        g, t = rows[0]
-        return (None if g is None else int(g)), (None if t is None else int(t))
+            return None, None, None
+        g, t, ev = rows[0]
+        return (None if g is None else int(g)), (None if t is None else int(t)), (None if not ev else str(ev))
 
     def born_all(self) -> dict[int, str | None]:
         """token -> golden op name where the error is born."""
@@ -479,92 +302,136 @@ class Explorer:
         }
 
     # ------------------------------------------------------------------ heatmap
-    def heatmap(self, metric: str, layer: int | None = None) -> Heatmap:
-        """Token x layer (or token x op of one layer) aggregate of `metric` from node_results."""
-        col = METRICS[metric][0]
-        higher_better = METRICS[metric][2]
-        agg = f"min(r.{col})" if higher_better else f"max(r.{col})"
-        tokens = self.info.tokens
-        cmp_id, grun = self.info.cmp_id, self.info.golden_run
-        if layer is None:
-            # rows: "pre" (nodes before the first layer), each layer, "post" (after the last one)
-            bounds = self._rows(
-                "SELECT min(exec_order), max(exec_order) FROM nodes WHERE run_id = ? AND layer IS NOT NULL", [grun]
-            )[0]
-            lo = bounds[0] if bounds[0] is not None else 0
-            rows = self._numpy(
-                f"""
-                SELECT CASE WHEN n.layer IS NOT NULL THEN n.layer
-                            WHEN coalesce(n.exec_order, 0) < ? THEN -1 ELSE 1000000000 END AS k,
-                       r.token_id AS tok, {agg} AS val, sum(coalesce(r.out_failed, 0)) > 0 AS fail,
-                       bool_or(coalesce(r.has_nan_inf, false)) AS nan
-                FROM node_results r JOIN nodes n ON n.run_id = ? AND n.node_id = r.golden_node_id
-                WHERE r.cmp_id = ? AND n.parent_id IS NOT NULL
-                GROUP BY 1, 2""",
-                [lo, grun, cmp_id],
-            )
-            keys = sorted({int(x) for x in np.unique(rows["k"])})
-            labels = [("pre" if k == -1 else "post" if k == 1_000_000_000 else f"L{k}") for k in keys]
-            row_nodes: list[int | None] = [None] * len(keys)
-            row_layers: list[int | None] = [None if k in (-1, 1_000_000_000) else k for k in keys]
+    def _first_layer_order(self) -> int:
+        """Execution order of the first node in a layer: nodes outside layers before it are `pre`."""
+        lo = self._rows(
+            "SELECT min(exec_order) FROM nodes WHERE run_id = ? AND layer IS NOT NULL", [self.info.golden_run]
+        )[0][0]
+        return int(lo) if lo is not None else 0
+
+    def _group_sql(self, group: int | None) -> tuple[str, list[Any]]:
+        """SQL condition on `n` for a heatmap row group: a layer, PRE (before the layers) or POST (after)."""
+        if group is None:
+            return "n.layer IS NULL", []
+        if group == PRE:
+            return "n.layer IS NULL AND coalesce(n.exec_order, 0) < ?", [self._first_layer_order()]
+        if group == POST:
+            return "n.layer IS NULL AND coalesce(n.exec_order, 0) >= ?", [self._first_layer_order()]
+        return "n.layer = ?", [group]
+
+    def _cells(
+        self, key_sql: str, where: str, params: list[Any], colour_by: str, key_params: Sequence[Any] = ()
+    ) -> dict[str, np.ndarray]:
+        """(key, token) aggregates: the colouring's worst value, any failed output, any NaN/Inf."""
+        info = self.info
+        if colour_by == VERDICT:
+            cols = info_verdict_columns(info)
+            aggs = [
+                f"{'min' if BY_NAME[m].higher_is_better else 'max'}(r.{c}) AS v{i}" for i, (m, c, _) in enumerate(cols)
+            ] or ["NULL AS v0"]
         else:
-            nodes = self._rows(
-                "SELECT node_id, name FROM nodes WHERE run_id = ? AND layer = ? ORDER BY exec_order NULLS LAST, "
-                "node_id",
-                [grun, layer],
+            c = colouring(colour_by)
+            aggs = [f"{'min' if c.higher_is_better else 'max'}(r.{c.column}) AS v0"]
+        res = self._numpy(
+            f"""
+            SELECT {key_sql} AS k, r.token_id AS tok, {", ".join(aggs)},
+                   sum(coalesce(r.out_failed, 0)) > 0 AS fail, bool_or(coalesce(r.has_nan_inf, false)) AS nan
+            FROM node_results r JOIN nodes n ON n.run_id = ? AND n.node_id = r.golden_node_id
+            WHERE r.cmp_id = ? AND n.parent_id IS NOT NULL AND {where}
+            GROUP BY 1, 2""",
+            [*key_params, info.golden_run, info.cmp_id, *params],
+        )
+        if colour_by == VERDICT:
+            sev = [
+                severity_array(np.ma.filled(np.ma.asarray(res[f"v{i}"]).astype(np.float64), np.nan), m, b)
+                for i, (m, _, b) in enumerate(cols)
+            ]
+            if sev:
+                stacked = np.vstack(sev)
+                with np.errstate(invalid="ignore"):
+                    all_nan = np.all(np.isnan(stacked), axis=0)
+                    val = np.where(all_nan, np.nan, np.nanmax(np.where(np.isnan(stacked), -1.0, stacked), axis=0))
+            else:
+                val = np.full(res["k"].shape, np.nan)
+            res["val"] = val
+        else:
+            res["val"] = np.ma.filled(np.ma.asarray(res["v0"]).astype(np.float64), np.nan)
+        return res
+
+    def heatmap(self, colour_by: str = VERDICT, layer: int | None = None) -> Heatmap:
+        """Token x layer (`layer` None) or token x op of one row group (a layer, PRE or POST) of a colouring."""
+        tokens = self.info.tokens
+        grun = self.info.golden_run
+        if layer is None:
+            lo = self._first_layer_order()
+            key_sql = "CASE WHEN n.layer IS NOT NULL THEN n.layer WHEN coalesce(n.exec_order, 0) < ? THEN ? ELSE ? END"
+            cells = self._cells(key_sql, "true", [], colour_by, [lo, PRE, POST])
+            keys = sorted({int(x) for x in np.unique(cells["k"])})
+            keys = (
+                [k for k in keys if k == PRE]
+                + [k for k in keys if k not in (PRE, POST)]
+                + [k for k in keys if k == POST]
             )
-            has = {
-                int(r[0])
-                for r in self._rows(
-                    "SELECT DISTINCT r.golden_node_id FROM node_results r JOIN nodes n ON n.run_id = ? AND "
-                    "n.node_id = r.golden_node_id WHERE r.cmp_id = ? AND n.layer = ?",
-                    [grun, cmp_id, layer],
-                )
-            }
-            nodes = [r for r in nodes if int(r[0]) in has]
+            labels = [("pre" if k == PRE else "post" if k == POST else f"L{k}") for k in keys]
+            row_nodes: list[int | None] = [None] * len(keys)
+            row_layers: list[int | None] = list(keys)
+        else:
+            where, params = self._group_sql(layer)
+            nodes = self._rows(
+                f"SELECT DISTINCT n.node_id, n.name, n.exec_order FROM node_results r JOIN nodes n ON n.run_id = ? "
+                f"AND n.node_id = r.golden_node_id WHERE r.cmp_id = ? AND n.parent_id IS NOT NULL AND {where} "
+                "ORDER BY n.exec_order NULLS LAST, n.node_id",
+                [grun, self.info.cmp_id, *params],
+            )
             keys = [int(r[0]) for r in nodes]
             prefix = _common_prefix([str(r[1]) for r in nodes])
-            labels = [str(r[1])[len(prefix) :] or f"(layer {layer})" for r in nodes]
+            whole = f"(layer {layer})" if layer not in (PRE, POST) else None
+            labels = [str(r[1])[len(prefix) :] or whole or str(r[1]) for r in nodes]
             row_nodes = list(keys)
             row_layers = [layer] * len(keys)
-            rows = self._numpy(
-                f"""
-                SELECT r.golden_node_id AS k, r.token_id AS tok, {agg} AS val,
-                       sum(coalesce(r.out_failed, 0)) > 0 AS fail,
-                       bool_or(coalesce(r.has_nan_inf, false)) AS nan
-                FROM node_results r JOIN nodes n ON n.run_id = ? AND n.node_id = r.golden_node_id
-                WHERE r.cmp_id = ? AND n.layer = ? GROUP BY 1, 2""",
-                [grun, cmp_id, layer],
-            )
+            cells = self._cells("r.golden_node_id", where, params, colour_by)
         values = np.full((len(keys), len(tokens)), np.nan)
         failed = np.zeros((len(keys), len(tokens)), dtype=bool)
         nan_inf = np.zeros((len(keys), len(tokens)), dtype=bool)
-        if rows["k"].size and keys:
-            i, ok_i = _positions(np.asarray(keys, dtype=np.int64), np.asarray(rows["k"], dtype=np.int64))
-            j, ok_j = _positions(np.asarray(tokens, dtype=np.int64), np.asarray(rows["tok"], dtype=np.int64))
+        if cells["k"].size and keys:
+            i, ok_i = _positions(np.asarray(keys, dtype=np.int64), np.asarray(cells["k"], dtype=np.int64))
+            j, ok_j = _positions(np.asarray(tokens, dtype=np.int64), np.asarray(cells["tok"], dtype=np.int64))
             ok = ok_i & ok_j
             i, j = i[ok], j[ok]
-            values[i, j] = np.ma.filled(np.ma.asarray(rows["val"]).astype(np.float64), np.nan)[ok]
-            failed[i, j] = np.ma.filled(np.ma.asarray(rows["fail"]), False)[ok]
-            nan_inf[i, j] = np.ma.filled(np.ma.asarray(rows["nan"]), False)[ok]
-        return Heatmap(metric, layer, labels, row_nodes, row_layers, list(tokens), values, failed, nan_inf)
+            values[i, j] = np.asarray(cells["val"], dtype=np.float64)[ok]
+            failed[i, j] = np.ma.filled(np.ma.asarray(cells["fail"]), False)[ok]
+            nan_inf[i, j] = np.ma.filled(np.ma.asarray(cells["nan"]), False)[ok]
+        return Heatmap(colour_by, layer, labels, row_nodes, row_layers, list(tokens), values, failed, nan_inf)
 
-    def worst_node(self, token: int, layer: int | None, metric: str) -> int | None:
-        """The golden node to select for a layer cell: where the error is born in it, else its worst op."""
-        col, _, higher_better = METRICS[metric]
-        order = f"r.{col} ASC NULLS LAST" if higher_better else f"r.{col} DESC NULLS LAST"
-        layer_sql = "n.layer = ?" if layer is not None else "n.layer IS NULL"
-        params: list[Any] = [self.info.golden_run, self.info.cmp_id, token]
-        if layer is not None:
-            params.append(layer)
+    def worst_node(self, token: int, layer: int | None, colour_by: str = VERDICT) -> int | None:
+        """The golden node to select for a row group's cell: where the error is born in it, else its worst op."""
+        where, params = self._group_sql(layer)
+        if colour_by == VERDICT:
+            order = "coalesce(r.out_failed, 0) DESC, r.min_cosine ASC NULLS LAST"
+        else:
+            c = colouring(colour_by)
+            order = f"r.{c.column} {'ASC' if c.higher_is_better else 'DESC'} NULLS LAST"
         rows = self._rows(
             f"SELECT r.golden_node_id FROM node_results r JOIN nodes n ON n.run_id = ? AND "
-            f"n.node_id = r.golden_node_id WHERE r.cmp_id = ? AND r.token_id = ? AND {layer_sql} "
+            f"n.node_id = r.golden_node_id WHERE r.cmp_id = ? AND r.token_id = ? AND {where} "
             f"AND n.parent_id IS NOT NULL ORDER BY coalesce(r.born, false) DESC, n.depth DESC, {order}, "
             "n.exec_order LIMIT 1",
-            params,
+            [self.info.golden_run, self.info.cmp_id, token, *params],
         )
         return int(rows[0][0]) if rows else None
+
+    def group_of(self, golden_node_id: int) -> int | None:
+        """The heatmap row group of a golden node: its layer, PRE or POST (None for the root)."""
+        rows = self._rows(
+            "SELECT layer, exec_order, parent_id FROM nodes WHERE run_id = ? AND node_id = ?",
+            [self.info.golden_run, golden_node_id],
+        )
+        if not rows or rows[0][2] is None:
+            return None
+        layer, order, _ = rows[0]
+        if layer is not None:
+            return int(layer)
+        return PRE if (order or 0) < self._first_layer_order() else POST
 
     # ------------------------------------------------------------------ detail
     def pair_detail(self, golden_node_id: int, token: int) -> PairDetail:
@@ -572,64 +439,65 @@ class Explorer:
         info = self.info
         # the counterpart at this token (node_results), else any match: prefill and decode graphs differ
         names = self._rows(
-            "SELECT g.name, g.type, t.name, t.type FROM nodes g "
+            "SELECT g.name, g.type, t.name, t.type, t.node_id FROM nodes g "
             "LEFT JOIN node_results r ON r.cmp_id = ? AND r.token_id = ? AND r.golden_node_id = g.node_id "
             "LEFT JOIN node_matches m ON m.cmp_id = ? AND m.golden_node_id = g.node_id "
             "LEFT JOIN nodes t ON t.run_id = ? AND t.node_id = coalesce(r.test_node_id, m.test_node_id) "
-            "WHERE g.run_id = ? AND g.node_id = ? LIMIT 1",
+            "WHERE g.run_id = ? AND g.node_id = ? ORDER BY r.test_node_id IS NULL, m.test_node_id LIMIT 1",
             [info.cmp_id, token, info.cmp_id, info.test_run, info.golden_run, golden_node_id],
         )
-        gname, gtype, tname, ttype = names[0] if names else (f"#{golden_node_id}", "", None, None)
-        stat_cols = "dtype, shape, min, max, mean, std, norm, nan_count, inf_count, path"
+        gname, gtype, tname, ttype, tid = names[0] if names else (f"#{golden_node_id}", "", None, None, None)
+        keys = list(STAT_COLUMNS)
+        n_metrics = len(ALL_METRICS)
         rows = self._rows(
             f"""
             SELECT m.pair_id, m.io, gt.idx, tt.idx,
-                   x.cosine_similarity, x.max_relative_error, x.mean_relative_error, x.max_absolute_error,
-                   x.mean_absolute_error, x.kl_divergence, x.relative_euclidean_distance, x.max_ulp_error,
-                   x.snr_db, x.one_thousandth_err_ratio, x.five_thousandths_err_ratio,
+                   {", ".join("x." + c for c in ALL_METRICS)},
                    x.failed_metrics, x.passed, x.cmp_fail_reason,
-                   {", ".join("gt." + c for c in stat_cols.split(", "))},
-                   {", ".join("tt." + c for c in stat_cols.split(", "))},
-                   x.golden_nan_count, x.golden_inf_count, x.my_nan_count, x.my_inf_count
+                   {", ".join("gt." + c for c in keys)},
+                   {", ".join("tt." + c for c in keys)},
+                   x.golden_nan_count, x.golden_inf_count, x.my_nan_count, x.my_inf_count, tt.io, tn.name
             FROM matches m
             JOIN tensors gt ON gt.run_id = ? AND gt.tensor_id = m.golden_tensor_id
             JOIN tensors tt ON tt.run_id = ? AND tt.tensor_id = m.test_tensor_id
+            LEFT JOIN nodes tn ON tn.run_id = tt.run_id AND tn.node_id = tt.node_id
             LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
             WHERE m.cmp_id = ? AND m.golden_node_id = ? AND m.token_id = ?
-            ORDER BY m.io DESC, gt.idx, tt.idx""",
+            ORDER BY m.io DESC, gt.idx, tn.exec_order NULLS LAST, tt.io DESC, tt.idx""",
             [info.golden_run, info.test_run, info.cmp_id, golden_node_id, token],
         )
-        metric_names = (
-            "cosine_similarity",
-            "max_relative_error",
-            "mean_relative_error",
-            "max_absolute_error",
-            "mean_absolute_error",
-            "kl_divergence",
-            "relative_euclidean_distance",
-            "max_ulp_error",
-            "snr_db",
-            "one_thousandth_err_ratio",
-            "five_thousandths_err_ratio",
-        )
-        keys = stat_cols.split(", ")
         pairs = []
+        s0 = 4 + n_metrics + 3
         for r in rows:
-            metrics = {k: _f(v) for k, v in zip(metric_names, r[4:15])}
-            g = dict(zip(keys, r[18:28]))
-            t = dict(zip(keys, r[28:38]))
-            g["nan_count"] = r[38] if r[38] is not None else g["nan_count"]
-            g["inf_count"] = r[39] if r[39] is not None else g["inf_count"]
-            t["nan_count"] = r[40] if r[40] is not None else t["nan_count"]
-            t["inf_count"] = r[41] if r[41] is not None else t["inf_count"]
+            metrics = {k: _f(v) for k, v in zip(ALL_METRICS, r[4 : 4 + n_metrics])}
+            g = dict(zip(keys, r[s0 : s0 + len(keys)]))
+            t = dict(zip(keys, r[s0 + len(keys) : s0 + 2 * len(keys)]))
+            counts = r[s0 + 2 * len(keys) : s0 + 2 * len(keys) + 4]
+            test_io, test_node = r[-2], r[-1]
+            for side, (nan, inf) in ((g, counts[0:2]), (t, counts[2:4])):
+                side["nan_count"] = nan if nan is not None else side["nan_count"]
+                side["inf_count"] = inf if inf is not None else side["inf_count"]
             g["shape"], t["shape"] = _shape_text(g["shape"]), _shape_text(t["shape"])
-            failed = [s.strip() for s in str(r[15] or "").split(",") if s.strip()]
-            pairs.append(PairRow(int(r[0]), str(r[1]), int(r[2]), int(r[3]), metrics, failed, r[16], g, t, r[17]))
-        born_g, _ = self.born(token)
-        born_name = None
-        if born_g is not None:
-            bn = self._rows("SELECT name FROM nodes WHERE run_id = ? AND node_id = ?", [info.golden_run, born_g])
-            born_name = str(bn[0][0]) if bn else None
+            failed = [s.strip() for s in str(r[4 + n_metrics] or "").split(",") if s.strip()]
+            pairs.append(
+                PairRow(
+                    int(r[0]),
+                    str(r[1]),
+                    int(r[2]),
+                    int(r[3]),
+                    metrics,
+                    failed,
+                    r[5 + n_metrics],
+                    g,
+                    t,
+                    r[6 + n_metrics],
+                    str(test_io or ""),
+                    str(test_node or ""),
+                )
+            )
+        born_g, born_t, evidence = self.born_evidence(token)
+        born_name = self._node_name(info.golden_run, born_g)
+        born_test = self._node_name(info.test_run, born_t)
         return PairDetail(
             golden_node_id,
             token,
@@ -640,93 +508,107 @@ class Explorer:
             pairs,
             born_name,
             born_g == golden_node_id,
+            born_test,
+            evidence,
+            None if tid is None else int(tid),
         )
 
+    def _node_name(self, run: int, node_id: int | None) -> str | None:
+        if node_id is None:
+            return None
+        rows = self._rows("SELECT name FROM nodes WHERE run_id = ? AND node_id = ?", [run, node_id])
+        return str(rows[0][0]) if rows else None
+
     def tensor_diff(self, pair: PairRow, k: int = 8) -> TensorDiff:
-        """Histogram of log10|error| and the k worst elements of ONE pair, read from its two files."""
-        import warnings
+        """Histogram of log10|error| and the k worst elements of ONE pair, read from its two files (no torch)."""
+        return tensor_diff(pair, k)
 
-        from workbench.formats.model import DumpError
-        from workbench.formats.tensor_io import load_tensor
+    def node_tensors(self, side: Side, node_id: int, token: int) -> NodeTensors:
+        """One node's own tensors at a token (else at the first token it has any), with their statistics."""
+        run = self.run_id(side)
+        name = self._rows("SELECT name, coalesce(type, '') FROM nodes WHERE run_id = ? AND node_id = ?", [run, node_id])
+        toks = [
+            int(r[0])
+            for r in self._rows(
+                "SELECT DISTINCT token_id FROM tensors WHERE run_id = ? AND node_id = ? ORDER BY 1", [run, node_id]
+            )
+        ]
+        shown = token if token in toks or not toks else toks[0]
+        cols = ", ".join(STAT_COLUMNS)
+        rows = self._rows(
+            f"SELECT io, idx, {cols} FROM tensors WHERE run_id = ? AND node_id = ? AND token_id = ? "
+            "ORDER BY io DESC, idx",
+            [run, node_id, shown],
+        )
+        tensors = []
+        for r in rows:
+            st = dict(zip(STAT_COLUMNS, r[2:]))
+            tensors.append(
+                TensorStats(
+                    str(r[0]),
+                    int(r[1]),
+                    str(st.pop("dtype") or "-"),
+                    _shape_text(st.pop("shape")),
+                    st,
+                    st.pop("path", None),
+                )
+            )
+        n, t = (str(name[0][0]), str(name[0][1])) if name else (f"#{node_id}", "")
+        return NodeTensors(side, node_id, n, t, shown, tensors, toks)
 
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-
-        gpath, tpath = pair.golden.get("path"), pair.test.get("path")
-        if not gpath or not tpath:
-            return TensorDiff(pair.pair_id, 0, [], [], 0, 0, [], "statistics-only dump: no tensor data")
+    # ------------------------------------------------------------------ advisor
+    def advice(self, token: int | None = None, top: int | None = 50) -> tuple[list[Any], str]:
+        """The advisor's ranked suspects (`analysis.advisor.advise`), and a note when there are none."""
+        try:  # the advisor lands separately: the app works without it
+            advise = importlib.import_module("workbench.analysis.advisor").advise
+        except (ImportError, AttributeError):
+            return [], "the advisor is not part of this wb build (workbench.analysis.advisor is missing)"
+        cur = self._cur()
         try:
-            g = load_tensor(gpath)
-            if g.numel() > MAX_DETAIL_ELEMENTS:
-                raise DumpError(gpath, f"{g.numel():,} elements is too large to show")
-            t = load_tensor(tpath)
-        except DumpError as exc:
-            return TensorDiff(pair.pair_id, 0, [], [], 0, 0, [], str(exc))
-        if g.numel() != t.numel():
-            return TensorDiff(pair.pair_id, 0, [], [], 0, 0, [], f"shapes differ: {tuple(g.shape)} vs {tuple(t.shape)}")
-        shape = tuple(int(s) for s in g.shape)
-        gflat, tflat = g.detach().reshape(-1), t.detach().reshape(-1)
-        n = int(gflat.numel())
-        counts = np.zeros(len(HIST_EDGES) - 1, dtype=np.int64)
-        exact = nonfinite = 0
-        cand_score: list[np.ndarray] = []
-        cand_index: list[np.ndarray] = []
-        cand_g: list[np.ndarray] = []
-        cand_t: list[np.ndarray] = []
-        # in chunks, so the float64 working copies stay small whatever the tensor size
-        for start in range(0, n, DIFF_CHUNK):
-            gc = gflat[start : start + DIFF_CHUNK].double().numpy()
-            tc = tflat[start : start + DIFF_CHUNK].double().numpy()
-            err = np.abs(gc - tc)
-            finite = np.isfinite(err)
-            nonfinite += int(err.size - int(finite.sum()))
-            fe = err[finite]
-            exact += int((fe == 0).sum())
-            pos = fe[fe > 0]
-            if pos.size:
-                logs = np.clip(np.log10(pos), HIST_EDGES[0], HIST_EDGES[-1] - 1e-9)
-                counts += np.histogram(logs, bins=HIST_EDGES)[0]
-            score = np.where(finite, err, np.inf)
-            kk = min(k, score.size)
-            if kk:
-                idx = np.argpartition(-score, kk - 1)[:kk]
-                cand_score.append(score[idx])
-                cand_index.append(idx + start)
-                cand_g.append(gc[idx])
-                cand_t.append(tc[idx])
-        del g, t, gflat, tflat
-        top: list[tuple[tuple[int, ...], float, float, float]] = []
-        if cand_score:
-            sc, ix = np.concatenate(cand_score), np.concatenate(cand_index)
-            gv, tv = np.concatenate(cand_g), np.concatenate(cand_t)
-            order = np.lexsort((ix, -sc))[:k]  # worst first, then by position
-            for j in order:
-                index = tuple(int(x) for x in np.unravel_index(int(ix[j]), shape)) if shape else ()
-                top.append((index, float(gv[j]), float(tv[j]), float(abs(gv[j] - tv[j]))))
-        nz = np.nonzero(counts)[0]
-        edges: list[float] = []
-        hist: list[int] = []
-        if nz.size:
-            lo, hi = int(nz[0]), int(nz[-1]) + 1
-            edges = [float(x) for x in HIST_EDGES[lo : hi + 1]]
-            hist = [int(c) for c in counts[lo:hi]]
-        return TensorDiff(pair.pair_id, n, edges, hist, exact, nonfinite, top)
+            rows = list(advise(cur, self.info.cmp_id, token=token, top=top))
+        except duckdb.Error as exc:
+            return [], f"the advisor could not read this catalog ({str(exc).splitlines()[0]})"
+        finally:
+            cur.close()
+        return rows, "" if rows else "the advisor found nothing to suspect: every compared output passes"
+
+    # ------------------------------------------------------------------ comparisons
+    def comparisons(self) -> list[ComparisonSummary]:
+        """Every comparison of the catalog, newest last."""
+        rows = self._rows(
+            """
+            SELECT c.cmp_id, coalesce(g.path, '?'), coalesce(t.path, '?'), CAST(c.created_at AS VARCHAR),
+                   (SELECT count(*) FROM metrics x WHERE x.cmp_id = c.cmp_id),
+                   (SELECT count(*) FROM metrics x WHERE x.cmp_id = c.cmp_id AND x.passed = false)
+            FROM comparisons c LEFT JOIN runs g ON g.run_id = c.golden_run LEFT JOIN runs t ON t.run_id = c.test_run
+            ORDER BY c.cmp_id"""
+        )
+        return [
+            ComparisonSummary(int(r[0]), str(r[1]), str(r[2]), str(r[3] or "")[:19], int(r[4]), int(r[5])) for r in rows
+        ]
 
     # ------------------------------------------------------------------ mapping editor
     def unmatched(self, side: Side) -> list[Unmatched]:
-        """Nodes of one side with tensors and no counterpart in this comparison, in execution order."""
+        """Nodes of one side with tensors (at any token) and no counterpart in this comparison, in execution order."""
         run = self.run_id(side)
         col = "golden_node_id" if side == "golden" else "test_node_id"
         rows = self._rows(
             f"""
-            WITH t AS (
-                SELECT node_id, count(*) FILTER (WHERE io = 'out') AS outs, count(*) FILTER (WHERE io = 'in') AS ins
-                FROM tensors WHERE run_id = ? AND token_id = ? GROUP BY node_id
+            WITH first AS (
+                SELECT node_id, min(token_id) AS tok, count(DISTINCT token_id) AS ntok
+                FROM tensors WHERE run_id = ? GROUP BY node_id
+            ), t AS (
+                SELECT x.node_id, count(*) FILTER (WHERE io = 'out') AS outs, count(*) FILTER (WHERE io = 'in') AS ins,
+                       arg_min(x.numel, CASE WHEN x.io = 'out' THEN x.idx ELSE 1000000 + x.idx END) AS numel
+                FROM tensors x JOIN first f ON f.node_id = x.node_id AND x.token_id = f.tok
+                WHERE x.run_id = ? GROUP BY x.node_id
             )
-            SELECT n.node_id, n.name, coalesce(n.type, ''), n.layer, n.exec_order, t.outs, t.ins
-            FROM nodes n JOIN t USING (node_id)
+            SELECT n.node_id, n.name, coalesce(n.type, ''), n.layer, n.exec_order, t.outs, t.ins, f.ntok, f.tok,
+                   t.numel
+            FROM nodes n JOIN t USING (node_id) JOIN first f USING (node_id)
             WHERE n.run_id = ? AND n.node_id NOT IN (SELECT {col} FROM node_matches WHERE cmp_id = ?)
             ORDER BY n.exec_order NULLS LAST, n.node_id""",
-            [run, self.info.tokens[0] if self.info.tokens else 0, run, self.info.cmp_id],
+            [run, run, run, self.info.cmp_id],
         )
         return [
             Unmatched(
@@ -737,21 +619,39 @@ class Explorer:
                 None if r[4] is None else int(r[4]),
                 int(r[5]),
                 int(r[6]),
+                int(r[7]),
+                int(r[8]),
+                None if r[9] is None else int(r[9]),
             )
             for r in rows
         ]
 
     def node_pairs(self) -> list[NodePair]:
-        """Current node-level pairs of the comparison, in golden execution order."""
+        """Current node-level pairs of the comparison (each once), in golden execution order."""
         info = self.info
         rows = self._rows(
-            "SELECT g.name, t.name, m.method FROM node_matches m "
+            "SELECT g.name, t.name, min(m.method) FROM node_matches m "
             "JOIN nodes g ON g.run_id = ? AND g.node_id = m.golden_node_id "
             "JOIN nodes t ON t.run_id = ? AND t.node_id = m.test_node_id "
-            "WHERE m.cmp_id = ? ORDER BY g.exec_order NULLS LAST, g.node_id",
+            "WHERE m.cmp_id = ? GROUP BY g.name, t.name, g.exec_order, g.node_id "
+            "ORDER BY g.exec_order NULLS LAST, g.node_id, t.name",
             [info.golden_run, info.test_run, info.cmp_id],
         )
         return [NodePair(str(r[0]), str(r[1]), str(r[2])) for r in rows]
+
+    def size_mismatches(self, golden: str, test: str) -> list[tuple[str, int, int]]:
+        """Tensor pairs of two nodes whose element counts differ: (pair label, golden numel, test numel)."""
+        info = self.info
+        rows = self._rows(
+            "SELECT DISTINCT m.io || gt.idx || '/' || tt.io || tt.idx, gt.numel, tt.numel FROM matches m "
+            "JOIN nodes g ON g.run_id = ? AND g.node_id = m.golden_node_id AND g.name = ? "
+            "JOIN tensors gt ON gt.run_id = ? AND gt.tensor_id = m.golden_tensor_id "
+            "JOIN tensors tt ON tt.run_id = ? AND tt.tensor_id = m.test_tensor_id "
+            "JOIN nodes t ON t.run_id = ? AND t.node_id = tt.node_id AND t.name = ? "
+            "WHERE m.cmp_id = ? AND gt.numel <> tt.numel ORDER BY 1",
+            [info.golden_run, golden, info.golden_run, info.test_run, info.test_run, test, info.cmp_id],
+        )
+        return [(str(r[0]), int(r[1]), int(r[2])) for r in rows]
 
     def stored_mapping(self) -> dict[str, Any] | None:
         """The mapping JSON stored with the comparison, if any."""

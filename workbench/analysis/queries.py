@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -42,6 +43,10 @@ def resolve_sql(text: str) -> str:
         if not p.is_file():
             raise ValueError(f"{p}: SQL file not found")
         return p.read_text(encoding="utf-8")
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_\-]*", text.strip()):
+        # one bare word is a saved query's name, never SQL worth running
+        names = ", ".join(saved) or "none found"
+        raise ValueError(f"{text.strip()!r}: no saved query by that name (saved: {names}; `wb queries` lists them)")
     return text
 
 

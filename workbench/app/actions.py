@@ -22,6 +22,12 @@ class ActionSpec:
     scope: str  # app | main | heatmap | tree | mapping | sql
     show: bool = True  # shown in the footer (the help screen shows all)
     palette: bool = True  # offered by the command palette
+    footer: str = ""  # the footer's label when the description is too long for it (whole words)
+
+    @property
+    def footer_label(self) -> str:
+        """What the footer shows: the description, or its short form (never a word cut in two)."""
+        return self.footer or self.description
 
 
 ACTIONS: tuple[ActionSpec, ...] = (
@@ -29,16 +35,27 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("help", "f1,question_mark", "F1 ?", "Help: every key", "app"),
     ActionSpec("command_palette", "ctrl+p", "^p", "Command palette", "app", show=False, palette=False),
     ActionSpec("cycle_theme", "f2", "F2", "Next theme", "app", show=False),
-    ActionSpec("open_mapping", "e", "e", "Mapping editor", "main"),
-    ActionSpec("open_sql", "s", "s", "SQL console", "main"),
+    ActionSpec("open_mapping", "e", "e", "Mapping editor", "main", footer="Mapping"),
+    ActionSpec("open_sql", "s", "s", "SQL console", "main", footer="SQL"),
     ActionSpec("next_token", "right_square_bracket", "]", "Next token", "main"),
-    ActionSpec("prev_token", "left_square_bracket", "[", "Previous token", "main"),
-    ActionSpec("next_failing", "n", "n", "Next failing node", "main"),
+    ActionSpec("prev_token", "left_square_bracket", "[", "Previous token", "main", footer="Prev token"),
+    ActionSpec("next_failing", "n", "n", "Next failing node", "main", footer="Next failing"),
     ActionSpec("prev_failing", "N", "N", "Previous failing node", "main", show=False),
-    ActionSpec("goto_born", "b", "b", "Go to where the error is born", "main"),
-    ActionSpec("toggle_color", "a", "a", "Colour by worst metric / added error", "main"),
-    ActionSpec("next_metric", "m", "m", "Next heatmap metric", "main"),
-    ActionSpec("drill_up", "u,backspace", "u", "Back to the layer heatmap", "main"),
+    ActionSpec("goto_born", "b", "b", "Go to where the error is born", "main", footer="Error born"),
+    ActionSpec(
+        "toggle_color",
+        "a",
+        "a",
+        "Colour the trees by the heatmap's colouring / added error",
+        "main",
+        footer="Added error",
+    ),
+    ActionSpec(
+        "next_metric", "m", "m", "Next heatmap colouring (verdict, then each metric)", "main", footer="Colouring"
+    ),
+    ActionSpec("open_advice", "v", "v", "Suspects ranked by the advisor", "main", footer="Advisor"),
+    ActionSpec("pick_comparison", "c", "c", "Choose the comparison shown", "main", footer="Comparison"),
+    ActionSpec("drill_up", "u,backspace", "u", "Back to the layer heatmap", "main", footer="Layers"),
     ActionSpec("precheck", "p", "p", "Precheck: re-run the selected test op alone in float64", "main", show=False),
     ActionSpec("redump", "d", "d", "Re-dump the selected op and token with full tensors", "main", show=False),
     ActionSpec("focus_next_pane", "tab", "tab", "Next pane", "main", show=False, palette=False),
@@ -49,16 +66,19 @@ ACTIONS: tuple[ActionSpec, ...] = (
         "Select this op and token everywhere (drill into a layer)",
         "heatmap",
         palette=False,
+        footer="Select / drill",
     ),
-    ActionSpec("pair_selected", "p", "p", "Pair the highlighted golden and test ops", "mapping"),
-    ActionSpec("unpair_selected", "x", "x", "Unpair the highlighted pair", "mapping"),
-    ActionSpec("save_mapping", "ctrl+s", "^s", "Save the mapping file", "mapping"),
+    ActionSpec("pair_selected", "p", "p", "Pair the highlighted golden and test ops", "mapping", footer="Pair"),
+    ActionSpec("unpair_selected", "x", "x", "Unpair the highlighted pair", "mapping", footer="Unpair"),
+    ActionSpec("save_mapping", "ctrl+s", "^s", "Save the mapping file", "mapping", footer="Save"),
     ActionSpec("close", "escape", "esc", "Back", "mapping"),
     ActionSpec("run_sql", "ctrl+r,ctrl+j", "^r", "Run the SQL", "sql"),
-    ActionSpec("history_prev", "ctrl+up", "^↑", "Previous query in history", "sql"),
-    ActionSpec("history_next", "ctrl+down", "^↓", "Next query in history", "sql"),
+    ActionSpec("history_prev", "ctrl+up", "^↑", "Previous query in history", "sql", footer="Prev query"),
+    ActionSpec("history_next", "ctrl+down", "^↓", "Next query in history", "sql", footer="Next query"),
     ActionSpec("close", "escape", "esc", "Back", "sql"),
     ActionSpec("close", "escape,q", "esc", "Close", "help"),
+    ActionSpec("choose", "enter", "enter", "Go to the highlighted entry", "picker", palette=False, footer="Go"),
+    ActionSpec("close", "escape", "esc", "Back", "picker"),
 )
 
 
@@ -68,7 +88,7 @@ def bindings(scope: str) -> list[BindingType]:
         Binding(
             a.key,
             a.action,
-            a.description if len(a.description) < 28 else _short(a),
+            a.footer_label,
             show=a.show,
             key_display=a.label,
             id=f"{scope}.{a.action}",
@@ -76,10 +96,6 @@ def bindings(scope: str) -> list[BindingType]:
         for a in ACTIONS
         if a.scope == scope
     ]
-
-
-def _short(a: ActionSpec) -> str:
-    return a.description.split(":")[0].split("(")[0].split("/")[0].strip()[:27]
 
 
 def for_scope(scope: str) -> list[ActionSpec]:

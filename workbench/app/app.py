@@ -17,7 +17,17 @@ from textual.worker import Worker, WorkerState
 from workbench.analysis.explore import ExploreError, Explorer
 from workbench.app.actions import ACTIONS, bindings
 from workbench.app.main_screen import MainScreen
-from workbench.app.screens import EditRequested, HelpScreen, MessageScreen, ProgressScreen
+from workbench.app.screens import (
+    CancelRequested,
+    ComparisonChosen,
+    EditRequested,
+    HelpScreen,
+    MessageScreen,
+    ProgressScreen,
+    Session,
+    WorkbenchModal,
+    WorkbenchScreen,
+)
 from workbench.app.themes import DEFAULT_THEME, DOMAIN_DEFAULTS, THEMES_DIR, load_themes
 
 if TYPE_CHECKING:
@@ -28,6 +38,7 @@ if TYPE_CHECKING:
 class CatalogOpened(Message):
     explorer: Explorer
     token: int | None
+    select: int | None = None  # golden node to select at start-up
 
 
 @dataclass
@@ -64,7 +75,7 @@ class WorkbenchCommands(Provider):
         app = self.app
         assert isinstance(app, WorkbenchApp)
         screen = self.screen  # the screen the palette was opened on
-        scope = getattr(screen, "SCOPE", "main" if isinstance(screen, MainScreen) else "")
+        scope = screen.SCOPE if isinstance(screen, (WorkbenchScreen, WorkbenchModal)) else ""
         out: list[tuple[str, Any, str]] = []
         for a in ACTIONS:
             if not a.palette or a.scope not in ("app", scope):
@@ -85,6 +96,19 @@ class WorkbenchCommands(Provider):
             score = matcher.match(title)
             if score > 0:
                 yield Hit(score, matcher.highlight(title), cb, help=help_text)
+
+
+def start_selection(explorer: Explorer) -> tuple[int | None, int | None]:
+    """(token, golden node) to show first: the advisor's first suspect, else where the error is born at
+    the first failing token, else nothing (everything passes)."""
+    rows, _ = explorer.advice(top=1)
+    if rows:
+        return int(rows[0].token_id), int(rows[0].golden_node_id)
+    born = explorer.born_all()
+    first_bad = next((t for t, name in born.items() if name is not None), None)
+    if first_bad is None:
+        return None, None
+    return first_bad, explorer.born(first_bad)[0]
 
 
 class WorkbenchApp(App[int]):
@@ -160,9 +184,8 @@ class WorkbenchApp(App[int]):
         except ExploreError as exc:
             self.post_message(OpenFailed("Cannot open the catalog", str(exc)))
             return
-        born = explorer.born_all()
-        first_bad = next((t for t, name in born.items() if name is not None), None)
-        self.post_message(CatalogOpened(explorer, first_bad))
+        token, node = start_selection(explorer)
+        self.post_message(CatalogOpened(explorer, token, node))
 
     @work(thread=True, exclusive=True, group="compare", exit_on_error=False)
     def run_compare_worker(self) -> None:
@@ -218,13 +241,25 @@ class WorkbenchApp(App[int]):
         self.open_catalog(msg.cmp_id)
 
     def on_catalog_opened(self, msg: CatalogOpened) -> None:
+        old = self.explorer
         self.explorer = msg.explorer
         self.cmp_id = msg.explorer.info.cmp_id
-        screen = MainScreen(msg.explorer, msg.token)
-        if isinstance(self.screen, ProgressScreen):
+        screen = MainScreen(Session(self.catalog, self.mapping_path, msg.explorer), msg.token, msg.select)
+        if isinstance(self.screen, (ProgressScreen, MainScreen)):
             self.switch_screen(screen)
         else:
             self.push_screen(screen)
+        if old is not None and old is not msg.explorer:
+            old.close()
+
+    def on_comparison_chosen(self, msg: ComparisonChosen) -> None:
+        self.open_catalog(msg.cmp_id)
+
+    def on_cancel_requested(self, _msg: CancelRequested) -> None:
+        self.cancel_event.set()
+
+    def on_edit_requested(self, msg: EditRequested) -> None:
+        self.apply_edit(msg.pairs, msg.remove)
 
     def on_open_failed(self, msg: OpenFailed) -> None:
         self.error_code = 2
@@ -251,9 +286,6 @@ class WorkbenchApp(App[int]):
             self.explorer.close()
         self._edit_worker(pairs, remove)
 
-    def on_edit_requested(self, msg: EditRequested) -> None:
-        self.apply_edit(msg.pairs, msg.remove)
-
     @work(thread=True, exclusive=True, group="edit", exit_on_error=False)
     def _edit_worker(self, pairs: list[PairSpec], remove: list[tuple[str, str]]) -> None:
         text, error = "", False
@@ -268,6 +300,14 @@ class WorkbenchApp(App[int]):
             explorer: Explorer | None = Explorer(self.catalog, self.cmp_id)
         except ExploreError as exc:
             explorer, text, error = None, f"{text}; cannot reopen: {exc}", True
+        if explorer is not None and not error:
+            for spec in pairs:
+                for label, g, t in explorer.size_mismatches(spec.golden, spec.test):
+                    text += (
+                        f"; warning: {spec.golden} ⇄ {spec.test} {label} differ in size ({g:,} vs {t:,} elements): "
+                        "not comparable"
+                    )
+                    error = True
         self.post_message(EditDone(explorer, text, error))
 
     def reopen_after_edit(self, text: str, error: bool) -> None:
@@ -286,9 +326,9 @@ class WorkbenchApp(App[int]):
         if msg.explorer is not None:
             self.explorer = msg.explorer
             for screen in self.screen_stack:
-                if hasattr(screen, "set_explorer"):
+                if isinstance(screen, WorkbenchScreen):
                     screen.set_explorer(msg.explorer)
-        self.notify(msg.text, severity="error" if msg.error else "information")
+        self.notify(msg.text, severity="warning" if msg.error else "information", timeout=10 if msg.error else 5)
 
     # ------------------------------------------------------------------ actions
     def action_help(self) -> None:

@@ -9,22 +9,36 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from workbench.analysis.explore import PairDetail, TensorDiff
+from workbench.analysis.views import NodeTensors, PairDetail, PairRow, TensorDiff
+from workbench.core.metrics import METRICS
 
 BARS = " ▁▂▃▄▅▆▇█"
-METRIC_LABELS: dict[str, str] = {
-    "cosine_similarity": "cosine",
-    "max_relative_error": "max rel err",
-    "mean_relative_error": "mean rel err",
-    "max_absolute_error": "max abs err",
-    "mean_absolute_error": "mean abs err",
-    "kl_divergence": "KL divergence",
-    "relative_euclidean_distance": "rel euclid",
-    "max_ulp_error": "max ULP",
-    "snr_db": "SNR dB",
-    "one_thousandth_err_ratio": "1‰ err ratio",
-    "five_thousandths_err_ratio": "5‰ err ratio",
-}
+STATISTICS = (
+    ("dtype", "dtype"),
+    ("shape", "shape"),
+    ("min", "min"),
+    ("max", "max"),
+    ("mean", "mean"),
+    ("std", "std"),
+    ("norm", "norm"),
+    ("nan_count", "NaN"),
+    ("inf_count", "Inf"),
+)
+
+
+def pair_labels(pairs: list[PairRow]) -> list[str]:
+    """A column label per pair: `out0`, and `in0⇄out0 OpName` where one golden tensor meets several test ones."""
+    seen: dict[tuple[str, int], int] = {}
+    for p in pairs:
+        seen[(p.io, p.golden_index)] = seen.get((p.io, p.golden_index), 0) + 1
+    labels = []
+    for p in pairs:
+        label = f"{p.io}{p.golden_index}"
+        if seen[(p.io, p.golden_index)] > 1:
+            op = p.test_node.rsplit("/", 1)[-1].rsplit(".", 1)[-1]
+            label += f"⇄{p.test_io or p.io}{p.test_index}" + (f" {op}" if op else "")
+        labels.append(label)
+    return labels
 
 
 def fmt(v: Any) -> str:
@@ -62,60 +76,61 @@ def render_detail(detail: PairDetail | None, diff: TensorDiff | None, styles: di
     head.append(detail.golden_name, style="bold")
     head.append(f"  ({detail.golden_type})  token {detail.token}\n")
     head.append("test: ")
-    if detail.test_name:
+    test_nodes = list(dict.fromkeys(p.test_node for p in detail.pairs if p.test_node))
+    if len(test_nodes) > 1:
+        head.append(", ".join(test_nodes))
+    elif detail.test_name:
         head.append(f"{detail.test_name} ({detail.test_type})")
     else:
         head.append("unmatched: no counterpart on the test side", style=styles.get("unmatched", "grey50"))
     parts.append(head)
+    born_style = styles.get("born", "orange1")
     verdict = Text()
     if detail.born_here:
-        verdict.append("◆ error born here", style=f"bold {styles.get('born', 'orange1')}")
+        verdict.append("◆ error born here", style=f"bold {born_style}")
         verdict.append(f" at token {detail.token}: outputs fail while inputs pass")
     elif detail.born_name:
-        verdict.append(f"error born at: {detail.born_name} (token {detail.token})", style=styles.get("born", "orange1"))
+        verdict.append(f"error born at: {detail.born_name} (token {detail.token})", style=born_style)
     else:
         verdict.append(f"token {detail.token}: every output passes", style=ok)
+    pinned = detail.born_test_name
+    if pinned and (detail.evidence or pinned != detail.born_name) and (detail.born_here or detail.born_name):
+        verdict.append("\n  test op pinned down: ", style=born_style)
+        verdict.append(pinned, style=f"bold {born_style}")
+        if detail.evidence:
+            verdict.append(f"\n  evidence: {detail.evidence}", style="italic")
     parts.append(verdict)
     if not detail.pairs:
         parts.append(Text("no compared tensor pairs for this node at this token", style="dim"))
         return Group(*parts)
 
     metrics = Table(box=None, pad_edge=False, show_header=True, header_style="bold", expand=False)
+    labels = pair_labels(detail.pairs)
     metrics.add_column("metric")
-    for p in detail.pairs:
+    for p, label in zip(detail.pairs, labels):
         mark = "✓" if p.passed else ("✗" if p.passed is False else "?")
         metrics.add_column(
-            f"{p.io}{p.golden_index} {mark}",
+            f"{label} {mark}",
             justify="right",
             style=ok if p.passed else (bad if p.passed is False else ""),
         )
-    for key, label in METRIC_LABELS.items():
+    for spec in METRICS:
         cells: list[Text | str] = []
         for p in detail.pairs:
-            failed = key in p.failed_metrics
-            cells.append(Text(fmt(p.metrics.get(key)) + (" ✗" if failed else ""), style=bad if failed else ""))
-        metrics.add_row(label, *cells)
+            failed = spec.name in p.failed_metrics
+            cells.append(Text(fmt(p.metrics.get(spec.name)) + (" ✗" if failed else ""), style=bad if failed else ""))
+        metrics.add_row(spec.label, *cells)
     parts.append(metrics)
-    reasons = [f"{p.io}{p.golden_index}: {p.fail_reason}" for p in detail.pairs if p.fail_reason]
+    reasons = [f"{label}: {p.fail_reason}" for p, label in zip(detail.pairs, labels) if p.fail_reason]
     for r in reasons:
         parts.append(Text(r, style=bad))
 
     stats = Table(box=None, pad_edge=False, header_style="bold")
     stats.add_column("statistic")
-    for p in detail.pairs:
-        stats.add_column(f"{p.io}{p.golden_index} golden", justify="right")
-        stats.add_column(f"{p.io}{p.test_index} test", justify="right")
-    for key, label in (
-        ("dtype", "dtype"),
-        ("shape", "shape"),
-        ("min", "min"),
-        ("max", "max"),
-        ("mean", "mean"),
-        ("std", "std"),
-        ("norm", "norm"),
-        ("nan_count", "NaN"),
-        ("inf_count", "Inf"),
-    ):
+    for p, label in zip(detail.pairs, labels):
+        stats.add_column(f"{label} golden", justify="right")
+        stats.add_column(f"{p.test_io or p.io}{p.test_index} test", justify="right")
+    for key, label in STATISTICS:
         cells = []
         for p in detail.pairs:
             for s in (p.golden, p.test):
@@ -135,8 +150,8 @@ def render_detail(detail: PairDetail | None, diff: TensorDiff | None, styles: di
     elif diff.error:
         parts.append(Text(f"tensors not shown: {diff.error}", style="dim"))
     else:
-        pair = next((p for p in detail.pairs if p.pair_id == diff.pair_id), None)
-        name = f"{pair.io}{pair.golden_index}" if pair else "pair"
+        pair_i = next((i for i, p in enumerate(detail.pairs) if p.pair_id == diff.pair_id), None)
+        name = labels[pair_i] if pair_i is not None else "pair"
         h = Text()
         h.append(f"|error| distribution of {name} ({diff.numel:,} elements", style="bold")
         h.append(f"; {diff.exact:,} exact; {diff.nonfinite:,} non-finite)\n", style="bold")
@@ -162,3 +177,52 @@ def render_detail(detail: PairDetail | None, diff: TensorDiff | None, styles: di
             top.add_row(str(list(index)), fmt(g), fmt(t), Text(fmt(e), style=bad if not math.isfinite(e) else ""))
         parts.append(top)
     return Group(*parts)
+
+
+def render_node_tensors(node: NodeTensors, styles: dict[str, str]) -> RenderableType:
+    """An op with no counterpart (or not compared at this token): its own tensors and their statistics."""
+    head = Text()
+    head.append(node.name, style="bold")
+    head.append(f"  ({node.type})  {node.side} side\n")
+    unmatched = styles.get("unmatched", "grey50")
+    if not node.tokens_with_tensors:
+        head.append("no tensors dumped for this node", style=unmatched)
+        return head
+    head.append(
+        f"unmatched at token {node.token}: no counterpart on the other side, nothing compared; "
+        "pair it in the mapping editor (e)\n",
+        style=unmatched,
+    )
+    toks = node.tokens_with_tensors
+    head.append(f"tensors at token(s) {_ranges(toks)}; shown: token {node.token}", style="dim")
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    table.add_column("statistic")
+    for t in node.tensors:
+        table.add_column(f"{t.io}{t.index}", justify="right")
+    for key, label in STATISTICS:
+        cells = []
+        for t in node.tensors:
+            if key == "dtype":
+                cells.append(Text(t.dtype))
+            elif key == "shape":
+                cells.append(Text(t.shape or "-"))
+            else:
+                value = t.stats.get(key)
+                bad = key in ("nan_count", "inf_count") and bool(value)
+                cells.append(Text(fmt(value), style=styles.get("nan", "magenta") if bad else ""))
+        table.add_row(label, *cells)
+    return Group(head, table)
+
+
+def _ranges(tokens: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    out: list[str] = []
+    start = prev = tokens[0]
+    for t in [*tokens[1:], None]:
+        if t is not None and t == prev + 1:
+            prev = t
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if t is not None:
+            start = prev = t
+    return ", ".join(out)

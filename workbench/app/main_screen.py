@@ -1,4 +1,8 @@
-"""The main screen: heatmap + legend, detail pane, side-by-side topology trees, status line."""
+"""The main screen: heatmap + legend, detail pane, side-by-side topology trees, status line.
+
+One selection drives every pane: `select()` puts a golden node (and the current token) in both
+trees, under the heatmap cursor and in the detail pane, whichever pane or key asked for it.
+"""
 
 from __future__ import annotations
 
@@ -10,27 +14,30 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
-from textual.screen import Screen
 from textual.widgets import Footer, Static, Tree
 
-from workbench.analysis.explore import (
-    METRICS,
-    Explorer,
-    Heatmap,
-    NodeStatus,
-    PairDetail,
-    TensorDiff,
-    TreeRow,
+from workbench.analysis.explore import POST, PRE, Explorer
+from workbench.analysis.severity import (
+    ADDED_ERROR,
+    COLOURINGS,
+    HEATMAP_COLOURINGS,
+    VERDICT,
+    Scale,
+    value_at,
 )
+from workbench.analysis.views import Heatmap, NodeStatus, NodeTensors, PairDetail, TensorDiff, TreeRow
 from workbench.app.actions import bindings
-from workbench.app.detail import render_detail
+from workbench.app.detail import render_detail, render_node_tensors
 from workbench.app.heatmap import GLYPH_FAIL, GLYPH_NAN, GLYPH_NONE, LEVEL_EDGES, HeatmapView
 from workbench.app.logits_strip import LogitsStrip
 from workbench.app.opcause import OpCauseActions, PrecheckPanel
+from workbench.app.screens import ComparisonChosen, PickerEntry, PickerScreen, Session, WorkbenchScreen
 from workbench.app.themes import DOMAIN_DEFAULTS, HEAT_LEVELS
 from workbench.app.trees import TopologyTree
 
-METRIC_ORDER = [m for m in METRICS if m != "added_error"]
+MIN_TREES_H = 6  # rows the trees keep whatever the terminal
+LEGEND_W = 30  # the heatmap pane is at least this wide, for the legend
+TOP_SHARE = 0.6  # of the rows below the status line: heatmap and detail pane
 
 
 @dataclass
@@ -50,6 +57,8 @@ class StatusReady(Message):
     token: int
     status: dict[int, NodeStatus]
     born: int | None
+    born_test: int | None
+    evidence: str | None
 
 
 @dataclass
@@ -59,56 +68,77 @@ class DetailReady(Message):
 
 
 @dataclass
+class NodeTensorsReady(Message):
+    node: NodeTensors
+
+
+@dataclass
 class SelectNode(Message):
     """Select a golden node (drill result or verdict) once its data arrives."""
 
     node_id: int | None
 
 
-class MainScreen(OpCauseActions, Screen[None]):
+@dataclass
+class GroupOf(Message):
+    """The heatmap row group of the selected node (to put the cursor on it)."""
+
+    node_id: int
+    group: int | None
+
+
+@dataclass
+class AdviceReady(Message):
+    entries: list[PickerEntry[tuple[int, int]]]
+    note: str
+
+
+class MainScreen(OpCauseActions, WorkbenchScreen[None]):
     """Where the user finds the token, the layer and the op where the error is born."""
 
+    SCOPE = "main"
     BINDINGS = bindings("main")
     DEFAULT_CSS = """
-    MainScreen #status { height: 1; background: $panel; padding: 0 1; }
-    MainScreen #top { height: 45%; }
-    MainScreen #heat-pane { width: 1fr; border: round $secondary 50%; }
+    MainScreen #status { height: 1; background: $panel; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    MainScreen #top { height: 60%; }
+    MainScreen #heat-pane { width: 50%; border: round $secondary 50%; }
     MainScreen #heat-pane:focus-within { border: round $primary; }
-    MainScreen #heat-title { height: 1; padding: 0 1; text-style: bold; }
-    MainScreen #legend { height: 2; padding: 0 1; }
-    MainScreen #detail-pane { width: 48%; border: round $secondary 50%; padding: 0 1; scrollbar-gutter: stable; }
+    MainScreen #legend { height: auto; padding: 0 1; }
+    MainScreen #detail-pane { width: 1fr; border: round $secondary 50%; padding: 0 1; scrollbar-gutter: stable; }
     MainScreen #detail-pane:focus-within { border: round $primary; }
-    MainScreen #trees { height: 1fr; }
+    MainScreen #trees { height: 1fr; min-height: 6; }
     MainScreen TopologyTree { width: 1fr; border: round $secondary 50%; }
     MainScreen TopologyTree:focus { border: round $primary; }
     """
 
-    def __init__(self, explorer: Explorer, token: int | None = None) -> None:
-        super().__init__()
-        self.explorer = explorer
-        info = explorer.info
+    def __init__(self, session: Session, token: int | None = None, select: int | None = None) -> None:
+        super().__init__(session)
+        info = session.explorer.info
         self.token = token if token is not None and token in info.tokens else (info.tokens[0] if info.tokens else 0)
-        self.metric = "cosine_similarity"
+        self.metric = VERDICT  # the heatmap's (and the trees') colouring
         self.color_by_added = False
-        self.drill_layer: int | None = None  # drilled-down layer, None = layers view
+        self.drill_layer: int | None = None  # drilled-down row group (a layer, PRE or POST), None = layers view
         self.selected: int | None = None  # golden node id
         self.born_id: int | None = None
+        self.born_test_id: int | None = None
+        self.evidence: str | None = None
         self.status: dict[int, NodeStatus] = {}
         self.status_token: int | None = None  # token the trees are coloured for
         self._legend_key: tuple[object, ...] = ()
         self._vars: dict[str, str] = {}
         self.first_paint_at: float | None = None
-        self._pending_select: int | None = None
+        self._pending_select: int | None = select
+        self._initial_select = select
         self._cursor_node: int | None = None  # op row to put the heatmap cursor on once it arrives
         self._layer_rows: Heatmap | None = None  # last layers view, to return to the same row
         self._loaded = {"heatmap": False, "trees": False}
+        self._last_row: int | None = None  # heatmap row of the last cursor move (a new layer row selects)
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
         yield Static("", id="status")
         with Horizontal(id="top"):
             with Vertical(id="heat-pane"):
-                yield Static("", id="heat-title")
                 yield LogitsStrip(id="logits-strip")
                 yield HeatmapView(id="heatmap")
                 yield Static("", id="legend")
@@ -145,9 +175,36 @@ class MainScreen(OpCauseActions, Screen[None]):
         if view.data is not None and event.token in view.data.tokens:
             view.move_cursor(view.cursor[0], view.data.tokens.index(event.token))
 
+    def on_resize(self) -> None:
+        self._fit_layout()
+
+    def _fit_layout(self) -> None:
+        """Size the panes to the data and the terminal: the heatmap pane as wide as its cells need (cells
+        widen for few tokens), the detail pane taking the rest; the top row tall enough for the heatmap's
+        rows when the terminal allows, the trees keeping a few rows."""
+        width, height = self.size
+        if not width or not height:
+            return
+        body = max(height - 2, 1)  # status line and footer
+        view = self.query_one(HeatmapView)
+        pane_w = view.preferred_width(max(int(width * 0.5), 24)) + 2  # + border
+        pane_w = min(max(pane_w, LEGEND_W + 4), max(width - 36, 24))
+        self.query_one("#heat-pane").styles.width = pane_w
+        legend = self.query_one("#legend", Static)
+        legend_lines = len(self._legend(view).wrap(self.app.console, max(pane_w - 4, 10)))
+        rows = view.data.values.shape[0] if view.data is not None else 4
+        needed = rows + 1 + legend_lines + 1 + 2  # token header, legend, logits strip, border
+        top = max(int(body * TOP_SHARE), needed)
+        top = max(min(top, body - MIN_TREES_H), 6)
+        self.query_one("#top").styles.height = top
+        legend.styles.height = legend_lines
+        ntok = len(view.data.tokens) if view.data is not None else 0
+        hscroll = 1 if view.preferred_width(10_000) > pane_w - 2 and ntok else 0
+        view.styles.height = max(min(rows + 1 + hscroll, top - 3 - legend_lines), 2)
+
     def set_explorer(self, explorer: Explorer) -> None:
         """Switch to a reopened catalog (after an edit): reload everything shown."""
-        self.explorer = explorer
+        super().set_explorer(explorer)
         self.load_heatmap(self.metric, self.drill_layer, self.query_one(HeatmapView).cursor)
         self.load_trees()
         self.load_status(self.token)
@@ -166,23 +223,48 @@ class MainScreen(OpCauseActions, Screen[None]):
 
     @work(thread=True, exclusive=True, group="status", exit_on_error=False)
     def load_status(self, token: int) -> None:
-        metric = "added_error" if self.color_by_added else self.metric
-        status = self.explorer.node_status(token, metric if metric in METRICS else "cosine_similarity")
-        self.post_message(StatusReady(token, status, self.explorer.born(token)[0]))
+        status = self.explorer.node_status(token, ADDED_ERROR if self.color_by_added else self.metric)
+        born, born_test, evidence = self.explorer.born_evidence(token)
+        self.post_message(StatusReady(token, status, born, born_test, evidence))
 
     @work(thread=True, exclusive=True, group="detail", exit_on_error=False)
     def load_detail(self, node_id: int, token: int) -> None:
         detail = self.explorer.pair_detail(node_id, token)
+        if not detail.pairs:
+            self.post_message(NodeTensorsReady(self.explorer.node_tensors("golden", node_id, token)))
+            return
         self.post_message(DetailReady(detail, None))
         outs = [p for p in detail.pairs if p.io == "out"] or detail.pairs
-        if not outs:
-            return
         worst = next((p for p in outs if p.passed is False), outs[0])
         self.post_message(DetailReady(detail, self.explorer.tensor_diff(worst)))
+
+    @work(thread=True, exclusive=True, group="detail", exit_on_error=False)
+    def load_node_tensors(self, side: str, node_id: int, token: int) -> None:
+        self.post_message(
+            NodeTensorsReady(self.explorer.node_tensors("test" if side == "test" else "golden", node_id, token))
+        )
 
     @work(thread=True, exclusive=True, group="drill", exit_on_error=False)
     def find_worst(self, token: int, layer: int | None) -> None:
         self.post_message(SelectNode(self.explorer.worst_node(token, layer, self.metric)))
+
+    @work(thread=True, exclusive=True, group="group", exit_on_error=False)
+    def find_group(self, node_id: int) -> None:
+        self.post_message(GroupOf(node_id, self.explorer.group_of(node_id)))
+
+    @work(thread=True, exclusive=True, group="advice", exit_on_error=False)
+    def load_advice(self) -> None:
+        rows, note = self.explorer.advice()
+        entries = [
+            PickerEntry(
+                f"{a.rank:>3}  token {a.token_id:<4} {a.golden_node}"
+                + (f"  ⇄ {a.test_node}" if a.test_node else "")
+                + f"  score {a.score:.3g}  {a.reason}",
+                (a.token_id, a.golden_node_id),
+            )
+            for a in rows
+        ]
+        self.post_message(AdviceReady(entries, note))
 
     # ------------------------------------------------------------------ results
     def on_heatmap_ready(self, msg: HeatmapReady) -> None:
@@ -191,14 +273,21 @@ class MainScreen(OpCauseActions, Screen[None]):
         if cursor is None and msg.data.tokens:
             col = msg.data.tokens.index(self.token) if self.token in msg.data.tokens else 0
             cursor = (view.cursor[0] if msg.data.layer is None else 0, col)
-        if msg.data.layer is not None and self._cursor_node in msg.data.row_nodes:
-            cursor = (msg.data.row_nodes.index(self._cursor_node), cursor[1] if cursor else 0)
+        if msg.data.layer is not None:
+            # the op rows arrived: the cursor goes to the selected op (or the one asked for) when it is here
+            target = self._cursor_node if self._cursor_node is not None else self.selected
+            if target in msg.data.row_nodes:
+                cursor = (msg.data.row_nodes.index(target), cursor[1] if cursor else 0)
             self._cursor_node = None
-        view.set_data(msg.data, self._bound(msg.data.metric), cursor)
+        view.set_data(msg.data, self._scale(msg.data.metric), cursor)
+        self._last_row = view.cursor[0]
         if msg.data.layer is None:
             self._layer_rows = msg.data
+        self._fit_layout()
         self._update_titles()
         self._mark_loaded("heatmap")
+        if self.selected is not None and msg.data.layer is None:
+            self.find_group(self.selected)
 
     def on_trees_ready(self, msg: TreesReady) -> None:
         for tree, rows in ((self._tree("golden"), msg.golden), (self._tree("test"), msg.test)):
@@ -206,7 +295,7 @@ class MainScreen(OpCauseActions, Screen[None]):
         self._recolour()
         self._update_titles()
         if self._pending_select is not None:
-            self.select_node(self._pending_select)
+            self.select(self._pending_select)
         self._mark_loaded("trees")
 
     def on_status_ready(self, msg: StatusReady) -> None:
@@ -215,22 +304,43 @@ class MainScreen(OpCauseActions, Screen[None]):
         self.status = msg.status
         self.status_token = msg.token
         self.born_id = msg.born
+        self.born_test_id = msg.born_test
+        self.evidence = msg.evidence
         self._recolour()
         self._update_titles()
+        if self.selected is not None:
+            # the test tree follows the counterpart at THIS token (prefill and decode graphs differ)
+            self._follow("golden", self.selected)
 
     def on_detail_ready(self, msg: DetailReady) -> None:
         styles = self._domain_colours()
         self.query_one("#detail", Static).update(render_detail(msg.detail, msg.diff, styles))
 
+    def on_node_tensors_ready(self, msg: NodeTensorsReady) -> None:
+        self.query_one("#detail", Static).update(render_node_tensors(msg.node, self._domain_colours()))
+
     def on_select_node(self, msg: SelectNode) -> None:
-        if msg.node_id is None:
-            return
-        self.select_node(msg.node_id)
+        if msg.node_id is not None:
+            self.select(msg.node_id)
+
+    def on_group_of(self, msg: GroupOf) -> None:
         view = self.query_one(HeatmapView)
-        if view.data is not None and msg.node_id in view.data.row_nodes:
-            view.move_cursor(view.data.row_nodes.index(msg.node_id), view.cursor[1])
-        else:
-            self._cursor_node = msg.node_id  # the op rows have not arrived yet
+        data = view.data
+        if data is None or msg.node_id != self.selected or data.layer is not None:
+            return
+        if msg.group in data.row_layers:
+            view.move_cursor(data.row_layers.index(msg.group), view.cursor[1], notify=False)
+
+    def on_advice_ready(self, msg: AdviceReady) -> None:
+        def chosen(value: tuple[int, int] | None) -> None:
+            if value is not None:
+                token, node = value
+                if token != self.token:
+                    self.set_token(token)
+                self.select(node)
+
+        title = "Suspects ranked by the advisor (Enter: go there)"
+        self.app.push_screen(PickerScreen(title, msg.entries, empty=msg.note or "no advice"), chosen)
 
     def _mark_loaded(self, what: str) -> None:
         self._loaded[what] = True
@@ -245,8 +355,8 @@ class MainScreen(OpCauseActions, Screen[None]):
     def _tree(self, side: str) -> TopologyTree:
         return self.query_one(f"#{side}-tree", TopologyTree)
 
-    def _bound(self, metric: str) -> float:
-        return self.explorer.info.bound(metric)
+    def _scale(self, colouring: str) -> Scale:
+        return self.explorer.info.scale(colouring)
 
     def _variables(self) -> dict[str, str]:
         """Theme variables, computed once per theme (building them costs a few milliseconds)."""
@@ -263,80 +373,129 @@ class MainScreen(OpCauseActions, Screen[None]):
             self._tree(side).set_status(
                 self.status,
                 self.metric,
-                self._bound(self.metric),
-                self._bound("added_error"),
+                self._scale(self.metric).bound,
+                self._scale(ADDED_ERROR).bound,
                 self.color_by_added,
-                self.born_id,
+                self.born_id if side == "golden" else self.born_test_id,
             )
+
+    def _born_text(self) -> str:
+        if self.born_id is not None:
+            row = self._tree("golden").rows.get(self.born_id)
+            born = row.name if row else f"node {self.born_id}"
+            if self.born_test_id is not None:
+                trow = self._tree("test").rows.get(self.born_test_id)
+                tname = trow.name if trow else str(self.born_test_id)
+                if tname != born:
+                    born += f" → test op {tname}"
+                if self.evidence and "precheck" in self.evidence:
+                    born += " (precheck)"
+            return born
+        return "nothing fails" if self.status else "…"
 
     def _update_titles(self) -> None:
         info = self.explorer.info
         view = self.query_one(HeatmapView)
-        label = METRICS[self.metric][1]
-        where = "layers" if self.drill_layer is None else f"ops of layer {self.drill_layer} (u: back)"
-        self.query_one("#heat-title", Static).update(f"{label} by token x {where}", layout=False)
-        born = "…"
-        if self.born_id is not None:
-            row = self._tree("golden").rows.get(self.born_id)
-            born = row.name if row else f"node {self.born_id}"
-        elif self.status:
-            born = "nothing fails"
+        label = COLOURINGS[self.metric].label
+        if self.drill_layer is None:
+            where = "layers"
+        else:
+            where = f"ops of {_group_name(self.drill_layer)} (u: back)"
+        self.query_one("#heat-pane").border_title = f"{label} by token x {where}"
         colour = "added error" if self.color_by_added else label
+        # the verdict first: it is what a narrow terminal must still show
         status = Text.assemble(
+            ("◆ " if self.born_id is not None else "", self._domain_colours()["born"]),
+            (f"token {self.token} ", "bold"),
+            ("error born at: " if self.born_id is not None else "", "bold"),
+            (self._born_text(), self._domain_colours()["born"]),
+            "  │ ",
             (f"cmp {info.cmp_id} ", "bold"),
-            f"{info.golden_kind} vs {info.test_kind}  ",
-            ("token ", "bold"),
-            f"{self.token} ",
-            ("metric ", "bold"),
+            f"{info.golden_kind} vs {info.test_kind} ({info.test_dtype or '?'})  ",
+            ("heatmap ", "bold"),
             f"{label}  ",
             ("trees ", "bold"),
-            f"{colour}  ",
-            ("error born at: ", "bold"),
-            (born, self._domain_colours()["born"]),
+            colour,
         )
         self.query_one("#status", Static).update(status, layout=False)
-        legend_key = (self.metric, self._bound(self.metric), self.app.theme)
+        legend_key = (self.metric, self._scale(self.metric), self.app.theme, view.bound)
         if legend_key != self._legend_key:
             self._legend_key = legend_key
-            self.query_one("#legend", Static).update(self._legend(view), layout=False)
+            self.query_one("#legend", Static).update(self._legend(view))
 
     def _legend(self, view: HeatmapView) -> Text:
         v = self._variables()
         metric = self.metric
-        bound = self._bound(metric)
-        higher = METRICS[metric][2]
+        scale = self._scale(metric)
         text = Text()
-        rule = f"{METRICS[metric][1]} {'≥' if higher else '≤'} {bound:g} passes  "
-        text.append(rule, style="bold")
-        edges = (0.0, *LEVEL_EDGES)
-        for i in range(HEAT_LEVELS):
-            lo = edges[i]
-            text.append("  ", style=f"on {v[f'heat-{i}']}")
-            text.append(f"{_edge_value(lo, metric, bound)} " if i in (0, 4, 6) else " ")
+        if metric == VERDICT:
+            parts = [
+                f"{COLOURINGS[m].label if m in COLOURINGS else m} "
+                f"{'≥' if COLOURINGS[m].higher_is_better else '≤'} {self._scale(m).bound:g}"
+                for m in self.explorer.info.verdict_metrics()
+                if m in COLOURINGS and self._scale(m).bound is not None
+            ]
+            text.append("worst of " + ", ".join(parts), style="bold")
+        elif scale.bound is None:
+            text.append(f"{COLOURINGS[metric].label}: no bound; shaded up to the largest shown", style="bold")
+        else:
+            rule = f"{COLOURINGS[metric].label} {'≥' if COLOURINGS[metric].higher_is_better else '≤'} {scale.bound:g}"
+            text.append(rule + (" passes" if scale.decides else " (informational: decides nothing)"), style="bold")
         text.append("\n")
-        text.append(f" {GLYPH_FAIL} ", style=f"bold on {v['heat-5']}")
+        edges = (0.0, *LEVEL_EDGES)
+        levels = HEAT_LEVELS if scale.bound is not None else 4
+        for i in range(levels):
+            text.append("  ", style=f"on {v[f'heat-{i}']}")
+            shown = i in (0, 4, 6) or (scale.bound is None and i == 3)
+            text.append(f"{_edge_value(edges[i], metric, view.bound)} " if shown else " ")
+        text.append("\n")
+        text.append(f"{GLYPH_FAIL}", style=f"bold on {v['heat-5']}")
         text.append(" fails ")
-        text.append(f" {GLYPH_NAN} ", style=f"bold on {v['nan']}")
+        text.append(f"{GLYPH_NAN}", style=f"bold on {v['nan']}")
         text.append(" NaN/Inf ")
-        text.append(f" {GLYPH_NONE} ", style=v["unmatched"])
-        text.append(" not compared   enter: select  m: metric  a: tree colour")
+        text.append(f"{GLYPH_NONE}", style=v["unmatched"])
+        text.append(" none")
         return text
 
     # ------------------------------------------------------------------ selection
-    def select_node(self, golden_id: int) -> None:
-        """Select a golden node everywhere: both trees (the test side follows) and the detail pane."""
+    def select(self, golden_id: int, *, from_tree: str | None = None) -> None:
+        """Select a golden node everywhere: both trees, the heatmap cursor and the detail pane."""
         golden = self._tree("golden")
         if not golden.rows:
             self._pending_select = golden_id
             return
         self._pending_select = None
         self.selected = golden_id
-        golden.reveal(golden_id)
-        self._follow("golden", golden_id)
+        if from_tree != "golden":
+            golden.reveal(golden_id)
+        if from_tree != "test":
+            self._follow("golden", golden_id)
+        self._cursor_to(golden_id)
+        self.query_one("#detail-pane", VerticalScroll).scroll_home(animate=False)
         self.load_detail(golden_id, self.token)
 
+    def select_node(self, golden_id: int) -> None:
+        """Kept for callers of the earlier name: same as `select`."""
+        self.select(golden_id)
+
+    def _cursor_to(self, golden_id: int) -> None:
+        """Put the heatmap cursor on the selected node's op row, else on its layer's row."""
+        view = self.query_one(HeatmapView)
+        data = view.data
+        if data is None:
+            return
+        if data.layer is not None:
+            if golden_id in data.row_nodes:
+                view.move_cursor(data.row_nodes.index(golden_id), view.cursor[1], notify=False)
+                return
+            self._cursor_node = golden_id
+            self.drill_layer = None
+            self.load_heatmap(self.metric, None, view.cursor)
+            return
+        self.find_group(golden_id)
+
     def _follow(self, side: str, node_id: int) -> None:
-        """Make the other tree show the counterpart of `node_id` (of `side`)."""
+        """Make the other tree show the counterpart of `node_id` (of `side`) at the current token."""
         src = self._tree(side)
         other = self._tree("test" if side == "golden" else "golden")
         row = src.rows.get(node_id)
@@ -353,9 +512,12 @@ class MainScreen(OpCauseActions, Screen[None]):
         """The counterpart at the current token (a golden module pairs with the prefill graph's op at token 0
         and the decoder graph's at later tokens); the first match when the token says nothing."""
         if side == "golden":
+            if node_id == self.born_id and self.born_test_id is not None:
+                return self.born_test_id  # the op precheck pinned down
             st = self.status.get(node_id)
             return st.counterpart if st is not None and st.counterpart is not None else fallback
-        return next((st.node_id for st in self.status.values() if st.counterpart == node_id), fallback)
+        st2 = self._tree("test").by_test.get(node_id)
+        return st2.node_id if st2 is not None else fallback
 
     @on(Tree.NodeHighlighted)
     def _tree_highlighted(self, event: Tree.NodeHighlighted[TreeRow]) -> None:
@@ -367,11 +529,12 @@ class MainScreen(OpCauseActions, Screen[None]):
         gid = tree.golden_id(row)
         if gid is not None and gid != self.selected:
             self.selected = gid
+            self._cursor_to(gid)
+            self.query_one("#detail-pane", VerticalScroll).scroll_home(animate=False)
             self.load_detail(gid, self.token)
         elif gid is None:
-            self.query_one("#detail", Static).update(
-                Text(f"{row.name} ({row.type}): unmatched on the test side; pair it in the mapping editor (e).")
-            )
+            self.selected = None
+            self.load_node_tensors(tree.side, row.node_id, self.token)
 
     @on(HeatmapView.CellHighlighted)
     def _cell_highlighted(self, event: HeatmapView.CellHighlighted) -> None:
@@ -381,10 +544,23 @@ class MainScreen(OpCauseActions, Screen[None]):
         token = data.tokens[event.col]
         if token != self.token:
             self.set_token(token)
+        # the detail pane and the trees follow the cursor: an op row selects its op, a layer row its worst op
+        if data.layer is not None:
+            node = data.row_nodes[event.row]
+            if node is not None and node != self.selected:
+                self.select(node)
+        elif event.row != self._last_row:
+            self.find_worst(token, data.row_layers[event.row])
+        self._last_row = event.row
 
     def set_token(self, token: int) -> None:
-        """Change the current token: recolour trees, refresh the detail pane."""
+        """Change the current token: recolour trees, move the test tree and refresh the detail pane."""
         self.token = token
+        view = self.query_one(HeatmapView)
+        if view.data is not None and token in view.data.tokens:
+            col = view.data.tokens.index(token)
+            if col != view.cursor[1]:
+                view.move_cursor(view.cursor[0], col, notify=False)
         self._update_titles()
         self.query_one(LogitsStrip).set_token(token)
         self.load_status(token)
@@ -400,15 +576,15 @@ class MainScreen(OpCauseActions, Screen[None]):
         if token != self.token:
             self.set_token(token)
         if data.layer is None:
-            layer = data.row_layers[event.row]
-            if layer is not None:
-                self.drill_layer = layer
-                self.load_heatmap(self.metric, layer, None)
-            self.find_worst(token, layer)
+            group = data.row_layers[event.row]
+            if group is not None:
+                self.drill_layer = group
+                self.load_heatmap(self.metric, group, None)
+            self.find_worst(token, group)
         else:
             node = data.row_nodes[event.row]
             if node is not None:
-                self.select_node(node)
+                self.select(node)
 
     # ------------------------------------------------------------------ actions
     def action_next_token(self) -> None:
@@ -432,10 +608,10 @@ class MainScreen(OpCauseActions, Screen[None]):
             return
         tree.reveal(nid)
         gid = tree.golden_id(tree.rows[nid])
-        self._follow(tree.side, nid)
         if gid is not None:
-            self.selected = gid
-            self.load_detail(gid, self.token)
+            self.select(gid, from_tree=tree.side)
+            if tree.side == "test":
+                self._follow("test", nid)
 
     def action_next_failing(self) -> None:
         self._step_failing(1)
@@ -447,7 +623,7 @@ class MainScreen(OpCauseActions, Screen[None]):
         if self.born_id is None:
             self.notify(f"token {self.token}: every output passes")
             return
-        self.select_node(self.born_id)
+        self.select(self.born_id)
 
     def action_toggle_color(self) -> None:
         self.color_by_added = not self.color_by_added
@@ -455,8 +631,9 @@ class MainScreen(OpCauseActions, Screen[None]):
         self._update_titles()
 
     def action_next_metric(self) -> None:
-        i = METRIC_ORDER.index(self.metric) if self.metric in METRIC_ORDER else -1
-        self.metric = METRIC_ORDER[(i + 1) % len(METRIC_ORDER)]
+        order = list(HEATMAP_COLOURINGS)
+        i = order.index(self.metric) if self.metric in order else -1
+        self.metric = order[(i + 1) % len(order)]
         self.load_heatmap(self.metric, self.drill_layer, self.query_one(HeatmapView).cursor)
         self.load_status(self.token)
         self._update_titles()
@@ -477,16 +654,45 @@ class MainScreen(OpCauseActions, Screen[None]):
     def action_open_mapping(self) -> None:
         from workbench.app.mapping_screen import MappingScreen
 
-        self.app.push_screen(MappingScreen())
+        self.app.push_screen(MappingScreen(self.session))
 
     def action_open_sql(self) -> None:
         from workbench.app.sql_screen import SqlScreen
 
-        self.app.push_screen(SqlScreen())
+        self.app.push_screen(SqlScreen(self.session))
+
+    def action_open_advice(self) -> None:
+        self.load_advice()
+
+    def action_pick_comparison(self) -> None:
+        info = self.explorer.info
+        entries: list[PickerEntry[int]] = [
+            PickerEntry(
+                f"{'▶' if c.cmp_id == info.cmp_id else ' '} cmp {c.cmp_id}  {c.created}  {c.pairs:,} pairs, "
+                f"{c.failed:,} failed   golden {c.golden}   test {c.test}",
+                c.cmp_id,
+            )
+            for c in self.explorer.comparisons()
+        ]
+
+        def chosen(cmp_id: int | None) -> None:
+            if cmp_id is not None and cmp_id != info.cmp_id:
+                self.post_message(ComparisonChosen(cmp_id))
+
+        self.app.push_screen(PickerScreen("Comparisons in this catalog (Enter: show it)", entries), chosen)
+
+
+def _group_name(group: int) -> str:
+    return (
+        "the ops before the layers"
+        if group == PRE
+        else "the ops after the layers"
+        if group == POST
+        else f"layer {group}"
+    )
 
 
 def _edge_value(sev: float, metric: str, bound: float) -> str:
     """The metric value at a severity edge, for the legend."""
-    if METRICS[metric][2]:
-        return f"{1 - sev * (1 - bound):.4g}"
-    return f"{sev * bound:.3g}"
+    value = value_at(sev, metric, bound)
+    return f"{value:.4g}" if COLOURINGS[metric].higher_is_better else f"{value:.3g}"

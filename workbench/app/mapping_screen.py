@@ -14,7 +14,7 @@ from textual.widgets.option_list import Option
 
 from workbench.analysis.explore import Explorer, NodePair, Unmatched
 from workbench.app.actions import bindings
-from workbench.app.screens import EditRequested, UsesAppExplorer
+from workbench.app.screens import EditRequested, Session, WorkbenchScreen
 from workbench.compare.mapping import WB_MAPPING_NAME, MappingError, MappingFile, PairSpec, TensorSel
 
 
@@ -25,8 +25,8 @@ class MappingLists(Message):
     pairs: list[NodePair]
 
 
-class MappingScreen(UsesAppExplorer):
-    """Two filterable lists of unmatched ops and the list of current pairs."""
+class MappingScreen(WorkbenchScreen[None]):
+    """Two filterable lists of unmatched ops (at any token) and the list of current pairs."""
 
     SCOPE = "mapping"
     BINDINGS = bindings("mapping")
@@ -36,11 +36,12 @@ class MappingScreen(UsesAppExplorer):
     MappingScreen #columns > Vertical:focus-within { border: round $primary; }
     MappingScreen OptionList { height: 1fr; }
     MappingScreen Label { text-style: bold; padding: 0 1; }
-    MappingScreen #map-status { height: 2; padding: 0 1; background: $panel; }
+    MappingScreen .sel-label { text-style: none; color: $text-muted; }
+    MappingScreen #map-status { height: auto; max-height: 4; padding: 0 1; background: $panel; }
     """
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, session: Session) -> None:
+        super().__init__(session)
         self.golden: list[Unmatched] = []
         self.test: list[Unmatched] = []
         self.pairs: list[NodePair] = []
@@ -54,12 +55,14 @@ class MappingScreen(UsesAppExplorer):
                 yield Label("unmatched golden ops")
                 yield Input(placeholder="filter golden", id="golden-filter")
                 yield OptionList(id="golden-list")
-                yield Input(value="*", placeholder="golden tensors: *, out, out:0, in:1", id="golden-sel")
+                yield Label("golden tensors to pair (*, out, out:0, in:1)", classes="sel-label")
+                yield Input(value="*", placeholder="*, out, out:0, in:1", id="golden-sel")
             with Vertical():
                 yield Label("unmatched test ops")
                 yield Input(placeholder="filter test", id="test-filter")
                 yield OptionList(id="test-list")
-                yield Input(value="*", placeholder="test tensors: *, out, out:0, in:1", id="test-sel")
+                yield Label("test tensors to pair (*, out, out:0, in:1)", classes="sel-label")
+                yield Input(value="*", placeholder="*, out, out:0, in:1", id="test-sel")
             with Vertical():
                 yield Label("pairs (x unpairs)")
                 yield Input(placeholder="filter pairs", id="pairs-filter")
@@ -68,9 +71,7 @@ class MappingScreen(UsesAppExplorer):
         yield Footer()
 
     def on_mount(self) -> None:
-        app = self.app
-        path = getattr(app, "mapping_path", None)
-        catalog = Path(getattr(app, "catalog", "."))
+        path, catalog = self.session.mapping, self.session.catalog
         self.target = Path(path) if path is not None else catalog.parent / WB_MAPPING_NAME
         if self.target.is_dir():
             self.target = self.target / WB_MAPPING_NAME
@@ -79,13 +80,13 @@ class MappingScreen(UsesAppExplorer):
                 self.mapping = MappingFile.load(self.target)
             except MappingError as exc:
                 self.notify(str(exc), severity="error")
-        self.query_one("#golden-list").focus()
+        self.query_one("#golden-filter").focus()
         self._status("")
         self.load_lists()
 
     def set_explorer(self, explorer: Explorer) -> None:
         """Reload after an edit reopened the catalog."""
-        del explorer
+        super().set_explorer(explorer)
         self.load_lists()
 
     @work(thread=True, exclusive=True, group="mapping", exit_on_error=False)
@@ -117,12 +118,19 @@ class MappingScreen(UsesAppExplorer):
                     options.append(Option(label, id=str(i)))
         else:
             for u in self.golden if which == "golden" else self.test:
-                label = f"{u.name}  {u.type}  [{u.outs} out, {u.ins} in]"
+                when = f"token {u.first_token}" if u.tokens == 1 else f"{u.tokens} tokens from {u.first_token}"
+                label = f"{u.name}  {u.type}  [{u.outs} out, {u.ins} in; {when}]"
                 if text in label.lower():
                     options.append(Option(label, id=u.name))
         lst.add_options(options)
         if options:
             lst.highlighted = min(highlighted or 0, len(options) - 1)
+
+    @on(Input.Submitted)
+    def _filter_submitted(self, event: Input.Submitted) -> None:
+        """Enter in a filter moves to its list."""
+        if event.input.id and event.input.id.endswith("-filter"):
+            self.query_one(f"#{event.input.id.removesuffix('-filter')}-list").focus()
 
     @on(Input.Changed)
     def _filter_changed(self, event: Input.Changed) -> None:
@@ -139,7 +147,8 @@ class MappingScreen(UsesAppExplorer):
         state = "unsaved changes" if self.dirty else "saved" if self.target.exists() else "not saved yet"
         self.query_one("#map-status", Static).update(
             f"{len(self.golden)} golden and {len(self.test)} test ops unmatched, {len(self.pairs)} pairs · "
-            f"mapping file: {self.target} ({state})\n{text}"
+            f"mapping file: {self.target} ({state})\n"
+            f"{text or 'type to filter, Enter (or Tab) to its list; there p pairs the highlighted ops, x unpairs'}"
         )
 
     # ------------------------------------------------------------------ actions
@@ -157,8 +166,17 @@ class MappingScreen(UsesAppExplorer):
         spec = PairSpec(g, t, gsel, tsel)
         self.mapping.add_pair(spec)
         self.dirty = True
-        self._status(f"pairing {g} ⇄ {t} ({gsel} / {tsel}); computing metrics ...")
+        note = self._size_note(g, t)
+        self._status(f"pairing {g} ⇄ {t} ({gsel} / {tsel}); computing metrics ...{note}")
         self.post_message(EditRequested([spec], []))
+
+    def _size_note(self, golden: str, test: str) -> str:
+        """A warning when the first outputs of the two ops differ in size."""
+        g = next((u for u in self.golden if u.name == golden), None)
+        t = next((u for u in self.test if u.name == test), None)
+        if g is None or t is None or g.out_numel is None or t.out_numel is None or g.out_numel == t.out_numel:
+            return ""
+        return f"  warning: their first outputs differ in size ({g.out_numel:,} vs {t.out_numel:,} elements)"
 
     def action_unpair_selected(self) -> None:
         idx = self._highlighted("pairs")

@@ -1,9 +1,15 @@
-"""Small screens: a message (bad input), compare progress, and help (generated from the action table)."""
+"""The typed screen base and the small screens: message (bad input), progress, help, pickers.
+
+Screens never reach into the app: they get a `Session` (catalog, mapping file, the current
+explorer) when built and post messages (`EditRequested`, `CancelRequested`, `ComparisonChosen`)
+that the app handles; the app tells them of a reopened catalog through `WorkbenchScreen.set_explorer`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 from rich.table import Table
 from rich.text import Text
@@ -12,11 +18,14 @@ from textual.binding import Binding, BindingType
 from textual.containers import Center, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Footer, ProgressBar, Static
+from textual.widgets import Footer, OptionList, ProgressBar, Static
+from textual.widgets.option_list import Option
 
 from workbench.analysis.explore import Explorer
 from workbench.app.actions import ACTIONS, bindings
-from workbench.compare.mapping import PairSpec
+
+if TYPE_CHECKING:
+    from workbench.compare.mapping import PairSpec
 
 SCOPE_TITLES = {
     "app": "Everywhere",
@@ -26,26 +35,123 @@ SCOPE_TITLES = {
     "mapping": "Mapping editor",
     "sql": "SQL console",
     "help": "Help",
+    "picker": "Lists (advisor, comparisons)",
 }
+R = TypeVar("R")
+
+
+@dataclass
+class Session:
+    """What every screen may use: the catalog, the mapping file, and the current read-only explorer."""
+
+    catalog: Path
+    mapping: Path | None
+    explorer: Explorer
 
 
 @dataclass
 class EditRequested(Message):
-    """A screen asks the app to pair (`pairs`) and unpair (`remove`: golden, test node names) nodes."""
+    """Pair (and unpair) nodes: the app closes its connection, writes, recomputes and reopens."""
 
     pairs: list[PairSpec]
     remove: list[tuple[str, str]]
 
 
-class UsesAppExplorer(Screen[None]):
-    """For screens that query the app's current (read-only) catalog explorer, reopened after edits; they ask
-    the app for edits by message (`EditRequested`)."""
+class CancelRequested(Message):
+    """Stop the running compare (everything committed so far is kept)."""
+
+
+@dataclass
+class ComparisonChosen(Message):
+    """Show another comparison of the catalog."""
+
+    cmp_id: int
+
+
+class WorkbenchScreen(Screen[R], Generic[R]):
+    """A screen of the workbench: its action scope (bindings, help, palette) and the session it shows."""
+
+    SCOPE: ClassVar[str] = ""
+
+    def __init__(self, session: Session | None = None) -> None:
+        super().__init__()
+        self._session = session
+
+    @property
+    def session(self) -> Session:
+        assert self._session is not None, f"{type(self).__name__} was built without a session"
+        return self._session
 
     @property
     def explorer(self) -> Explorer:
-        ex = getattr(self.app, "explorer", None)
-        assert isinstance(ex, Explorer)
-        return ex
+        return self.session.explorer
+
+    def set_explorer(self, explorer: Explorer) -> None:
+        """The catalog was reopened (after an edit): reload what the screen shows."""
+        self.session.explorer = explorer
+
+
+class WorkbenchModal(ModalScreen[R], Generic[R]):
+    """A modal screen of the workbench with an action scope."""
+
+    SCOPE: ClassVar[str] = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PickerEntry(Generic[R]):
+    """One line of a picker and the value it returns."""
+
+    label: str
+    value: R
+
+
+class PickerScreen(WorkbenchModal[R | None], Generic[R]):
+    """A titled list; Enter returns the highlighted entry's value, Escape returns None."""
+
+    SCOPE = "picker"
+    BINDINGS = bindings("picker")
+    DEFAULT_CSS = """
+    PickerScreen { align: center middle; }
+    PickerScreen > Vertical { width: 95%; max-width: 160; height: 80%; border: round $primary;
+                              background: $surface; padding: 0 1; }
+    PickerScreen #picker-title { text-style: bold; height: auto; }
+    PickerScreen OptionList { height: 1fr; }
+    """
+
+    def __init__(self, title: str, entries: list[PickerEntry[R]], empty: str = "nothing to show") -> None:
+        super().__init__()
+        self.title_text = title
+        self.entries = entries
+        self.empty = empty
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(self.title_text, id="picker-title")
+            if self.entries:
+                yield OptionList(*[Option(Text(e.label), id=str(i)) for i, e in enumerate(self.entries)], id="picker")
+            else:
+                yield Static(Text(self.empty, style="dim"))
+        yield Footer()
+
+    def on_mount(self) -> None:
+        if self.entries:
+            lst = self.query_one(OptionList)
+            lst.highlighted = 0
+            lst.focus()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        self.action_choose()
+
+    def action_choose(self) -> None:
+        if not self.entries:
+            self.dismiss(None)
+            return
+        i = self.query_one(OptionList).highlighted
+        self.dismiss(None if i is None else self.entries[i].value)
+
+    def action_close(self) -> None:
+        self.dismiss(None)
 
 
 class MessageScreen(Screen[None]):
@@ -105,9 +211,7 @@ class ProgressScreen(Screen[None]):
         self.query_one("#counts", Static).update(f"{done:,} / {total:,}{rate_text}  {message}".rstrip())
 
     def action_cancel(self) -> None:
-        cancel = getattr(self.app, "cancel_event", None)
-        if cancel is not None:
-            cancel.set()
+        self.post_message(CancelRequested())
         self.query_one("#stage", Static).update("cancelling (keeping what is committed) ...")
 
 
@@ -128,9 +232,10 @@ def help_table() -> Table:
     return table
 
 
-class HelpScreen(ModalScreen[None]):
+class HelpScreen(WorkbenchModal[None]):
     """All keys, generated from the action table (the footer and the command palette use it too)."""
 
+    SCOPE = "help"
     BINDINGS = bindings("help")
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }

@@ -15,7 +15,7 @@ from textual.widgets.option_list import Option
 
 from workbench.analysis.explore import Explorer, ResultSet
 from workbench.app.actions import bindings
-from workbench.app.screens import UsesAppExplorer
+from workbench.app.screens import Session, WorkbenchScreen
 
 ROW_LIMIT = 1000
 MAX_CELL = 60
@@ -33,7 +33,7 @@ class SqlDone(Message):
     error: str | None
 
 
-class SqlScreen(UsesAppExplorer):
+class SqlScreen(WorkbenchScreen[None]):
     """Type SQL (Ctrl+R runs it) or pick a saved query; `getvariable('cmp_id')` is the shown comparison."""
 
     SCOPE = "sql"
@@ -49,8 +49,8 @@ class SqlScreen(UsesAppExplorer):
     SqlScreen #results { height: 1fr; }
     """
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, session: Session) -> None:
+        super().__init__(session)
         self.saved: dict[str, tuple[Path, str]] = {}
         self.history: list[str] = []
         self._hist_pos = -1
@@ -95,7 +95,7 @@ class SqlScreen(UsesAppExplorer):
 
     def set_explorer(self, explorer: Explorer) -> None:
         """Nothing cached here: the next query uses the reopened catalog."""
-        del explorer
+        super().set_explorer(explorer)
 
     # ------------------------------------------------------------------ running
     def action_run_sql(self) -> None:

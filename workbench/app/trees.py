@@ -10,7 +10,8 @@ from rich.text import Text
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
-from workbench.analysis.explore import NodeStatus, Side, TreeRow, severity
+from workbench.analysis.severity import ADDED_ERROR, VERDICT, severity
+from workbench.analysis.views import NodeStatus, Side, TreeRow
 from workbench.app.heatmap import LEVEL_EDGES
 from workbench.app.themes import DOMAIN_DEFAULTS, HEAT_LEVELS
 
@@ -24,6 +25,7 @@ class TopologyTree(Tree[TreeRow]):
 
     def __init__(self, side: Side, *, id: str | None = None) -> None:
         super().__init__(side, id=id)
+        self.guide_depth = 2  # deep models: narrow guides leave room for the names
         self.side = side
         self.show_root = False
         self.auto_expand = False
@@ -32,11 +34,12 @@ class TopologyTree(Tree[TreeRow]):
         self.order: list[int] = []  # node ids in execution order
         self.tree_nodes: dict[int, TreeNode[TreeRow]] = {}
         self.status: dict[int, NodeStatus] = {}  # by golden node id
-        self.metric = "cosine_similarity"
-        self.bound = 0.99
-        self.added_bound = 0.02
+        self.by_test: dict[int, NodeStatus] = {}  # the same roll-ups by the test node compared at this token
+        self.metric = VERDICT
+        self.bound: float | None = 1.0
+        self.added_bound: float | None = None
         self.color_by_added = False
-        self.born_id: int | None = None  # golden node where the error is born at this token
+        self.born_id: int | None = None  # node of THIS side where the error is born at this token
         self.badges: dict[tuple[int, int], tuple[str, str]] = {}  # (golden id, token) -> (text, style key)
         self.token: int | None = None  # the token the badges are shown for
         self._styles: dict[str, Style] = {}
@@ -78,14 +81,26 @@ class TopologyTree(Tree[TreeRow]):
         self,
         status: dict[int, NodeStatus],
         metric: str,
-        bound: float,
-        added_bound: float,
+        bound: float | None,
+        added_bound: float | None,
         by_added: bool,
         born_id: int | None,
     ) -> None:
-        """Recolour for a token (status is keyed by golden node id)."""
+        """Recolour for a token: `status` is keyed by golden node id, `born_id` is a node of this side.
+
+        The test side reads each op's roll-up through the test node compared at this token, so an op
+        that did not run at this token (a prefill op at a decode token) shows `·` and no verdict."""
         before = {nid: self._signature(tn.data) for nid, tn in self.tree_nodes.items() if tn.data is not None}
         self.status = status
+        by_test: dict[int, NodeStatus] = {}
+        for st in status.values():
+            if st.counterpart is None:
+                continue
+            old = by_test.get(st.counterpart)
+            # several golden nodes can meet one test op: the verdict's, else a failing one, wins
+            if old is None or (st.born, st.passed is False) > (old.born, old.passed is False):
+                by_test[st.counterpart] = st
+        self.by_test = by_test
         self.born_id = born_id
         mode_changed = (metric, bound, added_bound, by_added) != (
             self.metric,
@@ -100,11 +115,16 @@ class TopologyTree(Tree[TreeRow]):
                 tn.refresh()
 
     def golden_id(self, row: TreeRow) -> int | None:
-        return row.node_id if self.side == "golden" else row.counterpart
+        """The golden node a row stands for at the current token (the test side: its counterpart now)."""
+        if self.side == "golden":
+            return row.node_id
+        st = self.by_test.get(row.node_id)
+        return st.node_id if st is not None else row.counterpart
 
     def status_of(self, row: TreeRow) -> NodeStatus | None:
-        gid = self.golden_id(row)
-        return None if gid is None else self.status.get(gid)
+        if self.side == "test":
+            return self.by_test.get(row.node_id)
+        return self.status.get(row.node_id)
 
     def failing(self, row: TreeRow) -> bool:
         st = self.status_of(row)
@@ -160,9 +180,9 @@ class TopologyTree(Tree[TreeRow]):
     # ------------------------------------------------------------------ rendering
     def on_mount(self) -> None:
         self._load_styles()
-        self.watch(self.app, "theme", self._restyle, init=False)
+        self.watch(self.app, "theme", self._theme_changed, init=False)
 
-    def _restyle(self) -> None:
+    def _theme_changed(self, _theme: str) -> None:
         self._load_styles()
         self._invalidate()
 
@@ -186,14 +206,14 @@ class TopologyTree(Tree[TreeRow]):
         else:
             mark = "✗" if st.passed is False else "✓"
         level = -1
-        if st is not None:
+        bound = self.added_bound if self.color_by_added else self.bound
+        if st is not None and bound is not None:
             raw = st.added_error if self.color_by_added else st.worst
             if raw is not None and not math.isnan(raw):
-                metric = "added_error" if self.color_by_added else self.metric
-                sev = severity(raw, metric, self.added_bound if self.color_by_added else self.bound)
+                metric = ADDED_ERROR if self.color_by_added else self.metric
+                sev = severity(raw, metric, bound)
                 level = sum(1 for e in LEVEL_EDGES if sev >= e)
-        gid = self.golden_id(row)
-        return mark, level, gid is not None and gid == self.born_id
+        return mark, level, row.node_id == self.born_id
 
     def render_label(self, node: TreeNode[TreeRow], base_style: Style, style: Style) -> Text:
         row = node.data
@@ -207,6 +227,7 @@ class TopologyTree(Tree[TreeRow]):
         text = Text.assemble(
             (prefix, base_style),
             (mark + " ", mstyle + Style(bold=True)),
+            ("◆ " if born else "", self._styles.get("born", Style()) + Style(bold=True)),
             (row.short_name, name_style + style),
             (f" {row.type}", self._styles.get("dim", Style())),
             (f" {row.shape}" if row.shape else "", self._styles.get("dim", Style())),
@@ -214,7 +235,7 @@ class TopologyTree(Tree[TreeRow]):
         if mark == "?":
             text.append(" unmatched", self._styles.get("unmatched", Style()))
         if born:
-            text.append(" ◆ error born here", self._styles.get("born", Style()) + Style(bold=True))
+            text.append(" error born here", self._styles.get("born", Style()) + Style(bold=True))
         gid = self.golden_id(row)
         badge = self.badges.get((gid, self.token)) if gid is not None and self.token is not None else None
         if badge is not None:

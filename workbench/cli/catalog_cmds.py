@@ -8,13 +8,13 @@ from typing import Annotated
 import typer
 
 from workbench.cli.common import app, guarded, say
-from workbench.core.files import CATALOG_NAME, DEFAULT_CATALOG
+from workbench.core.files import DEFAULT_CATALOG
 
 
 @app.command()
 def ingest(
     dump: Annotated[Path, typer.Argument(help="A dump folder (msit torch, ATB or msprobe).")],
-    catalog: Annotated[Path, typer.Option("--catalog", "-c", help="Catalog file.")] = Path(CATALOG_NAME),
+    catalog: Annotated[Path, typer.Option("--catalog", "-c", help="Catalog file.")] = Path(DEFAULT_CATALOG),
     follow_symlinks: Annotated[
         bool,
         typer.Option("--follow-symlinks", help="Read files whose symbolic links lead outside the dump (off: refused)."),

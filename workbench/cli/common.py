@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
+from typer.core import TyperArgument, TyperOption
 
 app = typer.Typer(
     name="wb",
@@ -15,6 +16,44 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _flag_type(self: TyperOption, ctx: Any) -> str | None:
+    """An on/off flag takes no value: show no `<bool>` beside it in the help."""
+    return None if self.is_flag else _option_type(self, ctx)
+
+
+def _usage_name(self: TyperArgument) -> str:
+    """Arguments in the usage line as people write them: `GOLDEN [TEST]`, not `{golden} [test]`."""
+    name = self.display_name_raw.upper()
+    name = name if self.required else f"[{name}]"
+    return name + ("..." if self.nargs != 1 else "")
+
+
+# typer shows `<bool>` for flags (`--no-tui <bool>`, `--help <bool>`), which reads as if they took a value, and
+# `{golden}` for a required argument in the usage line
+_option_type = TyperOption.display_type_rich
+TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
+TyperArgument._usage_display_name = _usage_name  # type: ignore[method-assign]
+
+
+def _version(value: bool) -> None:
+    if value:
+        from workbench import __version__
+
+        typer.echo(f"wb {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version of wb and exit."),
+    ] = False,
+) -> None:
+    """wb: find where an LLM's inference goes numerically wrong (golden vs test dumps)."""
+
 
 T = TypeVar("T")
 

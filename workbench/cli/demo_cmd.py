@@ -16,23 +16,34 @@ from workbench.cli.compare_cmd import run_compare_cli
 @app.command()
 def demo(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the demo dumps and catalog.")] = Path("wb_demo"),
-    no_tui: Annotated[bool, typer.Option("--no-tui", help="Stop after the summary; do not open the app.")] = False,
+    no_tui: Annotated[
+        bool, typer.Option("--no-tui", help="Stop after the summary; do not open the app.", show_default=False)
+    ] = False,
     defect: Annotated[
-        str | None, typer.Option("--defect", help="Planted defect (see `wb demo --list-defects`).")
+        str | None,
+        typer.Option("--defect", metavar="NAME", help="Planted defect (see `wb demo --list-defects`)."),
     ] = None,
     stack: Annotated[
-        str, typer.Option("--stack", help="Test stack: atb (ATB-structured, bf16) or torch (HF bf16).")
+        str,
+        typer.Option("--stack", metavar="STACK", help="Test stack: atb (ATB-structured, bf16) or torch (HF bf16)."),
     ] = "atb",
-    list_defects: Annotated[bool, typer.Option("--list-defects", help="List the defects the demo can plant.")] = False,
+    list_defects: Annotated[
+        bool,
+        typer.Option("--list-defects", help="List the defects each test stack can plant.", show_default=False),
+    ] = False,
     theme: Annotated[str | None, typer.Option("--theme", help="Theme for the app.")] = None,
 ) -> None:
     """Build a small Llama, dump a golden (fp32) and a test run (bf16, one planted defect), compare, open the app."""
     from workbench import demo as demo_mod
 
     if list_defects:
-        for name, text in demo_mod.available_defects(stack).items():
-            typer.echo(f"{name:16s} {text}")
+        for st in demo_mod.STACKS:
+            default = " (the default stack)" if st == "atb" else ""
+            typer.echo(f"--stack {st}{default}:")
+            for name, text in demo_mod.available_defects(st).items():
+                typer.echo(f"  {name:16s} {text}")
         return
+    guarded(lambda: demo_mod.check_choice(stack, defect))  # before anything is built or deleted
 
     def go() -> Any:
         plan = demo_mod.make_demo(out, stack=stack, defect=defect, log=typer.echo)
@@ -43,9 +54,11 @@ def demo(
 
     res = guarded(go)
     interactive = sys.stdin.isatty() and sys.stdout.isatty() and not os.environ.get("CI")
+    from workbench.core.files import CATALOG_NAME
+
     if no_tui or not interactive:
+        typer.echo(f"open the app on it: wb open {out / CATALOG_NAME}")
         return
-    from workbench.catalog import CATALOG_NAME
 
     def launch_app() -> int:
         from workbench.app.launch import launch

@@ -13,16 +13,20 @@ from workbench.core.files import DEFAULT_OUTPUT
 
 @app.command("open")
 def open_cmd(
-    golden: Annotated[Path, typer.Argument(help="Golden dump folder, or a catalog.duckdb to open.")],
+    golden: Annotated[Path, typer.Argument(help="Golden dump folder, or a catalog.duckdb (or its folder) to open.")],
     test: Annotated[Path | None, typer.Argument(help="Test dump folder.")] = None,
     mapping: Annotated[Path | None, typer.Option("-mf", "--mapping", help="Mapping file or folder.")] = None,
     out: Annotated[Path, typer.Option("-o", "--output", help="Folder for the catalog when comparing.")] = Path(
         DEFAULT_OUTPUT
     ),
     theme: Annotated[str | None, typer.Option("--theme", help="Theme name from themes/.")] = None,
+    cmp_id: Annotated[
+        int | None,
+        typer.Option("--cmp", help="Comparison to show when the catalog holds several (default: the newest)."),
+    ] = None,
 ) -> None:
     """Open the workbench app on two dumps (ingested and compared first) or on an existing catalog."""
-    from workbench.catalog import CATALOG_NAME
+    from workbench.core.files import CATALOG_NAME
 
     def go() -> int:
         from workbench.app.launch import launch
@@ -32,16 +36,29 @@ def open_cmd(
                 cat = golden / CATALOG_NAME
                 if not cat.exists():
                     raise ValueError(f"{golden}: a dump folder needs a TEST folder too (or pass a catalog file)")
-                return launch(catalog=cat, theme=theme)
+                return launch(catalog=cat, theme=theme, cmp_id=cmp_id)
             if not golden.exists():
                 raise ValueError(f"{golden}: no such catalog")
-            return launch(catalog=golden, theme=theme)
+            check_catalog(golden, cmp_id)
+            return launch(catalog=golden, theme=theme, cmp_id=cmp_id)
         for p in (golden, test):
             if not p.exists():
                 raise ValueError(f"{p}: no such folder")
         out.mkdir(parents=True, exist_ok=True)
+        if cmp_id is not None:
+            raise ValueError("--cmp chooses a comparison of an existing catalog; with two dumps, one is made")
         return launch(catalog=out / CATALOG_NAME, golden=golden, test=test, mapping=mapping, theme=theme)
 
     code = guarded(go)
     if code:
         raise typer.Exit(code)
+
+
+def check_catalog(path: Path, cmp_id: int | None) -> None:
+    """Refuse, in one line and before the app starts, a file that is not a wb catalog or a missing comparison."""
+    from workbench.analysis.explore import ExploreError, Explorer
+
+    try:
+        Explorer(path, cmp_id).close()
+    except ExploreError as exc:
+        raise ValueError(str(exc)) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -77,11 +78,27 @@ def precheck(
                 raise ValueError("give a dump folder, or --catalog with --node")
             if not path.is_dir():
                 raise ValueError(f"{path}: no such folder")
-            if _is_atb(path):
+            from workbench.formats.atb import token_folders
+
+            tokens_below = token_folders(path)
+            if tokens_below or _is_atb(path):
                 from workbench.analysis.precheck import precheck_group
                 from workbench.compare.thresholds import Thresholds
 
-                return precheck_group(path, thresholds=Thresholds.load(thresholds))  # an op folder yields itself
+                th = Thresholds.load(thresholds)
+                found: list[PrecheckResult] = []
+                folders = tokens_below or [path]
+                for folder in folders:
+                    here = precheck_group(folder, thresholds=th)  # an op folder yields itself
+                    if len(folders) > 1:  # several tokens: say which one each op ran at
+                        here = [replace(r, name=f"token {folder.name}: {r.name or r.op_dir}") for r in here]
+                    found += here
+                if not found:
+                    raise ValueError(
+                        f"{path}: no ATB op folders here or below (give a dump folder, its tensors/{{dev}}_{{pid}} "
+                        "folder, a token folder, a layer folder or an op folder)"
+                    )
+                return found
             return pt.precheck_path(path, token, node)
         except pt.CannotRun as exc:
             raise ValueError(str(exc)) from None
@@ -115,6 +132,15 @@ def precheck(
     code = guarded(go)
     if code:
         raise typer.Exit(code)
+
+
+def folders_to_check(path: Path) -> list[Path]:
+    """Where to look for ops: the token folders when `path` is a dump or lies above its tokens, else `path`
+    itself (a token, layer or op folder)."""
+    from workbench.formats.atb import token_folders
+
+    tokens = token_folders(path)
+    return tokens or [path]
 
 
 def _is_atb(path: Path) -> bool:

@@ -449,8 +449,21 @@ def compute_pending(
 
     sink = ResultSink(con, cmp_id, golden.run_id, test.run_id, judge)
     sink.aliases = aliases
+    n_stats = sum(1 for t in tasks if isinstance(t, StatsTask))
+    # the progress counts tasks: the pairs to compute (files shared by several pairs once) and the statistics
+    # of tensors without a counterpart, so its total differs from the summary's `pairs compared`
+    stage = f"compare ({len(tasks) - n_stats} pairs + {n_stats} unpaired tensors' statistics)" if n_stats else "compare"
     execute_tasks(
-        tasks, sizes, sink, workers=workers, progress=progress, cancel=cancel, pool=pool, early=early, claims=claims
+        tasks,
+        sizes,
+        sink,
+        workers=workers,
+        progress=progress,
+        cancel=cancel,
+        pool=pool,
+        early=early,
+        claims=claims,
+        stage=stage,
     )
     return len(todo), sink.failed, sink.uncomparable
 

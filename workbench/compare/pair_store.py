@@ -98,10 +98,15 @@ def insert_node_matches(con: duckdb.DuckDBPyConnection, cmp_id: int, matches: li
             "evidence": [m.evidence for m in matches],
         }
     )
+    # one row per node pair (docs/catalog.md): a pair matched for several tensor selections (fused q/k/v,
+    # gate/up) is still one pair; one already stored (an editor re-pair) is not added again
+    df = df.drop_duplicates(["golden_node_id", "test_node_id"], keep="first")
     con.register("_nm", df)
     con.execute(
-        "INSERT INTO node_matches SELECT ?, golden_node_id, test_node_id, method, confidence, evidence FROM _nm",
-        [cmp_id],
+        "INSERT INTO node_matches SELECT ?, n.golden_node_id, n.test_node_id, n.method, n.confidence, n.evidence "
+        "FROM _nm n WHERE NOT EXISTS (SELECT 1 FROM node_matches o WHERE o.cmp_id = ? "
+        "AND o.golden_node_id = n.golden_node_id AND o.test_node_id = n.test_node_id)",
+        [cmp_id, cmp_id],
     )
     con.unregister("_nm")
 

@@ -57,8 +57,8 @@ def format_summary(
         f"test:   {test_label}",
         f"pairs compared: {res.pairs} ({res.computed} computed now, {res.skipped} already in the catalog); "
         f"failed: {res.failed}; not comparable: {res.uncomparable}",
-        f"unmatched: golden {res.unmatched_golden} of {res.golden_nodes} nodes, "
-        f"test {res.unmatched_test} of {res.test_nodes} nodes",
+        f"unmatched: golden {res.unmatched_golden} of {res.golden_nodes} nodes with tensors, "
+        f"test {res.unmatched_test} of {res.test_nodes} nodes with tensors",
     ]
     cats = cov.get("categories") or {}
     if cats:
@@ -71,7 +71,7 @@ def format_summary(
         )
     if cov.get("by_method"):
         methods = ", ".join(f"{k} {v}" for k, v in sorted(cov["by_method"].items()))
-        lines.append(f"matched by: {methods}")
+        lines.append(f"node pairs matched by: {methods}")
     if res.shape_mismatch and res.shape_mismatch * 2 >= res.pairs:
         lines.append(
             f"warning: {res.shape_mismatch} of {res.pairs} pairs differ in shape: are golden and test "

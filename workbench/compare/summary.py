@@ -74,7 +74,11 @@ def node_coverage(golden: RunFrames, test: RunFrames, matches: list[NodeMatch], 
     g_matched = {m.golden_node_id for m in matches} & g_with
     t_matched = {m.test_node_id for m in matches} & t_with
     by_method: dict[str, int] = {}
-    for m in matches:
+    seen: set[tuple[int, int]] = set()
+    for m in matches:  # node pairs, each once (a fused q/k/v pair is matched once per tensor selection)
+        if (m.golden_node_id, m.test_node_id) in seen:
+            continue
+        seen.add((m.golden_node_id, m.test_node_id))
         by_method[m.method.split(":")[0]] = by_method.get(m.method.split(":")[0], 0) + 1
     # the modules a port is judged on: Linear, norm, attention and MLP blocks of the golden model
     categories: dict[str, list[int]] = {}

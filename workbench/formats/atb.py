@@ -47,6 +47,29 @@ def is_atb_device_dir(path: Path) -> bool:
     return path.parent.name == "tensors" and re.fullmatch(r"[0-9]+_[0-9]+", path.name) is not None
 
 
+def token_folders(path: Path, depth: int = 4) -> list[Path]:
+    """The token folders (`tensors/{dev}_{pid}/{token}`) at or below `path` (a dump root or any level down to
+    a token folder), in device then token order; [] when there are none within `depth` levels."""
+    if is_atb_device_dir(path):
+        try:
+            kids = [c for c in path.iterdir() if c.is_dir() and c.name.isdigit()]
+        except OSError:
+            return []
+        return sorted(kids, key=lambda c: int(c.name))
+    if path.name.isdigit() and is_atb_device_dir(path.parent):
+        return [path]
+    if depth <= 0 or not path.is_dir():
+        return []
+    try:
+        kids = sorted(c for c in path.iterdir() if c.is_dir())
+    except OSError:
+        return []
+    out: list[Path] = []
+    for c in kids:
+        out += token_folders(c, depth - 1)
+    return out
+
+
 # ------------------------------------------------------------------ the folder layout, for readers of single ops
 OP_PARAM_FILE = "op_param.json"  # an op folder's params
 

@@ -126,7 +126,11 @@ def _read_ingest_compare(
     if progress:
         progress(Progress("read dumps", 2, 2))
     if isinstance(tokens, TokenRanges):
+        asked = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in tokens.ranges)
         tokens = tokens.among(g_dump.tokens, t_dump.tokens)
+        check_tokens(tokens, g_dump.tokens, t_dump.tokens, asked)
+    elif tokens is not None:
+        check_tokens(set(tokens), g_dump.tokens, t_dump.tokens)
     if early is None and pool is not None and g_dump.kind == t_dump.kind:
         from workbench.compare.early import EarlyPairs
 
@@ -267,3 +271,23 @@ def add_node_pairs(
         return added
     finally:
         con.close()
+
+
+def check_tokens(wanted: set[int], golden: list[int], test: list[int], asked: str | None = None) -> None:
+    """Refuse tokens the dumps lack entirely (nothing would be compared, and the report would be empty)."""
+    have = sorted(set(golden) & set(test))
+    if wanted & set(have):
+        return
+    asked = asked or _token_text(sorted(wanted))
+    raise ValueError(f"--tokens {asked}: the dumps have no such token; they hold tokens {_token_text(have) or 'none'}")
+
+
+def _token_text(tokens: list[int]) -> str:
+    """[0, 1, 2, 3, 7] -> '0-3,7'."""
+    out: list[list[int]] = []
+    for t in sorted(tokens):
+        if out and t == out[-1][1] + 1:
+            out[-1][1] = t
+        else:
+            out.append([t, t])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
