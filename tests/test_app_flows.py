@@ -183,13 +183,6 @@ async def test_advisor_panel(small_catalog: Path) -> None:
         await pilot.press("v")
         await wait_for(pilot, lambda: isinstance(app.screen, PickerScreen))
         picker = app.screen
-        try:
-            import workbench.analysis.advisor  # noqa: F401
-        except ImportError:  # not merged yet: the panel says so instead of failing
-            assert any("advisor is not part of this wb build" in _text(w) for w in picker.query(Static))
-            await pilot.press("escape")
-            await wait_for(pilot, lambda: app.screen is screen)
-            return
         lst = picker.query_one(OptionList)
         assert lst.option_count > 0
         await pilot.press("enter")

@@ -10,7 +10,6 @@ threads can query at once.
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import threading
@@ -559,10 +558,8 @@ class Explorer:
     # ------------------------------------------------------------------ advisor
     def advice(self, token: int | None = None, top: int | None = 50) -> tuple[list[Any], str]:
         """The advisor's ranked suspects (`analysis.advisor.advise`), and a note when there are none."""
-        try:  # the advisor lands separately: the app works without it
-            advise = importlib.import_module("workbench.analysis.advisor").advise
-        except (ImportError, AttributeError):
-            return [], "the advisor is not part of this wb build (workbench.analysis.advisor is missing)"
+        from workbench.analysis.advisor import advise
+
         cur = self._cur()
         try:
             rows = list(advise(cur, self.info.cmp_id, token=token, top=top))

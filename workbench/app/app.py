@@ -14,6 +14,7 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.message import Message
 from textual.worker import Worker, WorkerState
 
+from workbench.analysis.advisor import SIGNIFICANT
 from workbench.analysis.explore import ExploreError, Explorer
 from workbench.app.actions import ACTIONS, bindings
 from workbench.app.main_screen import MainScreen
@@ -99,16 +100,18 @@ class WorkbenchCommands(Provider):
 
 
 def start_selection(explorer: Explorer) -> tuple[int | None, int | None]:
-    """(token, golden node) to show first: the advisor's first suspect, else where the error is born at
-    the first failing token, else nothing (everything passes)."""
-    rows, _ = explorer.advice(top=1)
-    if rows:
-        return int(rows[0].token_id), int(rows[0].golden_node_id)
+    """(token, golden node) to show first: where the error is born at the first token that has such an op,
+    else the advisor's first suspect where it stands out of its peers' noise, else nothing."""
     born = explorer.born_all()
     first_bad = next((t for t, name in born.items() if name is not None), None)
-    if first_bad is None:
-        return None, None
-    return first_bad, explorer.born(first_bad)[0]
+    if first_bad is not None:
+        return first_bad, explorer.born(first_bad)[0]
+    rows, _ = explorer.advice(top=1)
+    standing_out = [r for r in rows if r.score >= SIGNIFICANT]
+    if standing_out:
+        first = min(standing_out, key=lambda r: r.token_id)
+        return int(first.token_id), int(first.golden_node_id)
+    return None, None
 
 
 class WorkbenchApp(App[int]):
