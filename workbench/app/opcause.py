@@ -124,7 +124,13 @@ class RedumpScreen(Screen[None]):
         self.query_one("#stage", Static).update("cancelling (the catalog stays as it was) ...")
 
 
-class OpCauseActions:
+if TYPE_CHECKING:
+    _MixinBase = Screen[None]  # the mixin is only ever mixed into a screen: type it as one
+else:
+    _MixinBase = object
+
+
+class OpCauseActions(_MixinBase):
     """`p` and `d` on the main screen (mixed into `MainScreen`)."""
 
     explorer: Explorer
@@ -134,14 +140,14 @@ class OpCauseActions:
 
     def _target(self) -> tuple[int, int] | None:
         if self.selected is None:
-            self.notify("select an op first (trees, or Enter on the heatmap)")  # type: ignore[attr-defined]
+            self.notify("select an op first (trees, or Enter on the heatmap)")
             return None
         return self.selected, self.token
 
     def action_precheck(self) -> None:
         target = self._target()
         if target is not None:
-            panel = self.query_one(PrecheckPanel)  # type: ignore[attr-defined]
+            panel = self.query_one(PrecheckPanel)
             panel.display = True
             panel.update(Text("precheck: re-running the op ...", style="dim"))
             self._precheck_worker(*target)
@@ -158,17 +164,17 @@ class OpCauseActions:
             finally:
                 con.close()
         except CannotRun as exc:
-            self.post_message(PrecheckReady(node_id, token, None, str(exc)))  # type: ignore[attr-defined]
+            self.post_message(PrecheckReady(node_id, token, None, str(exc)))
             return
-        self.post_message(PrecheckReady(node_id, token, result))  # type: ignore[attr-defined]
+        self.post_message(PrecheckReady(node_id, token, result))
 
     def on_precheck_ready(self, msg: PrecheckReady) -> None:
-        self.query_one(PrecheckPanel).show(msg.result, msg.error, msg.token)  # type: ignore[attr-defined]
+        self.query_one(PrecheckPanel).show(msg.result, msg.error, msg.token)
         mark = {True: ("✓ precheck", "ok"), False: ("✗ precheck fails", "fail"), None: ("? precheck", "unmatched")}
         badge = mark[msg.result.passed if msg.result is not None else None]
         from workbench.app.trees import TopologyTree
 
-        for tree in self.query(TopologyTree):  # type: ignore[attr-defined]
+        for tree in self.query(TopologyTree):
             tree.badges[(msg.node_id, msg.token)] = badge
             tree.token = msg.token
             tree.refresh()
@@ -179,8 +185,10 @@ class OpCauseActions:
             return
         cancel = threading.Event()
         self._redump_cancel = cancel
-        app: Any = self.app  # type: ignore[attr-defined]
-        name = self.query_one("#golden-tree").rows.get(target[0])  # type: ignore[attr-defined]
+        app: Any = self.app
+        from workbench.app.trees import TopologyTree
+
+        name = self.query_one("#golden-tree", TopologyTree).rows.get(target[0])
         label = f"{name.name if name else target[0]} at token {target[1]} (test side)"
         app.push_screen(RedumpScreen(label, cancel))
         if app.explorer is not None:
@@ -192,13 +200,17 @@ class OpCauseActions:
         from workbench.jobs.redump import RedumpError, run_redump
 
         catalog, cmp_id = self.explorer.catalog, self.explorer.info.cmp_id
+
+        def step(p: Progress) -> None:
+            self.post_message(RedumpStep(p))
+
         try:
             res = run_redump(
                 catalog,
                 cmp_id,
                 node_id,
                 token,
-                progress=lambda p: self.post_message(RedumpStep(p)),  # type: ignore[attr-defined]
+                progress=step,
                 cancel=cancel,
             )
             text = f"re-dumped: {res.tensors_updated} tensors now full, {res.pairs_recomputed} pairs recomputed"
@@ -208,15 +220,15 @@ class OpCauseActions:
             text, error = str(exc), True
         except Exception as exc:  # shown to the user; the catalog is reopened either way
             text, error = f"re-dump failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", True
-        self.post_message(RedumpFinished(text, error))  # type: ignore[attr-defined]
+        self.post_message(RedumpFinished(text, error))
 
     def on_redump_step(self, msg: RedumpStep) -> None:
-        screen = self.app.screen  # type: ignore[attr-defined]
+        screen = self.app.screen
         if isinstance(screen, RedumpScreen):
             screen.step(msg.progress)
 
     def on_redump_finished(self, msg: RedumpFinished) -> None:
-        app: Any = self.app  # type: ignore[attr-defined]
+        app: Any = self.app
         if isinstance(app.screen, RedumpScreen):
             app.pop_screen()
         app.reopen_after_edit(msg.text, msg.error)
