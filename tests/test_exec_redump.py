@@ -109,7 +109,10 @@ def compared(runs: tuple[Path, Path, Path]) -> Path:
 
 
 def _pairs(catalog: Path, node: str, token: int) -> list[tuple[str | None, object]]:
-    con = duckdb.connect(str(catalog), read_only=True)
+    from workbench.catalog.readonly import connect_read_only
+
+    # the app holds its own confined read-only connection: DuckDB wants the same configuration in one process
+    con = connect_read_only(catalog)
     rows = con.execute(
         "SELECT tt.path, x.cosine_similarity FROM matches m JOIN comparisons c USING (cmp_id) "
         "JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id "
