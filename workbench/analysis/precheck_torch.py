@@ -911,35 +911,12 @@ def precheck_catalog(
 ) -> PrecheckResult:
     """Precheck the `side` op of a comparison's golden node at `token` (torch module, msprobe call or ATB op)."""
     from workbench.analysis.precheck import precheck_op
+    from workbench.catalog.lookup import NodeLookupError, compared_node
 
-    row = con.execute("SELECT golden_run, test_run FROM comparisons WHERE cmp_id = ?", [cmp_id]).fetchone()
-    if row is None:
-        raise CannotRun(f"no comparison {cmp_id} in the catalog")
-    golden_run, test_run = int(row[0]), int(row[1])
-    if isinstance(golden_node, str):
-        found = con.execute(
-            "SELECT node_id FROM nodes WHERE run_id = ? AND name = ?", [golden_run, golden_node]
-        ).fetchone()
-        if found is None:
-            raise CannotRun(f"no golden node {golden_node!r} in comparison {cmp_id}")
-        gid = int(found[0])
-    else:
-        gid = golden_node
-    run_id, node_id = golden_run, gid
-    if side == "test":
-        found = (
-            con.execute(
-                "SELECT test_node_id FROM node_results WHERE cmp_id = ? AND token_id = ? AND golden_node_id = ? "
-                "AND test_node_id IS NOT NULL",
-                [cmp_id, token, gid],
-            ).fetchone()
-            or con.execute(
-                "SELECT test_node_id FROM node_matches WHERE cmp_id = ? AND golden_node_id = ? LIMIT 1", [cmp_id, gid]
-            ).fetchone()
-        )
-        if found is None:
-            raise CannotRun("the op has no counterpart on the test side (pair it in the mapping editor)")
-        run_id, node_id = test_run, int(found[0])
+    try:
+        run_id, node_id = compared_node(con, cmp_id, golden_node, token, side)
+    except NodeLookupError as exc:
+        raise CannotRun(str(exc)) from None
     kind_row = con.execute("SELECT kind FROM runs WHERE run_id = ?", [run_id]).fetchone()
     name_row = con.execute("SELECT name FROM nodes WHERE run_id = ? AND node_id = ?", [run_id, node_id]).fetchone()
     if kind_row is None or name_row is None:

@@ -91,27 +91,12 @@ def plan_redump(
     con: duckdb.DuckDBPyConnection, cmp_id: int, golden_node: int | str, token: int, catalog: Path, side: str = "test"
 ) -> RedumpPlan:
     """Work out the command, environment and output folder for re-dumping one op of a comparison."""
-    row = con.execute("SELECT golden_run, test_run FROM comparisons WHERE cmp_id = ?", [cmp_id]).fetchone()
-    if row is None:
-        raise RedumpError(f"no comparison {cmp_id} in {catalog}")
-    golden_run, test_run = int(row[0]), int(row[1])
-    if isinstance(golden_node, str):
-        found = con.execute(
-            "SELECT node_id FROM nodes WHERE run_id = ? AND name = ?", [golden_run, golden_node]
-        ).fetchone()
-        if found is None:
-            raise RedumpError(f"no golden node {golden_node!r} in comparison {cmp_id}")
-        gid = int(found[0])
-    else:
-        gid = int(golden_node)
-    run_id, node_id = golden_run, gid
-    if side == "test":
-        found = con.execute(
-            "SELECT test_node_id FROM node_matches WHERE cmp_id = ? AND golden_node_id = ? LIMIT 1", [cmp_id, gid]
-        ).fetchone()
-        if found is None:
-            raise RedumpError("the op has no counterpart on the test side")
-        run_id, node_id = test_run, int(found[0])
+    from workbench.catalog.lookup import NodeLookupError, compared_node
+
+    try:
+        run_id, node_id = compared_node(con, cmp_id, golden_node, token, side)
+    except NodeLookupError as exc:
+        raise RedumpError(f"{catalog}: {exc}") from None
     info = con.execute(
         "SELECT r.kind, r.meta, n.name FROM runs r JOIN nodes n ON n.run_id = r.run_id WHERE r.run_id = ? "
         "AND n.node_id = ?",

@@ -1,0 +1,46 @@
+"""Find one op of a comparison in the catalog: the golden node by name or id, and its test counterpart."""
+
+from __future__ import annotations
+
+import duckdb
+
+
+class NodeLookupError(ValueError):
+    """The comparison or the op is not in the catalog; the message says which."""
+
+
+def compared_node(
+    con: duckdb.DuckDBPyConnection, cmp_id: int, golden_node: int | str, token: int, side: str = "test"
+) -> tuple[int, int]:
+    """(run_id, node_id) of the `side` op of comparison `cmp_id`'s golden node (a name or a node id) at `token`.
+
+    The test side is the op compared at that token (`node_results`: an ATB decode graph has other ops than the
+    prefill graph), else the node paired with it (`node_matches`)."""
+    row = con.execute("SELECT golden_run, test_run FROM comparisons WHERE cmp_id = ?", [cmp_id]).fetchone()
+    if row is None:
+        raise NodeLookupError(f"no comparison {cmp_id} in the catalog")
+    golden_run, test_run = int(row[0]), int(row[1])
+    if isinstance(golden_node, str):
+        found = con.execute(
+            "SELECT node_id FROM nodes WHERE run_id = ? AND name = ?", [golden_run, golden_node]
+        ).fetchone()
+        if found is None:
+            raise NodeLookupError(f"no golden node {golden_node!r} in comparison {cmp_id}")
+        gid = int(found[0])
+    else:
+        gid = int(golden_node)
+    if side != "test":
+        return golden_run, gid
+    found = (
+        con.execute(
+            "SELECT test_node_id FROM node_results WHERE cmp_id = ? AND token_id = ? AND golden_node_id = ? "
+            "AND test_node_id IS NOT NULL",
+            [cmp_id, token, gid],
+        ).fetchone()
+        or con.execute(
+            "SELECT test_node_id FROM node_matches WHERE cmp_id = ? AND golden_node_id = ? LIMIT 1", [cmp_id, gid]
+        ).fetchone()
+    )
+    if found is None:
+        raise NodeLookupError("the op has no counterpart on the test side (pair it in the mapping editor)")
+    return test_run, int(found[0])
