@@ -108,10 +108,20 @@ def test_nan_inf_locations_start_where_the_nan_is_made(small_catalog: Path) -> N
 
 
 def test_first_divergent_token_says_nothing_when_every_token_passes(small_catalog: Path) -> None:
-    res = run_wb("query", "first_divergent_token", "-c", str(small_catalog), "-f", "csv")
-    assert res.stdout.splitlines()[1].split(",")[0] == "1"  # the planted defect starts at token 1
+    # the logits table as `wb compare` fills it: token 0 passes, token 1 fails
     con = duckdb.connect(str(small_catalog))
-    con.execute("UPDATE metrics SET passed = true, failed_metrics = NULL")
+    cmp_id = con.execute("SELECT max(cmp_id) FROM comparisons").fetchall()[0][0]
+    con.execute("DELETE FROM logits WHERE cmp_id = ?", [cmp_id])
+    con.execute(
+        "INSERT INTO logits (cmp_id, token_id, cosine_similarity, kl_divergence, passed) "
+        "VALUES (?, 0, 0.99999, 1e-6, true), (?, 1, 0.98, 0.02, false)",
+        [cmp_id, cmp_id],
+    )
+    con.close()
+    res = run_wb("query", "first_divergent_token", "-c", str(small_catalog), "-f", "csv")
+    assert res.stdout.splitlines()[1].split(",")[0] == "1"  # the first token whose logits fail
+    con = duckdb.connect(str(small_catalog))
+    con.execute("UPDATE logits SET passed = true")
     con.close()
     res = run_wb("query", "first_divergent_token", "-c", str(small_catalog))
     assert res.returncode == 0 and res.stdout.strip() == "(no rows)"  # never a passing token
