@@ -25,11 +25,7 @@ from workbench.cli import (  # noqa: F401  (registration)
     precheck_cmd,
     redump_cmd,
 )
-from workbench.cli.common import EXIT_CRASH, REPORT_AT, Terminated, app
-
-
-def _on_sigterm(_signum: int, _frame: object) -> None:
-    raise Terminated
+from workbench.cli.common import EXIT_CRASH, REPORT_AT, app, on_sigterm
 
 
 def main() -> None:
@@ -41,7 +37,7 @@ def main() -> None:
         sys.argv.remove("--debug")
         os.environ["WB_DEBUG"] = "1"
     with contextlib.suppress(ValueError):  # not the main thread (embedded): leave signals alone
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        signal.signal(signal.SIGTERM, on_sigterm)
     code: int = 0
     try:
         app()

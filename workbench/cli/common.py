@@ -72,6 +72,17 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, delivered as an interrupt so it ends exactly like Ctrl-C (everything committed kept)."""
 
 
+_sigterm_received = False
+
+
+def on_sigterm(_signum: int, _frame: object) -> None:
+    """The SIGTERM handler: end like Ctrl-C, remembering it was SIGTERM (DuckDB may report it as its own
+    interrupt, and the line and exit code must still say "terminated")."""
+    global _sigterm_received
+    _sigterm_received = True
+    raise Terminated
+
+
 def say(line: object, err: bool = False) -> None:
     """Print one line with control characters and undecodable bytes escaped (file names can hold anything)."""
     from workbench.core.text import printable
@@ -106,6 +117,10 @@ def guarded(fn: Callable[[], T]) -> T:
         raise fail(_first_line(exc)) from None
     except RecursionError:
         raise fail("input nested too deeply to read (a JSON or TOML file, or folders)") from None
+    except duckdb.InterruptException:  # a signal that arrived while DuckDB ran a statement
+        if _sigterm_received:
+            raise fail("terminated; everything committed so far is kept in the catalog", EXIT_TERMINATED) from None
+        raise fail("interrupted; everything committed so far is kept in the catalog", EXIT_INTERRUPTED) from None
     except duckdb.Error as exc:
         raise fail(f"catalog: {storage_message(exc)}; everything committed before is kept") from None
     except OSError as exc:

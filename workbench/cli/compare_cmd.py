@@ -204,6 +204,8 @@ def catalog_guard(catalog: Path, fn: Callable[[], T]) -> T:
 
     try:
         return fn()
+    except duckdb.InterruptException:
+        raise  # a signal, not a storage fault: `guarded` says interrupted or terminated
     except duckdb.Error as exc:
         raise CatalogError(
             f"{catalog}: {storage_message(exc)}; nothing committed was lost (earlier runs and comparisons are kept)"
