@@ -545,20 +545,6 @@ def _scan_op_tensors(token: int, node: str, folder: Path, out: list[TensorEntry]
                         stats=h.stats,
                     )
                 )
-            elif not h.has_data:
-                out.append(
-                    TensorEntry(
-                        token,
-                        node,
-                        role,
-                        k,
-                        path,
-                        dtype=h.dtype,
-                        shape=h.shape,
-                        layout=h.layout,
-                        error="descriptor only (dumped with -sd): no tensor data",
-                    )
-                )
             else:
                 out.append(
                     TensorEntry(
@@ -570,6 +556,7 @@ def _scan_op_tensors(token: int, node: str, folder: Path, out: list[TensorEntry]
                         dtype=h.dtype,
                         shape=h.shape,
                         layout=h.layout,
+                        error=None if h.has_data else "descriptor only (dumped with -sd): no tensor data",
                     )
                 )
 

@@ -350,7 +350,10 @@ def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems:
                 norm=_num(leaf.get("Norm")),
             )
             name = leaf.get("data_name")
-            if not isinstance(name, str) or not name:
+            escapes = isinstance(name, str) and bool(name) and (os.sep in name or name.startswith(".."))
+            if escapes:
+                problems.append(f"{data_dir / str(name)}: data_name leaves dump_tensor_data: ignored")
+            if not isinstance(name, str) or not name or escapes:  # statistics only
                 out.append(
                     TensorEntry(
                         call.token,
@@ -365,21 +368,6 @@ def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems:
                 )
                 continue
             path = str(data_dir / name)
-            if os.sep in name or name.startswith(".."):
-                problems.append(f"{path}: data_name leaves dump_tensor_data: ignored")
-                out.append(
-                    TensorEntry(
-                        call.token,
-                        call.node,
-                        role,
-                        idx,
-                        None,
-                        dtype=dtype,
-                        shape=shape,
-                        stats=stats,
-                    )
-                )
-                continue
             try:
                 if os.path.islink(path):
                     check_link(path)
