@@ -131,6 +131,11 @@ def test_compare_golden_with_tp_ranks(tmp_path: Path, shape: str, dtype: torch.d
         "SELECT t.rank, count(*) FROM comparisons c JOIN runs t ON t.run_id = c.test_run GROUP BY 1 ORDER BY 1"
     ).fetchall()
     assert ranks == [(0, 1), (1, 1)]
+    assert con.execute("SELECT count(*) FROM runs WHERE rank IS NULL").fetchone() == (1,)  # the one golden run
+    summary = con.execute(
+        "SELECT rank, pairs > 0, origin_node, allreduce_failed, culprit_rank FROM rank_summary ORDER BY rank"
+    ).fetchall()
+    assert summary == [(r, True, "root.model.layers.1.self_attn.o_proj", 3, 1) for r in (0, 1)]
     culprits = con.execute(
         "SELECT DISTINCT culprit_rank, round(factor, 2) FROM allreduce_checks WHERE NOT passed"
     ).fetchall()

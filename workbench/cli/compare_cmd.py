@@ -72,6 +72,7 @@ def run_compare_cli(
             thresholds,
             quiet,
             rank=rank,
+            rank_sides=(g.rank is not None or bool(g_ranks), t.rank is not None or bool(t_ranks)),
             dumps=(g.open, t.open),
             follow_symlinks=follow_symlinks,
         )
@@ -174,6 +175,7 @@ def _compare_one(
     quiet: bool = False,
     *,
     rank: int | None = None,
+    rank_sides: tuple[bool, bool] = (True, True),
     dumps: tuple[Any, Any] | None = None,
     follow_symlinks: bool = False,
 ) -> Any:
@@ -201,8 +203,10 @@ def _compare_one(
     )
     con = catalog_guard(catalog, lambda: open_catalog(catalog))
     try:
-        if rank is not None:
-            con.execute("UPDATE runs SET rank = ? WHERE run_id IN (?, ?)", [rank, res.golden_run, res.test_run])
+        if rank is not None:  # a single-rank side partnering every rank keeps rank NULL
+            sides = [run for run, is_rank in zip((res.golden_run, res.test_run), rank_sides) if is_rank]
+            for run_id in sides:
+                con.execute("UPDATE runs SET rank = ? WHERE run_id = ?", [rank, run_id])
         tok = None if ranges is None else ranges.among(_run_tokens(con, res.golden_run))
         suffix = "" if rank is None else f"_rank{rank}"
         csv_path = catalog_guard(catalog, lambda: write_msit_csv(con, res.cmp_id, out, tok, suffix))
