@@ -143,3 +143,15 @@ def test_compare_golden_with_tp_ranks(tmp_path: Path, shape: str, dtype: torch.d
     # the sharded ops compare with this rank's slice of the golden tensor
     sliced = con.execute("SELECT count(*) FROM matches WHERE transform LIKE 'g.chunk:-1:1:2%'").fetchone()
     assert sliced is not None and sliced[0] > 0
+
+
+def test_demo_tp_refusals_before_any_work(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    res = run_wb("demo", "--tp", "2", "--stack", "torch", "--out", str(out), "--no-tui")
+    assert res.returncode == 2 and "tensor parallelism is a mode of the ATB stack" in res.stderr
+    res = run_wb("demo", "--defect", "allreduce_scale", "--out", str(out), "--no-tui")
+    assert res.returncode == 2 and "lives in an all-reduce; give --tp 2" in res.stderr
+    res = run_wb("demo", "--tp", "3", "--out", str(out), "--no-tui")
+    assert res.returncode == 2 and "8 attention heads do not divide by 3 ranks" in res.stderr
+    assert not out.exists()
+    assert "allreduce_scale" in run_wb("demo", "--list-defects").stdout
