@@ -12,7 +12,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from workbench.catalog import first_row
-from workbench.cli.common import ProgressPrinter, app, fail, guarded, say
+from workbench.cli.common import ProgressPrinter, app, fail, guarded, say, signal_inside
 from workbench.core.files import CATALOG_NAME, DEFAULT_OUTPUT
 
 T = TypeVar("T")
@@ -261,6 +261,9 @@ def catalog_guard(catalog: Path, fn: Callable[[], T]) -> T:
     except duckdb.InterruptException:
         raise  # a signal, not a storage fault: `guarded` says interrupted or terminated
     except duckdb.Error as exc:
+        interrupt = signal_inside(exc)
+        if interrupt is not None:  # a signal, not a storage fault, even when DuckDB wrapped it
+            raise interrupt from None
         raise CatalogError(
             f"{catalog}: {storage_message(exc)}; nothing committed was lost (earlier runs and comparisons are kept)"
         ) from None
