@@ -14,7 +14,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
-from textual.widgets import Footer, Static, Tree
+from textual.widgets import Static, Tree
 
 from workbench.analysis.explore import POST, PRE, Explorer
 from workbench.analysis.severity import (
@@ -28,6 +28,7 @@ from workbench.analysis.severity import (
 from workbench.analysis.views import Heatmap, NodeStatus, NodeTensors, PairDetail, TensorDiff, TreeRow
 from workbench.app.actions import bindings
 from workbench.app.detail import render_detail, render_node_tensors
+from workbench.app.footer import KeysFooter
 from workbench.app.heatmap import GLYPH_FAIL, GLYPH_NAN, GLYPH_NONE, LEVEL_EDGES, HeatmapView
 from workbench.app.logits_strip import LogitsStrip
 from workbench.app.opcause import OpCauseActions, PrecheckPanel
@@ -152,7 +153,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
             test = TopologyTree("test", id="test-tree")
             test.border_title = "test"
             yield test
-        yield Footer()
+        yield KeysFooter()
 
     def on_mount(self) -> None:
         self.query_one("#detail-pane").border_title = "detail"

@@ -9,11 +9,12 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
-from textual.widgets import Footer, Input, Label, OptionList, Static
+from textual.widgets import Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from workbench.analysis.explore import Explorer, NodePair, Unmatched
 from workbench.app.actions import bindings
+from workbench.app.footer import KeysFooter
 from workbench.app.screens import EditRequested, Session, WorkbenchScreen
 from workbench.compare.mapping import WB_MAPPING_NAME, MappingError, MappingFile, PairSpec, TensorSel
 
@@ -68,7 +69,7 @@ class MappingScreen(WorkbenchScreen[None]):
                 yield Input(placeholder="filter pairs", id="pairs-filter")
                 yield OptionList(id="pairs-list")
         yield Static("", id="map-status")
-        yield Footer()
+        yield KeysFooter()
 
     def on_mount(self) -> None:
         path, catalog = self.session.mapping, self.session.catalog
