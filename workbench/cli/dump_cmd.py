@@ -100,4 +100,4 @@ def dump(
     for d in made:
         typer.echo(f"dump written: {d}")
     if follow_tokens is not None:
-        typer.echo(f"followed the golden run's {len(config['follow_ids'])} generated tokens ({follow_tokens})")
+        typer.echo(f"followed the golden run's {len(ids)} generated tokens ({follow_tokens})")
