@@ -220,3 +220,36 @@ async def test_editor_marks_drops_keeps_and_saves_stale_pairs(changed: dict[str,
     out = _compare(changed["golden"], changed["redumped"], work / "out2", "-mf", str(mapping))
     assert "mapping: 2 pairs checked against its fingerprint, none stale" in out
     assert _methods(work / "out2" / "catalog.duckdb", DOWN) == {"mapping-file"}
+
+
+def test_fingerprint_round_trip_and_bad_fingerprints(tmp_path: Path) -> None:
+    from workbench.compare.fingerprint import NodePrint, node_changes
+    from workbench.compare.mapping import MappingError
+
+    mf = _mapping()
+    mf.pair_prints[(NORM, NORM)] = {"golden": {"type": "LlamaRMSNorm", "token": 0, "tensors": {"out:0": "x[1]"}}}
+    mf.fingerprint = {"version": 1, "saved_at": "then", "golden": {"digest": "a"}, "test": {"digest": "b"}}
+    back = MappingFile.load(mf.save(tmp_path / "m.json"))
+    assert back.pair_prints == mf.pair_prints and back.fingerprint == mf.fingerprint
+    assert back.digest() == mf.digest()
+    back.fingerprint = {**mf.fingerprint, "saved_at": "now"}
+    assert back.digest() == mf.digest()  # when it was saved does not make another comparison
+    back.drop_pair(NORM, NORM)
+    assert (NORM, NORM) not in back.pair_prints and all(p.golden != NORM for p in back.pairs)
+    assert (NORM, NORM) not in back.unpaired  # dropping is not rejecting
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "wb-mapping", "pairs": [], "fingerprint": [1]}))
+    with pytest.raises(MappingError, match=r"bad.json: 'fingerprint' must be an object"):
+        MappingFile.load(bad)
+    assert NodePrint.from_json(5) is None and NodePrint.from_json({"tensors": 3}) == NodePrint(None, None, {})
+    # integer <-> float is a change of meaning; a float precision change is what a comparison compares
+    from workbench.compare.fingerprint import CurrentNode
+
+    saved = NodePrint("Embedding", 0, {"in:0": "int64[1,6]", "out:0": "float32[1,6,64]"})
+    now = CurrentNode("Embedding", [0], {0: {"in:0": "float32[1,6]", "out:0": "bfloat16[1,6,64]"}})
+    assert node_changes("emb", saved, now, TensorSel()) == ["dtype of emb in:0 changed int64 -> float32"]
+    assert node_changes("emb", saved, now, TensorSel("out", 0)) == []
+    later = CurrentNode("Embedding", [2], {2: {"in:0": "int64[1,1]", "out:0": "float32[1,1,64]"}})
+    assert node_changes("emb", saved, later, TensorSel()) == []  # at another token only the rank counts
+    flat = CurrentNode("Embedding", [2], {2: {"in:0": "int64[6]", "out:0": "float32[1,1,64]"}})
+    assert node_changes("emb", saved, flat, TensorSel()) == ["shape of emb in:0 changed [1, 6] -> [6]"]

@@ -11,7 +11,6 @@ be stale; a rule that matches nothing in these dumps is reported too. See docs/m
 
 from __future__ import annotations
 
-import hashlib
 import re
 import time
 from collections import defaultdict
@@ -136,6 +135,8 @@ class MappingCheck:
             )
         elif self.pairs:
             extra = f"; {self.unchecked} without a print, not checked" if self.unchecked else ""
+            if self.changed:
+                extra += f" ({' and '.join(self.changed)} topology changed since it was saved)"
             out.append(f"mapping: {self.pairs} pairs checked against its fingerprint, none stale{extra}")
         dead = self.dead_rules
         if dead:
@@ -185,18 +186,17 @@ def current_nodes(con: duckdb.DuckDBPyConnection, run_id: int, names: set[str]) 
 def dump_print(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, Any]:
     """A run's whole-dump print: where it was read, its kind, its node count and a digest of names and types."""
     row = con.execute("SELECT path, kind FROM runs WHERE run_id = ?", [run_id]).fetchone()
-    h = hashlib.sha256()
-    count = 0
-    for name, typ in con.execute(
-        "SELECT name, coalesce(type, '') FROM nodes WHERE run_id = ? ORDER BY name, type", [run_id]
-    ).fetchall():
-        h.update(f"{name}\t{typ}\n".encode())
-        count += 1
+    # hashed in the database: a dump of 100,000 nodes is not brought into Python for this
+    digest = con.execute(
+        "SELECT count(*), md5(coalesce(string_agg(name || chr(9) || coalesce(type, ''), chr(10) ORDER BY name, type), "
+        "'')) FROM nodes WHERE run_id = ?",
+        [run_id],
+    ).fetchone()
     return {
         "path": None if row is None else str(row[0]),
         "kind": None if row is None else str(row[1]),
-        "nodes": count,
-        "digest": h.hexdigest()[:32],
+        "nodes": 0 if digest is None else int(digest[0]),
+        "digest": "" if digest is None else str(digest[1]),
     }
 
 
@@ -213,12 +213,10 @@ def _split(text: str) -> tuple[str, list[str] | None]:
 
 
 def _shape_change(old: list[str], new: list[str], exact: bool) -> str | None:
-    """How a shape changed, or None; across tokens (`exact` False) only the rank and the last dimension count,
-    since the sequence length of another token legitimately differs."""
+    """How a shape changed, or None. Across tokens (`exact` False) only the rank counts: any dimension may be a
+    sequence length (ids, masks, caches) that legitimately differs from one token to the next."""
     if not exact:
-        if len(old) != len(new) or (old and old[-1] != new[-1]):
-            return f"[{', '.join(old)}] -> [{', '.join(new)}]"
-        return None
+        return None if len(old) == len(new) else f"[{', '.join(old)}] -> [{', '.join(new)}]"
     if old == new:
         return None
     diff = [i for i, (a, b) in enumerate(zip(old, new)) if a != b]
