@@ -181,8 +181,10 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
     def on_mapping_stale(self, msg: MappingStale) -> None:
         pairs = [e for e in msg.entries if e[0] == "pair"]
         rules = len(msg.entries) - len(pairs)
-        parts = [f"{len(pairs)} stale pairs (first: {pairs[0][3].split('; ')[0]})"] if pairs else []
-        parts += [f"{rules} rules matching nothing"] if rules else []
+        parts = (
+            [f"{len(pairs)} stale pair{'s' * (len(pairs) > 1)} (first: {pairs[0][3].split('; ')[0]})"] if pairs else []
+        )
+        parts += [f"{rules} rule{'s' * (rules > 1)} matching nothing"] if rules else []
         self.notify(
             f"mapping: {', '.join(parts)}; not used. e opens the mapping editor", severity="warning", timeout=10
         )
