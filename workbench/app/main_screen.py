@@ -81,6 +81,13 @@ class SelectNode(Message):
 
 
 @dataclass
+class MappingStale(Message):
+    """The comparison's mapping file has entries that no longer fit the dumps (not used)."""
+
+    entries: list[tuple[str, str, str, str]]  # kind, golden, test, reason
+
+
+@dataclass
 class GroupOf(Message):
     """The heatmap row group of the selected node (to put the cursor on it)."""
 
@@ -164,6 +171,24 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self.load_trees()
         self.load_status(self.token)
         self._load_strip()
+        self.load_mapping_stale()
+
+    @work(thread=True, exclusive=True, group="mapping-stale", exit_on_error=False)
+    def load_mapping_stale(self) -> None:
+        entries = self.explorer.mapping_stale()
+        if entries:
+            self.post_message(MappingStale(entries))
+
+    def on_mapping_stale(self, msg: MappingStale) -> None:
+        pairs = [e for e in msg.entries if e[0] == "pair"]
+        rules = len(msg.entries) - len(pairs)
+        parts = (
+            [f"{len(pairs)} stale pair{'s' * (len(pairs) > 1)} (first: {pairs[0][3].split('; ')[0]})"] if pairs else []
+        )
+        parts += [f"{rules} rule{'s' * (rules > 1)} matching nothing"] if rules else []
+        self.notify(
+            f"mapping: {', '.join(parts)}; not used. e opens the mapping editor", severity="warning", timeout=10
+        )
 
     def _load_strip(self) -> None:
         strip = self.query_one(LogitsStrip)
