@@ -148,19 +148,22 @@ def dump_one(job: dict[str, Any]) -> None:
         model = model.to(getattr(torch, job["dtype"]))
     forced = job.get("tokens")
     out = job["out"]
+    stats = bool(job.get("stats"))
     if job["dumper"] == "msit":
         from msit_llm import DumpConfig as MsitConfig  # type: ignore[import-untyped]
         from msit_llm import register_hook as msit_register  # type: ignore[import-untyped]
 
         logging.getLogger("msit_logger").disabled = True
-        msit_register(model, MsitConfig(dump_path=out, token_range=list(range(STEPS))))
+        cfg = MsitConfig(dump_path=out, token_range=list(range(STEPS)), dump_statistics_mode=1 if stats else 0)
+        msit_register(model, cfg)
         tokens = decode(model, prompt_ids(job["model"]), STEPS, forced)
     elif job["dumper"] == "msprobe":
-        tokens = _decode_msprobe(model, prompt_ids(job["model"]), forced, Path(out))
+        tokens = _decode_msprobe(model, prompt_ids(job["model"]), forced, Path(out), stats)
     else:
         from workbench.dump import DumpConfig, register_hook
 
-        handle = register_hook(model, DumpConfig(dump_path=out, token_range=list(range(STEPS))))
+        cfg = DumpConfig(dump_path=out, token_range=list(range(STEPS)), dump_statistics_mode=1 if stats else 0)
+        handle = register_hook(model, cfg)
         try:
             tokens = decode(model, prompt_ids(job["model"]), STEPS, forced)
         finally:
@@ -169,21 +172,23 @@ def dump_one(job: dict[str, Any]) -> None:
         Path(out, "tokens.json").write_text(json.dumps(tokens))
 
 
-def _decode_msprobe(model: Any, prompt: Any, forced: list[int] | None, out: Path) -> list[int]:
-    """Greedy decoding under msprobe's own `PrecisionDebugger` (level L0: modules), one msprobe step per token."""
+def _decode_msprobe(model: Any, prompt: Any, forced: list[int] | None, out: Path, stats: bool = False) -> list[int]:
+    """Greedy decoding under msprobe's own `PrecisionDebugger` (level L0: modules), one msprobe step per token;
+    `stats`: task `statistics` (summary mode: max/min/mean/norm in dump.json, no tensors)."""
     import torch
     from msprobe.pytorch import PrecisionDebugger  # type: ignore[import-untyped]
 
+    task = "statistics" if stats else "tensor"
     cfg = out / "msprobe_config.json"
     cfg.write_text(
         json.dumps(
             {
-                "task": "tensor",
+                "task": task,
                 "dump_path": str(out / "msprobe_dump"),
                 "rank": [],
                 "step": [],
                 "level": "L0",
-                "tensor": {"scope": [], "list": [], "data_mode": ["all"]},
+                task: {"scope": [], "list": [], "data_mode": ["all"]},
             }
         )
     )
@@ -260,6 +265,11 @@ def main() -> int:
     ap.add_argument("--dtypes", default="bf16,fp16")
     ap.add_argument("--cases", default=",".join(c.name for c in CASES))
     ap.add_argument("--keep", type=Path, help="keep the dumps and catalogs in this folder")
+    ap.add_argument(
+        "--stats",
+        action="store_true",
+        help="statistics-only dumps (msit and wb dump_statistics_mode=1, msprobe task statistics)",
+    )
     args = ap.parse_args()
     if args.dump_one:
         dump_one(json.loads(args.dump_one))
@@ -288,7 +298,7 @@ def main() -> int:
                 out = work / f"golden_{case.model}_{dumper}"
                 shutil.rmtree(out, ignore_errors=True)
                 out.mkdir(parents=True)
-                root = run_dump({"model": case.model, "dumper": dumper, "out": str(out)})
+                root = run_dump({"model": case.model, "dumper": dumper, "out": str(out), "stats": args.stats})
                 goldens[key] = (root, json.loads((out / "tokens.json").read_text()))
             golden, tokens = goldens[key]
             for dtype in dtypes:
@@ -303,6 +313,7 @@ def main() -> int:
                         "case": case.name,
                         "dtype": dtype,
                         "tokens": tokens,
+                        "stats": args.stats,
                     }
                 )
                 ranks = rank_of(golden, test, out / "catalog.duckdb", case.module)
