@@ -133,7 +133,9 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
             bool(nan_inf),
             None if dtype is None else str(dtype),
         )
-    weights = _weight_inputs(con, cmp_id, golden_run)
+    dtypes = [d for ios in per_token.values() for io in ios.values() for d in [io.get("out", (None,) * 4)[3]] if d]
+    run_dtype = statistics.mode(dtypes) if dtypes else None
+    weights = _weight_inputs(con, cmp_id, golden_run, ROUNDING.get(run_dtype or "", 0.0))
     for (tok, gid), (act_err, w_err) in weights.items():
         ios = per_token.get(tok, {}).get(gid)
         if ios is not None and "in" in ios:
@@ -353,12 +355,13 @@ def _stat_key(values: tuple[object, ...]) -> tuple[float, ...] | None:
 
 
 def _weight_inputs(
-    con: duckdb.DuckDBPyConnection, cmp_id: int, golden_run: int
+    con: duckdb.DuckDBPyConnection, cmp_id: int, golden_run: int, floor: float
 ) -> dict[tuple[int, int], tuple[float | None, float | None]]:
     """(token, golden node) -> (worst error of its activation inputs, of its weight inputs), for nodes with a
-    weight input: a golden input that no op output at that token holds (same max/min/mean/norm) and that is
-    the same at two tokens or more (or the dump has one token). ATB graphs take their weights as inputs, so
-    a wrong weight arrives as input error; it is the consuming op's own error, not carried in."""
+    wrong weight input: a golden input that no op output at that token holds (same max/min/mean/norm), that is
+    the same at two tokens or more (or the dump has one token), and whose error exceeds `floor` (the run's
+    rounding: a weight cast to the test dtype carries less). ATB graphs take their weights as inputs, so a wrong
+    weight arrives as input error; it is the consuming op's own error, not carried in."""
     outs: dict[int, set[tuple[float, ...]]] = defaultdict(set)
     for tok, *vals in con.execute(
         "SELECT token_id, max, min, mean, norm FROM tensors WHERE run_id = ? AND io = 'out'", [golden_run]
@@ -379,7 +382,13 @@ def _weight_inputs(
     weights: dict[tuple[int, int], list[float | None]] = defaultdict(list)
     for tok, gid, key, err in rows:
         value = None if err is None or (isinstance(err, float) and math.isnan(err)) else float(err)
-        is_weight = key is not None and key not in outs[tok] and (one_token or len(seen_at[key]) >= 2)
+        is_weight = (
+            value is not None
+            and value > floor
+            and key is not None
+            and key not in outs[tok]
+            and (one_token or len(seen_at[key]) >= 2)
+        )
         (weights if is_weight else acts)[(tok, gid)].append(value)
     out: dict[tuple[int, int], tuple[float | None, float | None]] = {}
     for k, ws in weights.items():
