@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from workbench.formats import atb_bin
+from workbench.formats import atb, atb_bin
 
 SOURCE = Path(__file__).resolve().parent / "data" / "atb_probe_driver.cpp"
 
@@ -79,6 +79,8 @@ def probe_dump(atb_dump: Path, out: Path, task: str = "statistics") -> Path:
         attrs = h.attrs
         fields = [rel, attrs["format"], attrs["dtype"], attrs["dims"], str(p), str(h.payload_offset)]
         lines.append("\t".join([*fields, str(h.payload_length)]))
+    for p in sorted(tensors.rglob(atb.OP_PARAM_FILE)):
+        lines.append("\t".join(["param", p.relative_to(tensors).as_posix(), str(p)]))
     out.mkdir(parents=True, exist_ok=True)
     config = out / "atb_dump_config.json"
     body = {
@@ -97,6 +99,7 @@ def probe_dump(atb_dump: Path, out: Path, task: str = "statistics") -> Path:
     proc = subprocess.run(
         [str(driver())], input="\n".join(lines) + "\n", capture_output=True, text=True, env=env, timeout=300
     )
-    if proc.returncode != 0 or proc.stdout.strip().splitlines()[-1:] != [str(len(lines))]:
+    n_tensors = sum(not line.startswith("param\t") for line in lines)
+    if proc.returncode != 0 or proc.stdout.strip().splitlines()[-1:] != [str(n_tensors)]:
         raise RuntimeError(f"msprobe's ATB probe failed: {proc.stdout[-1000:]} {proc.stderr[-2000:]}")
     return out / "atb_dump_data"

@@ -111,12 +111,14 @@ def test_the_probe_writes_the_layout_the_reader_expects(dumps: Dumps) -> None:
     }
     by_name = {n.name: n for n in ours.nodes}
     for n in d.nodes:
-        assert (n.type, n.phase, n.layer, n.parent) == (
+        assert (n.type, n.phase, n.layer, n.parent, n.params) == (
             by_name[n.name].type,
             by_name[n.name].phase,
             by_name[n.name].layer,
             by_name[n.name].parent,
+            by_name[n.name].params,  # the probe's op_param.json files
         ), n.name
+    assert any(n.params for n in d.nodes)
     assert all(t.path is None and t.stats is not None for t in d.tensors)
     # every level a user may pass: --output, atb_dump_data, data, {dev}_{pid}, one execution count, the csv
     dev = next((dumps.golden / "data").iterdir())

@@ -20,6 +20,7 @@ order is not the execution order: that comes from the op ids. Tokens follow the 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import re
 from pathlib import Path
 
@@ -139,10 +140,7 @@ def read_atb_csv(dev_dir: Path, *, count_folder: str | None = None, root: Path |
     """Read `data/{dev}_{pid}` of an msprobe ATB dump (every `{count}/statistic.csv`, or only `count_folder`)."""
     problems: list[str] = []
     counts: list[_Count] = []
-    try:
-        entries = list_dir(dev_dir)
-    except DumpError as exc:
-        raise DumpError(dev_dir, exc.reason) from exc
+    entries = list_dir(dev_dir)
     for e in entries:
         if not e.is_dir:
             continue
@@ -160,6 +158,11 @@ def read_atb_csv(dev_dir: Path, *, count_folder: str | None = None, root: Path |
     ops: dict[str, atb._OpInfo] = {}
     for c in counts:
         _read_csv(c, ops, problems)
+        for rel in {k[0] for k in c.rows}:  # the probe saves each op's op_param.json in its folder
+            info = ops[rel]
+            if not info.param_read and (c.folder / rel).is_dir():
+                info.param_read = True
+                info.node.params = atb._read_params(c.folder / rel, None, problems)
     _fill_phases(counts, ops)
     per_count = [(c.number, sorted({(k[0], "") for k in c.rows}, key=lambda r: ops[r[0]].index_path)) for c in counts]
     meta: dict[str, object] = {
@@ -174,7 +177,7 @@ def read_atb_csv(dev_dir: Path, *, count_folder: str | None = None, root: Path |
             token = tokens_of.get((c.number, ops[rel].node.phase))
             if token is None:
                 continue  # warmup
-            tensors.append(_with_token(entry, token))
+            tensors.append(dataclasses.replace(entry, token=token))
     nodes = [o.node for o in sorted(ops.values(), key=lambda o: o.index_path)]
     for i, n in enumerate(nodes):
         n.exec_order = i
@@ -207,10 +210,6 @@ def _fill_phases(counts: list[_Count], ops: dict[str, atb._OpInfo]) -> None:
                 node = ops["/".join(parts[:depth])].node
                 if node.phase is None:
                     node.phase = phase
-
-
-def _with_token(e: TensorEntry, token: int) -> TensorEntry:
-    return TensorEntry(token, e.node, e.role, e.index, e.path, e.dtype, e.shape, e.layout, e.stats, e.error)
 
 
 def _ensure_node(rel: str, op_type: str, ops: dict[str, atb._OpInfo]) -> None:
