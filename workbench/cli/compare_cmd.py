@@ -28,6 +28,7 @@ def run_compare_cli(
     thresholds: Path | None,
     quiet: bool = False,
     follow_symlinks: bool = False,
+    show_stale: bool = False,
 ) -> Any:
     """Shared by `wb compare`, `wb open` and `wb demo`: compare, write the CSV, print the summary.
 
@@ -41,7 +42,16 @@ def run_compare_cli(
     g_ranks, t_ranks = find_ranks(golden), find_ranks(test)
     if not (g_ranks and t_ranks):
         return _compare_one(
-            golden, test, out, mapping, ranges, workers, thresholds, quiet, follow_symlinks=follow_symlinks
+            golden,
+            test,
+            out,
+            mapping,
+            ranges,
+            workers,
+            thresholds,
+            quiet,
+            follow_symlinks=follow_symlinks,
+            show_stale=show_stale,
         )
     pairs = pair_ranks(g_ranks, t_ranks)
     by_id = all(g.rank is not None and g.rank == t.rank for g, t in pairs)
@@ -66,6 +76,7 @@ def run_compare_cli(
             rank=rank,
             dumps=(g.open, t.open),
             follow_symlinks=follow_symlinks,
+            show_stale=show_stale,
         )
         runs.append((rank, res.golden_run, res.test_run))
     for side, ranks in (("golden", [g for g, _ in pairs]), ("test", [t for _, t in pairs])):
@@ -126,6 +137,7 @@ def _compare_one(
     rank: int | None = None,
     dumps: tuple[Any, Any] | None = None,
     follow_symlinks: bool = False,
+    show_stale: bool = False,
 ) -> Any:
     """One golden/test pair of dumps (or of ranks: `dumps` reads them, `rank` goes into `runs.rank`)."""
     from workbench.analysis.token_inputs import token_lines
@@ -164,7 +176,7 @@ def _compare_one(
     finally:
         con.close()
     for line in format_summary(
-        res, labels[res.golden_run], labels[res.test_run], csv_path, first_divergent, inputs_differ
+        res, labels[res.golden_run], labels[res.test_run], csv_path, first_divergent, inputs_differ, show_stale
     ):
         say(line)
     return res
@@ -243,11 +255,22 @@ def compare(
         bool,
         typer.Option("--follow-symlinks", help="Read files whose symbolic links lead outside the dump (off: refused)."),
     ] = False,
+    show_stale: Annotated[
+        bool, typer.Option("--show-stale", help="List every mapping pair that no longer fits the dumps, and why.")
+    ] = False,
 ) -> None:
     """Compare two dumps op by op: OUT/catalog.duckdb, an msit-compatible CSV, and where the error is born."""
     res = guarded(
         lambda: run_compare_cli(
-            golden, test, out, mapping, tokens, workers, thresholds, follow_symlinks=follow_symlinks
+            golden,
+            test,
+            out,
+            mapping,
+            tokens,
+            workers,
+            thresholds,
+            follow_symlinks=follow_symlinks,
+            show_stale=show_stale,
         )
     )
     if res.pairs == 0 or res.uncomparable >= res.pairs:
