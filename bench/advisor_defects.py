@@ -8,8 +8,12 @@ singleton), with msprobe's (`PrecisionDebugger`, level L0, one step per token) a
 runs `wb compare` (in-process) and the advisor, and prints per run: defect, dtype, dumper, the rank
 of the planted module at each token, and whether it is first / in the top 3 at every token.
 
-    PYTHONPATH=. .venv/bin/python bench/advisor_defects.py [--dumpers msit,msprobe,wb] [--dtypes bf16,fp16]
-        [--cases NAME,...] [--keep DIR]
+    PYTHONPATH=. .venv/bin/python bench/advisor_defects.py [--dumpers msit,msprobe,wb,atbprobe]
+        [--dtypes bf16,fp16] [--cases NAME,...] [--keep DIR] [--stats]
+
+`--stats`: statistics-only dumps (msit/wb `dump_statistics_mode=1`, msprobe `task: statistics`). `atbprobe`: our
+ATB-structured stack built from the (planted) Llama, its tensors fed to msprobe's own ATB probe library
+(`tests/msprobe_atb.py`, needs g++): ATB weights are op inputs; only Llama weight-scale cases apply.
 
 The lead's target (issue 10): planted module first in >= 6 of 7 runs, top 3 in 7 of 7.
 """
@@ -148,19 +152,24 @@ def dump_one(job: dict[str, Any]) -> None:
         model = model.to(getattr(torch, job["dtype"]))
     forced = job.get("tokens")
     out = job["out"]
-    if job["dumper"] == "msit":
+    stats = bool(job.get("stats"))
+    if job["dumper"] == "atbprobe":
+        tokens = _decode_atb_probe(model, job, forced, Path(out), stats)
+    elif job["dumper"] == "msit":
         from msit_llm import DumpConfig as MsitConfig  # type: ignore[import-untyped]
         from msit_llm import register_hook as msit_register  # type: ignore[import-untyped]
 
         logging.getLogger("msit_logger").disabled = True
-        msit_register(model, MsitConfig(dump_path=out, token_range=list(range(STEPS))))
+        cfg = MsitConfig(dump_path=out, token_range=list(range(STEPS)), dump_statistics_mode=1 if stats else 0)
+        msit_register(model, cfg)
         tokens = decode(model, prompt_ids(job["model"]), STEPS, forced)
     elif job["dumper"] == "msprobe":
-        tokens = _decode_msprobe(model, prompt_ids(job["model"]), forced, Path(out))
+        tokens = _decode_msprobe(model, prompt_ids(job["model"]), forced, Path(out), stats)
     else:
         from workbench.dump import DumpConfig, register_hook
 
-        handle = register_hook(model, DumpConfig(dump_path=out, token_range=list(range(STEPS))))
+        cfg = DumpConfig(dump_path=out, token_range=list(range(STEPS)), dump_statistics_mode=1 if stats else 0)
+        handle = register_hook(model, cfg)
         try:
             tokens = decode(model, prompt_ids(job["model"]), STEPS, forced)
         finally:
@@ -169,21 +178,23 @@ def dump_one(job: dict[str, Any]) -> None:
         Path(out, "tokens.json").write_text(json.dumps(tokens))
 
 
-def _decode_msprobe(model: Any, prompt: Any, forced: list[int] | None, out: Path) -> list[int]:
-    """Greedy decoding under msprobe's own `PrecisionDebugger` (level L0: modules), one msprobe step per token."""
+def _decode_msprobe(model: Any, prompt: Any, forced: list[int] | None, out: Path, stats: bool = False) -> list[int]:
+    """Greedy decoding under msprobe's own `PrecisionDebugger` (level L0: modules), one msprobe step per token;
+    `stats`: task `statistics` (summary mode: max/min/mean/norm in dump.json, no tensors)."""
     import torch
     from msprobe.pytorch import PrecisionDebugger  # type: ignore[import-untyped]
 
+    task = "statistics" if stats else "tensor"
     cfg = out / "msprobe_config.json"
     cfg.write_text(
         json.dumps(
             {
-                "task": "tensor",
+                "task": task,
                 "dump_path": str(out / "msprobe_dump"),
                 "rank": [],
                 "step": [],
                 "level": "L0",
-                "tensor": {"scope": [], "list": [], "data_mode": ["all"]},
+                task: {"scope": [], "list": [], "data_mode": ["all"]},
             }
         )
     )
@@ -204,6 +215,23 @@ def _decode_msprobe(model: Any, prompt: Any, forced: list[int] | None, out: Path
     return chosen
 
 
+def _decode_atb_probe(model: Any, job: dict[str, Any], forced: list[int] | None, out: Path, stats: bool) -> list[int]:
+    """Our ATB-structured stack from the (planted) HF model, its tensors fed to msprobe's own ATB probe library
+    (`tests/msprobe_atb.py`), which writes `atb_dump_data` (task `statistics` with `stats`, else `tensor`)."""
+    import torch
+
+    from tests.msprobe_atb import probe_dump
+    from workbench.backends import AtbDumpConfig, AtbLlama
+
+    dtype = getattr(torch, job["dtype"]) if job.get("dtype") else torch.float32
+    stack = AtbLlama.from_hf(model.float(), dtype=dtype)
+    run = stack.run(prompt_ids(job["model"]), STEPS, dump=AtbDumpConfig(out / "atb", seed=0), forced=forced)
+    assert run.dump_root is not None
+    probe_dump(run.dump_root, out / "probe", task="statistics" if stats else "tensor")
+    shutil.rmtree(out / "atb")
+    return [int(x) for x in run.tokens[0, -STEPS:]]
+
+
 def run_dump(job: dict[str, Any]) -> Path:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     res = subprocess.run(
@@ -217,6 +245,8 @@ def run_dump(job: dict[str, Any]) -> Path:
         raise RuntimeError(f"dump {job} failed:\n{res.stderr[-3000:]}")
     if job["dumper"] == "msprobe":
         return Path(job["out"]) / "msprobe_dump"
+    if job["dumper"] == "atbprobe":
+        return Path(job["out"]) / "probe" / "atb_dump_data"
     roots = sorted(Path(job["out"]).glob("msit_dump_*/torch_tensors/*"))
     if not roots:
         raise RuntimeError(f"dump {job}: nothing written in {job['out']}")
@@ -238,8 +268,23 @@ def rank_of(golden: Path, test: Path, catalog: Path, planted: str) -> dict[int, 
         by_tok: dict[int, list[Any]] = {}
         for a in advise(con, res.cmp_id):
             by_tok.setdefault(a.token_id, []).append(a)
+        layer_of = dict(
+            con.execute(
+                "SELECT n.node_id, n.layer FROM nodes n JOIN comparisons c ON c.golden_run = n.run_id "
+                "WHERE c.cmp_id = ?",
+                [res.cmp_id],
+            ).fetchall()
+        )
         for tok, items in sorted(by_tok.items()):
-            rank = next((a.rank for a in items if _same_module(a.golden_node, planted)), None)
+            rank = next(
+                (
+                    a.rank
+                    for a in items
+                    if _same_module(a.golden_node, planted)
+                    or _same_atb_op(a.golden_node, layer_of[a.golden_node_id], planted)
+                ),
+                None,
+            )
             out[tok] = (rank, items[0].golden_node, items[0].score)
         return out
     finally:
@@ -253,6 +298,34 @@ def _same_module(node: str, planted: str) -> bool:
     return bool(rest[1]) and (rest[2] == "" or rest[2][:1].isupper())
 
 
+# the ATB op of our stack that holds a torch module's weight (`{k}_Prefill_layer/4_Mlp/2_LinearOperation` ...)
+ATB_OPS = {
+    "mlp.down_proj": "/4_Mlp/2_LinearOperation",
+    "mlp.up_proj": "/4_Mlp/0_LinearOperation",  # fused gate-up
+    "mlp.gate_proj": "/4_Mlp/0_LinearOperation",
+    "self_attn.q_proj": "/1_Attention/0_QKVLinearSplitPack/0_LinearOperation",  # fused qkv
+    "self_attn.k_proj": "/1_Attention/0_QKVLinearSplitPack/0_LinearOperation",
+    "self_attn.v_proj": "/1_Attention/0_QKVLinearSplitPack/0_LinearOperation",
+    "self_attn.o_proj": "/1_Attention/4_LinearOperation",
+    "input_layernorm": "/0_RmsNormOperation",
+    "post_attention_layernorm": "/3_RmsNormOperation",
+}
+
+
+def _same_atb_op(node: str, layer: int | None, planted: str) -> bool:
+    """An ATB op (`2_Prefill_layer/4_Mlp/2_LinearOperation`, layer 0) is the planted `model.layers.0.mlp.down_proj`."""
+    parts = planted.split(".")
+    if len(parts) < 4 or parts[:2] != ["model", "layers"] or layer is None or str(layer) != parts[2]:
+        return False
+    suffix = ATB_OPS.get(".".join(parts[3:]))
+    return suffix is not None and "_layer/" in node and node.endswith(suffix)
+
+
+def atb_can_plant(case: Case) -> bool:
+    """The ATB stack takes Llama models without biases, and planted weight scales only."""
+    return MODELS[case.model]["family"] == "llama" and case.kind == "scale_weight"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dump-one", help=argparse.SUPPRESS)
@@ -260,6 +333,12 @@ def main() -> int:
     ap.add_argument("--dtypes", default="bf16,fp16")
     ap.add_argument("--cases", default=",".join(c.name for c in CASES))
     ap.add_argument("--keep", type=Path, help="keep the dumps and catalogs in this folder")
+    ap.add_argument(
+        "--stats",
+        action="store_true",
+        help="statistics-only dumps (msit and wb dump_statistics_mode=1, msprobe task statistics, atbprobe: our ATB "
+        "stack dumped by msprobe's ATB probe with task statistics)",
+    )
     args = ap.parse_args()
     if args.dump_one:
         dump_one(json.loads(args.dump_one))
@@ -268,9 +347,11 @@ def main() -> int:
     for dumper, probe_code in (
         ("msit", "import msit_llm; msit_llm.register_hook"),
         ("msprobe", "from msprobe.pytorch import PrecisionDebugger"),
+        ("atbprobe", "from tests.msprobe_atb import skip_reason; assert skip_reason() is None"),
     ):
         if dumper in dumpers:
-            probe = subprocess.run([sys.executable, "-c", probe_code], capture_output=True)
+            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            probe = subprocess.run([sys.executable, "-c", probe_code], capture_output=True, cwd=ROOT, env=env)
             if probe.returncode != 0:
                 print(f"{dumper} is not importable: its runs are skipped")
                 dumpers.remove(dumper)
@@ -283,12 +364,14 @@ def main() -> int:
     rows: list[tuple[str, str, str, dict[int, tuple[int | None, str, float]]]] = []
     for case in cases:
         for dumper in dumpers:
+            if dumper == "atbprobe" and not atb_can_plant(case):
+                continue
             key = (case.model, dumper)
             if key not in goldens:
                 out = work / f"golden_{case.model}_{dumper}"
                 shutil.rmtree(out, ignore_errors=True)
                 out.mkdir(parents=True)
-                root = run_dump({"model": case.model, "dumper": dumper, "out": str(out)})
+                root = run_dump({"model": case.model, "dumper": dumper, "out": str(out), "stats": args.stats})
                 goldens[key] = (root, json.loads((out / "tokens.json").read_text()))
             golden, tokens = goldens[key]
             for dtype in dtypes:
@@ -303,6 +386,7 @@ def main() -> int:
                         "case": case.name,
                         "dtype": dtype,
                         "tokens": tokens,
+                        "stats": args.stats,
                     }
                 )
                 ranks = rank_of(golden, test, out / "catalog.duckdb", case.module)

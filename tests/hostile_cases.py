@@ -286,6 +286,32 @@ def _bin_huge(tmp: Path) -> Outcome:
     return Outcome("; ".join(lines)[-90:], len(lines) == 1 and "2^62" in lines[0] and len(good) == 2)
 
 
+@case(2, "msprobe ATB statistic.csv with crafted rows", "one problem line per row or file; good rows read")
+def _atb_csv_rows(tmp: Path) -> Outcome:
+    from workbench.formats import atb_csv, open_dump
+
+    dev = tmp / "atb_dump_data" / "data" / "0_77"
+    good = "0_77,{n},Prefill_layer/RmsNormOperation,RmsNormOperation,0_0,output,0,float,nd,2x4,1,0,0.5,2,N/A"
+    rows = {
+        "0": [good.format(n=0), "0_77,0,A,A,0,output,0,float,nd,99999999999999999999x2,1,0,0,1,N/A",
+              "0_77,0,A,A,0,output,1,float,nd," + "x".join(["1"] * 40) + ",1,0,0,1,N/A",
+              "0_77,0,A/B,B,0,input,0,float,nd,2,1,0,0,1,N/A"],  # two names, one id
+        "1": [good.format(n=1) + "\udcff"],  # a byte that is not UTF-8: the file is not read
+    }  # fmt: skip
+    for n, lines in rows.items():
+        (dev / n).mkdir(parents=True)
+        text = ",".join(atb_csv.HEADER) + "\n" + "\n".join(lines) + "\n"
+        (dev / n / atb_csv.STATS_FILE).write_bytes(text.encode("utf-8", "surrogateescape"))
+    d = open_dump(tmp / "atb_dump_data")
+    lines = [p for p in d.problems if atb_csv.STATS_FILE in p]
+    ok = (
+        len(lines) == 4
+        and sum(":3:" in p or ":4:" in p or ":5:" in p for p in lines) == 3
+        and [(t.token, t.node) for t in d.tensors] == [(0, "0_Prefill_layer/0_RmsNormOperation")]
+    )
+    return Outcome(f"{len(lines)} lines, {len(d.tensors)} tensors: " + "; ".join(lines)[-120:], ok)
+
+
 # ---------------------------------------------------------------------------------------------- 3 bounded work
 
 

@@ -3,7 +3,8 @@
 msit's `DumpConfig` is a process-wide singleton and msprobe's debugger is global, so each dump runs in its own
 subprocess: `python -m tests.stats_dumps TOOL MODE OUT [--bf16] [--scale F] [--forced 1,2,3]`.
 TOOL: `msit` or `msprobe`; MODE: `stats` (msit `dump_statistics_mode=1`, msprobe `task=statistics`) or `full`.
-`--scale F` multiplies layer 1's `down_proj` output by F (a planted defect). The last line printed is the
+`--scale F` multiplies layer 1's `down_proj` output by F (a planted defect); `--weight MODULE=F` multiplies that
+module's weight by F before the cast (`model.layers.1.mlp.down_proj=1.03`). The last line printed is the
 generated ids.
 """
 
@@ -21,10 +22,18 @@ STEPS = 3
 
 
 def dump(
-    tool: str, mode: str, out: Path, *, bf16: bool = False, scale: float = 1.0, forced: list[int] | None = None
+    tool: str,
+    mode: str,
+    out: Path,
+    *,
+    bf16: bool = False,
+    scale: float = 1.0,
+    forced: list[int] | None = None,
+    weight: str = "",
 ) -> list[int]:
     """Run the peer's dumper in a subprocess; returns the generated ids."""
     args = [sys.executable, "-m", "tests.stats_dumps", tool, mode, str(out), "--scale", str(scale)]
+    args += ["--weight", weight] if weight else []
     args += ["--bf16"] if bf16 else []
     args += ["--forced", ",".join(map(str, forced))] if forced else []
     proc = subprocess.run(
@@ -43,6 +52,7 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--forced", default="")
+    parser.add_argument("--weight", default="")
     ns = parser.parse_args()
     import torch
 
@@ -52,6 +62,10 @@ def main() -> None:
     model = tiny_llama()
     if ns.scale != 1.0:
         model.model.layers[1].mlp.down_proj.register_forward_hook(lambda _m, _i, o: o * ns.scale)
+    if ns.weight:
+        name, factor = ns.weight.split("=")
+        with torch.no_grad():
+            model.get_submodule(name).weight.mul_(float(factor))
     if ns.bf16:
         model = model.to(torch.bfloat16)
     prompt = torch.randint(3, 256, (1, 8), generator=torch.Generator().manual_seed(3))

@@ -4,6 +4,7 @@ statistics `.bin` headers, and mixed pairs (one side full, one side statistics),
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 from pathlib import Path
 
@@ -134,3 +135,45 @@ def test_atb_statistics_bins(tmp_path: Path) -> None:
     out, con = _compare(g_stats, b_stats, tmp_path / "o_bad")
     born = _born(con, "n.type || ' layer ' || n.layer")
     assert born == {"RmsNormOperation layer 1"}, (born, out)
+
+
+def _inside(con: duckdb.DuckDBPyConnection, name: str, module: str) -> bool:
+    """Whether golden node `name` is `module` or lies inside it (msprobe's API calls sit below their module)."""
+    row = con.execute(
+        "WITH RECURSIVE up(node_id, parent_id, name) AS ("
+        " SELECT node_id, parent_id, name FROM nodes WHERE run_id = 1 AND name = ?"
+        " UNION ALL SELECT n.node_id, n.parent_id, n.name FROM nodes n JOIN up ON n.node_id = up.parent_id"
+        " AND n.run_id = 1) SELECT count(*) FROM up WHERE name LIKE ?",
+        [name, f"%{module}%"],
+    ).fetchone()
+    return bool(row and row[0])
+
+
+@pytest.mark.parametrize(
+    ("tool", "weight"),
+    [
+        pytest.param("msit", "model.layers.1.mlp.down_proj", marks=needs_msit),
+        pytest.param("msprobe", "model.layers.1.mlp.down_proj", marks=needs_msprobe),
+        pytest.param("msprobe", "model.layers.1.post_attention_layernorm", marks=needs_msprobe),
+    ],
+)
+def test_advisor_on_statistics_dumps(tmp_path: Path, tool: str, weight: str) -> None:
+    """A 3 % weight scale, bf16 test vs fp32 golden, both statistics-only: below the verdict's bound, yet
+    `wb advise` ranks the planted module (or the call inside it that reads the weight) first at every token."""
+    tokens = stats_dumps.dump(tool, "stats", tmp_path / "golden")
+    stats_dumps.dump(tool, "stats", tmp_path / "bad", bf16=True, forced=tokens, weight=f"{weight}=1.03")
+    if tool == "msit":
+        golden, bad = (next((tmp_path / n).glob("msit_dump_*/torch_tensors/*")) for n in ("golden", "bad"))
+    else:
+        golden, bad = tmp_path / "golden" / "dump", tmp_path / "bad" / "dump"
+    _out, con = _compare(golden, bad, tmp_path / "o")
+    n, on_stats, undecided, _failed = _counts(con)
+    assert n > 100 and on_stats == n and undecided == 0
+    proc = run_wb("advise", "-c", str(tmp_path / "o" / "catalog.duckdb"), "-k", "3", "-f", "json")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    firsts = {r["token_id"]: r for r in rows if r["rank"] == 1}
+    assert len(firsts) == len(tokens)
+    for tok, r in firsts.items():
+        assert _inside(con, r["golden_node"], weight.removeprefix("model.")), (tok, r, rows)
+        assert r["score"] >= 3.0, r  # it stands out of its peers' noise

@@ -72,6 +72,7 @@ class _Row:
     in_nan_inf: bool
     dtype: str | None
     in_from: str = "inputs"
+    weight_err: float | None = None  # worst error of its weight inputs (ATB: weights are op inputs)
     nan_inf_born: bool = False
     added: float = 0.0
     own: float = 0.0
@@ -97,13 +98,16 @@ _ROWS_SQL = """
 SELECT m.token_id, m.golden_node_id, m.io,
        arg_min(m.test_node_id, m.pair_id) AS test_node_id,
        max(coalesce(x.relative_euclidean_distance,
-                    sqrt(greatest(0.0, 2.0 * (1.0 - x.cosine_similarity))))) AS err,
+                    CASE WHEN x.cosine_similarity IS NOT NULL
+                         THEN sqrt(greatest(0.0, 2.0 * (1.0 - x.cosine_similarity))) END,
+                    s.stat_rel_euclid_bound)) AS err,
        bool_or(coalesce(x.my_nan_count, 0) + coalesce(x.my_inf_count, 0)
                > coalesce(x.golden_nan_count, 0) + coalesce(x.golden_inf_count, 0)) AS new_nan_inf,
        mode(tt.dtype) AS dtype
 FROM matches m
 JOIN comparisons c ON c.cmp_id = m.cmp_id
 LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
+LEFT JOIN stat_metrics s ON s.cmp_id = m.cmp_id AND s.pair_id = m.pair_id
 LEFT JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id
 WHERE m.cmp_id = ?
 GROUP BY m.token_id, m.golden_node_id, m.io
@@ -129,6 +133,16 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
             bool(nan_inf),
             None if dtype is None else str(dtype),
         )
+    dtypes = [d for ios in per_token.values() for io in ios.values() for d in [io.get("out", (None,) * 4)[3]] if d]
+    run_dtype = statistics.mode(dtypes) if dtypes else None
+    weights = _weight_inputs(con, cmp_id, golden_run, ROUNDING.get(run_dtype or "", 0.0))
+    for (tok, gid), (act_err, w_err) in weights.items():
+        ios = per_token.get(tok, {}).get(gid)
+        if ios is not None and "in" in ios:
+            tid, _err, nan_inf, dtype = ios["in"]
+            ios["in"] = (tid, act_err, nan_inf, dtype)
+            if w_err is not None:
+                ios["weight"] = (tid, w_err, False, dtype)
     out: dict[int, list[Advice]] = {}
     for tok in sorted(per_token):
         rows = _rows_of_token(per_token[tok], nodes)
@@ -278,6 +292,7 @@ def _rows_of_token(
             continue
         inp = ios.get("in")
         tid = out[0] if out[0] is not None else (inp[0] if inp else None)
+        weight = ios.get("weight")
         rows[gid] = _Row(
             gid,
             tid,
@@ -286,6 +301,7 @@ def _rows_of_token(
             out[2],
             bool(inp and inp[2]),
             out[3],
+            weight_err=None if weight is None else weight[1],
         )
     # inputs not dumped: the op that completed last before this one started, or the enclosing
     # module's input when that module started after it (data flows in execution order)
@@ -315,6 +331,71 @@ def _rows_of_token(
         else:
             r.in_err, r.in_from = 0.0, "nothing before it"
     return rows
+
+
+_IN_SQL = """
+SELECT m.token_id, m.golden_node_id, gt.max, gt.min, gt.mean, gt.norm,
+       coalesce(x.relative_euclidean_distance,
+                CASE WHEN x.cosine_similarity IS NOT NULL
+                     THEN sqrt(greatest(0.0, 2.0 * (1.0 - x.cosine_similarity))) END,
+                s.stat_rel_euclid_bound) AS err
+FROM matches m
+JOIN comparisons c ON c.cmp_id = m.cmp_id
+JOIN tensors gt ON gt.run_id = c.golden_run AND gt.tensor_id = m.golden_tensor_id
+LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
+LEFT JOIN stat_metrics s ON s.cmp_id = m.cmp_id AND s.pair_id = m.pair_id
+WHERE m.cmp_id = ? AND m.io = 'in'
+"""
+
+
+def _stat_key(values: tuple[object, ...]) -> tuple[float, ...] | None:
+    if any(v is None or not isinstance(v, float | int) or v != v for v in values):
+        return None
+    return tuple(float(f"{float(v):.9g}") for v in values)  # type: ignore[arg-type]
+
+
+def _weight_inputs(
+    con: duckdb.DuckDBPyConnection, cmp_id: int, golden_run: int, floor: float
+) -> dict[tuple[int, int], tuple[float | None, float | None]]:
+    """(token, golden node) -> (worst error of its activation inputs, of its weight inputs), for nodes with a
+    wrong weight input: a golden input that no op output at that token holds (same max/min/mean/norm), that is
+    the same at two tokens or more (or the dump has one token), and whose error exceeds `floor` (the run's
+    rounding: a weight cast to the test dtype carries less). ATB graphs take their weights as inputs, so a wrong
+    weight arrives as input error; it is the consuming op's own error, not carried in."""
+    outs: dict[int, set[tuple[float, ...]]] = defaultdict(set)
+    for tok, *vals in con.execute(
+        "SELECT token_id, max, min, mean, norm FROM tensors WHERE run_id = ? AND io = 'out'", [golden_run]
+    ).fetchall():
+        key = _stat_key(tuple(vals))
+        if key is not None:
+            outs[int(tok)].add(key)
+    rows = [
+        (int(tok), int(gid), _stat_key((mx, mn, mean, norm)), err)
+        for tok, gid, mx, mn, mean, norm, err in con.execute(_IN_SQL, [cmp_id]).fetchall()
+    ]
+    seen_at: dict[tuple[float, ...], set[int]] = defaultdict(set)
+    for tok, _gid, key, _err in rows:
+        if key is not None:
+            seen_at[key].add(tok)
+    one_token = len({tok for tok, *_ in rows}) == 1
+    acts: dict[tuple[int, int], list[float | None]] = defaultdict(list)
+    weights: dict[tuple[int, int], list[float | None]] = defaultdict(list)
+    for tok, gid, key, err in rows:
+        value = None if err is None or (isinstance(err, float) and math.isnan(err)) else float(err)
+        is_weight = (
+            value is not None
+            and value > floor
+            and key is not None
+            and key not in outs[tok]
+            and (one_token or len(seen_at[key]) >= 2)
+        )
+        (weights if is_weight else acts)[(tok, gid)].append(value)
+    out: dict[tuple[int, int], tuple[float | None, float | None]] = {}
+    for k, ws in weights.items():
+        known_w = [v for v in ws if v is not None]
+        known_a = [v for v in acts.get(k, []) if v is not None]
+        out[k] = (max(known_a) if known_a else 0.0, max(known_w) if known_w else None)
+    return out
 
 
 def _short(name: str) -> str:
@@ -449,6 +530,8 @@ def _pow2(x: float) -> str:
 def _reason(r: _Row, nodes: dict[int, _Node]) -> str:
     src = "inputs" if r.in_from == "inputs" else r.in_from
     head = f"output rel. error {r.out_err:.3g} from {src} at {r.in_err or 0.0:.3g}"
+    if r.weight_err is not None and r.weight_err > max(r.in_err or 0.0, ROUNDING.get(r.dtype or "", 0.0)):
+        head += f" (its weight input differs by {r.weight_err:.3g})"
     if r.nan_inf_born:
         return f"NaN/Inf appear in its output and not in its inputs ({head})"
     if r.added <= 0:

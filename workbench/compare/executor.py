@@ -25,7 +25,7 @@ from workbench.compare.pool import IN_PROCESS_BYTES, PoolStarter, new_pool
 from workbench.compare.tasks import SUMMARY_FIELDS, PairTask, StatsTask, batches, file_identity, tensor_bytes
 from workbench.compare.thresholds import Thresholds
 from workbench.compare.worker import run_batch
-from workbench.core.metrics import ALL_METRICS, STAT_BOUND, STAT_METRIC_NAMES
+from workbench.core.metrics import ALL_METRICS, STAT_BOUND, STAT_METRIC_NAMES, STAT_STEP_KEY
 from workbench.core.progress import CompareCancelled, Progress, ProgressFn
 
 Judge = Callable[[PairResult], tuple[bool | None, list[str]]]
@@ -475,4 +475,7 @@ def _recorded_stats(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[int, di
         "AND (max IS NOT NULL OR min IS NOT NULL OR mean IS NOT NULL OR norm IS NOT NULL)",
         [run_id],
     ).fetchall()
-    return {int(r[0]): {"max": r[1], "min": r[2], "mean": r[3], "norm": r[4]} for r in rows}
+    step = con.execute(f"SELECT TRY_CAST(meta->>'{STAT_STEP_KEY}' AS DOUBLE) FROM runs WHERE run_id = ?", [run_id])
+    found = step.fetchone()
+    extra = {"step": float(found[0])} if found and found[0] else {}
+    return {int(r[0]): {"max": r[1], "min": r[2], "mean": r[3], "norm": r[4], **extra} for r in rows}

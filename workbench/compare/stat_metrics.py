@@ -32,9 +32,11 @@ def stat_metrics(golden: StatValues, test: StatValues, numel: int | None) -> dic
     """Every `STAT_METRICS` value of one pair from both sides' statistics (keys max/min/mean/norm).
 
     A statistic missing on either side leaves its two values None; NaN/Inf statistics give NaN, which
-    fails a verdict (as msprobe marks them).
+    fails a verdict (as msprobe marks them). A side may carry `step`, the resolution its statistics were
+    printed with (`STAT_STEP_KEY`): the bound then takes off what the printing may have added to each difference.
     """
     out: dict[str, float | None] = {}
+    slack = (_num(golden.get("step")) or 0.0) / 2 + (_num(test.get("step")) or 0.0) / 2
     diffs: dict[str, float | None] = {}
     for key in STAT_KEYS:
         g, t = _num(golden.get(_FIELD[key])), _num(test.get(_FIELD[key]))
@@ -45,7 +47,11 @@ def stat_metrics(golden: StatValues, test: StatValues, numel: int | None) -> dic
         diffs[key] = d
         out[f"{key}_stat_absolute_error"] = d
         out[f"{key}_stat_relative_error"] = d / max(abs(g), FP32_EPS) if math.isfinite(g) else d
-    out[STAT_BOUND] = _rel_euclid_bound(diffs, _num(golden.get("norm")), numel)
+    g_norm = _num(golden.get("norm"))
+    if slack:
+        diffs = {k: (max(0.0, d - slack) if d is not None and not math.isnan(d) else d) for k, d in diffs.items()}
+        g_norm = g_norm + (_num(golden.get("step")) or 0.0) / 2 if g_norm is not None else None
+    out[STAT_BOUND] = _rel_euclid_bound(diffs, g_norm, numel)
     return out
 
 

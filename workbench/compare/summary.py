@@ -122,7 +122,8 @@ def summarize_comparison(
             "SELECT count(*), count(*) FILTER (WHERE passed = false), "
             "count(*) FILTER (WHERE passed IS NULL), "
             "count(*) FILTER (WHERE cmp_fail_reason LIKE 'data shape doesn''t match%' "
-            "OR cmp_fail_reason LIKE 'not comparable%') FROM metrics "
+            "OR (cmp_fail_reason LIKE 'not comparable%' AND cmp_fail_reason NOT LIKE 'not comparable on statistics%')) "
+            "FROM metrics "
             "WHERE cmp_id = ? AND pair_id IN (SELECT pair_id FROM _ids)",
             [cmp_id],
         )

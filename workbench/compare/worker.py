@@ -156,17 +156,33 @@ def _run_stats_pair(task: PairTask) -> dict[str, Any]:
     }
     sides: list[dict[str, Any] | None] = []
     numel = task.numel
+    steps = [
+        s.strip() for s in (task.transform or "").split(";") if s.strip() and not s.strip().startswith(LAYOUT_PREFIX)
+    ]
     for name, path, stats, key in (
         ("golden_data_path", task.golden_path, task.golden_stats, "golden"),
         ("my_data_path", task.test_path, task.test_stats, "test"),
     ):
+        own = ";".join(s for s in steps if s.startswith(key[0] + "."))  # steps on this side (g./t.)
         if stats is not None:
+            if own:  # statistics describe the whole tensor; the pair compares a part of it
+                out["reason"] = (
+                    f"not comparable on statistics: the pair compares a part of the {key} tensor ({own}) "
+                    f"but its dump kept statistics of the whole tensor only"
+                )
+                return out
             sides.append(dict(stats))
             continue
         arr, err = _load(path, name)
         if arr is None:
             out["reason"] = err
             return out
+        if own:
+            try:
+                arr = apply_transform(arr, arr, own)[0 if key == "golden" else 1]
+            except (ValueError, RuntimeError, IndexError) as exc:
+                out["reason"] = f"cannot apply transform {own!r}: {exc}"
+                return out
         summary = _summary_dict(summarize(arr))
         out[key] = summary
         if key == "golden":

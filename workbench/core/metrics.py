@@ -82,4 +82,7 @@ STAT_METRICS: tuple[MetricSpec, ...] = (
 STAT_METRIC_NAMES: tuple[str, ...] = tuple(m.name for m in STAT_METRICS)
 # The full metric whose bound judges `STAT_BOUND`.
 STAT_BOUND_JUDGED_AS = "relative_euclidean_distance"
+# A run's meta key: the resolution its recorded statistics were printed with (msprobe's ATB probe prints six
+# decimals, so 1e-6); each statistic is then known to +-step/2 and the bound subtracts that from every difference.
+STAT_STEP_KEY = "stat_print_step"
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in (*METRICS, *STAT_METRICS)}

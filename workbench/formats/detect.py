@@ -5,7 +5,9 @@ Accepted levels, as users pass them to msit/msprobe:
   one token folder `{dev}_{pid}/{n}` (that token only), one module folder (that module and its submodules);
 - ATB: the folder above `msit_dump_*`, `msit_dump_*`, `tensors/`, `tensors/{dev}_{pid}`, one execute-count
   folder, one op folder at any depth (that op subtree), or its `before`/`after` folder;
-- msprobe: the dump path (`step*/` below it), `step{N}`, `step{N}/rank{R}`, or its `dump_tensor_data`.
+- msprobe: the dump path (`step*/` below it), `step{N}`, `step{N}/rank{R}`, or its `dump_tensor_data`;
+- msprobe's ATB probe: its `--output` folder, `atb_dump_data`, `atb_dump_data/data`, `data/{dev}_{pid}`, one
+  execution-count folder `{dev}_{pid}/{n}` (the level `msprobe compare -m atb` takes), or its `statistic.csv`.
 Where a level holds several candidates (dump folders, devices, ranks) the newest dump folder and the
 first device/rank are read, and `meta["other_candidates"]` lists the others.
 """
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from workbench.core.files import MANIFEST_NAME, MODEL_TREE_NAME
 from workbench.core.text import storable
-from workbench.formats import atb, msit_torch, msprobe
+from workbench.formats import atb, atb_csv, msit_torch, msprobe
 from workbench.formats.model import Dump, DumpError, token_number
 from workbench.formats.scan import confined, list_dir
 
@@ -42,7 +44,7 @@ def open_dump(path: str | Path, *, follow_symlinks: bool = False) -> Dump:
         raise DumpError(p, "no such file or folder")
     p = p.resolve()
     if p.is_file():
-        if p.name in (MODEL_TREE_NAME, "dump.json", MANIFEST_NAME):
+        if p.name in (MODEL_TREE_NAME, "dump.json", MANIFEST_NAME, atb_csv.STATS_FILE):
             p = p.parent
         else:
             raise DumpError(p, "is a file, not a dump folder (pass the folder that holds the dump)")
@@ -51,12 +53,13 @@ def open_dump(path: str | Path, *, follow_symlinks: bool = False) -> Dump:
     if storable(str(p)) != str(p):
         raise DumpError(p, "folder name is not valid UTF-8: rename it (or link it under a UTF-8 name)")
     with confined(None if follow_symlinks else _anchor(p)):
-        dump = _open_msprobe(p) or _open_torch(p) or _open_atb(p)
+        dump = _open_msprobe(p) or _open_torch(p) or _open_atb_csv(p) or _open_atb(p)
     if dump is None:
         raise DumpError(
             p,
             "not a dump: found no model_tree.json or token folders (msit torch), "
-            "tensors/{dev}_{pid} (ATB) or step*/rank*/dump.json (msprobe)",
+            "tensors/{dev}_{pid} (ATB), step*/rank*/dump.json (msprobe) or data/{dev}_{pid}/{n}/statistic.csv "
+            "(msprobe's ATB probe)",
         )
     return _storable_names(dump)
 
@@ -69,6 +72,8 @@ def _anchor(p: Path) -> Path:
             return a
         if re.fullmatch(r"step[0-9]+", a.name):
             return a.parent
+        if a.name == atb_csv.DUMP_DIR:
+            return a
     return p
 
 
@@ -158,6 +163,20 @@ def _open_torch(p: Path) -> Dump | None:
     return _note_others(dump, candidates[0], candidates)
 
 
+# ---------------------------------------------------------------------------------------------- msprobe's ATB probe
+
+
+def _open_atb_csv(p: Path) -> Dump | None:
+    if (p / atb_csv.STATS_FILE).is_file() and atb_csv.is_device_dir(p.parent):
+        return atb_csv.read_atb_csv(p.parent, count_folder=p.name, root=p)
+    if atb_csv.is_device_dir(p):
+        return atb_csv.read_atb_csv(p)
+    candidates = atb_csv.device_dirs(p)
+    if not candidates:
+        return None
+    return _note_others(atb_csv.read_atb_csv(candidates[0]), candidates[0], candidates)
+
+
 # ---------------------------------------------------------------------------------------------- ATB
 
 
@@ -216,12 +235,13 @@ class RankDump:
 
 def find_ranks(path: str | Path) -> list[RankDump]:
     """The ranks below a dump path that holds several (tensor parallelism writes one folder per process):
-    msit `torch_tensors/{dev}_{pid}`, ATB `tensors/{dev}_{pid}`, msprobe `step*/rank{N}`; [] for one rank."""
+    msit `torch_tensors/{dev}_{pid}`, ATB `tensors/{dev}_{pid}`, msprobe `step*/rank{N}`, msprobe's ATB probe
+    `atb_dump_data/data/{dev}_{pid}`; [] for one rank."""
     p = Path(path).expanduser()
     if not p.is_dir():
         return []
     p = p.resolve()
-    found = _msprobe_ranks(p) or _torch_ranks(p) or _atb_ranks(p)
+    found = _msprobe_ranks(p) or _torch_ranks(p) or _atb_csv_ranks(p) or _atb_ranks(p)
     return found if len(found) >= 2 else []
 
 
@@ -256,6 +276,13 @@ def _torch_ranks(p: Path) -> list[RankDump]:
         tt = next((d / "torch_tensors" for d in _dump_dirs(p) if (d / "torch_tensors").is_dir()), tt)
     devs = _torch_dev_dirs(tt) if tt.is_dir() else []
     return [RankDump(_dev_id(d.name), d.name, d, functools.partial(msit_torch.read_msit_torch, d)) for d in devs]
+
+
+def _atb_csv_ranks(p: Path) -> list[RankDump]:
+    if atb_csv.is_device_dir(p):
+        return []
+    devs = atb_csv.device_dirs(p)
+    return [RankDump(_dev_id(d.name), d.name, d, functools.partial(atb_csv.read_atb_csv, d)) for d in devs]
 
 
 def _atb_ranks(p: Path) -> list[RankDump]:
