@@ -28,20 +28,59 @@ def run_compare_cli(
     thresholds: Path | None,
     quiet: bool = False,
     follow_symlinks: bool = False,
+    ray: str | None = None,
 ) -> Any:
     """Shared by `wb compare`, `wb open` and `wb demo`: compare, write the CSV, print the summary.
 
     Two multi-rank dumps (one folder per process or device) are compared rank with rank into one catalog
-    (`runs.rank`), with one CSV and one summary per rank; returns the last rank's result then."""
+    (`runs.rank`), with one CSV and one summary per rank; returns the last rank's result then. `ray` (an
+    address, `auto` or `local`) computes the pairs on a Ray cluster (docs/scaling.md)."""
     from workbench.compare.tasks import token_ranges
-    from workbench.formats.detect import find_ranks, pair_ranks
 
+    if ray is not None:
+        from workbench.compare.ray_exec import import_ray
+
+        import_ray()  # before anything is read or written: `ray is not installed: ...`, exit 2
     ranges = token_ranges(tokens)  # a bad --tokens fails before anything is read; ranges bind to the dumps' tokens
     check_output_dir(out)
+    if ray is None:
+        return _compare_ranks(golden, test, out, mapping, ranges, workers, thresholds, quiet, follow_symlinks, None)
+    from workbench.compare.ray_exec import RayCluster
+
+    cluster = RayCluster.connect(ray, workers)
+    try:
+        return _compare_ranks(golden, test, out, mapping, ranges, workers, thresholds, quiet, follow_symlinks, cluster)
+    finally:
+        cluster.shutdown()
+
+
+def _compare_ranks(
+    golden: Path,
+    test: Path,
+    out: Path,
+    mapping: Path | None,
+    ranges: Any,
+    workers: int | None,
+    thresholds: Path | None,
+    quiet: bool,
+    follow_symlinks: bool,
+    cluster: Any,
+) -> Any:
+    from workbench.formats.detect import find_ranks, pair_ranks
+
     g_ranks, t_ranks = find_ranks(golden), find_ranks(test)
     if not (g_ranks and t_ranks):
         return _compare_one(
-            golden, test, out, mapping, ranges, workers, thresholds, quiet, follow_symlinks=follow_symlinks
+            golden,
+            test,
+            out,
+            mapping,
+            ranges,
+            workers,
+            thresholds,
+            quiet,
+            follow_symlinks=follow_symlinks,
+            cluster=cluster,
         )
     pairs = pair_ranks(g_ranks, t_ranks)
     by_id = all(g.rank is not None and g.rank == t.rank for g, t in pairs)
@@ -66,6 +105,7 @@ def run_compare_cli(
             rank=rank,
             dumps=(g.open, t.open),
             follow_symlinks=follow_symlinks,
+            cluster=cluster,
         )
         runs.append((rank, res.golden_run, res.test_run))
     for side, ranks in (("golden", [g for g, _ in pairs]), ("test", [t for _, t in pairs])):
@@ -126,6 +166,7 @@ def _compare_one(
     rank: int | None = None,
     dumps: tuple[Any, Any] | None = None,
     follow_symlinks: bool = False,
+    cluster: Any = None,
 ) -> Any:
     """One golden/test pair of dumps (or of ranks: `dumps` reads them, `rank` goes into `runs.rank`)."""
     from workbench.analysis.token_inputs import token_lines
@@ -147,6 +188,7 @@ def _compare_one(
             progress=None if quiet else ProgressPrinter(),
             freeze_gc=True,
             follow_symlinks=follow_symlinks,
+            cluster=cluster,
         ),
     )
     con = catalog_guard(catalog, lambda: open_catalog(catalog))
@@ -243,11 +285,20 @@ def compare(
         bool,
         typer.Option("--follow-symlinks", help="Read files whose symbolic links lead outside the dump (off: refused)."),
     ] = False,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS|auto|local",
+            help="Compute the pairs on a Ray cluster, on the nodes holding the files (`local` starts one here; "
+            "needs pip install 'workbench[ray]').",
+        ),
+    ] = None,
 ) -> None:
     """Compare two dumps op by op: OUT/catalog.duckdb, an msit-compatible CSV, and where the error is born."""
     res = guarded(
         lambda: run_compare_cli(
-            golden, test, out, mapping, tokens, workers, thresholds, follow_symlinks=follow_symlinks
+            golden, test, out, mapping, tokens, workers, thresholds, follow_symlinks=follow_symlinks, ray=ray
         )
     )
     if res.pairs == 0 or res.uncomparable >= res.pairs:
