@@ -353,54 +353,21 @@ def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems:
             escapes = isinstance(name, str) and bool(name) and (os.sep in name or name.startswith(".."))
             if escapes:
                 problems.append(f"{data_dir / str(name)}: data_name leaves dump_tensor_data: ignored")
-            if not isinstance(name, str) or not name or escapes:  # statistics only
-                out.append(
-                    TensorEntry(
-                        call.token,
-                        call.node,
-                        role,
-                        idx,
-                        None,
-                        dtype=dtype,
-                        shape=shape,
-                        stats=stats,
-                    )
-                )
-                continue
-            path = str(data_dir / name)
-            try:
-                if os.path.islink(path):
-                    check_link(path)
-                if name.endswith(".npy"):
-                    dtype, shape = npy_header(path)
-                else:
-                    dtype, shape = pth_header(path)
-            except DumpError as err:
-                bad = err if os.path.exists(path) else DumpError(path, "missing file")
-                problems.append(str(bad))
-                out.append(
-                    TensorEntry(
-                        call.token,
-                        call.node,
-                        role,
-                        idx,
-                        path,
-                        dtype=dtype,
-                        shape=shape,
-                        stats=stats,
-                        error=bad.reason,
-                    )
-                )
-                continue
+            path: str | None = None
+            error: str | None = None
+            if isinstance(name, str) and name and not escapes:  # else statistics only
+                path = str(data_dir / name)
+                try:
+                    if os.path.islink(path):
+                        check_link(path)
+                    if name.endswith(".npy"):
+                        dtype, shape = npy_header(path)
+                    else:
+                        dtype, shape = pth_header(path)
+                except DumpError as err:
+                    bad = err if os.path.exists(path) else DumpError(path, "missing file")
+                    problems.append(str(bad))
+                    error = bad.reason
             out.append(
-                TensorEntry(
-                    call.token,
-                    call.node,
-                    role,
-                    idx,
-                    path,
-                    dtype=dtype,
-                    shape=shape,
-                    stats=stats,
-                )
+                TensorEntry(call.token, call.node, role, idx, path, dtype=dtype, shape=shape, stats=stats, error=error)
             )
