@@ -1,4 +1,4 @@
-"""`wb compare --ray`: the pairs computed on a Ray cluster started in the test (one per module, 2 CPUs) give the
+"""`wb compare --ray`: the pairs computed on a Ray cluster started in the test (two nodes of 1 CPU) give the
 same catalog as the local path, on our dumps, msit-made dumps and a 2-rank dump; cancelling stops the tasks and
 keeps what was committed; placement finds the nodes that hold the files; without ray, one line and exit 2."""
 
@@ -58,16 +58,27 @@ def assert_same_catalog(local: Path, on_ray: Path) -> None:
 
 @pytest.fixture(scope="module")
 def ray_address() -> Iterator[str]:
-    """A local 2-CPU Ray cluster for the module; the CLI joins it by its address."""
+    """A two-node Ray cluster on this machine (a head and one more node, 1 CPU each), as `ray start` makes
+    on two machines; the tests and the CLI join it by its address."""
     if not HAS_RAY:
         pytest.skip("ray is not installed (pip install 'workbench[ray]'; `make test` installs it)")
     import ray
+    from ray.cluster_utils import Cluster
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=80 * 1024 * 1024)
+    store = 80 * 1024 * 1024  # tasks ship paths and numbers only
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False, "object_store_memory": store}
+    )
     try:
-        yield ray.get_runtime_context().gcs_address
+        cluster.add_node(num_cpus=1, object_store_memory=store)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+        try:
+            yield cluster.address
+        finally:
+            ray.shutdown()
     finally:
-        ray.shutdown()
+        cluster.shutdown()
 
 
 def _both(golden: Path, test: Path, tmp_path: Path, address: str, *extra: str) -> tuple[Path, Path, str]:
@@ -94,13 +105,14 @@ def test_without_ray_one_line_and_exit_2(tmp_path: Path) -> None:
 
 @needs_ray
 def test_unreachable_or_bad_address_one_line(tmp_path: Path) -> None:
-    for address, said in (
-        ("127.0.0.1:9", "ray: cannot connect to '127.0.0.1:9': Connection refused (start one with `ray start --head`)"),
-        ("nonsense", "ray: 'nonsense' is not a cluster address: use HOST:PORT, ray://HOST:PORT, auto or local"),
-    ):
-        p = run_wb("compare", "-gp", str(tmp_path), "-mp", str(tmp_path), "-o", str(tmp_path / "o"), "--ray", address)
-        assert p.returncode == 2, p.stdout + p.stderr
-        assert p.stderr.strip().splitlines() == [f"wb: error: {said}"]
+    from workbench.compare.ray_exec import RayCluster, RayClusterError
+
+    p = run_wb("compare", "-gp", str(tmp_path), "-mp", str(tmp_path), "-o", str(tmp_path / "o"), "--ray", "127.0.0.1:9")
+    assert p.returncode == 2, p.stdout + p.stderr
+    said = "ray: cannot connect to '127.0.0.1:9': Connection refused (start one with `ray start --head`)"
+    assert p.stderr.strip().splitlines() == [f"wb: error: {said}"]
+    with pytest.raises(RayClusterError, match=r"'nonsense' is not a cluster address: use HOST:PORT, ray://"):
+        RayCluster.connect("nonsense")
 
 
 @needs_ray
@@ -140,11 +152,12 @@ def test_placement_probes_each_node_for_the_files(tiny_dumps: TinyDumps, ray_add
 
     cluster = RayCluster.connect(ray_address)
     assert not cluster.started  # joined the test's cluster: shutting it down is the test's business
-    here = ray.get_runtime_context().get_node_id()
+    nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    assert len(nodes) == 2
     files = [str(p) for p in sorted(tiny_dumps.golden.rglob("*.pth"))[:5]]
-    assert [n.node_id for n in cluster.holders(files)] == [here]
+    assert {n.node_id for n in cluster.holders(files)} == nodes  # one file system: both nodes hold the dump
     # a file this process lacks does not decide placement (its pair reports it missing, as locally)
-    assert [n.node_id for n in cluster.holders([*files, str(tiny_dumps.golden / "gone.pth")])] == [here]
+    assert {n.node_id for n in cluster.holders([*files, str(tiny_dumps.golden / "gone.pth")])} == nodes
     # what a node without the files, or with other copies, answers: not a holder
     want = [s for s in probe_files(files)[1] if s is not None]
     assert holds(want, want)

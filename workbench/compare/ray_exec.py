@@ -36,6 +36,7 @@ LOCAL, AUTO = "local", "auto"
 SAMPLE_FILES = 48  # files a placement probe stats per dump (spread over the tasks' files)
 PROBE_TIMEOUT_S = 60.0
 INFLIGHT_PER_CPU = 2
+LOCAL_OBJECT_STORE = 128 * 1024 * 1024  # tasks ship paths and a few numbers per pair, never tensors
 
 Batch = list[PairTask | StatsTask]
 Take = Callable[[list[dict[str, Any]]], None]
@@ -96,16 +97,21 @@ def _sample(todo: Sequence[Batch]) -> list[str]:
     return list(dict.fromkeys(every[round(i * step)] for i in range(SAMPLE_FILES)))
 
 
-def _check_reachable(address: str, timeout: float = 10.0) -> None:
-    """Fail in one line when nothing answers at `HOST:PORT` (or `ray://HOST:PORT`)."""
+def _host_port(address: str) -> tuple[str, int]:
+    """`HOST:PORT` or `ray://HOST:PORT` -> (host, port); anything else is refused in one line."""
     hostport = address.removeprefix("ray://").split("/", 1)[0]
     host, sep, port = hostport.rpartition(":")
     if not sep or not port.isdigit():
         raise RayClusterError(
             f"ray: {address!r} is not a cluster address: use HOST:PORT, ray://HOST:PORT, auto or local"
         )
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _check_reachable(address: str, timeout: float = 10.0) -> None:
+    """Fail in one line when nothing answers at the address (Ray itself retries it for minutes)."""
     try:
-        socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout).close()
+        socket.create_connection(_host_port(address), timeout=timeout).close()
     except OSError as exc:
         raise RayClusterError(
             f"ray: cannot connect to {address!r}: {exc.strerror or exc} (start one with `ray start --head`)"
@@ -128,14 +134,21 @@ class RayCluster:
         started on this machine by `ray start`; anything else is a cluster address (`HOST:6379`, `ray://...`).
         An already initialised Ray (a test, a notebook) is used as it is."""
         ray = import_ray()
+        if address not in (LOCAL, AUTO):
+            _host_port(address)
         if ray.is_initialized():
             return cls(address, started=False)
         quiet = {"logging_level": logging.ERROR, "log_to_driver": False, "configure_logging": True}
         if address not in (LOCAL, AUTO):
-            _check_reachable(address)  # Ray itself retries an unreachable address for minutes
+            _check_reachable(address)
         try:
             if address == LOCAL:
-                ray.init(num_cpus=workers or os.cpu_count() or 1, include_dashboard=False, **quiet)
+                ray.init(
+                    num_cpus=workers or os.cpu_count() or 1,
+                    include_dashboard=False,
+                    object_store_memory=LOCAL_OBJECT_STORE,
+                    **quiet,
+                )
             else:
                 # tasks run the driver's own wb, whatever the nodes have installed (they need numpy)
                 pkg = str(Path(__file__).resolve().parents[1])
@@ -217,6 +230,8 @@ class RayCluster:
 
         if not todo:
             return
+        if not self.nodes():
+            raise RayClusterError(f"ray: the cluster {self.address!r} has no alive node with CPUs to compute on")
         sample = _sample(todo)
         nodes = self.holders(sample)
         if not nodes:
