@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.tiny_models import tiny_llama
+
 ROOT = Path(__file__).resolve().parents[1]
 # the app tests' fixtures (a synthetic catalog, the demo catalog), shared by the whole suite
 pytest_plugins = ["tests.conftest_app", "tests.conftest_peers"]
@@ -33,38 +35,11 @@ def run_wb(*args: str, cwd: Path | None = None, timeout: int = 300) -> subproces
     return subprocess.run([*WB, *args], capture_output=True, text=True, cwd=cwd or ROOT, env=env, timeout=timeout)
 
 
-def tiny_llama(seed: int = 7):  # type: ignore[no-untyped-def]
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=128,
-    )
-    return LlamaForCausalLM(cfg).eval()
-
-
 def atb_test_llama(init: float = 0.02, layers: int = 2):  # type: ignore[no-untyped-def]
     """The small Llama the ATB-stack tests share (GQA, 128 hidden); `init` sharpens attention."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(3)
-    cfg = LlamaConfig(
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=300,
-        max_position_embeddings=64,
-        initializer_range=init,
+    return tiny_llama(
+        3, hidden=128, intermediate=256, layers=layers, vocab=300, max_positions=64, initializer_range=init
     )
-    return LlamaForCausalLM(cfg).eval()
 
 
 @dataclass

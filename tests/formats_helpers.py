@@ -15,21 +15,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from tests import tiny_models
+
 
 def tiny_llama(seed: int = 0) -> nn.Module:
     """The 2-layer Llama of the task (hidden 64), random weights from a fixed seed, eval mode."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-    )
-    return LlamaForCausalLM(cfg).eval()
+    return tiny_models.tiny_llama(seed, max_positions=2048)
 
 
 def _tree(module: nn.Module, name: str) -> dict[str, Any]:

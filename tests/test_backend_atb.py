@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
+from tests.tiny_models import tiny_llama
 from workbench.backends import AtbDumpConfig, AtbLlama
 from workbench.formats.atb_bin import read_bin, read_header
 from workbench.formats.model import DumpError
@@ -22,17 +23,7 @@ NEW = 3
 
 @pytest.fixture(scope="module")
 def hf() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=512,
-        max_position_embeddings=128,
-    )
-    return LlamaForCausalLM(cfg).eval()
+    return tiny_llama(0, hidden=128, intermediate=256, vocab=512)
 
 
 @pytest.fixture(scope="module")

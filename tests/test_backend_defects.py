@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
+from tests.conftest import atb_test_llama
 from workbench.backends import AtbDumpConfig, AtbLlama, Defect
 from workbench.formats.tensor_io import load_tensor
 
@@ -18,18 +19,7 @@ LAYERS = 2
 
 
 def _model(init: float) -> LlamaForCausalLM:
-    torch.manual_seed(3)
-    cfg = LlamaConfig(
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=300,
-        max_position_embeddings=64,
-        initializer_range=init,
-    )
-    return LlamaForCausalLM(cfg).eval()
+    return atb_test_llama(init, LAYERS)
 
 
 # attention in a 0.02-initialised random model is almost uniform: the missing scale shows with sharper weights

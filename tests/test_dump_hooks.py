@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
+from tests.tiny_models import tiny_llama
 from workbench.dump import DumpConfig, DumpConfigError, model_tree, register_hook
 from workbench.formats.model import DumpError
 
@@ -24,17 +25,7 @@ NEW = 3
 
 @pytest.fixture(scope="module")
 def llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        vocab_size=256,
-        max_position_embeddings=64,
-    )
-    return LlamaForCausalLM(cfg).eval()
+    return tiny_llama(0, kv_heads=4, max_positions=64)
 
 
 @pytest.fixture(scope="module")

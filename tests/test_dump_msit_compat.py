@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
+from tests.tiny_models import tiny_llama
 from workbench.dump import DumpConfig, register_hook
 
 pytestmark = pytest.mark.skipif(
@@ -22,17 +22,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def dump_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        vocab_size=256,
-        max_position_embeddings=64,
-    )
-    model = LlamaForCausalLM(cfg).eval()
+    model = tiny_llama(0, kv_heads=4, max_positions=64)
     handle = register_hook(model, DumpConfig(dump_path=tmp_path_factory.mktemp("msit"), token_range=[0, 1]))
     model.generate(torch.randint(0, 256, (1, 6)), max_new_tokens=2, do_sample=False, pad_token_id=0)
     handle.remove()

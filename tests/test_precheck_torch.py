@@ -9,14 +9,17 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
-from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import BertConfig, BertModel
 
-from tests.conftest import run_wb
+from tests.conftest import ROOT, run_wb
+from tests.tiny_models import tiny_llama
 from workbench.analysis.precheck_torch import STANDARDS, TorchDump, checker_key, precheck_node, precheck_path
 from workbench.dump import DumpConfig, register_hook
 from workbench.formats.detect import open_dump
@@ -41,18 +44,7 @@ def _scale_input(factor: float):  # type: ignore[no-untyped-def]
 
 
 def _llama(dtype: torch.dtype, qwen: bool = False) -> nn.Module:
-    torch.manual_seed(3)
-    kw = dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=128,
-        max_position_embeddings=64,
-    )
-    model = Qwen2ForCausalLM(Qwen2Config(**kw)) if qwen else LlamaForCausalLM(LlamaConfig(**kw))
-    return model.eval().to(dtype)
+    return tiny_llama(3, vocab=128, max_positions=64, qwen=qwen).to(dtype)
 
 
 def _dump(model: nn.Module, base: Path, run: object, tokens: int = 3) -> TorchDump:
@@ -227,23 +219,31 @@ def test_api_entries_and_softmax(tmp_path: Path, dtype: torch.dtype) -> None:
         assert precheck_node(src, r.name, 0).passed is False, r.name
 
 
-@pytest.mark.skipif(importlib.util.find_spec("msprobe") is None, reason="msprobe (mindstudio-probe) not installed")
-def test_msprobe_api_and_module_entries(tmp_path: Path) -> None:
+def msprobe_head_dump(out: str) -> None:
+    """Dump `_Head` in bf16 with msprobe's debugger; run in its own process (msprobe patches torch for good)."""
     from msprobe.pytorch import PrecisionDebugger
 
-    config = tmp_path / "config.json"
+    config = Path(out) / "config.json"
     config.write_text(
         json.dumps({"task": "tensor", "level": "mix", "tensor": {"scope": [], "list": [], "data_mode": ["all"]}})
     )
     torch.manual_seed(0)
     model = _Head().eval().to(torch.bfloat16)
     x = torch.randn(2, 6, 32).to(torch.bfloat16)
-    dbg = PrecisionDebugger(config_path=str(config), dump_path=str(tmp_path / "dump"))
+    dbg = PrecisionDebugger(config_path=str(config), dump_path=str(Path(out) / "dump"))
     dbg.start(model=model)
     with torch.no_grad():
         model(x)
     dbg.stop()
     dbg.step()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("msprobe") is None, reason="msprobe (mindstudio-probe) not installed")
+def test_msprobe_api_and_module_entries(tmp_path: Path) -> None:
+    code = f"from tests.test_precheck_torch import msprobe_head_dump; msprobe_head_dump({str(tmp_path)!r})"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     dump = open_dump(tmp_path / "dump")
     src = TorchDump.from_dump(dump)
     results = {src.types[n]: precheck_node(src, n, 0) for n in src.types if checker_key(src.types[n]) and src.has(n, 0)}

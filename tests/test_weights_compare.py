@@ -7,9 +7,10 @@ from pathlib import Path
 import duckdb
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from tests.conftest import run_wb
+from tests.tiny_models import tiny_llama
 from workbench.dump import DumpConfig, register_hook
 from workbench.formats.detect import open_dump
 
@@ -17,17 +18,7 @@ BROKEN_WEIGHT = "root.model.layers.1.mlp.up_proj"
 
 
 def _model(dtype: torch.dtype, broken: bool) -> LlamaForCausalLM:
-    torch.manual_seed(11)
-    cfg = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=128,
-        max_position_embeddings=64,
-    )
-    model = LlamaForCausalLM(cfg).eval()
+    model = tiny_llama(11, vocab=128, max_positions=64)
     if broken:
         with torch.no_grad():
             model.model.layers[1].mlp.up_proj.weight.mul_(1.05)  # a checkpoint loaded wrong by 5%

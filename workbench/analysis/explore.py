@@ -15,7 +15,7 @@ import math
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import numpy as np
@@ -42,6 +42,10 @@ from workbench.analysis.views import (
 )
 from workbench.compare.thresholds import Thresholds
 from workbench.core.metrics import ALL_METRICS, BY_NAME
+
+if TYPE_CHECKING:
+    from workbench.compare.fingerprint import MappingCheck
+    from workbench.compare.mapping import MappingFile
 
 __all__ = ["POST", "PRE", "ExploreError", "Explorer", "connect_read_only"]
 
@@ -660,6 +664,38 @@ class Explorer:
         except (TypeError, ValueError):
             return None
         return data if isinstance(data, dict) else None
+
+    def check_mapping(self, mapping: MappingFile) -> MappingCheck:
+        """Hold a mapping's explicit pairs against this comparison's dumps (stale pairs; the mapping editor)."""
+        from workbench.compare.fingerprint import check_mapping
+
+        cur = self._cur()
+        try:
+            return check_mapping(mapping, cur, self.info.golden_run, self.info.test_run, rules=False)
+        finally:
+            cur.close()
+
+    def stamp_mapping(self, mapping: MappingFile, keep_stale: set[tuple[str, str]]) -> None:
+        """Write this comparison's dumps into the mapping's fingerprint (stale pairs in `keep_stale` keep theirs)."""
+        from workbench.compare.fingerprint import stamp_mapping
+
+        cur = self._cur()
+        try:
+            stamp_mapping(mapping, cur, self.info.golden_run, self.info.test_run, keep_stale)
+        finally:
+            cur.close()
+
+    def mapping_stale(self) -> list[tuple[str, str, str, str]]:
+        """(kind, golden, test, reason) of the mapping entries this comparison did not use (none in an older
+        catalog)."""
+        try:
+            rows = self._rows(
+                "SELECT kind, golden, test, reason FROM mapping_stale WHERE cmp_id = ? ORDER BY kind, golden, test",
+                [self.info.cmp_id],
+            )
+        except duckdb.CatalogException:
+            return []
+        return [(str(r[0]), str(r[1]), str(r[2]), str(r[3])) for r in rows]
 
     # ------------------------------------------------------------------ SQL console
     def run_sql(self, sql: str, limit: int = 1000) -> ResultSet:

@@ -28,6 +28,20 @@ class StripCell:
 
     def describe(self, why: bool = False) -> str:
         """One line for the strip's label; `why` adds why the logits were not compared (the tooltip)."""
+        return "; ".join(self.parts(why))
+
+    def describe_within(self, width: int) -> str:
+        """The line cut to `width` columns at a part's end, never inside one; the bare verdict when nothing fits."""
+        line = ""
+        for part in self.parts():
+            longer = f"{line}; {part}" if line else part
+            if len(longer) > width:
+                break
+            line = longer
+        return line or {True: "pass", False: "FAIL", None: "-"}[self.passed][: max(width, 0)]
+
+    def parts(self, why: bool = False) -> list[str]:
+        """The line's parts, most important first."""
         verdict = {True: "logits pass", False: "logits FAIL", None: "logits not compared"}[self.passed]
         parts = [f"token {self.token}: {verdict}"]
         if self.kl is not None:
@@ -38,7 +52,7 @@ class StripCell:
             parts.append(self.inputs_reason or "inputs differ")
         if why and self.reason:
             parts.append(self.reason)
-        return "; ".join(parts)
+        return parts
 
 
 def strip_cells(con: duckdb.DuckDBPyConnection, cmp_id: int, tokens: Iterable[int]) -> list[StripCell]:

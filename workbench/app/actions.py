@@ -32,8 +32,10 @@ class ActionSpec:
 
 ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("quit", "q", "q", "Quit", "app"),
-    ActionSpec("help", "f1,question_mark", "F1 ?", "Help: every key", "app"),
-    ActionSpec("command_palette", "ctrl+p", "^p", "Command palette", "app", show=False, palette=False),
+    ActionSpec("help", "f1,question_mark", "F1 ?", "Help: every key", "app", footer="Help"),
+    ActionSpec(
+        "command_palette", "ctrl+p", "^p", "Command palette", "app", show=False, palette=False, footer="Palette"
+    ),
     ActionSpec("cycle_theme", "f2", "F2", "Next theme", "app", show=False),
     ActionSpec("open_mapping", "e", "e", "Mapping editor", "main", footer="Mapping"),
     ActionSpec("open_sql", "s", "s", "SQL console", "main", footer="SQL"),

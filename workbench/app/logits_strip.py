@@ -88,8 +88,12 @@ class LogitsStrip(Static):
             text.append(str(c.token).rjust(self.width_per_cell - 1) + " ", style=style)
         current = self.cell(self.token) if self.token is not None else None
         if current is not None:
-            text.append("  " + current.describe())
+            room = self.content_size.width - text.cell_len - 2 if self.content_size.width else 200
+            text.append("  " + current.describe_within(room))
         return text
+
+    def on_resize(self) -> None:
+        self._redraw()
 
     def _redraw(self) -> None:
         self.update(self.render_text())

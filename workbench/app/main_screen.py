@@ -14,7 +14,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
-from textual.widgets import Footer, Static, Tree
+from textual.widgets import Static, Tree
 
 from workbench.analysis.explore import POST, PRE, Explorer
 from workbench.analysis.severity import (
@@ -28,6 +28,7 @@ from workbench.analysis.severity import (
 from workbench.analysis.views import Heatmap, NodeStatus, NodeTensors, PairDetail, TensorDiff, TreeRow
 from workbench.app.actions import bindings
 from workbench.app.detail import render_detail, render_node_tensors
+from workbench.app.footer import KeysFooter
 from workbench.app.heatmap import GLYPH_FAIL, GLYPH_NAN, GLYPH_NONE, LEVEL_EDGES, HeatmapView
 from workbench.app.logits_strip import LogitsStrip
 from workbench.app.opcause import OpCauseActions, PrecheckPanel
@@ -77,6 +78,13 @@ class SelectNode(Message):
     """Select a golden node (drill result or verdict) once its data arrives."""
 
     node_id: int | None
+
+
+@dataclass
+class MappingStale(Message):
+    """The comparison's mapping file has entries that no longer fit the dumps (not used)."""
+
+    entries: list[tuple[str, str, str, str]]  # kind, golden, test, reason
 
 
 @dataclass
@@ -152,7 +160,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
             test = TopologyTree("test", id="test-tree")
             test.border_title = "test"
             yield test
-        yield Footer()
+        yield KeysFooter()
 
     def on_mount(self) -> None:
         self.query_one("#detail-pane").border_title = "detail"
@@ -163,6 +171,24 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self.load_trees()
         self.load_status(self.token)
         self._load_strip()
+        self.load_mapping_stale()
+
+    @work(thread=True, exclusive=True, group="mapping-stale", exit_on_error=False)
+    def load_mapping_stale(self) -> None:
+        entries = self.explorer.mapping_stale()
+        if entries:
+            self.post_message(MappingStale(entries))
+
+    def on_mapping_stale(self, msg: MappingStale) -> None:
+        pairs = [e for e in msg.entries if e[0] == "pair"]
+        rules = len(msg.entries) - len(pairs)
+        parts = (
+            [f"{len(pairs)} stale pair{'s' * (len(pairs) > 1)} (first: {pairs[0][3].split('; ')[0]})"] if pairs else []
+        )
+        parts += [f"{rules} rule{'s' * (rules > 1)} matching nothing"] if rules else []
+        self.notify(
+            f"mapping: {', '.join(parts)}; not used. e opens the mapping editor", severity="warning", timeout=10
+        )
 
     def _load_strip(self) -> None:
         strip = self.query_one(LogitsStrip)

@@ -1,20 +1,30 @@
-"""The mapping editor: pair unmatched golden/test ops (with tensor selectors), unpair wrong pairs, save."""
+"""The mapping editor: pair unmatched golden/test ops (with tensor selectors), unpair wrong pairs, save.
+
+Pairs of the loaded file that no longer fit these dumps (its fingerprint, `compare.fingerprint`) are listed
+as stale with the reason: `x` drops one, `p` on it keeps it as the dumps are now, and pairing its golden or
+test op anew replaces it. Saving writes the fingerprint of the current dumps.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich.style import Style
+from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
-from textual.widgets import Footer, Input, Label, OptionList, Static
+from textual.widgets import Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from workbench.analysis.explore import Explorer, NodePair, Unmatched
 from workbench.app.actions import bindings
+from workbench.app.footer import KeysFooter
 from workbench.app.screens import EditRequested, Session, WorkbenchScreen
+from workbench.app.themes import DOMAIN_DEFAULTS
+from workbench.compare.fingerprint import StaleEntry
 from workbench.compare.mapping import WB_MAPPING_NAME, MappingError, MappingFile, PairSpec, TensorSel
 
 
@@ -23,6 +33,8 @@ class MappingLists(Message):
     golden: list[Unmatched]
     test: list[Unmatched]
     pairs: list[NodePair]
+    stale: list[StaleEntry]
+    fingerprinted: bool
 
 
 class MappingScreen(WorkbenchScreen[None]):
@@ -45,6 +57,9 @@ class MappingScreen(WorkbenchScreen[None]):
         self.golden: list[Unmatched] = []
         self.test: list[Unmatched] = []
         self.pairs: list[NodePair] = []
+        self.stale: list[StaleEntry] = []  # pairs of the file that no longer fit these dumps
+        self.kept: set[tuple[str, str]] = set()  # stale pairs the user kept as they are now (re-printed on save)
+        self.fingerprinted = True
         self.mapping = MappingFile()
         self.target: Path = Path(WB_MAPPING_NAME)
         self.dirty = False
@@ -68,7 +83,7 @@ class MappingScreen(WorkbenchScreen[None]):
                 yield Input(placeholder="filter pairs", id="pairs-filter")
                 yield OptionList(id="pairs-list")
         yield Static("", id="map-status")
-        yield Footer()
+        yield KeysFooter()
 
     def on_mount(self) -> None:
         path, catalog = self.session.mapping, self.session.catalog
@@ -89,14 +104,34 @@ class MappingScreen(WorkbenchScreen[None]):
         super().set_explorer(explorer)
         self.load_lists()
 
-    @work(thread=True, exclusive=True, group="mapping", exit_on_error=False)
     def load_lists(self) -> None:
+        """Reload the three lists and check the file's pairs against the dumps (in a worker)."""
+        snapshot = MappingFile(list(self.mapping.pairs))
+        snapshot.pair_prints = dict(self.mapping.pair_prints)
+        snapshot.fingerprint = self.mapping.fingerprint
+        self._load_lists(snapshot)
+
+    @work(thread=True, exclusive=True, group="mapping", exit_on_error=False)
+    def _load_lists(self, mapping: MappingFile) -> None:
         ex = self.explorer
-        self.post_message(MappingLists(ex.unmatched("golden"), ex.unmatched("test"), ex.node_pairs()))
+        check = ex.check_mapping(mapping)
+        fingerprinted = check.fingerprinted or not mapping.pairs
+        self.post_message(
+            MappingLists(ex.unmatched("golden"), ex.unmatched("test"), ex.node_pairs(), check.stale, fingerprinted)
+        )
 
     def on_mapping_lists(self, msg: MappingLists) -> None:
         self.golden, self.test, self.pairs = msg.golden, msg.test, msg.pairs
+        # a pair dropped or kept while the check ran stays as the user left it
+        keys = {(p.golden, p.test) for p in self.mapping.pairs}
+        self.stale = [s for s in msg.stale if (s.golden, s.test) in keys and (s.golden, s.test) not in self.kept]
+        self.fingerprinted = msg.fingerprinted
         self._fill_all()
+        if self.stale:
+            self.notify(
+                f"{len(self.stale)} pairs of {self.target.name} no longer fit these dumps (marked stale; not used)",
+                severity="warning",
+            )
 
     # ------------------------------------------------------------------ lists
     def _fill_all(self) -> None:
@@ -112,6 +147,14 @@ class MappingScreen(WorkbenchScreen[None]):
         lst.clear_options()
         options: list[Option] = []
         if which == "pairs":
+            stale_style = Style(color=self._var("fail"), bold=True)
+            for i, s in enumerate(self.stale):
+                plain = f"STALE {s.golden}  ⇄  {s.test}  ({s.reason})"
+                if text in plain.lower():
+                    marked = Text.assemble(
+                        ("STALE ", stale_style), f"{s.golden}  ⇄  {s.test}  ", (f"({s.reason})", Style(dim=True))
+                    )
+                    options.append(Option(marked, id=f"s{i}"))
             for i, p in enumerate(self.pairs):
                 label = f"{p.golden}  ⇄  {p.test}  ({p.method})"
                 if text in label.lower():
@@ -137,6 +180,9 @@ class MappingScreen(WorkbenchScreen[None]):
         if event.input.id and event.input.id.endswith("-filter"):
             self._fill(event.input.id.removesuffix("-filter"))
 
+    def _var(self, name: str) -> str:
+        return {**DOMAIN_DEFAULTS, **self.app.get_css_variables()}[name]
+
     def _highlighted(self, which: str) -> str | None:
         lst = self.query_one(f"#{which}-list", OptionList)
         if lst.highlighted is None or lst.option_count == 0:
@@ -145,14 +191,23 @@ class MappingScreen(WorkbenchScreen[None]):
 
     def _status(self, text: str) -> None:
         state = "unsaved changes" if self.dirty else "saved" if self.target.exists() else "not saved yet"
+        stale = (
+            f", {len(self.stale)} STALE (not used: x drops one, p on it keeps it as it is now)" if self.stale else ""
+        )
+        unchecked = "" if self.fingerprinted else "; no fingerprint: pairs not checked (saving adds one)"
         self.query_one("#map-status", Static).update(
-            f"{len(self.golden)} golden and {len(self.test)} test ops unmatched, {len(self.pairs)} pairs · "
-            f"mapping file: {self.target} ({state})\n"
+            f"{len(self.golden)} golden and {len(self.test)} test ops unmatched, {len(self.pairs)} pairs{stale} · "
+            f"mapping file: {self.target} ({state}){unchecked}\n"
             f"{text or 'type to filter, Enter (or Tab) to its list; there p pairs the highlighted ops, x unpairs'}"
         )
 
     # ------------------------------------------------------------------ actions
     def action_pair_selected(self) -> None:
+        plist = self.query_one("#pairs-list", OptionList)
+        chosen = self._highlighted("pairs")
+        if plist.has_focus and chosen is not None and chosen.startswith("s"):
+            self._keep_stale(self.stale[int(chosen[1:])])
+            return
         g, t = self._highlighted("golden"), self._highlighted("test")
         if g is None or t is None:
             self._status("highlight one golden op and one test op first")
@@ -164,9 +219,15 @@ class MappingScreen(WorkbenchScreen[None]):
             self._status(str(exc))
             return
         spec = PairSpec(g, t, gsel, tsel)
+        replaced = [s for s in self.stale if s.golden == g or s.test == t]
+        for s in replaced:  # re-pairing an op of a stale pair replaces that pair
+            self.mapping.drop_pair(s.golden, s.test)
+        self.stale = [s for s in self.stale if s not in replaced]
         self.mapping.add_pair(spec)
         self.dirty = True
         note = self._size_note(g, t)
+        if replaced:
+            note += f"  (replaces {len(replaced)} stale pair{'s' if len(replaced) > 1 else ''})"
         self._status(f"pairing {g} ⇄ {t} ({gsel} / {tsel}); computing metrics ...{note}")
         self.post_message(EditRequested([spec], []))
 
@@ -178,10 +239,35 @@ class MappingScreen(WorkbenchScreen[None]):
             return ""
         return f"  warning: their first outputs differ in size ({g.out_numel:,} vs {t.out_numel:,} elements)"
 
+    def _keep_stale(self, stale: StaleEntry) -> None:
+        """Keep a stale pair as the dumps are now: compared from now on, fingerprinted anew when saved."""
+        if "not in the golden dump" in stale.reason or "not in the test dump" in stale.reason:
+            self._status(
+                f"{stale.reason.split('; ')[0]}: drop it (x), or pair its other op with one from the lists (p)"
+            )
+            return
+        self.stale = [s for s in self.stale if s != stale]
+        self.kept.add((stale.golden, stale.test))
+        self.dirty = True
+        spec = next(
+            (p for p in self.mapping.pairs if (p.golden, p.test) == (stale.golden, stale.test)),
+            PairSpec(stale.golden, stale.test),
+        )
+        self._fill("pairs")
+        self._status(f"keeping {stale.golden} ⇄ {stale.test} as it is now; computing metrics ...")
+        self.post_message(EditRequested([spec], []))
+
     def action_unpair_selected(self) -> None:
         idx = self._highlighted("pairs")
         if idx is None:
             self._status("highlight a pair first")
+            return
+        if idx.startswith("s"):
+            stale = self.stale.pop(int(idx[1:]))
+            self.mapping.drop_pair(stale.golden, stale.test)
+            self.dirty = True
+            self._fill("pairs")
+            self._status(f"dropped the stale pair {stale.golden} ⇄ {stale.test} (save to write the file)")
             return
         pair = self.pairs[int(idx)]
         self.mapping.remove_pair(pair.golden, pair.test)
@@ -190,6 +276,14 @@ class MappingScreen(WorkbenchScreen[None]):
         self.post_message(EditRequested([], [(pair.golden, pair.test)]))
 
     def action_save_mapping(self) -> None:
+        """Save, with the fingerprint of the current dumps (stale pairs left in keep their old one)."""
+        import duckdb
+
+        try:
+            self.explorer.stamp_mapping(self.mapping, {(s.golden, s.test) for s in self.stale})
+        except duckdb.Error:
+            self._status("the catalog is being updated: save again in a moment")
+            return
         try:
             self.target.parent.mkdir(parents=True, exist_ok=True)
             written = self.mapping.save(self.target)
@@ -197,7 +291,9 @@ class MappingScreen(WorkbenchScreen[None]):
             self._status(f"cannot save {self.target}: {exc.strerror or exc}")
             return
         self.dirty = False
-        self._status(f"saved {written}; use it with: wb compare -mf {written}")
+        self.fingerprinted = True
+        kept = f"; {len(self.stale)} stale pairs kept as stale" if self.stale else ""
+        self._status(f"saved {written} with the dumps' fingerprint{kept}; use it with: wb compare -mf {written}")
         self.notify(f"mapping saved to {written}")
 
     def action_close(self) -> None:

@@ -20,9 +20,10 @@ from textual.binding import Binding, BindingType
 from textual.containers import Center, Vertical
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer, ProgressBar, Static
+from textual.widgets import ProgressBar, Static
 
 from workbench.analysis.precheck import PrecheckResult
+from workbench.app.footer import KeysFooter
 
 if TYPE_CHECKING:
     from workbench.analysis.explore import Explorer
@@ -112,7 +113,7 @@ class RedumpScreen(Screen[None]):
             with Center():
                 yield ProgressBar(total=4, id="bar", show_eta=False)
             yield Static("", id="message")
-        yield Footer()
+        yield KeysFooter()
 
     def step(self, p: Progress) -> None:
         self.query_one("#stage", Static).update(p.stage)

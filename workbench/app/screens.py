@@ -18,11 +18,12 @@ from textual.binding import Binding, BindingType
 from textual.containers import Center, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Footer, OptionList, ProgressBar, Static
+from textual.widgets import OptionList, ProgressBar, Static
 from textual.widgets.option_list import Option
 
 from workbench.analysis.explore import Explorer
 from workbench.app.actions import ACTIONS, bindings
+from workbench.app.footer import KeysFooter
 
 if TYPE_CHECKING:
     from workbench.compare.mapping import PairSpec
@@ -131,7 +132,7 @@ class PickerScreen(WorkbenchModal[R | None], Generic[R]):
                 yield OptionList(*[Option(Text(e.label), id=str(i)) for i, e in enumerate(self.entries)], id="picker")
             else:
                 yield Static(Text(self.empty, style="dim"))
-        yield Footer()
+        yield KeysFooter()
 
     def on_mount(self) -> None:
         if self.entries:
@@ -175,7 +176,7 @@ class MessageScreen(Screen[None]):
             yield Static(self.title_text, id="title")
             yield Static(Text(self.message), id="message")
             yield Static(Text("Press q, Escape or Enter to quit.", style="dim"))
-        yield Footer()
+        yield KeysFooter()
 
 
 class ProgressScreen(Screen[None]):
@@ -200,7 +201,7 @@ class ProgressScreen(Screen[None]):
             with Center():
                 yield ProgressBar(total=None, id="bar", show_eta=False)
             yield Static("", id="counts")
-        yield Footer()
+        yield KeysFooter()
 
     def update(self, stage: str, done: int, total: int, rate: float, message: str) -> None:
         """Show one progress report (called on the UI thread from a message handler)."""

@@ -10,11 +10,12 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
-from textual.widgets import DataTable, Footer, Label, OptionList, Static, TextArea
+from textual.widgets import DataTable, Label, OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
 from workbench.analysis.explore import Explorer, ResultSet
 from workbench.app.actions import bindings
+from workbench.app.footer import KeysFooter
 from workbench.app.screens import Session, WorkbenchScreen
 
 ROW_LIMIT = 1000
@@ -71,7 +72,7 @@ class SqlScreen(WorkbenchScreen[None]):
                 yield Static("", id="sql-error")
                 yield DataTable(id="results", zebra_stripes=True)
                 yield Static("Ctrl+R runs; read-only connection", id="sql-info")
-        yield Footer()
+        yield KeysFooter()
 
     def on_mount(self) -> None:
         self.query_one("#editor", TextArea).focus()

@@ -44,3 +44,15 @@ def compared_node(
     if found is None:
         raise NodeLookupError("the op has no counterpart on the test side (pair it in the mapping editor)")
     return test_run, int(found[0])
+
+
+def comparison_id(con: duckdb.DuckDBPyConnection, cmp_id: int | None, catalog: object) -> int:
+    """`cmp_id` when the catalog holds it, else (None) the newest comparison; NodeLookupError naming `catalog`."""
+    if cmp_id is None:
+        row = con.execute("SELECT max(cmp_id) FROM comparisons").fetchone()
+        if row is None or row[0] is None:
+            raise NodeLookupError(f"{catalog}: no comparison in this catalog (run `wb compare` first)")
+        return int(row[0])
+    if con.execute("SELECT 1 FROM comparisons WHERE cmp_id = ?", [cmp_id]).fetchone() is None:
+        raise NodeLookupError(f"{catalog}: no comparison {cmp_id} (see `wb query 'SELECT * FROM comparisons'`)")
+    return cmp_id

@@ -241,6 +241,19 @@ CREATE TABLE IF NOT EXISTS logits (
     PRIMARY KEY (cmp_id, token_id)
 );
 
+-- mapping-file entries a comparison did not use (compare/fingerprint.py, docs/mapping.md): explicit pairs that
+-- no longer fit the dumps the mapping's fingerprint was taken on, and rules that match nothing
+CREATE TABLE IF NOT EXISTS mapping_stale (
+    cmp_id        INTEGER NOT NULL,
+    kind          VARCHAR NOT NULL,       -- pair | rule
+    golden        VARCHAR NOT NULL,       -- golden node name (pair) or pattern (rule)
+    test          VARCHAR NOT NULL,
+    golden_tensor VARCHAR,                -- tensor selectors as in the file (* = all)
+    test_tensor   VARCHAR,
+    reason        VARCHAR NOT NULL,       -- e.g. shape of root.model.norm out:0 changed 128 -> 64
+    mapping       VARCHAR                 -- the mapping file
+);
+
 -- whether the two runs were fed the same token ids at each token; from the first token whose inputs
 -- differ on, no op is named (error_born keeps NULL with this reason)
 CREATE TABLE IF NOT EXISTS token_status (

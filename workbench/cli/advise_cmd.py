@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -11,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from workbench.cli.common import app, guarded
+from workbench.cli.common import app, check_format, csv_text, guarded, text_table
 from workbench.core.files import DEFAULT_CATALOG
 
 COLUMNS = ("rank", "token_id", "golden_node", "test_node", "score", "reason", "golden_node_id", "test_node_id")
@@ -28,25 +26,18 @@ def advise(
     """Rank the ops by the error they add beyond their inputs and their peers' noise (most likely origin first)."""
     from workbench.analysis.advisor import NAN_INF_SCORE, SIGNIFICANT
     from workbench.analysis.advisor import advise as run_advise
+    from workbench.catalog.lookup import comparison_id
     from workbench.catalog.store import first_row, open_catalog
 
     def go() -> None:
-        if fmt not in ("table", "csv", "json"):
-            raise ValueError(f"--format {fmt!r}: expected table, csv or json")
+        check_format(fmt)
         if top < 0:
             raise ValueError(f"--top {top}: expected 0 (all) or more")
         if not catalog.is_file():
             raise ValueError(f"{catalog}: no such catalog (run `wb compare -o DIR` first, or pass --catalog FILE)")
         con = open_catalog(catalog, read_only=True)
         try:
-            cid = cmp_id
-            if cid is None:
-                row = first_row(con.execute("SELECT max(cmp_id) FROM comparisons"))
-                if row is None or row[0] is None:
-                    raise ValueError(f"{catalog}: no comparison in this catalog (run `wb compare` first)")
-                cid = int(row[0])
-            elif first_row(con.execute("SELECT 1 FROM comparisons WHERE cmp_id = ?", [cid])) is None:
-                raise ValueError(f"{catalog}: no comparison {cid} (see `wb query 'SELECT * FROM comparisons'`)")
+            cid = comparison_id(con, cmp_id, catalog)
             if token is not None:
                 has = first_row(
                     con.execute("SELECT 1 FROM matches WHERE cmp_id = ? AND token_id = ? LIMIT 1", [cid, token])
@@ -60,11 +51,7 @@ def advise(
         if fmt == "json":
             typer.echo(json.dumps(rows, indent=1))
         elif fmt == "csv":
-            buf = io.StringIO()
-            writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
-            writer.writeheader()
-            writer.writerows(rows)
-            typer.echo(buf.getvalue(), nl=False)
+            typer.echo(csv_text(rows, COLUMNS), nl=False)
         else:
             typer.echo(_table(rows, cid, SIGNIFICANT, NAN_INF_SCORE), nl=False)
 
@@ -86,11 +73,5 @@ def _table(rows: list[dict[str, object]], cmp_id: int, significant: float, nan_i
         ]
         for r in rows
     ]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
-    out = io.StringIO()
-    out.write(f"comparison {cmp_id}; score = error an op adds / what its peers add (>= {significant:g}: stands out)\n")
-    line = "  ".join(h.ljust(w) if i < len(heads) - 1 else h for i, (h, w) in enumerate(zip(heads, widths)))
-    out.write(line + "\n")
-    for c in cells:
-        out.write("  ".join(v.ljust(w) if i < len(c) - 1 else v for i, (v, w) in enumerate(zip(c, widths))) + "\n")
-    return out.getvalue()
+    head = f"comparison {cmp_id}; score = error an op adds / what its peers add (>= {significant:g}: stands out)"
+    return "\n".join([head, *text_table(heads, cells)]) + "\n"

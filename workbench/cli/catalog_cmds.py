@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from workbench.cli.common import app, guarded, say
+from workbench.cli.common import app, check_format, guarded, say
 from workbench.core.files import DEFAULT_CATALOG
 
 
@@ -62,8 +62,7 @@ def query(
     from workbench.analysis.queries import run_query
 
     def go() -> None:
-        if fmt not in ("table", "csv", "json"):
-            raise ValueError(f"--format {fmt!r}: expected table, csv or json")
+        check_format(fmt)
         text = run_query(catalog, sql, fmt=fmt, cmp_id=cmp_id, limit=limit, attach=attach or ())
         typer.echo(text, nl=not text.endswith("\n"))
 

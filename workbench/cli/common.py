@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -148,3 +150,38 @@ class ProgressPrinter:
                 sys.stderr.write("\n")
             sys.stderr.flush()
         self.last_stage = p.stage
+
+
+OUTPUT_FORMATS = ("table", "csv", "json")
+
+
+def check_format(fmt: str) -> None:
+    """Refuse an output format other than table, csv or json, in one line."""
+    if fmt not in OUTPUT_FORMATS:
+        raise ValueError(f"--format {fmt!r}: expected {', '.join(OUTPUT_FORMATS[:-1])} or {OUTPUT_FORMATS[-1]}")
+
+
+def csv_text(rows: Iterable[Mapping[str, object]], columns: Sequence[str]) -> str:
+    """Rows as CSV text with a header line."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def text_table(heads: Sequence[str], cells: Sequence[Sequence[str]], right: Sequence[bool] = ()) -> list[str]:
+    """Aligned columns, two spaces apart; `right[i]` right-aligns column i; the last column is never padded."""
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(heads)]
+    last = len(heads) - 1
+
+    def line(values: Sequence[str]) -> str:
+        parts = []
+        for i, (v, w) in enumerate(zip(values, widths, strict=True)):
+            if i < len(right) and right[i]:
+                parts.append(v.rjust(w))
+            else:
+                parts.append(v if i == last else v.ljust(w))
+        return "  ".join(parts).rstrip()
+
+    return [line(heads), *(line(c) for c in cells)]

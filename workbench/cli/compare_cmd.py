@@ -29,6 +29,7 @@ def run_compare_cli(
     quiet: bool = False,
     follow_symlinks: bool = False,
     ray: str | None = None,
+    show_stale: bool = False,
 ) -> Any:
     """Shared by `wb compare`, `wb open` and `wb demo`: compare, write the CSV, print the summary.
 
@@ -44,12 +45,16 @@ def run_compare_cli(
     ranges = token_ranges(tokens)  # a bad --tokens fails before anything is read; ranges bind to the dumps' tokens
     check_output_dir(out)
     if ray is None:
-        return _compare_ranks(golden, test, out, mapping, ranges, workers, thresholds, quiet, follow_symlinks, None)
+        return _compare_ranks(
+            golden, test, out, mapping, ranges, workers, thresholds, quiet, follow_symlinks, None, show_stale
+        )
     from workbench.compare.ray_exec import RayCluster
 
     cluster = RayCluster.connect(ray, workers)
     try:
-        return _compare_ranks(golden, test, out, mapping, ranges, workers, thresholds, quiet, follow_symlinks, cluster)
+        return _compare_ranks(
+            golden, test, out, mapping, ranges, workers, thresholds, quiet, follow_symlinks, cluster, show_stale
+        )
     finally:
         cluster.shutdown()
 
@@ -65,6 +70,7 @@ def _compare_ranks(
     quiet: bool,
     follow_symlinks: bool,
     cluster: Any,
+    show_stale: bool,
 ) -> Any:
     from workbench.formats.detect import find_ranks, pair_ranks
 
@@ -81,6 +87,7 @@ def _compare_ranks(
             quiet,
             follow_symlinks=follow_symlinks,
             cluster=cluster,
+            show_stale=show_stale,
         )
     pairs = pair_ranks(g_ranks, t_ranks)
     by_id = all(g.rank is not None and g.rank == t.rank for g, t in pairs)
@@ -106,6 +113,7 @@ def _compare_ranks(
             dumps=(g.open, t.open),
             follow_symlinks=follow_symlinks,
             cluster=cluster,
+            show_stale=show_stale,
         )
         runs.append((rank, res.golden_run, res.test_run))
     for side, ranks in (("golden", [g for g, _ in pairs]), ("test", [t for _, t in pairs])):
@@ -167,6 +175,7 @@ def _compare_one(
     dumps: tuple[Any, Any] | None = None,
     follow_symlinks: bool = False,
     cluster: Any = None,
+    show_stale: bool = False,
 ) -> Any:
     """One golden/test pair of dumps (or of ranks: `dumps` reads them, `rank` goes into `runs.rank`)."""
     from workbench.analysis.token_inputs import token_lines
@@ -206,7 +215,7 @@ def _compare_one(
     finally:
         con.close()
     for line in format_summary(
-        res, labels[res.golden_run], labels[res.test_run], csv_path, first_divergent, inputs_differ
+        res, labels[res.golden_run], labels[res.test_run], csv_path, first_divergent, inputs_differ, show_stale
     ):
         say(line)
     return res
@@ -294,11 +303,23 @@ def compare(
             "needs pip install 'workbench[ray]').",
         ),
     ] = None,
+    show_stale: Annotated[
+        bool, typer.Option("--show-stale", help="List every mapping pair that no longer fits the dumps, and why.")
+    ] = False,
 ) -> None:
     """Compare two dumps op by op: OUT/catalog.duckdb, an msit-compatible CSV, and where the error is born."""
     res = guarded(
         lambda: run_compare_cli(
-            golden, test, out, mapping, tokens, workers, thresholds, follow_symlinks=follow_symlinks, ray=ray
+            golden,
+            test,
+            out,
+            mapping,
+            tokens,
+            workers,
+            thresholds,
+            follow_symlinks=follow_symlinks,
+            show_stale=show_stale,
+            ray=ray,
         )
     )
     if res.pairs == 0 or res.uncomparable >= res.pairs:

@@ -61,9 +61,9 @@ def demo(
         return
 
     def launch_app() -> int:
-        from workbench.app.launch import launch
+        from workbench.app.launch import launch, make_app
 
-        return launch(catalog=out / CATALOG_NAME, theme=theme, cmp_id=res.cmp_id)
+        return launch(make_app(catalog=out / CATALOG_NAME, theme=theme, cmp_id=res.cmp_id))
 
     code = guarded(launch_app)
     if code:

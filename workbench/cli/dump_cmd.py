@@ -30,11 +30,20 @@ def dump(
         bool, typer.Option("--stats-only", help="Statistics only (statistics.csv), no tensor files.")
     ] = False,
     weights: Annotated[bool, typer.Option("--weights", help="Also save every weight once (for wb precheck).")] = False,
+    follow_tokens: Annotated[
+        Path | None,
+        typer.Option(
+            "--follow-tokens",
+            help="A golden dump written by wb: the script's model is fed the golden run's generated tokens.",
+        ),
+    ] = None,
 ) -> None:
     """Run a torch script and dump the model it builds (msit's layout, plus wb's manifest), no code change.
 
     The first model the script calls is hooked (a Hugging Face PreTrainedModel, or any module with
     parameters and submodules); its forward calls are the tokens. The command is recorded for `wb redump`.
+    With `--follow-tokens GOLDEN` every step's logits are replaced, after they are dumped, by ones whose only
+    choice is the golden run's token (teacher forcing), so a test run compares like with like at every token.
     """
     from workbench.compare.tasks import parse_tokens
     from workbench.dump.autohook import hook_env
@@ -62,6 +71,17 @@ def dump(
         "exec_command": exec_,
         "exec_cwd": os.getcwd(),
     }
+    if follow_tokens is not None:
+        from workbench.formats.model import DumpError
+        from workbench.formats.token_ids import generated_ids
+
+        try:
+            ids = generated_ids(follow_tokens)
+        except DumpError as exc:
+            raise fail(f"--follow-tokens: {exc}") from None
+        # the ids travel with the command, so a re-dump follows them even when the golden dump has moved
+        config["follow_tokens"] = str(follow_tokens.resolve())
+        config["follow_ids"] = ids
     if modules:
         config["module_list"] = [m.strip() for m in modules.split(",") if m.strip()]
     before = set(out_dir.glob("msit_dump_*/torch_tensors/*"))
@@ -79,3 +99,5 @@ def dump(
         raise fail("the command ran but built no torch model to dump (no nn.Module with parameters was called)", 1)
     for d in made:
         typer.echo(f"dump written: {d}")
+    if follow_tokens is not None:
+        typer.echo(f"followed the golden run's {len(ids)} generated tokens ({follow_tokens})")

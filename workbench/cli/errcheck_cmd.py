@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from workbench.cli.common import ProgressPrinter, app, guarded
+from workbench.cli.common import ProgressPrinter, app, check_format, csv_text, guarded
 
 if TYPE_CHECKING:
     from workbench.analysis.errcheck import ErrcheckResult
@@ -29,8 +27,7 @@ def errcheck(
     from workbench.formats import open_dump
 
     def go() -> int:
-        if fmt not in ("table", "csv", "json"):
-            raise ValueError(f"--format {fmt!r}: expected table, csv or json")
+        check_format(fmt)
         d = open_dump(dump)
         printer = ProgressPrinter()
         res = check_dump(d, progress=lambda done, total: printer(_Step(done, total)))
@@ -49,11 +46,7 @@ def errcheck(
             }
             typer.echo(json.dumps(payload, indent=2))
         elif fmt == "csv":
-            buf = io.StringIO()
-            w = csv.DictWriter(buf, fieldnames=_COLUMNS, lineterminator="\n")
-            w.writeheader()
-            w.writerows(rows)
-            typer.echo(buf.getvalue(), nl=False)
+            typer.echo(csv_text(rows, _COLUMNS), nl=False)
         else:
             typer.echo(_table(res))
         return EXIT_ANOMALY if res.anomalous else 0

@@ -9,13 +9,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from workbench.cli.common import app, fail, guarded
+from workbench.cli.common import app, check_format, fail, guarded, text_table
 
 if TYPE_CHECKING:
     from workbench.analysis.logits import LogitsRow
     from workbench.analysis.token_inputs import TokenInputs
 
-FORMATS = ("table", "csv", "json")
 CSV_NAME = "logits.csv"
 # (header, LogitsRow attribute, format) of the table view
 TABLE = (
@@ -53,13 +52,7 @@ def format_table(rows: list[LogitsRow], notes: dict[int, str]) -> list[str]:
             if x
         )
         body.append([_cell(getattr(r, attr), fmt) for _, attr, fmt in TABLE] + [note])
-    widths = [max(len(head[i]), *(len(b[i]) for b in body)) if body else len(head[i]) for i in range(len(head))]
-    lines = ["  ".join(h.rjust(w) if i < len(TABLE) else h for i, (h, w) in enumerate(zip(head, widths, strict=True)))]
-    for b in body:
-        lines.append(
-            "  ".join(c.rjust(w) if i < len(TABLE) else c for i, (c, w) in enumerate(zip(b, widths, strict=True)))
-        )
-    return [ln.rstrip() for ln in lines]
+    return text_table(head, body, right=[True] * len(TABLE))
 
 
 def _records(rows: list[LogitsRow], notes: dict[int, str]) -> list[dict[str, Any]]:
@@ -107,8 +100,7 @@ def run_logits(
     from workbench.compare.thresholds import Thresholds
     from workbench.formats import open_dump
 
-    if fmt not in FORMATS:
-        raise ValueError(f"--format {fmt!r}: expected table, csv or json")
+    check_format(fmt)
     th = Thresholds.load(thresholds)
     wanted = parse_tokens(tokens)
     g_dump, t_dump = open_dump(golden), open_dump(test)

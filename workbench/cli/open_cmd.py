@@ -29,25 +29,25 @@ def open_cmd(
     from workbench.core.files import CATALOG_NAME
 
     def go() -> int:
-        from workbench.app.launch import launch
+        from workbench.app.launch import launch, make_app
 
         if test is None:
             if golden.is_dir():
                 cat = golden / CATALOG_NAME
                 if not cat.exists():
                     raise ValueError(f"{golden}: a dump folder needs a TEST folder too (or pass a catalog file)")
-                return launch(catalog=cat, theme=theme, cmp_id=cmp_id)
+                return launch(make_app(catalog=cat, theme=theme, cmp_id=cmp_id))
             if not golden.exists():
                 raise ValueError(f"{golden}: no such catalog")
             check_catalog(golden, cmp_id)
-            return launch(catalog=golden, theme=theme, cmp_id=cmp_id)
+            return launch(make_app(catalog=golden, theme=theme, cmp_id=cmp_id))
         for p in (golden, test):
             if not p.exists():
                 raise ValueError(f"{p}: no such folder")
         out.mkdir(parents=True, exist_ok=True)
         if cmp_id is not None:
             raise ValueError("--cmp chooses a comparison of an existing catalog; with two dumps, one is made")
-        return launch(catalog=out / CATALOG_NAME, golden=golden, test=test, mapping=mapping, theme=theme)
+        return launch(make_app(catalog=out / CATALOG_NAME, golden=golden, test=test, mapping=mapping, theme=theme))
 
     code = guarded(go)
     if code:

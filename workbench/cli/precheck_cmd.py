@@ -105,6 +105,7 @@ def precheck(
 
     def _catalog_result(cat: Path) -> PrecheckResult:
         from workbench.analysis.precheck_torch import precheck_catalog
+        from workbench.catalog.lookup import comparison_id
         from workbench.catalog.store import open_catalog
 
         if node is None:
@@ -115,12 +116,7 @@ def precheck(
             raise ValueError(f"{cat}: no such catalog")
         con = open_catalog(cat, read_only=True)
         try:
-            cid = cmp_id
-            if cid is None:
-                row = con.execute("SELECT max(cmp_id) FROM comparisons").fetchone()
-                if row is None or row[0] is None:
-                    raise ValueError(f"{cat}: no comparison yet (run wb compare)")
-                cid = int(row[0])
+            cid = comparison_id(con, cmp_id, cat)
             tok = token
             if tok is None:
                 row = con.execute("SELECT min(token_id) FROM node_results WHERE cmp_id = ?", [cid]).fetchone()

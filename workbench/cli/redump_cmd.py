@@ -26,7 +26,7 @@ def redump(
 ) -> None:
     """Re-run the command recorded in the run's manifest for just this op and token, with full tensors in and
     out; the new dump is ingested into the same catalog and the comparison's pairs of the op are recomputed."""
-    from workbench.catalog import first_row
+    from workbench.catalog.lookup import NodeLookupError, comparison_id
     from workbench.catalog.store import open_catalog
     from workbench.core.progress import Progress
     from workbench.jobs.redump import RedumpCancelled, RedumpError, run_redump
@@ -35,14 +35,13 @@ def redump(
         raise fail(f"--side must be test or golden, not {side!r}")
     if not catalog.is_file():
         raise fail(f"{catalog}: no such catalog")
-    cid = cmp_id
-    if cid is None:
-        con = open_catalog(catalog, read_only=True)
-        row = first_row(con.execute("SELECT max(cmp_id) FROM comparisons"))
+    con = open_catalog(catalog, read_only=True)
+    try:
+        cid = comparison_id(con, cmp_id, catalog)
+    except NodeLookupError as exc:
+        raise fail(str(exc)) from None
+    finally:
         con.close()
-        if row is None or row[0] is None:
-            raise fail(f"{catalog}: no comparison yet (run wb compare)")
-        cid = int(row[0])
     tty = sys.stderr.isatty()
 
     def show(p: Progress) -> None:

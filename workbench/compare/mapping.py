@@ -6,15 +6,20 @@ Two formats are read (documented in docs/mapping.md):
 
     {"format": "wb-mapping", "version": 1,
      "pairs":    [{"golden": "root.model.layers.0.mlp.down_proj", "test": "2_Prefill_layer/9_LinearOperation",
-                   "golden_tensor": "out:0", "test_tensor": "out:0"}],
+                   "golden_tensor": "out:0", "test_tensor": "out:0",
+                   "fingerprint": {"golden": {"type": "Linear", "token": 0, "tensors": {"out:0": "float32[1,5,64]"}},
+                                   "test": {...}}}],
      "rules":    [{"golden": "root.model.layers.*.mlp.down_proj", "test": "*_Prefill_layer/9_LinearOperation"}],
      "types":    {"RmsNormOperation": ["LlamaRMSNorm"]},
-     "unpaired": [{"golden": "...", "test": "..."}]}
+     "unpaired": [{"golden": "...", "test": "..."}],
+     "fingerprint": {"version": 1, "saved_at": "...", "golden": {"path": "...", "kind": "msit_torch",
+                     "nodes": 61, "digest": "..."}, "test": {...}}}
 
   In `rules`, `*` matches within one name segment, and a golden node is paired with a test
   node only when both match and both have the same layer index (the layer wildcard).
   Tensor selectors: `out:0`, `in:1`, `out` (every output, by index), `in`, `*` (default:
-  inputs and outputs, by index).
+  inputs and outputs, by index). The fingerprints (written by the editor, checked by
+  `workbench.compare.fingerprint`) say what the dumps looked like when the mapping was saved.
 
 * msit's `op_mapping_file.json` (`-mf DIR` reads `DIR/op_mapping_file.json`): a flat
   `{"AtbType[_file]": "TorchType[_file]" | [...]}` type map; a string value is one type
@@ -153,6 +158,10 @@ class MappingFile:
     types: list[TypeRule] = field(default_factory=list)
     unpaired: list[tuple[str, str]] = field(default_factory=list)
     source: str | None = None
+    # what both nodes of each explicit pair looked like when the mapping was saved (golden, test) -> prints,
+    # and the whole dumps' prints; None: a file saved without a fingerprint (see compare/fingerprint.py)
+    pair_prints: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    fingerprint: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ reading
     @classmethod
@@ -211,6 +220,12 @@ class MappingFile:
                     TensorSel.parse(item.get("test_tensor")),
                 )
             )
+            if isinstance(item.get("fingerprint"), dict):
+                out.pair_prints[(str(item["golden"]), str(item["test"]))] = item["fingerprint"]
+        fingerprint = data.get("fingerprint")
+        if fingerprint is not None and not isinstance(fingerprint, dict):
+            raise ValueError("'fingerprint' must be an object")
+        out.fingerprint = fingerprint
         for item in data.get("rules", []):
             out.rules.append(
                 RuleSpec(
@@ -252,6 +267,10 @@ class MappingFile:
         self.rules.extend(r for r in other.rules if r not in self.rules)
         self.types.extend(other.types)
         self.unpaired.extend(u for u in other.unpaired if u not in self.unpaired)
+        for key, prints in other.pair_prints.items():
+            self.pair_prints.setdefault(key, prints)
+        if self.fingerprint is None:
+            self.fingerprint = other.fingerprint
 
     def add_pair(self, pair: PairSpec) -> None:
         """Pair two nodes (drops an earlier rejection of the same pair)."""
@@ -261,9 +280,14 @@ class MappingFile:
 
     def remove_pair(self, golden: str, test: str) -> None:
         """Unpair two nodes: drop an explicit pair, and reject an automatic one."""
-        self.pairs = [p for p in self.pairs if (p.golden, p.test) != (golden, test)]
+        self.drop_pair(golden, test)
         if (golden, test) not in self.unpaired:
             self.unpaired.append((golden, test))
+
+    def drop_pair(self, golden: str, test: str) -> None:
+        """Forget an explicit pair (a stale one, say) without rejecting the two nodes for other methods."""
+        self.pairs = [p for p in self.pairs if (p.golden, p.test) != (golden, test)]
+        self.pair_prints.pop((golden, test), None)
 
     # ------------------------------------------------------------------ writing
     def to_json(self) -> dict[str, Any]:
@@ -277,14 +301,23 @@ class MappingFile:
                 for g, s in zip(t.golden_types, t.golden_tensors)
             ]
             types.setdefault(key, []).extend(vals)
-        return {
+        pairs: list[dict[str, Any]] = []
+        for p in self.pairs:
+            item: dict[str, Any] = dict(p.to_json())
+            if (p.golden, p.test) in self.pair_prints:
+                item["fingerprint"] = self.pair_prints[(p.golden, p.test)]
+            pairs.append(item)
+        out: dict[str, Any] = {
             "format": MAPPING_FORMAT,
             "version": MAPPING_VERSION,
-            "pairs": [p.to_json() for p in self.pairs],
+            "pairs": pairs,
             "rules": [r.to_json() for r in self.rules],
             "types": types,
             "unpaired": [{"golden": g, "test": t} for g, t in self.unpaired],
         }
+        if self.fingerprint is not None:
+            out["fingerprint"] = self.fingerprint
+        return out
 
     def save(self, path: str | Path) -> Path:
         """Write the mapping as a wb-mapping JSON file (atomically); a folder gets `wb_mapping.json`."""
@@ -298,7 +331,10 @@ class MappingFile:
 
     def digest(self) -> str:
         """A short content hash, so a comparison knows which mapping produced it."""
-        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
+        data = self.to_json()
+        if isinstance(data.get("fingerprint"), dict):  # when it was saved is no part of what it says
+            data["fingerprint"] = {k: v for k, v in data["fingerprint"].items() if k != "saved_at"}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     def is_empty(self) -> bool:
         return not (self.pairs or self.rules or self.types or self.unpaired)

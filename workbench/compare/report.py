@@ -47,9 +47,10 @@ def format_summary(
     csv_path: Path | None,
     first_divergent: str | None = None,
     inputs_differ: dict[int, str] | None = None,
+    show_stale: bool = False,
 ) -> list[str]:
     """The lines `wb compare` prints; `first_divergent` (the logits line) and `inputs_differ` (token -> the line
-    that replaces its verdict) come from the token analysis."""
+    that replaces its verdict) come from the token analysis; `show_stale` lists the mapping's stale pairs."""
     inputs_differ = inputs_differ or {}
     cov = res.coverage
     lines = [
@@ -60,6 +61,8 @@ def format_summary(
         f"unmatched: golden {res.unmatched_golden} of {res.golden_nodes} nodes with tensors, "
         f"test {res.unmatched_test} of {res.test_nodes} nodes with tensors",
     ]
+    if res.mapping_check is not None:
+        lines.extend(res.mapping_check.lines(show_stale))
     cats = cov.get("categories") or {}
     if cats:
         matched = sum(m for m, _ in cats.values())

@@ -11,6 +11,7 @@ import duckdb
 import pandas as pd
 
 from workbench.catalog import first_row
+from workbench.compare.fingerprint import MappingCheck
 from workbench.compare.matching import NodeMatch, RunFrames
 from workbench.core.advice import STANDS_OUT
 
@@ -52,6 +53,7 @@ class CompareResult:
     first_failing_token: int | None = None
     problems: list[str] = field(default_factory=list)
     coverage: dict[str, Any] = field(default_factory=dict)
+    mapping_check: MappingCheck | None = None  # the mapping file's pairs held against these dumps
 
 
 def _category(op_type: str) -> str | None:

@@ -26,7 +26,17 @@ from workbench.dump.hooks import DumpHandle, register_hook
 log = logging.getLogger("workbench.dump")
 SITE_DIR = Path(__file__).resolve().parent / "site"
 _REPO_ROOT = Path(__file__).resolve().parents[2]
-CONFIG_KEYS = ("dump_path", "token_range", "module_list", "dump_statistics_mode", "tensor_part", "mode", "dump_weight")
+CONFIG_KEYS = (
+    "dump_path",
+    "token_range",
+    "module_list",
+    "dump_statistics_mode",
+    "tensor_part",
+    "mode",
+    "dump_weight",
+    "follow_tokens",
+    "follow_ids",
+)
 handles: list[DumpHandle] = []
 
 
@@ -49,6 +59,19 @@ def _is_model(module: nn.Module) -> bool:
     return next(module.children(), None) is not None and next(module.parameters(), None) is not None
 
 
+def _config(settings: dict[str, Any]) -> DumpConfig:
+    """The `DumpConfig` of recorded settings; `follow_ids` (the golden ids, read by `wb dump`) are followed
+    without reading the golden dump again, and `follow_tokens` (its path) is what the manifest records."""
+    args = dict(settings)
+    ids, source = args.pop("follow_ids", None), args.get("follow_tokens")
+    if ids is not None:
+        args["follow_tokens"] = ids
+    config = DumpConfig(**args)
+    if ids is not None and source is not None:
+        config.follow_tokens = str(source)
+    return config
+
+
 def install(config: dict[str, Any]) -> None:
     """Wrap `nn.Module.__call__` until the first model call, then hook that model with `config`."""
     original = nn.Module.__call__
@@ -64,7 +87,7 @@ def install(config: dict[str, Any]) -> None:
             hooked = True
             nn.Module.__call__ = original  # type: ignore[method-assign]
             try:
-                handle = register_hook(self, DumpConfig(**settings))
+                handle = register_hook(self, _config(settings))
             except Exception as exc:  # the script must run on even when the dump cannot be set up
                 sys.stderr.write(f"wb dump: cannot hook {type(self).__name__}: {exc}\n")
             else:

@@ -223,7 +223,15 @@ def _compare_runs(
     cmp_id, th_changed = comparison_id(con, golden_run, test_run, mapping, thresholds)
     if progress:
         progress(Progress("match", 0, 1))
-    matches = match_nodes(golden, test, mapping, auto=_auto_matcher(auto))
+    check = None
+    if mapping is not None and (mapping.pairs or mapping.rules):
+        from workbench.compare.fingerprint import check_mapping, store_check
+
+        check = check_mapping(mapping, con, golden_run, test_run)  # stale pairs are reported, never used
+        store_check(con, cmp_id, check, mapping.source)
+    matches = match_nodes(
+        golden, test, check.usable(mapping) if check and mapping else mapping, auto=_auto_matcher(auto)
+    )
     store_node_matches(con, cmp_id, matches)
     pairs = store_tensor_pairs(con, cmp_id, pair_tensors(matches, golden, test, tokens))
     if progress:
@@ -249,9 +257,11 @@ def _compare_runs(
     refresh_verdicts(con, cmp_id)
     if progress:
         progress(Progress("verdict", 1, 1))
-    return summarize_comparison(
+    res = summarize_comparison(
         con, catalog, cmp_id, golden, test, matches, pairs, tokens, computed=computed, problems=problems
     )
+    res.mapping_check = check
+    return res
 
 
 def add_node_pairs(
