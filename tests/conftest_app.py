@@ -78,6 +78,34 @@ PINNED_NUMERICS = {
 }
 
 
+def _run_demo(out: Path, *extra: str) -> Path:
+    import os
+    import subprocess
+
+    env = {**os.environ, **PINNED_NUMERICS, "PYTHONPATH": str(REPO)}
+    res = subprocess.run(
+        [sys.executable, "-m", "workbench.cli", "demo", "--out", str(out), "--no-tui", *extra],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    catalog = out / "catalog.duckdb"
+    if res.returncode != 0 or not catalog.exists():
+        pytest.fail(f"wb demo {' '.join(extra)} failed ({res.returncode}): {res.stderr[-2000:]}")
+    assert res.stdout.rstrip().splitlines()[-1] == f"open the app on it: wb open {catalog}", res.stdout[-500:]
+    return catalog
+
+
+@pytest.fixture(scope="session")
+def tp_demo_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`wb demo --tp 2 --no-tui` once per session: torch golden vs the ATB stack on 2 ranks, all-reduce defect."""
+    if "tp" not in _BUILT:
+        _BUILT["tp"] = _run_demo(tmp_path_factory.mktemp("wb_app_tp_demo"), "--tp", "2")
+    return _BUILT["tp"]
+
+
 @pytest.fixture(scope="session")
 def demo_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`wb demo --out DIR --no-tui` run once per session (real Llama dumps, torch golden vs ATB-structured test)."""

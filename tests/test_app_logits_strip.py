@@ -66,11 +66,17 @@ async def test_logits_strip_cells_label_hover_and_click(diverging_catalog: tuple
         assert f"golden token id {g_ids[0]}, test token id {t_ids[0]}" in str(strip.cells[1].inputs_reason)
         assert screen.token == 0
         shown = str(strip.render_text())
-        assert shown.startswith(LABEL) and "token 0: logits FAIL; KL" in shown
+        assert shown.startswith(LABEL) and "FAIL" in shown and len(shown) <= strip.content_size.width
+        current = strip.cell(0)
+        assert current is not None and "token 0: logits FAIL; KL" in current.describe()
+        # the line is cut at a part's end to fit the pane, never inside a part
+        assert current.describe_within(24) == "token 0: logits FAIL"
+        assert current.describe_within(10) == "FAIL"
 
         await pilot.press("right")
         await wait_for(pilot, lambda: screen.token == 1)
-        assert "token 1: logits" in str(strip.render_text()) and "inputs differ" in str(strip.render_text())
+        assert "token 1: logits" in strip.cell(1).describe() and "inputs differ" in strip.cell(1).describe()  # type: ignore[union-attr]
+        assert len(str(strip.render_text())) <= strip.content_size.width
 
         x = 1 + len(LABEL) + 3 * strip.width_per_cell  # the cell of token 3
         await pilot.hover(strip, offset=(x, 0))

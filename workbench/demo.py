@@ -118,12 +118,23 @@ def available_defects(stack: str) -> dict[str, str]:
     return dict(DEFECT_KINDS)
 
 
-def check_choice(stack: str, defect: str | None) -> None:
+def check_choice(stack: str, defect: str | None, tp: int = 1) -> None:
     """Refuse an unknown stack or a defect the stack cannot plant (before any work); ValueError says which."""
     if stack not in STACKS:
         raise ValueError(f"--stack {stack!r}: expected one of {', '.join(STACKS)}")
+    if tp < 1:
+        raise ValueError(f"--tp {tp}: the number of tensor-parallel ranks is 1 or more")
+    if tp > 1:
+        if stack != "atb":
+            raise ValueError("--tp: tensor parallelism is a mode of the ATB stack (--stack atb)")
+        cfg = demo_config()
+        for what, n in (("attention heads", cfg.num_attention_heads), ("kv heads", cfg.num_key_value_heads)):
+            if n % tp:
+                raise ValueError(f"--tp {tp}: the demo model's {n} {what} do not divide by {tp} ranks")
     if defect is None:
         return
+    if tp < 2 and defect.startswith("allreduce"):
+        raise ValueError(f"--defect {defect}: lives in an all-reduce; give --tp 2 (or more)")
     known = available_defects(stack)
     if defect not in known:
         other = [s for s in STACKS if s != stack and defect in available_defects(s)]
@@ -148,12 +159,12 @@ def _dump_torch(model: Any, dump_path: Path, prompt: torch.Tensor, follow: Path 
 
 
 def make_demo(
-    out: Path, *, stack: str = "atb", defect: str | None = None, log: Callable[[str], None] = print
+    out: Path, *, stack: str = "atb", defect: str | None = None, log: Callable[[str], None] = print, tp: int = 1
 ) -> DemoPlan:
     """Build, run and dump the demo into `out` (replacing an earlier demo there); returns what to compare."""
     from workbench.dump import seed_all
 
-    check_choice(stack, defect)
+    check_choice(stack, defect, tp)
     out = Path(out)
     for sub in ("golden", "test"):
         if (out / sub).exists():
@@ -182,8 +193,10 @@ def make_demo(
         log(f"demo: test run (torch bf16, defect: {text}) dumped to {test_root}")
         return DemoPlan(golden_root, test_root, None, f"{name}: {text}", expected, 0)
     from workbench.backends.defects import Defect
-    from workbench.backends.demo import DEFAULT_DEFECT, run_atb_demo
+    from workbench.backends.demo import DEFAULT_DEFECT, DEFAULT_TP_DEFECT, run_atb_demo
 
-    test_root, text, expected = run_atb_demo(model, prompt, tokens, out / "test", defect, follow=golden_root)
-    log(f"demo: test run (ATB-structured stack, bf16, defect: {text}) dumped to {test_root}")
-    return DemoPlan(golden_root, test_root, None, text, expected, Defect(defect or DEFAULT_DEFECT).start)
+    test_root, text, expected = run_atb_demo(model, prompt, tokens, out / "test", defect, follow=golden_root, tp=tp)
+    ranks = f", {tp} tensor-parallel ranks" if tp > 1 else ""
+    log(f"demo: test run (ATB-structured stack, bf16{ranks}, defect: {text}) dumped to {test_root}")
+    name = defect or (DEFAULT_TP_DEFECT if tp > 1 else DEFAULT_DEFECT)
+    return DemoPlan(golden_root, test_root, None, text, expected, Defect(name).start)

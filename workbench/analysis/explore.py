@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 import numpy as np
 
+from workbench.analysis.ranks import RankEntry, rank_group
 from workbench.analysis.severity import VERDICT, colouring, severity, severity_array, verdict_columns
 from workbench.analysis.tensor_diff import tensor_diff
 from workbench.analysis.token_view import StripCell, strip_cells
@@ -515,6 +516,18 @@ class Explorer:
             evidence,
             None if tid is None else int(tid),
         )
+
+    def ranks(self) -> list[RankEntry]:
+        """The ranks of this comparison's multi-rank compare (`analysis/ranks.py`); [] for a single rank."""
+        return rank_group(self._rows, self.info.cmp_id)
+
+    def golden_node_id(self, name: str) -> int | None:
+        """The golden node of this comparison named `name`, if any."""
+        rows = self._rows(
+            "SELECT node_id FROM nodes WHERE run_id = ? AND name = ? ORDER BY node_id LIMIT 1",
+            [self.run_id("golden"), name],
+        )
+        return int(rows[0][0]) if rows else None
 
     def _node_name(self, run: int, node_id: int | None) -> str | None:
         if node_id is None:

@@ -89,7 +89,13 @@ def pick_logits(cands: Iterable[Candidate]) -> dict[int, Candidate]:
     else the model's (root node's) first output; only floating tensors with a vocabulary dimension."""
     named: dict[int, Candidate] = {}
     root: dict[int, Candidate] = {}
+    cands = list(cands)
+    # an op inside a named graph (a tensor-parallel `LmHead/1_AllGatherOperation`) holds a part or another
+    # layout of the graph's logits: the outermost named node speaks for it
+    outer = {c.node for c in cands if _LOGITS_RE.search(c.node) or (c.node_type and _LOGITS_RE.search(c.node_type))}
     for c in cands:
+        if any(c.node.startswith(o + "/") for o in outer if o != c.node):
+            continue
         if not is_float(c.dtype) or (c.shape is not None and (len(c.shape) == 0 or c.shape[-1] < 2)):
             continue
         if _LOGITS_RE.search(c.node) or (c.node_type and _LOGITS_RE.search(c.node_type)):

@@ -57,6 +57,8 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ),
     ActionSpec("open_advice", "v", "v", "Suspects ranked by the advisor", "main", footer="Advisor"),
     ActionSpec("pick_comparison", "c", "c", "Choose the comparison shown", "main", footer="Comparison"),
+    ActionSpec("next_rank", "r", "r", "Next rank of a multi-rank comparison", "main", show=False),
+    ActionSpec("prev_rank", "R", "R", "Previous rank of a multi-rank comparison", "main", show=False),
     ActionSpec("drill_up", "u,backspace", "u", "Back to the layer heatmap", "main", footer="Layers"),
     ActionSpec("precheck", "p", "p", "Precheck: re-run the selected test op alone in float64", "main", show=False),
     ActionSpec("redump", "d", "d", "Re-dump the selected op and token with full tensors", "main", show=False),

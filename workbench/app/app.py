@@ -181,11 +181,15 @@ class WorkbenchApp(App[int]):
             self.open_catalog(self.cmp_id)
 
     @work(thread=True, exclusive=True, group="open", exit_on_error=False)
-    def open_catalog(self, cmp_id: int | None) -> None:
+    def open_catalog(self, cmp_id: int | None, token: int | None = None, golden_node: str | None = None) -> None:
         try:
             explorer = Explorer(self.catalog, cmp_id)
         except ExploreError as exc:
             self.post_message(OpenFailed("Cannot open the catalog", str(exc)))
+            return
+        kept = explorer.golden_node_id(golden_node) if golden_node is not None else None
+        if token is not None and token in explorer.info.tokens and (golden_node is None or kept is not None):
+            self.post_message(CatalogOpened(explorer, token, kept))  # another rank, where the user was
             return
         token, node = start_selection(explorer)
         self.post_message(CatalogOpened(explorer, token, node))
@@ -256,7 +260,7 @@ class WorkbenchApp(App[int]):
             old.close()
 
     def on_comparison_chosen(self, msg: ComparisonChosen) -> None:
-        self.open_catalog(msg.cmp_id)
+        self.open_catalog(msg.cmp_id, msg.token, msg.golden_node)
 
     def on_cancel_requested(self, _msg: CancelRequested) -> None:
         self.cancel_event.set()

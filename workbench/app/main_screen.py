@@ -17,6 +17,7 @@ from textual.message import Message
 from textual.widgets import Static, Tree
 
 from workbench.analysis.explore import POST, PRE, Explorer
+from workbench.analysis.ranks import RankEntry, step
 from workbench.analysis.severity import (
     ADDED_ERROR,
     COLOURINGS,
@@ -32,6 +33,7 @@ from workbench.app.footer import KeysFooter
 from workbench.app.heatmap import GLYPH_FAIL, GLYPH_NAN, GLYPH_NONE, LEVEL_EDGES, HeatmapView
 from workbench.app.logits_strip import LogitsStrip
 from workbench.app.opcause import OpCauseActions, PrecheckPanel
+from workbench.app.rank_bar import RankBar
 from workbench.app.screens import ComparisonChosen, PickerEntry, PickerScreen, Session, WorkbenchScreen
 from workbench.app.themes import DOMAIN_DEFAULTS, HEAT_LEVELS
 from workbench.app.trees import TopologyTree
@@ -96,6 +98,11 @@ class GroupOf(Message):
 
 
 @dataclass
+class RanksReady(Message):
+    entries: list[RankEntry]
+
+
+@dataclass
 class AdviceReady(Message):
     entries: list[PickerEntry[tuple[int, int]]]
     note: str
@@ -145,6 +152,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
         yield Static("", id="status")
+        yield RankBar(id="ranks")
         with Horizontal(id="top"):
             with Vertical(id="heat-pane"):
                 yield LogitsStrip(id="logits-strip")
@@ -171,6 +179,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self.load_trees()
         self.load_status(self.token)
         self._load_strip()
+        self.load_ranks()
         self.load_mapping_stale()
 
     @work(thread=True, exclusive=True, group="mapping-stale", exit_on_error=False)
@@ -211,7 +220,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         width, height = self.size
         if not width or not height:
             return
-        body = max(height - 2, 1)  # status line and footer
+        body = max(height - 2 - (1 if self.query_one(RankBar).display else 0), 1)  # status, ranks, footer
         view = self.query_one(HeatmapView)
         pane_w = view.preferred_width(max(int(width * 0.5), 24)) + 2  # + border
         pane_w = min(max(pane_w, LEGEND_W + 4), max(width - 36, 24))
@@ -277,6 +286,10 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
     @work(thread=True, exclusive=True, group="group", exit_on_error=False)
     def find_group(self, node_id: int) -> None:
         self.post_message(GroupOf(node_id, self.explorer.group_of(node_id)))
+
+    @work(thread=True, exclusive=True, group="ranks", exit_on_error=False)
+    def load_ranks(self) -> None:
+        self.post_message(RanksReady(self.explorer.ranks()))
 
     @work(thread=True, exclusive=True, group="advice", exit_on_error=False)
     def load_advice(self) -> None:
@@ -356,6 +369,36 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
             return
         if msg.group in data.row_layers:
             view.move_cursor(data.row_layers.index(msg.group), view.cursor[1], notify=False)
+
+    def on_ranks_ready(self, msg: RanksReady) -> None:
+        bar = self.query_one(RankBar)
+        shown = bar.display
+        bar.set_ranks(msg.entries, self.explorer.info.cmp_id, self._domain_colours())
+        if bar.display != shown:
+            self._fit_layout()
+
+    def _show_rank(self, cmp_id: int) -> None:
+        """Show another rank's comparison at this token, on this golden op (where that rank has it)."""
+        row = self._tree("golden").rows.get(self.selected) if self.selected is not None else None
+        self.post_message(ComparisonChosen(cmp_id, self.token, row.name if row else None))
+
+    def _step_rank(self, delta: int) -> None:
+        bar = self.query_one(RankBar)
+        target = step(bar.entries, self.explorer.info.cmp_id, delta)
+        if target is None:
+            self.notify("this comparison has a single rank", timeout=3)
+            return
+        self._show_rank(target.cmp_id)
+
+    def action_next_rank(self) -> None:
+        self._step_rank(1)
+
+    def action_prev_rank(self) -> None:
+        self._step_rank(-1)
+
+    @on(RankBar.RankClicked)
+    def _rank_clicked(self, event: RankBar.RankClicked) -> None:
+        self._show_rank(event.cmp_id)
 
     def on_advice_ready(self, msg: AdviceReady) -> None:
         def chosen(value: tuple[int, int] | None) -> None:

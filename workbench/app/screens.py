@@ -64,9 +64,11 @@ class CancelRequested(Message):
 
 @dataclass
 class ComparisonChosen(Message):
-    """Show another comparison of the catalog."""
+    """Show another comparison of the catalog (another rank: at this token, this golden op where it exists)."""
 
     cmp_id: int
+    token: int | None = None
+    golden_node: str | None = None
 
 
 class WorkbenchScreen(Screen[R], Generic[R]):

@@ -54,7 +54,10 @@ class AtbDumpConfig:
     0 inputs, 1 outputs, 2 both. `stats_only`: header-only `.bin` with max/min/mean/l2norm.
     `warmup`: one extra prefill first, as folder 0 (MindIE's warmup). `follow_tokens`: a golden dump folder
     whose generated ids the run decodes instead of its own argmax (after each step's logits are computed and
-    dumped), so every token of the test run sees the golden run's inputs.
+    dumped), so every token of the test run sees the golden run's inputs. `dump_root`: an existing
+    `msit_dump_*` folder to write into (the ranks of a tensor-parallel run share one, as msit's do); `pid`:
+    the process id its folders are named with (default this process's; each rank of a run simulated in one
+    process gets its own, as separate processes would).
     """
 
     dump_path: str | Path
@@ -67,6 +70,8 @@ class AtbDumpConfig:
     seed: int | None = None
     queue_size: int = 64
     follow_tokens: str | Path | None = None
+    dump_root: str | Path | None = None
+    pid: int | None = None
 
     def __post_init__(self) -> None:
         if self.save_time not in (0, 1, 2, 3):
@@ -178,15 +183,19 @@ class AtbDumper:
 
         self.config = config
         self.model = model
-        self.pid = os.getpid()
-        base = Path(config.dump_path)
-        stamp = time.strftime("%Y%m%d_%H%M%S")
-        root = base / f"msit_dump_{stamp}"
-        n = 1
-        while root.exists():  # two dumps in the same second: keep both
-            root = base / f"msit_dump_{stamp}_{n}"
-            n += 1
+        self.pid = config.pid if config.pid is not None else os.getpid()
+        if config.dump_root is not None:
+            root = Path(config.dump_root)
+        else:
+            base = Path(config.dump_path)
+            stamp = time.strftime("%Y%m%d_%H%M%S")
+            root = base / f"msit_dump_{stamp}"
+            n = 1
+            while root.exists():  # two dumps in the same second: keep both
+                root = base / f"msit_dump_{stamp}_{n}"
+                n += 1
         self.root = root
+        self.writes_manifest = model.tp_rank == 0  # one manifest per dump folder, the first rank's
         self.tensor_root = root / "tensors" / f"{config.device_id}_{self.pid}"
         try:
             self.tensor_root.mkdir(parents=True)
@@ -202,7 +211,8 @@ class AtbDumper:
         except OSError as exc:
             raise DumpError(root, f"cannot write the dump: {exc.strerror or exc}") from None
         self.manifest = self._manifest(input_ids, max_new)
-        self._write_json(root / MANIFEST, self.manifest)
+        if self.writes_manifest:
+            self._write_json(root / MANIFEST, self.manifest)
         self._token_dir: Path = self.tensor_root
         self._mutable: set[int] = set()
         self._made: set[str] = set()
@@ -230,6 +240,7 @@ class AtbDumper:
             "dims": asdict(m.dims),
             "dtype": dtype_name(m.dtype),
             "block_size": m.block_size,
+            "tensor_parallel": {"size": m.tp_size, "vocab_parallel": m.vocab_parallel} if m.tp_size > 1 else None,
             "defect": m.defect.to_json() if m.defect is not None else None,
             "defect_description": m.defect.describe() if m.defect is not None else "none",
             "seed": c.seed,
@@ -253,7 +264,8 @@ class AtbDumper:
                 str(t): m.defect.expected_op(t, m.dims.num_layers, dtype=m.dtype, warmup=self.config.warmup)
                 for t in counts
             }
-        self._write_json(self.root / MANIFEST, self.manifest)
+        if self.writes_manifest:
+            self._write_json(self.root / MANIFEST, self.manifest)
 
     @staticmethod
     def _write_json(path: Path, obj: Any) -> None:

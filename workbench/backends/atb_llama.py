@@ -23,6 +23,15 @@ graph holds ids `0 .. L+3` and the decoder graph `L+4 .. 2L+7`::
         5_ElewiseOperation                                            residual add
     {b+L+2}_RmsNormOperation                                          final norm
     {b+L+3}_LmHead/0_LinearOperation                                  logits for every token
+
+Tensor parallelism (`shard(rank, size, comm)`, run by `workbench.backends.atb_tp`) splits the weights as
+ATB's Llama does: q/k/v and gate/up column-parallel (by heads, by intermediate), o_proj and down_proj
+row-parallel, each followed by an all-reduce of the ranks' partial sums, and the LM head vocab-parallel
+(rows by vocabulary, gathered) when the vocabulary divides by the ranks (else replicated)::
+
+        1_Attention/5_AllReduceOperation                              after o_proj (row-parallel)
+        4_Mlp/3_AllReduceOperation                                    after down (row-parallel)
+    {b+L+3}_LmHead/{0_LinearOperation,1_AllGatherOperation,2_TransposeOperation}
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from workbench.backends import atb_ops as ops
-from workbench.backends.atb_ops import Graph, LeafOp, Node, RunContext
+from workbench.backends.atb_ops import Communicator, Graph, LeafOp, Node, RunContext
 
 if TYPE_CHECKING:
     from workbench.backends.atb_dump import AtbDumpConfig
@@ -106,6 +115,21 @@ class LlamaDims:
     def kv_size(self) -> int:
         return self.kv_heads * self.head_dim
 
+    def per_rank(self, size: int) -> LlamaDims:
+        """What one of `size` tensor-parallel ranks holds: heads, kv heads and the intermediate split."""
+        if size == 1:
+            return self
+        for what, n in (
+            ("attention heads", self.heads),
+            ("kv heads", self.kv_heads),
+            ("intermediate", self.intermediate),
+        ):
+            if n % size:
+                raise ValueError(f"tensor parallel {size}: {what} ({n}) do not divide by the ranks")
+        return replace(
+            self, heads=self.heads // size, kv_heads=self.kv_heads // size, intermediate=self.intermediate // size
+        )
+
 
 @dataclass(slots=True)
 class AtbRun:
@@ -129,12 +153,25 @@ class AtbLlama:
         defect: Defect | None = None,
         block_size: int = DEFAULT_BLOCK_SIZE,
         config: dict[str, Any] | None = None,
+        *,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        comm: Communicator | None = None,
     ) -> None:
         if dtype not in (torch.bfloat16, torch.float16, torch.float32):
             raise ValueError(f"dtype {dtype}: expected torch.bfloat16, torch.float16 or torch.float32")
         if block_size < 1:
             raise ValueError(f"block_size {block_size}: must be positive")
+        if tp_size < 1 or not 0 <= tp_rank < tp_size:
+            raise ValueError(f"tensor parallel rank {tp_rank} of {tp_size}: expected 0 <= rank < size")
+        if tp_size > 1 and comm is None:
+            raise ValueError("tensor parallel ranks need a communicator")
+        if defect is not None and defect.needs_tp and tp_size < 2:
+            raise ValueError(f"defect {defect.kind}: lives in an all-reduce, which needs tensor parallelism (2+ ranks)")
         self.dims = dims
+        self.tp_rank, self.tp_size, self.comm = tp_rank, tp_size, comm
+        self.local = dims.per_rank(tp_size)  # heads, kv heads, intermediate of this rank
+        self.vocab_parallel = tp_size > 1 and dims.vocab % tp_size == 0
         self.weights = weights
         self.inv_freq = inv_freq.float()
         self.rope_scaling = rope_scaling
@@ -207,14 +244,57 @@ class AtbLlama:
             cfg.to_dict(),
         )
 
+    def shard(self, rank: int, size: int, comm: Communicator, defect: Defect | None = None) -> AtbLlama:
+        """Rank `rank` of `size` tensor-parallel ranks of this (unsplit) model, with its slice of every weight;
+        `defect` (default: this model's) is planted in the rank (an all-reduce defect needs the ranks)."""
+        if self.tp_size != 1:
+            raise ValueError("shard() splits an unsplit model")
+        d = self.dims
+        local = d.per_rank(size)
+
+        def rows(t: torch.Tensor, parts: list[int]) -> torch.Tensor:
+            """This rank's rows of each consecutive block of `parts` rows (fused q/k/v, fused gate/up)."""
+            blocks = torch.split(t, parts, dim=0)
+            return torch.cat([blk.chunk(size, dim=0)[rank] for blk in blocks], dim=0).contiguous()
+
+        def cols(t: torch.Tensor) -> torch.Tensor:
+            return t.chunk(size, dim=1)[rank].contiguous()
+
+        weights = dict(self.weights)
+        for i in range(d.num_layers):
+            weights[f"{i}.qkv_weight"] = rows(self.weights[f"{i}.qkv_weight"], [d.q_size, d.kv_size, d.kv_size])
+            weights[f"{i}.o_weight"] = cols(self.weights[f"{i}.o_weight"])
+            weights[f"{i}.gate_up_weight"] = rows(self.weights[f"{i}.gate_up_weight"], [d.intermediate] * 2)
+            weights[f"{i}.down_weight"] = cols(self.weights[f"{i}.down_weight"])
+        if d.vocab % size == 0:
+            weights["lm_head"] = rows(self.weights["lm_head"], [d.vocab])
+        assert local.heads * size == d.heads
+        return AtbLlama(
+            d,
+            weights,
+            self.inv_freq,
+            self.rope_scaling,
+            self.dtype,
+            defect if defect is not None else self.defect,
+            self.block_size,
+            self.config,
+            tp_rank=rank,
+            tp_size=size,
+            comm=comm,
+        )
+
     # ------------------------------------------------------------ graphs
     def _patch(self, op: LeafOp, layer: int, rel: str) -> LeafOp:
         if self.defect is None:
             return op
         return self.defect.patch(op, layer=layer, rel_path=rel, model=self)
 
+    def _all_reduce(self, layer: int, rel: str) -> LeafOp:
+        assert self.comm is not None
+        return self._patch(ops.all_reduce_op(self.tp_rank, self.tp_size, self.comm), layer, rel)
+
     def _attention_graph(self, phase: str, layer: int) -> Graph:
-        d = self.dims
+        d = self.local
         qkv = Graph(
             "QKVLinearSplitPack",
             {"qSize": d.q_size, "kvSize": d.kv_size, "transposeB": True},
@@ -246,6 +326,7 @@ class AtbLlama:
             return t.reshape(t.shape[0], -1)
 
         scale = ops.default_scale(d.head_dim)
+        tp = self.tp_size > 1  # o_proj writes its partial sum to internal 17, the all-reduce the output
         # inputs: 0 x, 1 qkv_w, 2 o_w, 3 cos, 4 sin, 5 mask|block_tables, 6 seq_len, 7 k_cache, 8 v_cache,
         # 9 slots; output 10; internals 11 q, 12 k, 13 v, 14 q_rot, 15 k_rot, 16 context
         if phase == "prefill":
@@ -287,7 +368,7 @@ class AtbLlama:
                 "slots",
             ],
             1,
-            6,
+            7 if tp else 6,
             [
                 Node(qkv, [0, 1], [11, 12, 13]),
                 Node(
@@ -302,22 +383,30 @@ class AtbLlama:
                     {0: heads(d.kv_heads), 1: heads(d.kv_heads)},
                 ),
                 attn_node,
-                Node(self._patch(ops.linear_op(), layer, "1_Attention/4_LinearOperation"), [16, 2], [10], {0: flat}),
+                Node(
+                    self._patch(ops.linear_op(), layer, "1_Attention/4_LinearOperation"),
+                    [16, 2],
+                    [17 if tp else 10],
+                    {0: flat},
+                ),
+                *([Node(self._all_reduce(layer, "1_Attention/5_AllReduceOperation"), [17], [10])] if tp else []),
             ],
         )
 
     def _layer_graph(self, phase: str, layer: int) -> Graph:
-        d = self.dims
+        d = self.local
+        tp = self.tp_size > 1  # down writes its partial sum to internal 6, the all-reduce the output
         mlp = Graph(
             "Mlp",
             {"activationType": ops.ACTIVATION_SWIGLU_FORWARD, "transposeB": True},
             ["x", "gate_up_weight", "down_weight"],
             1,
-            2,
+            3 if tp else 2,
             [
                 Node(self._patch(ops.linear_op(), layer, "4_Mlp/0_LinearOperation"), [0, 1], [4]),
                 Node(self._patch(ops.swiglu_op(), layer, "4_Mlp/1_ActivationOperation"), [4], [5]),
-                Node(self._patch(ops.linear_op(), layer, "4_Mlp/2_LinearOperation"), [5, 2], [3]),
+                Node(self._patch(ops.linear_op(), layer, "4_Mlp/2_LinearOperation"), [5, 2], [6 if tp else 3]),
+                *([Node(self._all_reduce(layer, "4_Mlp/3_AllReduceOperation"), [6], [3])] if tp else []),
             ],
         )
         # inputs 0..13 (LAYER_INPUTS), output 14, internals 15 normed, 16 attn, 17 resid, 18 normed2, 19 mlp
@@ -332,6 +421,7 @@ class AtbLlama:
                 "hiddenSize": d.hidden,
                 "rmsNormEps": d.eps,
                 "blockSize": self.block_size,
+                **({"rank": self.tp_rank, "worldSize": self.tp_size, "backend": "hccl"} if tp else {}),
             },
             list(LAYER_INPUTS),
             1,
@@ -375,14 +465,32 @@ class AtbLlama:
             0,
             [Node(ops.gather_op(), [0, 2], [3]), Node(ops.gather_op(), [1, 2], [4])],
         )
-        lm_head = Graph(
-            "LmHead",
-            {"gatherAhead": False, "transposeB": True},
-            ["x", "lm_head_weight"],
-            1,
-            0,
-            [Node(ops.linear_op(), [0, 1], [2])],
-        )
+        if (
+            self.vocab_parallel
+        ):  # each rank's vocabulary rows, gathered `[ranks, T, V/ranks]`, then `[T, ranks, V/ranks]`
+            assert self.comm is not None
+            lm_head = Graph(
+                "LmHead",
+                {"gatherAhead": False, "transposeB": True, "rank": self.tp_rank, "rankSize": self.tp_size},
+                ["x", "lm_head_weight"],
+                1,
+                2,
+                [
+                    Node(ops.linear_op(), [0, 1], [3]),
+                    Node(ops.all_gather_op(self.tp_rank, self.tp_size, self.comm), [3], [4]),
+                    Node(ops.transpose_op([1, 0, 2]), [4], [2]),
+                ],
+                out_views={0: lambda t: t.reshape(t.shape[0], -1)},
+            )
+        else:
+            lm_head = Graph(
+                "LmHead",
+                {"gatherAhead": False, "transposeB": True},
+                ["x", "lm_head_weight"],
+                1,
+                0,
+                [Node(ops.linear_op(), [0, 1], [2])],
+            )
         nodes = [
             Node(embed, [pos["embed"], pos["input_ids"]], [hid[0]]),
             Node(rope, [pos["cos_table"], pos["sin_table"], pos["positions"]], [cos_id, sin_id]),
@@ -487,7 +595,7 @@ class AtbLlama:
         return result
 
     def _new_caches(self, total: int) -> tuple[list[torch.Tensor], torch.Tensor]:
-        d = self.dims
+        d = self.local
         blocks = math.ceil(total / self.block_size)
         caches = [
             torch.zeros(blocks, self.block_size, d.kv_heads, d.head_dim, dtype=self.dtype)

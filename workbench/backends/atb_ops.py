@@ -86,6 +86,9 @@ class Graph:
     n_internal: int
     nodes: list[Node]
     inplace: dict[int, int] = field(default_factory=dict)
+    # output index -> the shape the graph gives it (ATB's inferShapeFunc: a gathered `[T, ranks, V/ranks]`
+    # is the graph's `[T, V]`), a view of the same tensor
+    out_views: dict[int, Callable[[Tensor], Tensor]] = field(default_factory=dict)
 
     @property
     def n_in(self) -> int:
@@ -137,7 +140,7 @@ def run_graph_body(graph: Graph, ins: list[Tensor], ctx: RunContext, prefix: str
             table[tid] = t
     result = table[graph.n_in : graph.n_in + graph.n_out]
     assert all(t is not None for t in result)
-    return [t for t in result if t is not None]
+    return [graph.out_views[i](t) if i in graph.out_views else t for i, t in enumerate(result) if t is not None]
 
 
 # ---------------------------------------------------------------- kernels
@@ -364,3 +367,54 @@ def swiglu_op() -> LeafOp:
 
 def default_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)
+
+
+# ---------------------------------------------------------------- communication (tensor parallelism)
+class Communicator(Protocol):
+    """The collective calls of one tensor-parallel group; every rank calls them in the same order."""
+
+    size: int
+
+    def all_reduce(self, rank: int, x: Tensor, scales: dict[int, float] | None = None) -> Tensor: ...
+
+    def all_gather(self, rank: int, x: Tensor) -> Tensor: ...
+
+
+def comm_param(rank: int, size: int) -> dict[str, Any]:
+    """The param ATB records for a communication op (`atb::infer::AllReduceParam` / `AllGatherParam`)."""
+    return {
+        "rank": rank,
+        "rankSize": size,
+        "rankRoot": 0,
+        "backend": "hccl",
+        "rankTableFile": "",
+        "commMode": 0,
+        "commDomain": "",
+    }
+
+
+def all_reduce_op(rank: int, size: int, comm: Communicator) -> LeafOp:
+    """AllReduceOperation (sum): this rank's partial `[T, H]` -> the sum over every rank's partial."""
+
+    def fn(ins: list[Tensor], ctx: RunContext) -> list[Tensor]:
+        return [comm.all_reduce(rank, ins[0])]
+
+    return LeafOp("AllReduceOperation", {**comm_param(rank, size), "allReduceType": "sum"}, fn, 1, 1)
+
+
+def all_gather_op(rank: int, size: int, comm: Communicator) -> LeafOp:
+    """AllGatherOperation: this rank's `[T, X]` -> every rank's, stacked `[rankSize, T, X]`."""
+
+    def fn(ins: list[Tensor], ctx: RunContext) -> list[Tensor]:
+        return [comm.all_gather(rank, ins[0])]
+
+    return LeafOp("AllGatherOperation", comm_param(rank, size), fn, 1, 1)
+
+
+def transpose_op(perm: list[int]) -> LeafOp:
+    """TransposeOperation: the dims permuted by `perm` (contiguous, as ATB writes a new tensor)."""
+
+    def fn(ins: list[Tensor], ctx: RunContext) -> list[Tensor]:
+        return [ins[0].permute(*perm).contiguous()]
+
+    return LeafOp("TransposeOperation", {"perm": list(perm)}, fn, 1, 1)

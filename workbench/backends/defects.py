@@ -8,6 +8,12 @@ fp16_overflow   4_Mlp/2_LinearOperation (down)               input scaled by 2**
                                                              inf/NaN in fp16, exact (no effect) in bf16
 kv_slot         1_Attention/2_ReshapeAndCacheOperation       k/v written one slot early
 attn_scale      1_Attention/3_{Self,Paged}AttentionOperation `qkScale` 1.0 instead of 1/sqrt(d)
+allreduce_scale 1_Attention/5_AllReduceOperation (o_proj's)  rank `rank`'s contribution (default the last rank)
+                                                             summed times `value` (default 0.97), on every rank
+allreduce_drop  1_Attention/5_AllReduceOperation             rank `rank`'s contribution left out of the sum
+
+The all-reduce defects need a tensor-parallel stack (`AtbLlama.shard`, 2+ ranks); each rank dumps its own
+true partial sum as the op's input, so the sum of the inputs no longer matches the outputs.
 
 A defect acts from decode step `from_token` on (0 = prefill; `kv_slot` defaults to 1) and
 `expected_op` names the op folder where it is born: the first op, in execution order, whose
@@ -37,9 +43,18 @@ DEFECT_KINDS: dict[str, str] = {
     "fp16_overflow": "down projection with an unscaled intermediate that overflows fp16 (inf/NaN)",
     "kv_slot": "KV cache written one slot early from a given decode step",
     "attn_scale": "attention without its 1/sqrt(head_dim) scale in one layer",
+    "allreduce_scale": "one rank's contribution to one layer's attention all-reduce scaled by 0.97 (tensor parallel)",
+    "allreduce_drop": "one rank's contribution left out of one layer's attention all-reduce (tensor parallel)",
 }
+TP_KINDS = ("allreduce_scale", "allreduce_drop")
 DEFAULT_LAYER = 1
-DEFAULT_VALUES: dict[str, float] = {"rmsnorm_eps": 1.0, "rope_base": 0.01, "fp16_overflow": 24.0}
+DEFAULT_VALUES: dict[str, float] = {
+    "rmsnorm_eps": 1.0,
+    "rope_base": 0.01,
+    "fp16_overflow": 24.0,
+    "allreduce_scale": 0.97,
+    "allreduce_drop": 0.0,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,13 +62,15 @@ class Defect:
     """One planted defect; `layer`/`from_token`/`value` default per kind (see the module table).
 
     For `rope_base`, `value` is the wrong base as a fraction of the true one when below 1
-    (default 0.01), else the wrong base itself.
+    (default 0.01), else the wrong base itself. `rank`: the tensor-parallel rank whose all-reduce contribution
+    an all-reduce defect corrupts (default the last rank).
     """
 
     kind: str = "none"
     layer: int | None = None
     from_token: int | None = None
     value: float | None = None
+    rank: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in DEFECT_KINDS:
@@ -62,6 +79,20 @@ class Defect:
             raise ValueError(f"defect layer {self.layer}: must be >= 0")
         if self.from_token is not None and self.from_token < 0:
             raise ValueError(f"defect from_token {self.from_token}: must be >= 0")
+        if self.rank is not None and self.rank < 0:
+            raise ValueError(f"defect rank {self.rank}: must be >= 0")
+
+    @property
+    def needs_tp(self) -> bool:
+        """Whether the defect lives in a communication op (a tensor-parallel stack only)."""
+        return self.kind in TP_KINDS
+
+    def culprit_rank(self, size: int) -> int:
+        """The rank whose all-reduce contribution goes wrong (default the last one)."""
+        rank = size - 1 if self.rank is None else self.rank
+        if rank >= size:
+            raise ValueError(f"defect rank {rank}: the run has {size} ranks")
+        return rank
 
     # ------------------------------------------------------------ resolution
     def resolved_layer(self, num_layers: int) -> int:
@@ -93,6 +124,8 @@ class Defect:
             "kv_slot": "1_Attention/2_ReshapeAndCacheOperation",
             "attn_scale": "1_Attention/3_"
             + ("SelfAttentionOperation" if phase == "prefill" else "PagedAttentionOperation"),
+            "allreduce_scale": "1_Attention/5_AllReduceOperation",
+            "allreduce_drop": "1_Attention/5_AllReduceOperation",
         }[self.kind]
 
     def active(self, step: int) -> bool:
@@ -122,6 +155,7 @@ class Defect:
         if self.kind == "none":
             return "none"
         extra = f", value {self.value}" if self.value is not None else ""
+        extra += f", rank {self.rank}" if self.rank is not None else ""
         layer = self.layer if self.layer is not None else "default"
         return f"{self.kind}: {DEFECT_KINDS[self.kind]} (layer {layer}, from step {self.start}{extra})"
 
@@ -218,6 +252,18 @@ def _attn_scale(defect: Defect, op: LeafOp, model: AtbLlama) -> LeafOp:
     return replace(op, param={**op.param, "qkScale": 1.0}, fn=_gated(defect, op.fn, bad))
 
 
+def _allreduce(defect: Defect, op: LeafOp, model: AtbLlama) -> LeafOp:
+    comm, rank = model.comm, model.tp_rank
+    if comm is None:
+        raise ValueError(f"defect {defect.kind}: needs a tensor-parallel stack")
+    scales = {defect.culprit_rank(model.tp_size): defect.param_value}
+
+    def bad(ins: list[Tensor], ctx: RunContext) -> list[Tensor]:
+        return [comm.all_reduce(rank, ins[0], scales)]
+
+    return replace(op, fn=_gated(defect, op.fn, bad))
+
+
 _PLANTERS = {
     "rmsnorm_eps": _rmsnorm_eps,
     "rope_base": _rope_base,
@@ -225,4 +271,6 @@ _PLANTERS = {
     "fp16_overflow": _fp16_overflow,
     "kv_slot": _kv_slot,
     "attn_scale": _attn_scale,
+    "allreduce_scale": _allreduce,
+    "allreduce_drop": _allreduce,
 }

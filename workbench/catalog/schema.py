@@ -6,6 +6,7 @@ incompatible change: a catalog written by a newer version is refused with a clea
 
 from __future__ import annotations
 
+from workbench.core.advice import STANDS_OUT
 from workbench.core.metrics import ALL_METRICS as ALL_METRICS
 from workbench.core.metrics import MSIT_METRICS as MSIT_METRICS
 
@@ -349,6 +350,54 @@ JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id
 JOIN nodes tn ON tn.run_id = c.test_run AND tn.node_id = m.test_node_id
 LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
 LEFT JOIN stat_metrics s ON s.cmp_id = m.cmp_id AND s.pair_id = m.pair_id;
+"""
+
+RANK_VIEW = f"""
+CREATE OR REPLACE VIEW rank_summary AS
+-- one row per comparison with its rank (runs.rank of the test run, else of the golden run; NULL when neither
+-- side is one rank of a multi-rank dump): the figures `wb compare` prints per rank, and the app's rank list
+SELECT
+    c.cmp_id,
+    coalesce(t.rank, g.rank)                          AS rank,
+    c.golden_run,
+    c.test_run,
+    coalesce(p.pairs, 0)                              AS pairs,
+    coalesce(p.failed, 0)                             AS failed,
+    coalesce(p.not_comparable, 0)                     AS not_comparable,
+    p.min_cosine,
+    p.max_rel_euclid,
+    b.first_born_token,
+    bn.name                                           AS first_born_node,
+    o.origin_token,
+    onode.name                                        AS origin_node,
+    coalesce(a.allreduce_checked, 0)                  AS allreduce_checked,
+    coalesce(a.allreduce_failed, 0)                   AS allreduce_failed,
+    a.culprit_rank
+FROM comparisons c
+JOIN runs g ON g.run_id = c.golden_run
+JOIN runs t ON t.run_id = c.test_run
+LEFT JOIN (
+    SELECT m.cmp_id, count(*) AS pairs, count(*) FILTER (WHERE x.passed = false) AS failed,
+           count(*) FILTER (WHERE x.passed IS NULL) AS not_comparable,
+           min(x.cosine_similarity) AS min_cosine, max(x.relative_euclidean_distance) AS max_rel_euclid
+    FROM matches m LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
+    GROUP BY m.cmp_id
+) p ON p.cmp_id = c.cmp_id
+LEFT JOIN (
+    SELECT cmp_id, arg_min(golden_node_id, token_id) AS golden_node_id, min(token_id) AS first_born_token
+    FROM error_born WHERE golden_node_id IS NOT NULL GROUP BY cmp_id
+) b ON b.cmp_id = c.cmp_id
+LEFT JOIN nodes bn ON bn.run_id = c.golden_run AND bn.node_id = b.golden_node_id
+LEFT JOIN (
+    SELECT cmp_id, arg_min(golden_node_id, token_id) AS golden_node_id, min(token_id) AS origin_token
+    FROM advice WHERE rank = 1 AND score >= {STANDS_OUT} GROUP BY cmp_id
+) o ON o.cmp_id = c.cmp_id
+LEFT JOIN nodes onode ON onode.run_id = c.golden_run AND onode.node_id = o.golden_node_id
+LEFT JOIN (
+    SELECT run_id, count(*) AS allreduce_checked, count(*) FILTER (WHERE passed = false) AS allreduce_failed,
+           min(culprit_rank) FILTER (WHERE passed = false) AS culprit_rank
+    FROM allreduce_checks GROUP BY run_id
+) a ON a.run_id = c.test_run;
 """
 
 # Columns of msit's CSV report, in msit's order (docs: shared formats README section 4).

@@ -19,7 +19,7 @@ import pandas as pd
 
 from workbench.catalog import CATALOG_NAME, CatalogError, first_row, storage_message
 from workbench.catalog.readonly import connect_read_only, schema_version_of
-from workbench.catalog.schema import COMPARISON_VIEW, SCHEMA_VERSION, TABLES_DDL
+from workbench.catalog.schema import COMPARISON_VIEW, RANK_VIEW, SCHEMA_VERSION, TABLES_DDL
 from workbench.formats.model import Dump, Node, TensorEntry
 
 INGEST_SLICE = 16384  # tensor rows built and inserted at a time
@@ -68,6 +68,7 @@ def open_catalog(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBP
         if version is None:
             con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
         con.execute(COMPARISON_VIEW)
+        con.execute(RANK_VIEW)
     except duckdb.Error as exc:
         con.close()
         _remove_new(p, created)

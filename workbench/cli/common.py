@@ -85,6 +85,16 @@ def on_sigterm(_signum: int, _frame: object) -> None:
     raise Terminated
 
 
+def signal_inside(exc: BaseException) -> KeyboardInterrupt | None:
+    """The interrupt a DuckDB error stands for, when a signal's exception was raised in Python code DuckDB was
+    running (a DataFrame scan) and DuckDB wrapped it in an error of its own ("Traceback ..."), else None."""
+    if _sigterm_received:
+        return Terminated()
+    if "KeyboardInterrupt" in str(exc) or str(exc).startswith("Query interrupted"):
+        return KeyboardInterrupt()
+    return None
+
+
 def say(line: object, err: bool = False) -> None:
     """Print one line with control characters and undecodable bytes escaped (file names can hold anything)."""
     from workbench.core.text import printable
@@ -124,6 +134,10 @@ def guarded(fn: Callable[[], T]) -> T:
             raise fail("terminated; everything committed so far is kept in the catalog", EXIT_TERMINATED) from None
         raise fail("interrupted; everything committed so far is kept in the catalog", EXIT_INTERRUPTED) from None
     except duckdb.Error as exc:
+        if signal_inside(exc) is not None:
+            code = EXIT_TERMINATED if _sigterm_received else EXIT_INTERRUPTED
+            what = "terminated" if _sigterm_received else "interrupted"
+            raise fail(f"{what}; everything committed so far is kept in the catalog", code) from None
         raise fail(f"catalog: {storage_message(exc)}; everything committed before is kept") from None
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""
@@ -133,6 +147,11 @@ def guarded(fn: Callable[[], T]) -> T:
         raise fail("terminated; everything committed so far is kept in the catalog", EXIT_TERMINATED) from None
     except KeyboardInterrupt:
         raise fail("interrupted; everything committed so far is kept in the catalog", EXIT_INTERRUPTED) from None
+    except RuntimeError as exc:  # DuckDB's "Query interrupted" when the signal came during a DataFrame scan
+        if signal_inside(exc) is None:
+            raise
+        what, code = ("terminated", EXIT_TERMINATED) if _sigterm_received else ("interrupted", EXIT_INTERRUPTED)
+        raise fail(f"{what}; everything committed so far is kept in the catalog", code) from None
 
 
 class ProgressPrinter:

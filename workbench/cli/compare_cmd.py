@@ -12,7 +12,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from workbench.catalog import first_row
-from workbench.cli.common import ProgressPrinter, app, fail, guarded, say
+from workbench.cli.common import ProgressPrinter, app, fail, guarded, say, signal_inside
 from workbench.core.files import CATALOG_NAME, DEFAULT_OUTPUT
 
 T = TypeVar("T")
@@ -75,7 +75,7 @@ def _compare_ranks(
     from workbench.formats.detect import find_ranks, pair_ranks
 
     g_ranks, t_ranks = find_ranks(golden), find_ranks(test)
-    if not (g_ranks and t_ranks):
+    if not (g_ranks or t_ranks):
         return _compare_one(
             golden,
             test,
@@ -89,16 +89,24 @@ def _compare_ranks(
             cluster=cluster,
             show_stale=show_stale,
         )
-    pairs = pair_ranks(g_ranks, t_ranks)
-    by_id = all(g.rank is not None and g.rank == t.rank for g, t in pairs)
-    say(
-        f"ranks: golden {len(g_ranks)}, test {len(t_ranks)}; paired {len(pairs)} "
-        f"by {'device/rank id' if by_id else 'order'}"
-    )
+    if g_ranks and t_ranks:
+        pairs = pair_ranks(g_ranks, t_ranks)
+        by_id = all(g.rank is not None and g.rank == t.rank for g, t in pairs)
+        how = "device/rank id" if by_id else "order"
+    else:  # one side single-rank (a golden run on one device): compared with every rank of the other
+        by_id = True
+        pairs = (
+            [(_whole(golden, follow_symlinks), r) for r in t_ranks]
+            if t_ranks
+            else [(r, _whole(test, follow_symlinks)) for r in g_ranks]
+        )
+        how = "the single-rank " + ("golden" if t_ranks else "test") + " with each rank"
+    say(f"ranks: golden {len(g_ranks) or 1}, test {len(t_ranks) or 1}; paired {len(pairs)} by {how}")
     res = None
     runs: list[tuple[int, int, int]] = []  # rank, golden run, test run
+    results: list[Any] = []
     for i, (g, t) in enumerate(pairs):
-        rank = g.rank if by_id and g.rank is not None else i
+        rank = next((x.rank for x in (g, t) if x.rank is not None), i) if by_id else i
         say(f"== rank {rank}: golden {g.label}, test {t.label}")
         res = _compare_one(
             g.path,
@@ -110,25 +118,67 @@ def _compare_ranks(
             thresholds,
             quiet,
             rank=rank,
+            rank_sides=(g.rank is not None or bool(g_ranks), t.rank is not None or bool(t_ranks)),
             dumps=(g.open, t.open),
             follow_symlinks=follow_symlinks,
             cluster=cluster,
             show_stale=show_stale,
         )
         runs.append((rank, res.golden_run, res.test_run))
+        results.append(res)
+    failing: dict[int, list[str]] = {}
     for side, ranks in (("golden", [g for g, _ in pairs]), ("test", [t for _, t in pairs])):
-        _allreduce_check(side, ranks, [(r, g if side == "golden" else t) for r, g, t in runs], out)
+        if len({r.label for r in ranks}) > 1:
+            checked = _allreduce_check(side, ranks, [(r, g if side == "golden" else t) for r, g, t in runs], out)
+            for x in checked:
+                if x.passed is False:
+                    failing.setdefault(runs[x.rank_index][0], []).append(f"{side} {x.node} (token {x.token})")
+    say("per rank:")
+    for (rank, _, _), r in zip(runs, results):
+        say("  " + rank_line(rank, r, failing.get(rank, [])))
     return res
 
 
-def _allreduce_check(side: str, ranks: list[Any], run_ids: list[tuple[int, int]], out: Path) -> None:
-    """All-reduce check of one side's ranks: stored in `allreduce_checks`, failures printed."""
+def rank_line(rank: int, res: Any, allreduce_failing: list[str]) -> str:
+    """One rank's figures: pairs, failures, where the first error is born, failing all-reduce ops."""
+    line = f"rank {rank}: {res.pairs} pairs, {res.failed} failed, {res.uncomparable} not comparable"
+    born = [(tok, name) for tok, name in sorted(res.born.items()) if name]
+    if born:
+        tok, name = born[0]
+        test_name = res.born_test.get(tok)
+        line += f"; error born at {name} (token {tok})" + (f" [test op: {test_name}]" if test_name else "")
+    else:
+        origin = next(((tok, o) for tok, o in sorted(res.origins.items()) if o.stands_out), None)
+        if origin is not None:
+            tok, o = origin
+            line += f"; most likely origin {o.golden_node} (token {tok})"
+            line += f" [test op: {o.test_node}]" if o.test_node and o.test_node != o.golden_node else ""
+        else:
+            line += "; no error born"
+    if allreduce_failing:
+        line += f"; all-reduce failing: {len(allreduce_failing)} ({allreduce_failing[0]}"
+        line += ", ...)" if len(allreduce_failing) > 1 else ")"
+    return line
+
+
+def _whole(path: Path, follow_symlinks: bool) -> Any:
+    """A single-rank dump standing as the partner of every rank of the other side (read once per rank, as
+    each comparison is its own run)."""
+    import functools
+
+    from workbench.formats.detect import RankDump, open_dump
+
+    return RankDump(None, path.name, path, functools.partial(open_dump, path, follow_symlinks=follow_symlinks))
+
+
+def _allreduce_check(side: str, ranks: list[Any], run_ids: list[tuple[int, int]], out: Path) -> list[Any]:
+    """All-reduce check of one side's ranks: stored in `allreduce_checks`, failures printed; the results."""
     from workbench.analysis.allreduce import check_allreduce, describe
     from workbench.catalog.store import open_catalog
 
     results = check_allreduce([r.open() for r in ranks])
     if not results:
-        return
+        return []
     labels = [f"rank {rk}" for rk, _ in run_ids]
     catalog = out / CATALOG_NAME
     con = catalog_guard(catalog, lambda: open_catalog(catalog))
@@ -159,6 +209,7 @@ def _allreduce_check(side: str, ranks: list[Any], run_ids: list[tuple[int, int]]
     )
     for x in bad[:20]:
         say(f"  all-reduce mismatch: {describe(x, labels)}")
+    return results
 
 
 def _compare_one(
@@ -172,6 +223,7 @@ def _compare_one(
     quiet: bool = False,
     *,
     rank: int | None = None,
+    rank_sides: tuple[bool, bool] = (True, True),
     dumps: tuple[Any, Any] | None = None,
     follow_symlinks: bool = False,
     cluster: Any = None,
@@ -202,8 +254,10 @@ def _compare_one(
     )
     con = catalog_guard(catalog, lambda: open_catalog(catalog))
     try:
-        if rank is not None:
-            con.execute("UPDATE runs SET rank = ? WHERE run_id IN (?, ?)", [rank, res.golden_run, res.test_run])
+        if rank is not None:  # a single-rank side partnering every rank keeps rank NULL
+            sides = [run for run, is_rank in zip((res.golden_run, res.test_run), rank_sides) if is_rank]
+            for run_id in sides:
+                con.execute("UPDATE runs SET rank = ? WHERE run_id = ?", [rank, run_id])
         tok = None if ranges is None else ranges.among(_run_tokens(con, res.golden_run))
         suffix = "" if rank is None else f"_rank{rank}"
         csv_path = catalog_guard(catalog, lambda: write_msit_csv(con, res.cmp_id, out, tok, suffix))
@@ -258,6 +312,9 @@ def catalog_guard(catalog: Path, fn: Callable[[], T]) -> T:
     except duckdb.InterruptException:
         raise  # a signal, not a storage fault: `guarded` says interrupted or terminated
     except duckdb.Error as exc:
+        interrupt = signal_inside(exc)
+        if interrupt is not None:  # a signal, not a storage fault, even when DuckDB wrapped it
+            raise interrupt from None
         raise CatalogError(
             f"{catalog}: {storage_message(exc)}; nothing committed was lost (earlier runs and comparisons are kept)"
         ) from None

@@ -32,6 +32,15 @@ def demo(
         typer.Option("--list-defects", help="List the defects each test stack can plant.", show_default=False),
     ] = False,
     theme: Annotated[str | None, typer.Option("--theme", help="Theme for the app.")] = None,
+    tp: Annotated[
+        int,
+        typer.Option(
+            "--tp",
+            metavar="N",
+            help="Run the ATB stack tensor-parallel on N ranks (one dump folder per rank; default defect "
+            "allreduce_scale).",
+        ),
+    ] = 1,
 ) -> None:
     """Build a small Llama, dump a golden (fp32) and a test run (bf16, one planted defect), compare, open the app."""
     from workbench import demo as demo_mod
@@ -43,10 +52,10 @@ def demo(
             for name, text in demo_mod.available_defects(st).items():
                 typer.echo(f"  {name:16s} {text}")
         return
-    guarded(lambda: demo_mod.check_choice(stack, defect))  # before anything is built or deleted
+    guarded(lambda: demo_mod.check_choice(stack, defect, tp))  # before anything is built or deleted
 
     def go() -> Any:
-        plan = demo_mod.make_demo(out, stack=stack, defect=defect, log=typer.echo)
+        plan = demo_mod.make_demo(out, stack=stack, defect=defect, log=typer.echo, tp=tp)
         res = run_compare_cli(plan.golden, plan.test, out, plan.mapping, None, None, None)
         typer.echo(f"planted defect: {plan.description}")
         typer.echo(f"expected: error born at {plan.expected} (token {plan.expected_token})")

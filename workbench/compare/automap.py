@@ -14,12 +14,19 @@ No hand-written file needed for Llama-family models on ATB-style graphs:
    dropped when they disagree, so ambiguous ops stay unmatched for the mapping editor
    rather than being guessed. Each match records its evidence and a confidence.
 
+Tensor-parallel test ranks (an ATB graph with an `AllReduceOperation` after o_proj and down, its param
+naming `rank`/`rankSize`) pair with an unsplit golden: o_proj and down_proj outputs with the all-reduce
+outputs (the sum of the ranks' partial products is the full product), and the column-parallel ops
+(q/k/v, gate/up, the attention context, the SwiGLU output) with this rank's slice of the golden tensor
+(`g.chunk:-1:RANK:SIZE`); a rank's partial o_proj/down outputs have no golden counterpart.
+
 Layouts differ and are handled: `[batch, seq, hidden]` vs unpadded `[tokens, hidden]` and split
 heads compare flattened (same element order); transposed weights are not compared.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -50,6 +57,7 @@ class _Tree:
     layer: dict[int, int | None]
     order: dict[int, float]
     numel: dict[tuple[int, str, int], dict[int, int]]  # (node, io, idx) -> token -> numel
+    params: dict[int, str]  # node -> params JSON, for communication ops only
 
     @classmethod
     def build(cls, frames: RunFrames) -> _Tree:
@@ -76,7 +84,21 @@ class _Tree:
             {int(n): (None if x is None or pd.isna(x) else int(x)) for n, x in zip(nodes["node_id"], nodes["layer"])},
             order,
             numel,
+            {
+                int(n): str(p)
+                for n, x, p in zip(nodes["node_id"], nodes["type"], nodes["params"])
+                if x is not None and "AllReduce" in str(x) and p is not None and not pd.isna(p)
+            },
         )
+
+    def tp_rank(self, nid: int) -> tuple[int, int] | None:
+        """(rank, rankSize) a communication op records in its param, when it names 2+ ranks."""
+        try:
+            p = json.loads(self.params.get(nid) or "{}")
+            rank, size = int(p["rank"]), int(p["rankSize"])
+        except (ValueError, KeyError, TypeError):
+            return None
+        return (rank, size) if size > 1 and 0 <= rank < size else None
 
     def subtree(self, root: int) -> list[int]:
         out, stack = [], [root]
@@ -128,9 +150,11 @@ class _Builder:
         if not checks:
             return "no tensors to check shapes on"
         for gn, tn in checks:
-            if transform and "chunk" in transform:
-                n = int(transform.rsplit(":", 1)[1])
-                tn = tn // n
+            for step in (transform or "").split(";"):
+                side, _, op = step.partition(".")
+                if op.startswith("chunk:"):
+                    n = int(op.rsplit(":", 1)[1])
+                    gn, tn = (gn // n, tn) if side == "g" else (gn, tn // n)
             if gn != tn:
                 return None
         return "element counts agree (" + ", ".join(str(gn) for gn, _ in checks[:3]) + ")"
@@ -169,6 +193,10 @@ def _match_attention(b: _Builder, g_att: int, t_att: int, layer: int) -> None:
     t_core = [n for n in t_ops if t.is_type(n, "SelfAttentionOperation", "PagedAttentionOperation", "FlashAttention")]
     q, k, v, o = (_by_suffix(g, g_lin, names) for names in (Q_NAMES, K_NAMES, V_NAMES, O_NAMES))
     where = f"layer {layer}"
+    t_ar = [n for n in t_ops if t.is_type(n, "AllReduce")]
+    tp = t.tp_rank(t_ar[0]) if len(t_ar) == 1 else None
+    part = f"g.chunk:-1:{tp[0]}:{tp[1]}" if tp else None  # this rank's heads of the golden tensor
+    of_rank = f" (rank {tp[0]} of {tp[1]}: its heads)" if tp else ""
     if len(t_lin) == 2 and len(t_split) == 1 and None not in (q, k, v, o):
         # fused QKV Linear + Split: q/k/v compared on the split outputs, inputs on the fused Linear's input
         for idx, gid in enumerate((q, k, v)):
@@ -178,9 +206,10 @@ def _match_attention(b: _Builder, g_att: int, t_att: int, layer: int) -> None:
                 t_split[0],
                 "auto-fused-qkv",
                 0.95,
-                f"{where}: {g.leaf_name(gid)} <-> output {idx} of the QKV split",
+                f"{where}: {g.leaf_name(gid)} <-> output {idx} of the QKV split{of_rank}",
                 OUT0,
                 TensorSel("out", idx),
+                part,
             )
             b.add(
                 gid,
@@ -192,7 +221,18 @@ def _match_attention(b: _Builder, g_att: int, t_att: int, layer: int) -> None:
                 IN0,
             )
         assert o is not None
-        b.add(o, t_lin[1], "auto-linear", 0.95, f"{where}: attention output projection <-> second Linear")
+        if tp:
+            b.add(
+                o,
+                t_ar[0],
+                "auto-allreduce",
+                0.95,
+                f"{where}: attention output projection <-> the all-reduce of the ranks' partial products",
+                OUT0,
+                OUT0,
+            )
+        else:
+            b.add(o, t_lin[1], "auto-linear", 0.95, f"{where}: attention output projection <-> second Linear")
     elif len(t_lin) == 4 and None not in (q, k, v, o):
         for gid, tid in zip((q, k, v, o), t_lin):
             assert gid is not None
@@ -204,9 +244,10 @@ def _match_attention(b: _Builder, g_att: int, t_att: int, layer: int) -> None:
             t_core[0],
             "auto-attention-core",
             0.9,
-            f"{where}: attention context (o_proj input) <-> {t.leaf_name(t_core[0])} output",
+            f"{where}: attention context (o_proj input) <-> {t.leaf_name(t_core[0])} output{of_rank}",
             IN0,
             OUT0,
+            part,
         )
 
 
@@ -218,6 +259,10 @@ def _match_mlp(b: _Builder, g_mlp: int, t_mlp: int, layer: int) -> None:
     t_act = [n for n in t_ops if t.is_type(n, "ActivationOperation")]
     gate, up, down = (_by_suffix(g, g_lin, names) for names in (GATE_NAMES, UP_NAMES, DOWN_NAMES))
     where = f"layer {layer}"
+    t_ar = [n for n in t_ops if t.is_type(n, "AllReduce")]
+    tp = t.tp_rank(t_ar[0]) if len(t_ar) == 1 else None
+    part = f"g.chunk:-1:{tp[0]}:{tp[1]};" if tp else ""  # this rank's slice of the intermediate
+    of_rank = f" (rank {tp[0]} of {tp[1]}: its slice)" if tp else ""
     if len(t_lin) == 2 and None not in (gate, up, down):
         assert gate is not None and up is not None and down is not None
         b.add(
@@ -225,10 +270,10 @@ def _match_mlp(b: _Builder, g_mlp: int, t_mlp: int, layer: int) -> None:
             t_lin[0],
             "auto-fused-gate-up",
             0.95,
-            f"{where}: gate_proj <-> first half of the fused gate-up",
+            f"{where}: gate_proj <-> first half of the fused gate-up{of_rank}",
             OUT0,
             OUT0,
-            "t.chunk:-1:0:2",
+            part + "t.chunk:-1:0:2",
         )
         b.add(gate, t_lin[0], "auto-fused-gate-up", 0.95, f"{where}: gate_proj input <-> gate-up input", IN0, IN0)
         b.add(
@@ -236,16 +281,36 @@ def _match_mlp(b: _Builder, g_mlp: int, t_mlp: int, layer: int) -> None:
             t_lin[0],
             "auto-fused-gate-up",
             0.95,
-            f"{where}: up_proj <-> second half of the fused gate-up",
+            f"{where}: up_proj <-> second half of the fused gate-up{of_rank}",
             OUT0,
             OUT0,
-            "t.chunk:-1:1:2",
+            part + "t.chunk:-1:1:2",
         )
         b.add(up, t_lin[0], "auto-fused-gate-up", 0.95, f"{where}: up_proj input <-> gate-up input", IN0, IN0)
-        b.add(down, t_lin[1], "auto-linear", 0.95, f"{where}: down_proj <-> second Linear of the MLP")
+        if tp:
+            b.add(
+                down,
+                t_ar[0],
+                "auto-allreduce",
+                0.95,
+                f"{where}: down_proj <-> the all-reduce of the ranks' partial products",
+                OUT0,
+                OUT0,
+            )
+        else:
+            b.add(down, t_lin[1], "auto-linear", 0.95, f"{where}: down_proj <-> second Linear of the MLP")
         if len(t_act) == 1:
             # SwiGLU fuses act(gate) * up: its output is down_proj's input
-            b.add(down, t_act[0], "auto-swiglu", 0.9, f"{where}: down_proj input <-> fused SwiGLU output", IN0, OUT0)
+            b.add(
+                down,
+                t_act[0],
+                "auto-swiglu",
+                0.9,
+                f"{where}: down_proj input <-> fused SwiGLU output{of_rank}",
+                IN0,
+                OUT0,
+                part.rstrip(";") or None,
+            )
     elif len(t_lin) == 3 and None not in (gate, up, down):
         for gid, tid in zip((gate, up, down), t_lin):
             assert gid is not None
