@@ -42,10 +42,20 @@ $(MSPROBE_STAMP): $(STAMP)
 	  || echo "msprobe could not be installed: its compatibility tests will be skipped (see $(VENV)/wb-msprobe-install.log)"
 	@touch $(MSPROBE_STAMP)
 
+# Ray (the `ray` extra, for `wb compare --ray` and its tests); numpy/pandas/torch held where they are. If it
+# fails, the Ray tests skip, saying why.
+RAY_STAMP := $(VENV)/.wb-ray
+$(RAY_STAMP): $(STAMP)
+	-@$(PY) -m pip freeze | grep -iE '^(numpy|pandas|torch)==' > $(VENV)/wb-constraints.txt; \
+	PIP_CONSTRAINT=$(CURDIR)/$(VENV)/wb-constraints.txt timeout 900 $(PY) -m pip install -q -e ".[test,ray]" \
+	  > $(VENV)/wb-ray-install.log 2>&1 \
+	  || echo "ray could not be installed: the Ray tests will be skipped (see $(VENV)/wb-ray-install.log)"
+	@touch $(RAY_STAMP)
+
 demo: install
 	$(VENV)/bin/wb demo
 
-test: install $(MSIT_STAMP) $(MSPROBE_STAMP)
+test: install $(MSIT_STAMP) $(MSPROBE_STAMP) $(RAY_STAMP)
 	@command -v tmux >/dev/null 2>&1 || (command -v apt-get >/dev/null 2>&1 && \
 		(apt-get install -y -qq tmux >/dev/null 2>&1 || (apt-get update -qq >/dev/null 2>&1 && \
 		apt-get install -y -qq tmux >/dev/null 2>&1)) || echo "tmux not installed: the tmux end-to-end test will be skipped")

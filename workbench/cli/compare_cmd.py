@@ -28,17 +28,52 @@ def run_compare_cli(
     thresholds: Path | None,
     quiet: bool = False,
     follow_symlinks: bool = False,
+    ray: str | None = None,
     show_stale: bool = False,
 ) -> Any:
     """Shared by `wb compare`, `wb open` and `wb demo`: compare, write the CSV, print the summary.
 
     Two multi-rank dumps (one folder per process or device) are compared rank with rank into one catalog
-    (`runs.rank`), with one CSV and one summary per rank; returns the last rank's result then."""
+    (`runs.rank`), with one CSV and one summary per rank; returns the last rank's result then. `ray` (an
+    address, `auto` or `local`) computes the pairs on a Ray cluster (docs/scaling.md)."""
     from workbench.compare.tasks import token_ranges
-    from workbench.formats.detect import find_ranks, pair_ranks
 
+    if ray is not None:
+        from workbench.compare.ray_exec import import_ray
+
+        import_ray()  # before anything is read or written: `ray is not installed: ...`, exit 2
     ranges = token_ranges(tokens)  # a bad --tokens fails before anything is read; ranges bind to the dumps' tokens
     check_output_dir(out)
+    if ray is None:
+        return _compare_ranks(
+            golden, test, out, mapping, ranges, workers, thresholds, quiet, follow_symlinks, None, show_stale
+        )
+    from workbench.compare.ray_exec import RayCluster
+
+    cluster = RayCluster.connect(ray, workers)
+    try:
+        return _compare_ranks(
+            golden, test, out, mapping, ranges, workers, thresholds, quiet, follow_symlinks, cluster, show_stale
+        )
+    finally:
+        cluster.shutdown()
+
+
+def _compare_ranks(
+    golden: Path,
+    test: Path,
+    out: Path,
+    mapping: Path | None,
+    ranges: Any,
+    workers: int | None,
+    thresholds: Path | None,
+    quiet: bool,
+    follow_symlinks: bool,
+    cluster: Any,
+    show_stale: bool,
+) -> Any:
+    from workbench.formats.detect import find_ranks, pair_ranks
+
     g_ranks, t_ranks = find_ranks(golden), find_ranks(test)
     if not (g_ranks or t_ranks):
         return _compare_one(
@@ -51,6 +86,7 @@ def run_compare_cli(
             thresholds,
             quiet,
             follow_symlinks=follow_symlinks,
+            cluster=cluster,
             show_stale=show_stale,
         )
     if g_ranks and t_ranks:
@@ -85,6 +121,7 @@ def run_compare_cli(
             rank_sides=(g.rank is not None or bool(g_ranks), t.rank is not None or bool(t_ranks)),
             dumps=(g.open, t.open),
             follow_symlinks=follow_symlinks,
+            cluster=cluster,
             show_stale=show_stale,
         )
         runs.append((rank, res.golden_run, res.test_run))
@@ -189,6 +226,7 @@ def _compare_one(
     rank_sides: tuple[bool, bool] = (True, True),
     dumps: tuple[Any, Any] | None = None,
     follow_symlinks: bool = False,
+    cluster: Any = None,
     show_stale: bool = False,
 ) -> Any:
     """One golden/test pair of dumps (or of ranks: `dumps` reads them, `rank` goes into `runs.rank`)."""
@@ -211,6 +249,7 @@ def _compare_one(
             progress=None if quiet else ProgressPrinter(),
             freeze_gc=True,
             follow_symlinks=follow_symlinks,
+            cluster=cluster,
         ),
     )
     con = catalog_guard(catalog, lambda: open_catalog(catalog))
@@ -312,6 +351,15 @@ def compare(
         bool,
         typer.Option("--follow-symlinks", help="Read files whose symbolic links lead outside the dump (off: refused)."),
     ] = False,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS|auto|local",
+            help="Compute the pairs on a Ray cluster, on the nodes holding the files (`local` starts one here; "
+            "needs pip install 'workbench[ray]').",
+        ),
+    ] = None,
     show_stale: Annotated[
         bool, typer.Option("--show-stale", help="List every mapping pair that no longer fits the dumps, and why.")
     ] = False,
@@ -328,6 +376,7 @@ def compare(
             thresholds,
             follow_symlinks=follow_symlinks,
             show_stale=show_stale,
+            ray=ray,
         )
     )
     if res.pairs == 0 or res.uncomparable >= res.pairs:

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any
+from typing import Any, Protocol
 
 import duckdb
 import pandas as pd
@@ -29,6 +29,17 @@ from workbench.core.metrics import ALL_METRICS, STAT_BOUND, STAT_METRIC_NAMES, S
 from workbench.core.progress import CompareCancelled, Progress, ProgressFn
 
 Judge = Callable[[PairResult], tuple[bool | None, list[str]]]
+
+
+class Cluster(Protocol):
+    """Runs batches elsewhere (`workbench.compare.ray_exec.RayCluster`), handing each batch's results back."""
+
+    def run(
+        self,
+        todo: Sequence[list[PairTask | StatsTask]],
+        take: Callable[[list[dict[str, Any]]], None],
+        cancel: threading.Event | None,
+    ) -> None: ...
 
 
 FLUSH_ROWS = 4096  # buffered result rows (about 1 KB each, with their statistics rows) written at once
@@ -184,8 +195,9 @@ def execute_tasks(
     pool: ProcessPoolExecutor | PoolStarter | None = None,
     early: EarlyPairs | None = None,
     claims: dict[PairKey, PairTask] | None = None,
+    cluster: Cluster | None = None,
 ) -> None:
-    """Run tasks in a process pool (or in process when small), streaming results into the sink.
+    """Run tasks in a process pool (or in process when small, or on `cluster`), streaming results into the sink.
 
     `claims` maps pairs computed early (`early`) to the tasks that take their results.
     """
@@ -193,6 +205,9 @@ def execute_tasks(
     if progress:
         progress(Progress(stage, 0, len(tasks)))
     if not tasks:
+        return
+    if cluster is not None:
+        _run_on_cluster(tasks, sizes, sink, cluster, progress, cancel, stage, t0)
         return
     if workers <= 1 or sum(sizes) < IN_PROCESS_BYTES:
         _run_in_process(tasks, sizes, sink, progress, cancel, stage, t0)
@@ -242,6 +257,29 @@ def _run_in_process(
         sink.add_wire(run_batch(batch))
         reporter.advance(len(batch))
     sink.flush()
+
+
+def _run_on_cluster(
+    tasks: Sequence[PairTask | StatsTask],
+    sizes: Sequence[int],
+    sink: ResultSink,
+    cluster: Cluster,
+    progress: ProgressFn | None,
+    cancel: threading.Event | None,
+    stage: str,
+    t0: float,
+) -> None:
+    reporter = _Reporter(sink, progress, stage, len(tasks), t0)
+
+    def take(results: list[dict[str, Any]]) -> None:
+        sink.add_wire(results)
+        reporter.advance(len(results))
+
+    try:
+        cluster.run(list(batches(tasks, sizes)), take, cancel)
+    finally:
+        sink.flush()  # what came back is kept, whatever ended the run
+    reporter.advance(0, force_flush=True)
 
 
 def _run_in_pool(
@@ -356,8 +394,9 @@ def compute_pending(
     stats_for_unpaired: bool = True,
     pool: ProcessPoolExecutor | PoolStarter | None = None,
     early: EarlyPairs | None = None,
+    cluster: Cluster | None = None,
 ) -> tuple[int, int, int]:
-    """Compute metrics for pairs without them, and stats of unpaired tensors.
+    """Compute metrics for pairs without them, and stats of unpaired tensors (on `cluster` when given).
 
     Returns (computed, failed, uncomparable).
     """
@@ -464,6 +503,7 @@ def compute_pending(
         early=early,
         claims=claims,
         stage=stage,
+        cluster=cluster,
     )
     return len(todo), sink.failed, sink.uncomparable
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import duckdb
 
     from workbench.compare.early import EarlyPairs
+    from workbench.compare.executor import Cluster
     from workbench.compare.mapping import MappingFile, PairSpec
     from workbench.compare.matching import AutoMatcher
     from workbench.compare.summary import CompareResult
@@ -52,6 +53,7 @@ def run_compare(
     early: EarlyPairs | None = None,
     freeze_gc: bool = False,
     follow_symlinks: bool = False,
+    cluster: Cluster | None = None,
 ) -> CompareResult:
     """Read (unless given read), ingest, match and compare two dumps into `catalog`; see the module docstring.
 
@@ -62,11 +64,13 @@ def run_compare(
     far out of the garbage collector's sight once the heavy modules are in: ~0.1 s less of GC per run.
     `tokens` may be `TokenRanges` (`--tokens`), bound to the tokens the dumps hold once they are read.
     `follow_symlinks` reads files whose links leave a dump (refused by default).
+    `cluster` (`workbench.compare.ray_exec.RayCluster`, connected by the caller) computes the pairs instead of
+    the local pool, on the nodes that hold the files (docs/scaling.md).
     Raises `CompareCancelled` when `cancel` is set; what was committed is kept.
     """
     n_workers = workers or default_workers()
     own: PoolStarter | None = None
-    if pool is None and worth_a_pool(_root(golden), _root(test), n_workers):
+    if cluster is None and pool is None and worth_a_pool(_root(golden), _root(test), n_workers):
         own = pool = PoolStarter(n_workers)  # first: its workers boot while everything else happens
     try:
         from workbench.compare.mapping import MappingFile
@@ -89,6 +93,7 @@ def run_compare(
             early,
             freeze_gc,
             follow_symlinks,
+            cluster,
         )
     finally:
         if own is not None:
@@ -114,6 +119,7 @@ def _read_ingest_compare(
     early: EarlyPairs | None,
     freeze_gc: bool,
     follow_symlinks: bool = False,
+    cluster: Cluster | None = None,
 ) -> CompareResult:
     from workbench.formats import open_dump
 
@@ -169,6 +175,7 @@ def _read_ingest_compare(
                 problems=[*g_ing.problems, *t_ing.problems],
                 pool=pool,
                 early=early,
+                cluster=cluster,
             )
         finally:
             con.close()
@@ -202,6 +209,7 @@ def _compare_runs(
     problems: list[str],
     pool: ProcessPoolExecutor | PoolStarter | None = None,
     early: EarlyPairs | None = None,
+    cluster: Cluster | None = None,
 ) -> CompareResult:
     from workbench.analysis.born import refresh_verdicts
     from workbench.compare.executor import compute_pending
@@ -242,6 +250,7 @@ def _compare_runs(
         cancel=cancel,
         pool=pool,
         early=early,
+        cluster=cluster,
     )
     if progress:
         progress(Progress("verdict", 0, 1))
