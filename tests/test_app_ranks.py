@@ -3,6 +3,7 @@ following the rank shown; hidden and harmless on a single-rank comparison."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -23,8 +24,11 @@ def _app(catalog: Path):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.anyio
-async def test_rank_keys_switch_every_pane(tp_demo_catalog: Path) -> None:
-    app = _app(tp_demo_catalog)
+async def test_rank_keys_switch_every_pane(tp_demo_catalog: Path, tmp_path: Path) -> None:
+    # a copy: the app writes to the catalog it shows (the snapshot below must see the demo's catalog as made)
+    catalog = tmp_path / tp_demo_catalog.name
+    shutil.copy(tp_demo_catalog, catalog)
+    app = _app(catalog)
     async with app.run_test(size=(140, 44)) as pilot:
         screen = await ready(pilot, app)
         bar = screen.query_one(RankBar)
