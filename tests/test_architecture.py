@@ -160,3 +160,18 @@ def test_headless_layers_load_no_textual() -> None:
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_wb_start_up_imports_no_torch() -> None:
+    """`wb` registers every command without importing torch (1.5 s): only the commands that run a model or
+    re-run an op import it, when they run."""
+    code = "import sys, workbench.cli; sys.exit(1 if 'torch' in sys.modules else 0)"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode == 0, "importing workbench.cli imported torch" + out.stderr

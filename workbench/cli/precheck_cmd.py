@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from workbench.analysis.precheck import PrecheckResult
 from workbench.cli.common import app, guarded, say
+
+if TYPE_CHECKING:  # torch: imported only by the command that runs a precheck, never at `wb` start-up
+    from workbench.analysis.precheck import PrecheckResult
 
 
 @app.command()
