@@ -35,6 +35,14 @@ def run_wb(*args: str, cwd: Path | None = None, timeout: int = 300) -> subproces
     return subprocess.run([*WB, *args], capture_output=True, text=True, cwd=cwd or ROOT, env=env, timeout=timeout)
 
 
+def run_python(code: str, timeout: int = 60) -> subprocess.CompletedProcess[str]:
+    """`code` in a fresh interpreter that sees only this checkout (what a module imports, measured cleanly)."""
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
 def atb_test_llama(init: float = 0.02, layers: int = 2):  # type: ignore[no-untyped-def]
     """The small Llama the ATB-stack tests share (GQA, 128 hidden); `init` sharpens attention."""
     return tiny_llama(

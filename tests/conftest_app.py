@@ -93,7 +93,8 @@ def _run_demo(out: Path, *extra: str) -> Path:
     )
     catalog = out / "catalog.duckdb"
     if res.returncode != 0 or not catalog.exists():
-        pytest.fail(f"wb demo {' '.join(extra)} failed ({res.returncode}): {res.stderr[-2000:]}")
+        pytest.fail(f"wb demo {' '.join(extra)}".rstrip() + f" failed ({res.returncode}): {res.stderr[-2000:]}")
+    # with no terminal, the demo ends by saying how to open the app on it
     assert res.stdout.rstrip().splitlines()[-1] == f"open the app on it: wb open {catalog}", res.stdout[-500:]
     return catalog
 
@@ -109,25 +110,6 @@ def tp_demo_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def demo_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`wb demo --out DIR --no-tui` run once per session (real Llama dumps, torch golden vs ATB-structured test)."""
-    import os
-    import subprocess
-
-    if "demo" in _BUILT:
-        return _BUILT["demo"]
-    out = tmp_path_factory.mktemp("wb_app_demo")
-    env = {**os.environ, **PINNED_NUMERICS, "PYTHONPATH": str(REPO)}
-    res = subprocess.run(
-        [sys.executable, "-m", "workbench.cli", "demo", "--out", str(out), "--no-tui"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    catalog = out / "catalog.duckdb"
-    if res.returncode != 0 or not catalog.exists():
-        pytest.fail(f"wb demo failed ({res.returncode}): {res.stderr[-2000:]}")
-    # with no terminal, the demo ends by saying how to open the app on it
-    assert res.stdout.rstrip().splitlines()[-1] == f"open the app on it: wb open {catalog}", res.stdout[-500:]
-    _BUILT["demo"] = catalog
-    return catalog
+    if "demo" not in _BUILT:
+        _BUILT["demo"] = _run_demo(tmp_path_factory.mktemp("wb_app_demo"))
+    return _BUILT["demo"]

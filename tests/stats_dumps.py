@@ -17,8 +17,38 @@ import subprocess
 import sys
 from pathlib import Path
 
+import duckdb
+
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 3
+
+
+def compare(golden: Path, test: Path, out: Path) -> tuple[str, duckdb.DuckDBPyConnection]:
+    """`wb compare` as a subprocess; its stdout and the catalog it wrote (read-only)."""
+    from tests.conftest import run_wb
+
+    proc = run_wb("compare", "-gp", str(golden), "-mp", str(test), "-o", str(out))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.stdout, duckdb.connect(str(out / "catalog.duckdb"), read_only=True)
+
+
+def verdict_counts(con: duckdb.DuckDBPyConnection) -> tuple[int, int, int, int]:
+    """Pairs: all, judged on statistics, without a verdict, failed."""
+    row = con.execute(
+        "SELECT count(*), count(*) FILTER (WHERE on_statistics), count(*) FILTER (WHERE passed IS NULL), "
+        "count(*) FILTER (WHERE passed = false) FROM comparison"
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1]), int(row[2]), int(row[3])
+
+
+def born(con: duckdb.DuckDBPyConnection, what: str = "n.name") -> set[str | None]:
+    """`what` of every golden node where an error is born, over the catalog's comparisons."""
+    rows = con.execute(
+        f"SELECT {what} FROM error_born e JOIN comparisons c USING (cmp_id) "
+        "LEFT JOIN nodes n ON n.run_id = c.golden_run AND n.node_id = e.golden_node_id"
+    ).fetchall()
+    return {r[0] for r in rows}
 
 
 def dump(

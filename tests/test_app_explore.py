@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
 import numpy as np
 import pytest
 
-from tests.conftest_app import DEFECT, DEFECT_ID, REPO
+from tests.conftest import run_python
+from tests.conftest_app import DEFECT, DEFECT_ID
 from workbench.analysis.explore import POST, PRE, ExploreError, Explorer
 from workbench.analysis.severity import VERDICT, scale_for, severity, severity_array
 from workbench.catalog.schema import SCHEMA_VERSION
@@ -197,14 +196,7 @@ def test_explore_is_headless() -> None:
         "bad = [m for m in ('textual', 'torch', 'pandas') if m in sys.modules]; print(bad); "
         "sys.exit(1 if bad else 0)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-    )
+    out = run_python(code)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -287,12 +279,5 @@ def test_detail_pane_reads_tensors_without_torch(small_catalog: Path) -> None:
         "diff = ex.tensor_diff(d.pairs[0]); assert diff.numel == 16 and diff.top, diff; "
         "print('torch' in sys.modules); sys.exit(1 if 'torch' in sys.modules else 0)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-    )
+    out = run_python(code)
     assert out.returncode == 0, out.stdout + out.stderr

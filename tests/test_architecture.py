@@ -8,12 +8,12 @@ the packages form no cycle; and the headless layers load no Textual module when 
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "workbench"
@@ -151,14 +151,7 @@ def test_headless_layers_load_no_textual() -> None:
         f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {GUI_LIBRARIES!r})\n"
         "print(bad[:5]); sys.exit(1 if bad else 0)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )
+    out = run_python(code, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -166,12 +159,5 @@ def test_wb_start_up_imports_no_torch() -> None:
     """`wb` registers every command without importing torch (1.5 s): only the commands that run a model or
     re-run an op import it, when they run."""
     code = "import sys, workbench.cli; sys.exit(1 if 'torch' in sys.modules else 0)"
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PYTHONPATH": str(ROOT)},
-    )
+    out = run_python(code)
     assert out.returncode == 0, "importing workbench.cli imported torch" + out.stderr

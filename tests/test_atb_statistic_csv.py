@@ -16,7 +16,7 @@ import duckdb
 import pytest
 import torch
 
-from tests import msprobe_atb
+from tests import msprobe_atb, stats_dumps
 from tests.conftest import atb_test_llama, dump_run, run_wb
 from workbench.formats import atb_csv, open_dump
 
@@ -68,29 +68,6 @@ def dumps(tmp_path_factory: pytest.TempPathFactory) -> Dumps:
     )
 
 
-def _compare(golden: Path, test: Path, out: Path) -> tuple[str, duckdb.DuckDBPyConnection]:
-    proc = run_wb("compare", "-gp", str(golden), "-mp", str(test), "-o", str(out))
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return proc.stdout, duckdb.connect(str(out / "catalog.duckdb"), read_only=True)
-
-
-def _verdicts(con: duckdb.DuckDBPyConnection) -> tuple[int, int, int, int]:
-    row = con.execute(
-        "SELECT count(*), count(*) FILTER (WHERE on_statistics), count(*) FILTER (WHERE passed IS NULL), "
-        "count(*) FILTER (WHERE passed = false) FROM comparison"
-    ).fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1]), int(row[2]), int(row[3])
-
-
-def _born(con: duckdb.DuckDBPyConnection, what: str = "n.name") -> set[str | None]:
-    rows = con.execute(
-        f"SELECT {what} FROM error_born e JOIN comparisons c USING (cmp_id) "
-        "LEFT JOIN nodes n ON n.run_id = c.golden_run AND n.node_id = e.golden_node_id"
-    ).fetchall()
-    return {r[0] for r in rows}
-
-
 def test_the_probe_writes_the_layout_the_reader_expects(dumps: Dumps) -> None:
     """The header is the probe's own (its two string literals are in the library), rows rebuild our node names."""
     lib = msprobe_atb.probe_library()
@@ -132,18 +109,18 @@ def test_the_probe_writes_the_layout_the_reader_expects(dumps: Dumps) -> None:
 
 
 def test_statistics_verdict_clean_and_defect(dumps: Dumps, tmp_path: Path) -> None:
-    out, con = _compare(dumps.golden, dumps.clean, tmp_path / "clean")
-    n, on_stats, undecided, failed = _verdicts(con)
+    out, con = stats_dumps.compare(dumps.golden, dumps.clean, tmp_path / "clean")
+    n, on_stats, undecided, failed = stats_dumps.verdict_counts(con)
     assert n > 300 and on_stats == n and undecided == 0 and failed == 0, out
-    assert _born(con) == {None}
-    out, con = _compare(dumps.golden, dumps.eps, tmp_path / "eps")
-    assert _born(con, "n.type || ' layer ' || n.layer") == {"RmsNormOperation layer 1"}, out
+    assert stats_dumps.born(con) == {None}
+    out, con = stats_dumps.compare(dumps.golden, dumps.eps, tmp_path / "eps")
+    assert stats_dumps.born(con, "n.type || ' layer ' || n.layer") == {"RmsNormOperation layer 1"}, out
 
 
 def test_same_differences_as_msprobe_compare_atb(dumps: Dumps, tmp_path: Path) -> None:
     """msprobe's own `compare -m atb` on one execution count: our statistics differences are its diffs."""
     pd = pytest.importorskip("pandas")
-    _out, con = _compare(dumps.golden, dumps.eps, tmp_path / "o")
+    _out, con = stats_dumps.compare(dumps.golden, dumps.eps, tmp_path / "o")
     count = "0"
     g, t = (next((p / "data").iterdir()) / count for p in (dumps.golden, dumps.eps))
     proc = subprocess.run(
@@ -173,7 +150,7 @@ def test_same_differences_as_msprobe_compare_atb(dumps: Dumps, tmp_path: Path) -
 
 def test_advisor_ranks_a_scaled_weight_first(dumps: Dumps, tmp_path: Path) -> None:
     """A 3 % down_proj weight scale in layer 1 stays under the verdict's bound; the advisor still names it first."""
-    _out, _con = _compare(dumps.golden, dumps.down, tmp_path / "o")
+    _out, _con = stats_dumps.compare(dumps.golden, dumps.down, tmp_path / "o")
     _con.close()
     proc = run_wb("advise", "-c", str(tmp_path / "o" / "catalog.duckdb"), "-k", "3", "-f", "json")
     assert proc.returncode == 0, proc.stderr
@@ -193,21 +170,21 @@ def test_advisor_ranks_a_scaled_weight_first(dumps: Dumps, tmp_path: Path) -> No
 
 def test_mixed_and_torch_golden(dumps: Dumps, tmp_path: Path) -> None:
     # our ATB .bin dump (full tensors) vs msprobe's statistics: matched by name, compared on statistics
-    out, con = _compare(dumps.atb_golden_full, dumps.clean, tmp_path / "mixed")
-    n, on_stats, undecided, failed = _verdicts(con)
+    out, con = stats_dumps.compare(dumps.atb_golden_full, dumps.clean, tmp_path / "mixed")
+    n, on_stats, undecided, failed = stats_dumps.verdict_counts(con)
     assert n > 300 and on_stats == n and undecided == 0 and failed == 0, out
     assert "node pairs matched by: name" in out
     # a torch golden through the auto-mapping: the defect is born at the torch module that holds it
-    out, con = _compare(dumps.torch_golden, dumps.eps, tmp_path / "torch")
-    assert _born(con) == {"root.model.layers.1.post_attention_layernorm"}, out
+    out, con = stats_dumps.compare(dumps.torch_golden, dumps.eps, tmp_path / "torch")
+    assert stats_dumps.born(con) == {"root.model.layers.1.post_attention_layernorm"}, out
     # a fused gate-up output kept as statistics cannot be split into gate and up: not comparable, not failed
     rows = con.execute(
         "SELECT DISTINCT passed, cmp_fail_reason FROM comparison WHERE golden_node LIKE '%mlp.gate_proj' AND io = 'out'"
     ).fetchall()
     assert rows and all(p is None and "not comparable on statistics" in (r or "") for p, r in rows), rows
-    out, con = _compare(dumps.torch_golden, dumps.clean, tmp_path / "torch_clean")
-    _n, _on, _undecided, failed = _verdicts(con)
-    assert failed == 0 and _born(con) == {None}, out
+    out, con = stats_dumps.compare(dumps.torch_golden, dumps.clean, tmp_path / "torch_clean")
+    _n, _on, _undecided, failed = stats_dumps.verdict_counts(con)
+    assert failed == 0 and stats_dumps.born(con) == {None}, out
 
 
 def _copy_dump(src: Path, dst: Path) -> Path:
@@ -254,7 +231,7 @@ def test_bad_statistic_csv(dumps: Dumps, tmp_path: Path, damage: str, expected: 
     line = next((x for x in text.splitlines() if expected in x), None)
     assert line is not None and str(csv) in line, text[-3000:]
     con = duckdb.connect(str(tmp_path / "o" / "catalog.duckdb"), read_only=True)
-    assert _verdicts(con)[0] >= 150  # token 0 (the other csv) is still compared
+    assert stats_dumps.verdict_counts(con)[0] >= 150  # token 0 (the other csv) is still compared
 
 
 def test_two_devices_are_two_ranks(dumps: Dumps, tmp_path: Path) -> None:

@@ -53,39 +53,16 @@ def test_stat_metrics_definitions_and_bound() -> None:
     assert stat_metrics({}, {}, 4)[STAT_BOUND] is None
 
 
-def _compare(golden: Path, test: Path, out: Path) -> tuple[str, duckdb.DuckDBPyConnection]:
-    proc = run_wb("compare", "-gp", str(golden), "-mp", str(test), "-o", str(out))
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return proc.stdout, duckdb.connect(str(out / "catalog.duckdb"), read_only=True)
-
-
-def _counts(con: duckdb.DuckDBPyConnection) -> tuple[int, int, int, int]:
-    row = con.execute(
-        "SELECT count(*), count(*) FILTER (WHERE on_statistics), count(*) FILTER (WHERE passed IS NULL), "
-        "count(*) FILTER (WHERE passed = false) FROM comparison"
-    ).fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1]), int(row[2]), int(row[3])
-
-
-def _born(con: duckdb.DuckDBPyConnection, what: str = "n.name") -> set[str | None]:
-    rows = con.execute(
-        f"SELECT {what} FROM error_born e JOIN comparisons c USING (cmp_id) "
-        "LEFT JOIN nodes n ON n.run_id = c.golden_run AND n.node_id = e.golden_node_id"
-    ).fetchall()
-    return {r[0] for r in rows}
-
-
 @needs_msit
 def test_msit_statistics_dumps(tmp_path: Path) -> None:
     tokens = stats_dumps.dump("msit", "stats", tmp_path / "golden")
     stats_dumps.dump("msit", "stats", tmp_path / "clean", bf16=True, forced=tokens)
     stats_dumps.dump("msit", "stats", tmp_path / "bad", bf16=True, scale=SCALE, forced=tokens)
     golden, clean, bad = (next((tmp_path / n).glob("msit_dump_*/torch_tensors/*")) for n in ("golden", "clean", "bad"))
-    out, con = _compare(golden, clean, tmp_path / "o_clean")
-    n, on_stats, undecided, failed = _counts(con)
+    out, con = stats_dumps.compare(golden, clean, tmp_path / "o_clean")
+    n, on_stats, undecided, failed = stats_dumps.verdict_counts(con)
     assert n > 100 and on_stats == n and undecided == 0 and failed == 0, out
-    assert _born(con) == {None}
+    assert stats_dumps.born(con) == {None}
     # every statistics metric is stored, matching msit's formula on the catalog's recorded statistics
     row = con.execute(
         "SELECT golden_max_value, my_max_value, max_stat_absolute_error, max_stat_relative_error FROM comparison "
@@ -93,8 +70,8 @@ def test_msit_statistics_dumps(tmp_path: Path) -> None:
     ).fetchone()
     assert row is not None and row[2] == pytest.approx(abs(row[1] - row[0]))
     assert row[3] == pytest.approx(abs(row[1] - row[0]) / abs(row[0]))
-    out, con = _compare(golden, bad, tmp_path / "o_bad")
-    assert _born(con) == {"root.model.layers.1.mlp.down_proj"}, out
+    out, con = stats_dumps.compare(golden, bad, tmp_path / "o_bad")
+    assert stats_dumps.born(con) == {"root.model.layers.1.mlp.down_proj"}, out
     assert "error born at: root.model.layers.1.mlp.down_proj (token 0)" in out
 
 
@@ -103,12 +80,12 @@ def test_msprobe_summary_dumps(tmp_path: Path) -> None:
     tokens = stats_dumps.dump("msprobe", "stats", tmp_path / "golden")
     stats_dumps.dump("msprobe", "stats", tmp_path / "clean", bf16=True, forced=tokens)
     stats_dumps.dump("msprobe", "stats", tmp_path / "bad", bf16=True, scale=SCALE, forced=tokens)
-    out, con = _compare(tmp_path / "golden" / "dump", tmp_path / "clean" / "dump", tmp_path / "o_clean")
-    n, on_stats, undecided, failed = _counts(con)
+    out, con = stats_dumps.compare(tmp_path / "golden" / "dump", tmp_path / "clean" / "dump", tmp_path / "o_clean")
+    n, on_stats, undecided, failed = stats_dumps.verdict_counts(con)
     assert n > 300 and on_stats == n and undecided == 0 and failed == 0, out
     assert "nothing could be compared" not in out
-    out, con = _compare(tmp_path / "golden" / "dump", tmp_path / "bad" / "dump", tmp_path / "o_bad")
-    born = _born(con)
+    out, con = stats_dumps.compare(tmp_path / "golden" / "dump", tmp_path / "bad" / "dump", tmp_path / "o_bad")
+    born = stats_dumps.born(con)
     assert born and all(b is not None and "layers.1.mlp" in b for b in born), (born, out)
 
 
@@ -129,11 +106,11 @@ def test_atb_statistics_bins(tmp_path: Path) -> None:
     b_stats = bad.run(prompt, 2, dump=AtbDumpConfig(tmp_path / "b_stats", seed=0, stats_only=True)).dump_root
     assert g_full and g_stats and t_stats and b_stats
     # mixed (full golden, statistics test) on a clean run; statistics on both sides on a planted defect
-    out, con = _compare(g_full, t_stats, tmp_path / "o_mixed")
-    n, on_stats, undecided, failed = _counts(con)
+    out, con = stats_dumps.compare(g_full, t_stats, tmp_path / "o_mixed")
+    n, on_stats, undecided, failed = stats_dumps.verdict_counts(con)
     assert n > 20 and on_stats == n and undecided == 0 and failed == 0, out
-    out, con = _compare(g_stats, b_stats, tmp_path / "o_bad")
-    born = _born(con, "n.type || ' layer ' || n.layer")
+    out, con = stats_dumps.compare(g_stats, b_stats, tmp_path / "o_bad")
+    born = stats_dumps.born(con, "n.type || ' layer ' || n.layer")
     assert born == {"RmsNormOperation layer 1"}, (born, out)
 
 
@@ -166,8 +143,8 @@ def test_advisor_on_statistics_dumps(tmp_path: Path, tool: str, weight: str) -> 
         golden, bad = (next((tmp_path / n).glob("msit_dump_*/torch_tensors/*")) for n in ("golden", "bad"))
     else:
         golden, bad = tmp_path / "golden" / "dump", tmp_path / "bad" / "dump"
-    _out, con = _compare(golden, bad, tmp_path / "o")
-    n, on_stats, undecided, _failed = _counts(con)
+    _out, con = stats_dumps.compare(golden, bad, tmp_path / "o")
+    n, on_stats, undecided, _failed = stats_dumps.verdict_counts(con)
     assert n > 100 and on_stats == n and undecided == 0
     proc = run_wb("advise", "-c", str(tmp_path / "o" / "catalog.duckdb"), "-k", "3", "-f", "json")
     assert proc.returncode == 0, proc.stderr
