@@ -93,3 +93,30 @@ def test_foreign_files_are_refused(tmp_path: Path) -> None:
         open_catalog(junk)
     with pytest.raises(CatalogError, match="not found"):
         open_catalog(tmp_path / "missing.duckdb", read_only=True)
+
+
+def test_older_catalog_gains_new_tables_once(tmp_path: Path) -> None:
+    """A catalog written before a table existed (no schema digest) gains it on open; an up-to-date one is opened
+    without re-running the DDL (its digest matches), and keeps its rows."""
+    cat = tmp_path / "c.duckdb"
+    con = open_catalog(cat)
+    ingest_dump(con, _dump(tmp_path / "d"))
+    con.close()
+    con = duckdb.connect(str(cat))
+    con.execute("DROP TABLE mapping_stale")
+    con.execute("DELETE FROM meta WHERE key = 'schema_digest'")  # as an older wb left it
+    con.close()
+    con = open_catalog(cat)
+    try:
+        assert first_row(con.execute("SELECT count(*) FROM mapping_stale")) == (0,)
+        digest = first_row(con.execute("SELECT value FROM meta WHERE key = 'schema_digest'"))
+        assert digest is not None and len(str(digest[0])) == 16
+        assert first_row(con.execute("SELECT count(*) FROM runs")) == (1,)
+    finally:
+        con.close()
+    con = open_catalog(cat)  # digest matches: nothing to do, everything still there
+    try:
+        assert first_row(con.execute("SELECT count(*) FROM runs")) == (1,)
+        assert first_row(con.execute("SELECT count(*) FROM comparison")) == (0,)
+    finally:
+        con.close()

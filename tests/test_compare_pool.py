@@ -14,10 +14,12 @@ import torch
 import workbench.compare.executor as executor
 import workbench.jobs.compare as pipeline
 from tests.conftest import TinyDumps
+from tests.conftest_peers import PeerDumps
 from workbench.catalog.schema import ALL_METRICS
 from workbench.compare.early import EarlyPairs
-from workbench.compare.pool import new_pool
-from workbench.compare.worker import apply_transform
+from workbench.compare.pool import WORKER_NICE, new_pool
+from workbench.compare.tasks import PairTask
+from workbench.compare.worker import apply_transform, run_batch, run_pair, same_bytes
 from workbench.formats import open_dump
 from workbench.formats.arrays import RawTensor, as_raw
 
@@ -69,6 +71,63 @@ def test_pool_and_early_pairs_give_the_in_process_numbers(
     assert sub and all(k[1] == 1 for k in sub) and sub == {k: v for k, v in ref.items() if k[1] == 1}
     assert one_token.pairs == len(sub)
     assert _metrics(tmp_path / "d.duckdb") == ref
+
+
+def test_msit_made_twins_are_computed_once_with_the_same_numbers(
+    peer_dumps: PeerDumps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """msit saves a tensor once per module that sees it (a layer's output is the next layer's input): such pairs
+    go to a worker as twins of one pair, checked byte for byte, and the catalog holds the same numbers as when
+    every pair is computed on its own."""
+    msit = peer_dumps.need_msit()
+    g, t = open_dump(msit["golden"]), open_dump(msit["planted"])
+    one_by_one = pipeline.run_compare(g, t, tmp_path / "a.duckdb", workers=1)
+    monkeypatch.setattr(executor, "IN_PROCESS_BYTES", 0)  # tiny dumps: force the pool
+    pool = new_pool(2)
+    try:
+        assert set(pool.map(_own_nice, range(4))) == {min(19, _own_nice() + WORKER_NICE)}  # workers yield the CPU
+        early = EarlyPairs(g, t, pool)
+        pooled = pipeline.run_compare(g, t, tmp_path / "b.duckdb", workers=2, pool=pool, early=early)
+    finally:
+        pool.shutdown()
+    assert early.twins > 0, "a layer's output and the next layer's input should be twins"
+    assert early.taken == pooled.pairs == one_by_one.pairs
+    assert _metrics(tmp_path / "b.duckdb") == _metrics(tmp_path / "a.duckdb")
+
+
+def _own_nice(_: int = 0) -> int:
+    import os
+
+    return os.nice(0)
+
+
+def test_twins_whose_bytes_differ_are_computed_on_their_own(tmp_path: Path) -> None:
+    """Equal digests are a hint, never trusted: a twin whose bytes differ gets its own numbers."""
+    x = torch.randn(64, 33, generator=torch.Generator().manual_seed(0))
+    files = {}
+    for name, tensor in {"g": x, "t": x.bfloat16(), "g2": x.clone(), "t2": (x * 1.01).bfloat16()}.items():
+        files[name] = str(tmp_path / f"{name}.pth")
+        torch.save(tensor, files[name])
+    torch.save(x.clone(), str(tmp_path / "g3.pth"))
+    task = PairTask(
+        0,
+        files["g"],
+        files["t"],
+        "bfloat16",
+        -1,
+        -1,
+        twins=((1, files["g2"], files["t2"]), (2, str(tmp_path / "g3.pth"), files["t"])),
+    )
+    first, differs, same = run_batch([task])
+    assert [r["pair_id"] for r in (first, differs, same)] == [0, 1, 2]
+    alone = run_pair(PairTask(1, files["g2"], files["t2"], "bfloat16", -1, -1))
+    assert differs["values"] == alone["values"] != first["values"]
+    assert same["values"] == first["values"] and same["test"] == first["test"]
+    raw = as_raw(x)
+    assert same_bytes(raw, as_raw(x.clone())) and not same_bytes(raw, as_raw(x.reshape(33, 64)))
+    nan = x.clone()
+    nan[0, 0] = float("nan")
+    assert same_bytes(as_raw(nan), as_raw(nan.clone()))  # bit-identical, NaN included
 
 
 def test_worker_never_imports_torch(tiny_dumps: TinyDumps) -> None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 import duckdb
 
-from workbench.catalog.store import first_row
+from workbench.catalog.store import first_row, insert_rows
 from workbench.core.advice import ROUNDING, STANDS_OUT
 
 NAN_INF_SCORE = 1.0e9  # new NaN/Inf in an output: ranked before any finite error
@@ -192,8 +192,7 @@ def write_advice(
         for rank, a in enumerate(items, start=1):
             ev = (evidence or {}).get(tok) if rank == 1 else None
             rows.append((cmp_id, tok, rank, a.golden_node_id, a.test_node_id, a.score, a.reason, ev))
-    if rows:
-        con.executemany("INSERT INTO advice VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    insert_rows(con, "advice", rows)
 
 
 def advise(

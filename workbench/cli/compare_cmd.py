@@ -174,7 +174,7 @@ def _whole(path: Path, follow_symlinks: bool) -> Any:
 def _allreduce_check(side: str, ranks: list[Any], run_ids: list[tuple[int, int]], out: Path) -> list[Any]:
     """All-reduce check of one side's ranks: stored in `allreduce_checks`, failures printed; the results."""
     from workbench.analysis.allreduce import check_allreduce, describe
-    from workbench.catalog.store import open_catalog
+    from workbench.catalog.store import insert_rows, open_catalog
 
     results = check_allreduce([r.open() for r in ranks])
     if not results:
@@ -183,10 +183,11 @@ def _allreduce_check(side: str, ranks: list[Any], run_ids: list[tuple[int, int]]
     catalog = out / CATALOG_NAME
     con = catalog_guard(catalog, lambda: open_catalog(catalog))
     try:
-        con.executemany(
-            "INSERT OR REPLACE INTO allreduce_checks VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        insert_rows(
+            con,
+            "allreduce_checks",
             [
-                [
+                (
                     run_ids[x.rank_index][1],
                     x.token,
                     x.node,
@@ -195,9 +196,10 @@ def _allreduce_check(side: str, ranks: list[Any], run_ids: list[tuple[int, int]]
                     None if x.culprit is None else run_ids[x.culprit][0],
                     x.factor,
                     x.reason,
-                ]
+                )
                 for x in results
             ],
+            replace=True,
         )
     finally:
         con.close()
@@ -230,10 +232,7 @@ def _compare_one(
     show_stale: bool = False,
 ) -> Any:
     """One golden/test pair of dumps (or of ranks: `dumps` reads them, `rank` goes into `runs.rank`)."""
-    from workbench.analysis.token_inputs import token_lines
-    from workbench.catalog.store import open_catalog
-    from workbench.compare.report import format_summary, write_msit_csv
-    from workbench.jobs.compare import run_compare
+    from workbench.jobs.compare import run_compare  # light: the pool starts before pandas and DuckDB load
 
     catalog = out / CATALOG_NAME
     res = catalog_guard(
@@ -252,6 +251,10 @@ def _compare_one(
             cluster=cluster,
         ),
     )
+    from workbench.analysis.token_inputs import token_lines
+    from workbench.catalog.store import open_catalog
+    from workbench.compare.report import format_summary, write_msit_csv
+
     con = catalog_guard(catalog, lambda: open_catalog(catalog))
     try:
         if rank is not None:  # a single-rank side partnering every rank keeps rank NULL

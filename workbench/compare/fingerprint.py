@@ -372,10 +372,13 @@ def stamp_mapping(
 
 def store_check(con: duckdb.DuckDBPyConnection, cmp_id: int, check: MappingCheck | None, source: str | None) -> None:
     """Replace the comparison's rows of `mapping_stale` with this check's."""
+    from workbench.catalog.store import insert_rows
+
     con.execute("DELETE FROM mapping_stale WHERE cmp_id = ?", [cmp_id])
     if check is None or not check.stale:
         return
-    con.executemany(
-        "INSERT INTO mapping_stale VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        [[cmp_id, s.kind, s.golden, s.test, s.golden_tensor, s.test_tensor, s.reason, source] for s in check.stale],
+    insert_rows(
+        con,
+        "mapping_stale",
+        [(cmp_id, s.kind, s.golden, s.test, s.golden_tensor, s.test_tensor, s.reason, source) for s in check.stale],
     )

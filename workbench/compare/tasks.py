@@ -39,6 +39,9 @@ class PairTask:
     golden_stats: dict[str, float | None] | None = None
     test_stats: dict[str, float | None] | None = None
     numel: int | None = None  # golden element count (from the shape) when the golden side has no data
+    # (pair id, golden path, test path) of pairs whose files are likely byte-equal to this pair's (equal content
+    # digests): the worker checks the bytes and reuses this pair's result, or computes the twin when they differ
+    twins: tuple[tuple[int, str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -148,6 +148,9 @@ class TensorEntry:
     layout: str = "ND"  # "ND" or a device layout such as "FRACTAL_NZ"
     stats: TensorStats | None = None  # statistics-only dumps
     error: str | None = None  # why this file cannot be used (reader-level), one line
+    # a digest of dtype, shape and sampled values, where the reader hashed the file (msit's data-flow order):
+    # files with equal digests are likely byte-equal, which a compare worker checks before reusing a result
+    digest: bytes | None = None
 
 
 @dataclass(slots=True)

@@ -371,6 +371,7 @@ def _scan_module(
                     dtype=dt,
                     shape=shape,
                     stats=st[2] if st else None,
+                    digest=key,
                 )
             )
             if hashes is not None and key is not None:
