@@ -117,7 +117,11 @@ def _first_token_tensors(
 
 
 def shape_tuple(shape: object) -> tuple[int, ...] | None:
-    """A catalog shape cell (list, array; None/NaN/NA when the file was unreadable) as a tuple."""
+    """A catalog shape cell (list, array, or its text `[4, 8]` as `load_frames` gives it; None/NaN/NA when the
+    file was unreadable) as a tuple."""
+    if isinstance(shape, str):
+        inner = shape.strip().removeprefix("[").removesuffix("]")
+        return tuple(int(d) for d in inner.split(",")) if inner.strip() else ()
     if isinstance(shape, list | tuple | np.ndarray):
         return tuple(int(d) for d in shape)
     return None

@@ -8,19 +8,21 @@ from __future__ import annotations
 
 import threading
 import time
+from array import array
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Protocol
 
 import duckdb
+import numpy as np
 import pandas as pd
 
+from workbench.catalog import first_row
 from workbench.compare.early import EarlyPairs, PairKey
 from workbench.compare.judge import PairResult, StatsResult, compute_dtype, judge_pair, result_from_wire
 from workbench.compare.matching import RunFrames
-from workbench.compare.pair_store import none_if_na
 from workbench.compare.pool import IN_PROCESS_BYTES, PoolStarter, new_pool
 from workbench.compare.tasks import SUMMARY_FIELDS, PairTask, StatsTask, batches, file_identity, tensor_bytes
 from workbench.compare.thresholds import Thresholds
@@ -59,8 +61,9 @@ class ResultSink:
         self.uncomparable = 0
         self.done_pairs: set[int] = set()
         self.done_stats: set[tuple[int, int]] = set()
-        # pairs that read exactly the files of another pair (hard-linked dumps): computed once, copied
-        self.aliases: dict[int, list[tuple[int, int, int]]] = {}
+        # pairs that read exactly the files of another pair (hard-linked dumps): computed once, copied;
+        # pair id -> its copies as flat (pair id, golden tensor id, test tensor id) triples
+        self.aliases: dict[int, array[int]] = {}
 
     def is_done(self, task: PairTask | StatsTask) -> bool:
         if isinstance(task, PairTask):
@@ -85,8 +88,10 @@ class ResultSink:
                 }
             )
             return
-        for pair_id, g_tid, t_tid in self.aliases.get(res.pair_id, ()):
-            self.add(res.under(pair_id, g_tid, t_tid))
+        copies = self.aliases.get(res.pair_id)
+        if copies is not None:
+            for k in range(0, len(copies), 3):
+                self.add(res.under(copies[k], copies[k + 1], copies[k + 2]))
         self.done_pairs.add(res.pair_id)
         values = res.values
         passed, over = self.judge(res)
@@ -359,25 +364,49 @@ def _take_early(
     return n
 
 
-class _TensorInfo:
-    """tensor_id -> (path, dtype, numel) of one run, read from the frame's columns on demand: no per-tensor
-    tuples (a million-file dump would hold a million of them), and no pandas per-row `.loc` (far slower)."""
+class _PairFacts:
+    """pair_id -> (golden node id, test dtype, io) of the pairs to judge, as columns: no per-pair Python objects
+    (three dicts of a 150k-file dump's pairs were ~15 MB)."""
 
-    def __init__(self, frames: RunFrames) -> None:
-        t = frames.tensors
-        ids = t["tensor_id"].to_numpy()
-        self.path, self.dtype, self.numel = t["path"].to_numpy(), t["dtype"].to_numpy(), t["numel"].to_numpy()
-        dense = len(ids) == 0 or (int(ids[0]) == 0 and int(ids[-1]) == len(ids) - 1)  # ids are sorted and unique
-        self.pos = None if dense else {int(x): i for i, x in enumerate(ids)}
+    def __init__(self, pairs: pd.DataFrame, test: RunFrames) -> None:
+        ids = pairs["pair_id"].to_numpy(dtype=np.int64)
+        order = np.argsort(ids, kind="stable")
+        self.ids = ids[order]
+        self.node = pairs["golden_node_id"].to_numpy(dtype=np.int64)[order]
+        io = pd.Categorical(pairs["io"].astype(str))
+        self.io_codes, self.io_names = io.codes[order], [str(x) for x in io.categories]
+        t = test.tensors
+        dtypes = t["dtype"] if isinstance(t["dtype"].dtype, pd.CategoricalDtype) else t["dtype"].astype("category")
+        self.dtype_names: list[str | None] = [str(x) for x in dtypes.cat.categories]
+        pos = pd.Index(t["tensor_id"]).get_indexer(pairs["test_tensor_id"])
+        codes = dtypes.cat.codes.to_numpy()
+        self.dtype_codes = np.where(pos >= 0, codes[np.maximum(pos, 0)] if len(codes) else -1, -1)  # pairs' order
+        dense = len(ids) == 0 or int(self.ids[-1]) - int(self.ids[0]) == len(ids) - 1  # sorted; unique pair ids
+        self.base = int(self.ids[0]) if len(ids) else 0
+        self.pos = None if dense else {int(x): i for i, x in enumerate(self.ids)}
+        self.order = order
 
-    def __getitem__(self, tensor_id: int) -> tuple[str | None, str | None, Any]:
-        i = tensor_id if self.pos is None else self.pos[tensor_id]
-        return none_if_na(self.path[i]), none_if_na(self.dtype[i]), none_if_na(self.numel[i])
+    def test_dtypes(self) -> Iterator[str | None]:
+        """The test dtype of every pair, in the pairs' order."""
+        names = self.dtype_names
+        return (names[c] if c >= 0 else None for c in self.dtype_codes.tolist())
+
+    def __getitem__(self, pair_id: int) -> tuple[int, str | None, str]:
+        i = pair_id - self.base if self.pos is None else self.pos[pair_id]
+        c = int(self.dtype_codes[self.order[i]])
+        return int(self.node[i]), self.dtype_names[c] if c >= 0 else None, self.io_names[self.io_codes[i]]
 
 
-def _tensor_info(frames: RunFrames) -> _TensorInfo:
-    """tensor_id -> (path, dtype, numel) of one run."""
-    return _TensorInfo(frames)
+# the pending pairs with their files, in token then golden execution order (partial results are the useful ones)
+_PLAN_SQL = """
+SELECT p.pair_id, p.golden_tensor_id, p.test_tensor_id, p.transform, g.path, g.dtype, g.numel, t.path, t.dtype, t.numel
+FROM _todo p
+JOIN tensors g ON g.run_id = $golden AND g.tensor_id = p.golden_tensor_id
+JOIN tensors t ON t.run_id = $test AND t.tensor_id = p.test_tensor_id
+LEFT JOIN nodes n ON n.run_id = $golden AND n.node_id = p.golden_node_id
+ORDER BY p.token_id, n.exec_order NULLS LAST, p.golden_node_id, p.pair_id
+"""
+PLAN_SLICE = 8192  # planned rows fetched at a time
 
 
 def compute_pending(
@@ -402,61 +431,60 @@ def compute_pending(
     """
     done_ids = {int(x) for x in con.execute("SELECT pair_id FROM metrics WHERE cmp_id = ?", [cmp_id]).df()["pair_id"]}
     todo = pairs[~pairs["pair_id"].isin(done_ids)]
-    g_info, t_info = _tensor_info(golden), _tensor_info(test)
-    g_order = dict(zip(golden.nodes["node_id"], golden.nodes["exec_order"]))
-    # feed pairs in token then execution order so partial results are the useful ones
-    order = todo.assign(_eo=todo["golden_node_id"].map(g_order)).sort_values(
-        ["token_id", "_eo", "golden_node_id"], na_position="last"
-    )
     tasks: list[PairTask | StatsTask] = []
     sizes: list[int] = []
     first_of: dict[PairKey, int] = {}
-    aliases: dict[int, list[tuple[int, int, int]]] = {}
+    aliases: dict[int, array[int]] = {}
     claims: dict[PairKey, PairTask] = {}
     g_stats, t_stats = _recorded_stats(con, golden.run_id), _recorded_stats(con, test.run_id)
     if early is not None:
         early.wait_submitted()
-    for pair_id, g_tid, t_tid, transform in zip(
-        order["pair_id"], order["golden_tensor_id"], order["test_tensor_id"], order["transform"]
-    ):
-        pair_id, g_tid, t_tid, transform = int(pair_id), int(g_tid), int(t_tid), none_if_na(transform)
-        g_path, g_dtype, g_numel = g_info[g_tid]
-        t_path, t_dtype, t_numel = t_info[t_tid]
-        g_file, t_file = file_identity(g_path), file_identity(t_path)
-        key: PairKey | None = None
-        if g_file is not None and t_file is not None:
-            key = (g_file, t_file, t_dtype, transform)
-            if key in first_of:
-                aliases.setdefault(first_of[key], []).append((pair_id, g_tid, t_tid))
-                continue
-            first_of[key] = pair_id
-        gs, ts = g_stats.get(g_tid) if g_path is None else None, t_stats.get(t_tid) if t_path is None else None
-        if gs is not None or ts is not None:  # a statistics-only side: compared on statistics
-            numel = int(g_numel) if g_numel is not None and g_numel == g_numel else None
-            task = PairTask(pair_id, g_path, t_path, t_dtype, g_tid, t_tid, transform, gs, ts, numel)
-        else:
-            task = PairTask(pair_id, g_path, t_path, t_dtype, g_tid, t_tid, transform)
-        if early is not None and key is not None and early.has(key):
-            claims[key] = task
-        tasks.append(task)
-        sizes.append(
-            (tensor_bytes(g_numel, g_dtype) if g_path else 0) + (tensor_bytes(t_numel, t_dtype) if t_path else 0)
-        )
+    # paths come from the catalog a slice at a time: one Python string per tensor file is held by no frame
+    con.register(
+        "_todo", todo[["pair_id", "token_id", "golden_tensor_id", "test_tensor_id", "golden_node_id", "transform"]]
+    )
+    try:
+        cur = con.execute(_PLAN_SQL, {"golden": golden.run_id, "test": test.run_id})
+        while rows := cur.fetchmany(PLAN_SLICE):
+            for pair_id, g_tid, t_tid, transform, g_path, g_dtype, g_numel, t_path, t_dtype, t_numel in rows:
+                g_file, t_file = file_identity(g_path), file_identity(t_path)
+                key: PairKey | None = None
+                if g_file is not None and t_file is not None:
+                    key = (g_file, t_file, t_dtype, transform)
+                    if key in first_of:
+                        aliases.setdefault(first_of[key], array("q")).extend((pair_id, g_tid, t_tid))
+                        continue
+                    first_of[key] = pair_id
+                gs = g_stats.get(g_tid) if g_path is None else None
+                ts = t_stats.get(t_tid) if t_path is None else None
+                if gs is not None or ts is not None:  # a statistics-only side: compared on statistics
+                    numel = int(g_numel) if g_numel is not None else None
+                    task = PairTask(pair_id, g_path, t_path, t_dtype, g_tid, t_tid, transform, gs, ts, numel)
+                else:
+                    task = PairTask(pair_id, g_path, t_path, t_dtype, g_tid, t_tid, transform)
+                if early is not None and key is not None and early.has(key):
+                    claims[key] = task
+                tasks.append(task)
+                sizes.append(
+                    (tensor_bytes(g_numel, g_dtype) if g_path else 0)
+                    + (tensor_bytes(t_numel, t_dtype) if t_path else 0)
+                )
+    finally:
+        con.unregister("_todo")
     if stats_for_unpaired:
-        for run, info, used in (
-            (golden.run_id, g_info, set(pairs["golden_tensor_id"])),
-            (test.run_id, t_info, set(pairs["test_tensor_id"])),
-        ):
-            missing = con.execute(
-                "SELECT tensor_id FROM tensors WHERE run_id = ? AND std IS NULL AND path IS NOT NULL AND error IS NULL",
-                [run],
-            ).df()["tensor_id"]
-            for tid in missing:
-                if int(tid) in used:
-                    continue
-                path, dtype, numel = info[int(tid)]
-                tasks.append(StatsTask(run, int(tid), str(path)))
-                sizes.append(tensor_bytes(numel, dtype))
+        con.register("_paired", pairs[["golden_tensor_id", "test_tensor_id"]])
+        try:
+            for run, side in ((golden.run_id, "golden_tensor_id"), (test.run_id, "test_tensor_id")):
+                for tid, path, dtype, numel in con.execute(
+                    "SELECT tensor_id, path, dtype, numel FROM tensors WHERE run_id = ? AND std IS NULL "
+                    f"AND path IS NOT NULL AND error IS NULL AND tensor_id NOT IN (SELECT {side} FROM _paired) "
+                    "ORDER BY tensor_id",
+                    [run],
+                ).fetchall():
+                    tasks.append(StatsTask(run, int(tid), str(path)))
+                    sizes.append(tensor_bytes(numel, dtype))
+        finally:
+            con.unregister("_paired")
 
     node_info = {
         int(n): (str(nm), str(tp) if tp is not None else "", bool(pd.isna(parent)))
@@ -464,23 +492,21 @@ def compute_pending(
             golden.nodes["node_id"], golden.nodes["name"], golden.nodes["type"], golden.nodes["parent_id"]
         )
     }
-    pair_node = dict(zip(pairs["pair_id"].astype(int), pairs["golden_node_id"].astype(int)))
-    pair_dtype = {int(p): t_info[int(tid)][1] for p, tid in zip(pairs["pair_id"], pairs["test_tensor_id"])}
-    pair_io = dict(zip(pairs["pair_id"].astype(int), pairs["io"].astype(str)))
-
-    run_dtype = compute_dtype(t_info[int(tid)][1] for tid in pairs["test_tensor_id"])
+    facts = _PairFacts(pairs, test)
+    run_dtype = compute_dtype(facts.test_dtypes())
 
     def judge(res: PairResult) -> tuple[bool | None, list[str]]:
-        name, op_type, is_root = node_info[pair_node[res.pair_id]]
+        node, test_dtype, io = facts[res.pair_id]
+        name, op_type, is_root = node_info[node]
         return judge_pair(
             thresholds,
             res.values,
             res.golden,
             res.test,
-            pair_dtype[res.pair_id],
+            test_dtype,
             node_name=name,
             node_type=op_type,
-            io=pair_io[res.pair_id],
+            io=io,
             is_model=is_root,
             stat_bound=(res.stat_values or {}).get(STAT_BOUND),
             run_dtype=run_dtype,
@@ -515,7 +541,8 @@ def _recorded_stats(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[int, di
         "AND (max IS NOT NULL OR min IS NOT NULL OR mean IS NOT NULL OR norm IS NOT NULL)",
         [run_id],
     ).fetchall()
-    step = con.execute(f"SELECT TRY_CAST(meta->>'{STAT_STEP_KEY}' AS DOUBLE) FROM runs WHERE run_id = ?", [run_id])
-    found = step.fetchone()
+    found = first_row(
+        con.execute(f"SELECT TRY_CAST(meta->>'{STAT_STEP_KEY}' AS DOUBLE) FROM runs WHERE run_id = ?", [run_id])
+    )
     extra = {"step": float(found[0])} if found and found[0] else {}
     return {int(r[0]): {"max": r[1], "min": r[2], "mean": r[3], "norm": r[4], **extra} for r in rows}

@@ -356,14 +356,19 @@ def pair_tensors(
 
 
 def _shapes(frames: RunFrames, ids: pd.Series) -> list[list[int] | None]:
-    if "shape" not in frames.tensors.columns:
+    t = frames.tensors
+    if "shape" not in t.columns:
         return [None] * len(ids)
-    by_id = dict(zip(frames.tensors["tensor_id"], frames.tensors["shape"]))
-    out: list[list[int] | None] = []
-    for tid in ids:
-        shape = shape_tuple(by_id.get(tid))
-        out.append(None if shape is None else list(shape))
-    return out
+    pos = pd.Index(t["tensor_id"]).get_indexer(ids)
+    col = t["shape"]
+    if isinstance(col.dtype, pd.CategoricalDtype):  # as `load_frames` gives it: each distinct shape parsed once
+        parsed = [shape_tuple(c) for c in col.cat.categories]
+        codes = col.cat.codes.to_numpy()
+        cells: list[tuple[int, ...] | None] = [None if p < 0 or codes[p] < 0 else parsed[codes[p]] for p in pos]
+    else:
+        values = col.to_numpy()
+        cells = [None if p < 0 else shape_tuple(values[p]) for p in pos]
+    return [None if c is None else list(c) for c in cells]
 
 
 def _layout_transforms(pairs: pd.DataFrame, golden: RunFrames, test: RunFrames) -> list[str | None]:
