@@ -355,7 +355,8 @@ def pair_tensors(
     return out.reset_index(drop=True)
 
 
-def _shapes(frames: RunFrames, ids: pd.Series) -> list[list[int] | None]:
+def _shapes(frames: RunFrames, ids: pd.Series) -> list[tuple[int, ...] | None]:
+    """The shape of each tensor of `ids` (one shared tuple per distinct shape)."""
     t = frames.tensors
     if "shape" not in t.columns:
         return [None] * len(ids)
@@ -368,16 +369,20 @@ def _shapes(frames: RunFrames, ids: pd.Series) -> list[list[int] | None]:
     else:
         values = col.to_numpy()
         cells = [None if p < 0 else shape_tuple(values[p]) for p in pos]
-    return [None if c is None else list(c) for c in cells]
+    return cells
 
 
 def _layout_transforms(pairs: pd.DataFrame, golden: RunFrames, test: RunFrames) -> list[str | None]:
     """Each pair's transform, plus the layout rule (`layout:squeeze`, ...) that relates two different shapes."""
     out: list[str | None] = []
     g_shapes, t_shapes = _shapes(golden, pairs["golden_tensor_id"]), _shapes(test, pairs["test_tensor_id"])
+    known: dict[tuple[object, tuple[int, ...] | None, tuple[int, ...] | None], str | None] = {}
     for tr, gs, ts in zip(pairs["transform"], g_shapes, t_shapes):
         tr = None if tr is None or (isinstance(tr, float) and pd.isna(tr)) else str(tr)
-        g_eff, t_eff = shape_after(gs, tr, "g"), shape_after(ts, tr, "t")
-        rule = layout_rule(g_eff, t_eff) if g_eff is not None and t_eff is not None else None
-        out.append(with_layout(tr, rule) if rule else tr)
+        key = (tr, gs, ts)
+        if key not in known:  # a dump has few distinct shapes: each combination is worked out once
+            g_eff, t_eff = shape_after(gs, tr, "g"), shape_after(ts, tr, "t")
+            rule = layout_rule(g_eff, t_eff) if g_eff is not None and t_eff is not None else None
+            known[key] = with_layout(tr, rule) if rule else tr
+        out.append(known[key])
     return out

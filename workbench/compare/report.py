@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import datetime as _dt
 from pathlib import Path
+from typing import TextIO
 
 import duckdb
+import numpy as np
+import pandas as pd
 
 from workbench.catalog.schema import MSIT_CSV_COLUMNS
 from workbench.compare.summary import CompareResult
@@ -13,31 +16,65 @@ from workbench.compare.summary import CompareResult
 _CSV_INJECTION = ("=", "+", "-", "@", "\t", "\r")
 
 
+CSV_SLICE = 16384  # report rows fetched and written at a time
+
+
 def write_msit_csv(
     con: duckdb.DuckDBPyConnection, cmp_id: int, out_dir: Path, tokens: set[int] | None = None, suffix: str = ""
 ) -> Path:
     """msit's report columns by msit's names, rows in token then execution order; returns the file
-    (`suffix`, e.g. `_rank1`, keeps the reports of several ranks apart)."""
+    (`suffix`, e.g. `_rank1`, keeps the reports of several ranks apart).
+
+    The row order is read first (pair ids only), then the rows a slice of tokens at a time: sorting the
+    full-width rows at once held every path and name of the comparison in DuckDB (~2 KB per pair)."""
     stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%d%H%M%S")
     path = out_dir / f"msit_cmp_report{suffix}_{stamp}.csv"
-    cols = ", ".join(MSIT_CSV_COLUMNS)
     tok = "" if tokens is None else f" AND golden_token_id IN ({','.join(str(int(t)) for t in sorted(tokens))})"
-    result = con.execute(f"SELECT {cols}, passed FROM comparison WHERE cmp_id = ?{tok} ORDER BY data_id", [cmp_id])
+    order = con.execute(
+        f"SELECT pair_id, golden_token_id FROM comparison WHERE cmp_id = ?{tok} ORDER BY data_id", [cmp_id]
+    ).fetchnumpy()
+    pair_ids, row_tokens = np.asarray(order["pair_id"]), np.asarray(order["golden_token_id"])
+    cols = ", ".join("s.pos AS data_id" if c == "data_id" else f"c.{c}" for c in MSIT_CSV_COLUMNS)
     done = 0
     with open(path, "w", encoding="utf-8", newline="") as fh:
-        while True:  # in slices of 16k rows: a million-pair report never sits in memory at once
-            df = result.fetch_df_chunk(8)
-            if done and df.empty:
-                break
-            df["data_id"] = range(done, done + len(df))
-            # text cells a spreadsheet would evaluate as formulas get a leading quote (paths never start so)
-            for col in ("golden_op_type", "my_op_type", "cmp_fail_reason"):
-                df[col] = df[col].map(lambda v: f"'{v}" if isinstance(v, str) and v.startswith(_CSV_INJECTION) else v)
-            df.to_csv(fh, index=False, header=done == 0, na_rep="", float_format="%.10g")
-            done += len(df)
-            if df.empty:
-                break
+        for lo, hi in _token_slices(row_tokens):
+            con.register("_csv_slice", pd.DataFrame({"pair_id": pair_ids[lo:hi], "pos": np.arange(lo, hi)}))
+            try:
+                result = con.execute(
+                    f"SELECT {cols}, c.passed FROM comparison c JOIN _csv_slice s ON s.pair_id = c.pair_id "
+                    "WHERE c.cmp_id = ? AND c.golden_token_id BETWEEN ? AND ? ORDER BY s.pos",
+                    [cmp_id, int(row_tokens[lo]), int(row_tokens[hi - 1])],
+                )
+                while len(df := result.fetch_df_chunk(2)):  # 4096 rows: a DataFrame of Python strings each
+                    _write_rows(fh, df, done)
+                    done += len(df)
+            finally:
+                con.unregister("_csv_slice")
+        if not done:  # the header alone
+            empty = con.execute(f"SELECT {', '.join(MSIT_CSV_COLUMNS)}, passed FROM comparison LIMIT 0").df()
+            _write_rows(fh, empty, 0)
     return path
+
+
+def _token_slices(row_tokens: np.ndarray) -> list[tuple[int, int]]:
+    """[lo, hi) row ranges of about `CSV_SLICE` rows that end where a token ends (rows are token-major)."""
+    bounds = np.flatnonzero(np.diff(row_tokens)) + 1  # where a new token starts
+    out: list[tuple[int, int]] = []
+    lo = 0
+    for b in [*bounds.tolist(), len(row_tokens)]:
+        if b - lo >= CSV_SLICE or b == len(row_tokens):
+            if b > lo:
+                out.append((lo, b))
+            lo = b
+    return out
+
+
+def _write_rows(fh: TextIO, df: pd.DataFrame, done: int) -> None:
+    df["data_id"] = range(done, done + len(df))
+    # text cells a spreadsheet would evaluate as formulas get a leading quote (paths never start so)
+    for col in ("golden_op_type", "my_op_type", "cmp_fail_reason"):
+        df[col] = df[col].map(lambda v: f"'{v}" if isinstance(v, str) and v.startswith(_CSV_INJECTION) else v)
+    df.to_csv(fh, index=False, header=done == 0, na_rep="", float_format="%.10g")
 
 
 def format_summary(
