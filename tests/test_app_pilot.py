@@ -7,6 +7,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, OptionList, Static, TextArea
 
 from tests.conftest_app import DEFECT, DEFECT_ID, REPO, SIZE
@@ -15,6 +16,7 @@ from workbench.app.app import WorkbenchApp, WorkbenchCommands
 from workbench.app.heatmap import HeatmapView
 from workbench.app.launch import make_app
 from workbench.app.main_screen import MainScreen
+from workbench.app.mapping_screen import MappingScreen
 from workbench.app.screens import HelpScreen, MessageScreen
 from workbench.app.trees import TopologyTree
 from workbench.catalog.schema import SCHEMA_VERSION
@@ -170,19 +172,26 @@ async def test_colour_toggle_and_metric_cycle(small_catalog: Path) -> None:
         assert "rel euclid ≤ 0.05 passes" in str(screen.query_one("#legend", Static).render())
 
 
+async def _open_mapping_editor(pilot: Pilot[None], app: WorkbenchApp) -> MappingScreen:
+    """Press `e` and wait for the editor's lists (the small catalog has three unmatched ops a side)."""
+    await ready(pilot, app)
+    await pilot.press("e")
+    await wait_for(
+        pilot,
+        lambda: (
+            bool(app.screen.query("#golden-list"))
+            and app.screen.query_one("#golden-list", OptionList).option_count == 3
+        ),
+    )
+    assert isinstance(app.screen, MappingScreen)
+    return app.screen
+
+
 async def test_mapping_editor_pairs_unpairs_and_saves(small_catalog: Path, tmp_path: Path) -> None:
     target = tmp_path / "my_mapping.json"
     app = make_app(catalog=small_catalog, mapping=target)
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot, app)
-        await pilot.press("e")
-        await wait_for(
-            pilot,
-            lambda: (
-                app.screen.query("#golden-list") and app.screen.query_one("#golden-list", OptionList).option_count == 3
-            ),
-        )
-        mapping = app.screen
+        mapping = await _open_mapping_editor(pilot, app)
         tlist = mapping.query_one("#test-list", OptionList)
         assert tlist.option_count == 3
         # filter the lists, then pair layer 2's act_fn with act
@@ -237,15 +246,7 @@ async def test_mapping_editor_pairs_every_layer_with_one_rule(small_catalog: Pat
     target = tmp_path / "rules.json"
     app = make_app(catalog=small_catalog, mapping=target)
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot, app)
-        await pilot.press("e")
-        await wait_for(
-            pilot,
-            lambda: (
-                app.screen.query("#golden-list") and app.screen.query_one("#golden-list", OptionList).option_count == 3
-            ),
-        )
-        mapping = app.screen
+        mapping = await _open_mapping_editor(pilot, app)
         mapping.query_one("#golden-filter", Input).value = "layers.2"
         mapping.query_one("#test-filter", Input).value = "layers.2"
         await pilot.pause()

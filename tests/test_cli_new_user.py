@@ -13,6 +13,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+import typer
 
 from tests.conftest import run_python, run_wb
 from tests.conftest_app import DEFECT
@@ -151,20 +152,12 @@ def test_ctrl_c_while_the_command_line_loads_is_one_line() -> None:
 def test_an_interrupt_typer_swallows_still_says_so() -> None:
     """typer turns an interrupt during its parsing into a silent exit 130; `main` finds it behind the exit and says
     `wb: interrupted` (or `terminated` for SIGTERM, exit 143) instead of ending without a word."""
-    import typer
-
     from workbench.cli import _interrupt_typer_swallowed, _say_interrupted
     from workbench.cli.common import Terminated
 
     for raised, want in ((KeyboardInterrupt(), 130), (Terminated(), 143)):
-        demo = typer.Typer()
-
-        @demo.command()
-        def parse(value: int = 0) -> None:
-            raise raised
-
         with pytest.raises(SystemExit) as ended:
-            demo(["--value", "3"])
+            _raising_app(raised)(["--value", "3"])
         assert ended.value.code == 130
         interrupt = _interrupt_typer_swallowed(ended.value)
         assert interrupt is raised and _say_interrupted(interrupt) == want
@@ -177,3 +170,14 @@ def test_an_interrupt_typer_swallows_still_says_so() -> None:
     with pytest.raises(SystemExit) as usage:
         plain(["--value", "x"])  # a usage error: exit 2, no interrupt behind it
     assert usage.value.code == 2 and _interrupt_typer_swallowed(usage.value) is None
+
+
+def _raising_app(exc: BaseException) -> typer.Typer:
+    """A one-command typer app whose command raises `exc` (as a signal handler would, mid-parse)."""
+    demo = typer.Typer()
+
+    @demo.command()
+    def parse(value: int = 0) -> None:
+        raise exc
+
+    return demo

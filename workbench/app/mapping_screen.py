@@ -224,16 +224,10 @@ class MappingScreen(WorkbenchScreen[None]):
         if plist.has_focus and chosen is not None and chosen.startswith("s"):
             self._keep_stale(self.stale[int(chosen[1:])])
             return
-        g, t = self._highlighted("golden"), self._highlighted("test")
-        if g is None or t is None:
-            self._status("highlight one golden op and one test op first")
+        chosen_pair = self._chosen_pair()
+        if chosen_pair is None:
             return
-        try:
-            gsel = TensorSel.parse(self.query_one("#golden-sel", Input).value)
-            tsel = TensorSel.parse(self.query_one("#test-sel", Input).value)
-        except ValueError as exc:
-            self._status(str(exc))
-            return
+        g, t, gsel, tsel = chosen_pair
         spec = PairSpec(g, t, gsel, tsel)
         replaced = [s for s in self.stale if s.golden == g or s.test == t]
         for s in replaced:  # re-pairing an op of a stale pair replaces that pair
@@ -247,18 +241,27 @@ class MappingScreen(WorkbenchScreen[None]):
         self._status(f"pairing {g} ⇄ {t} ({gsel} / {tsel}); computing metrics ...{note}")
         self.post_message(EditRequested([spec], []))
 
-    def action_pair_rule(self) -> None:
-        """Pair the highlighted ops, and their counterparts in every other layer, through one layer rule."""
+    def _chosen_pair(self) -> tuple[str, str, TensorSel, TensorSel] | None:
+        """The highlighted golden and test ops with the tensors chosen for each; None (said in the status) when
+        an op is not highlighted or a tensor choice does not parse."""
         g, t = self._highlighted("golden"), self._highlighted("test")
         if g is None or t is None:
             self._status("highlight one golden op and one test op first")
-            return
+            return None
         try:
             gsel = TensorSel.parse(self.query_one("#golden-sel", Input).value)
             tsel = TensorSel.parse(self.query_one("#test-sel", Input).value)
         except ValueError as exc:
             self._status(str(exc))
+            return None
+        return g, t, gsel, tsel
+
+    def action_pair_rule(self) -> None:
+        """Pair the highlighted ops, and their counterparts in every other layer, through one layer rule."""
+        chosen_pair = self._chosen_pair()
+        if chosen_pair is None:
             return
+        g, t, gsel, tsel = chosen_pair
         g_nodes, t_nodes = [(u.name, u.layer) for u in self.golden], [(u.name, u.layer) for u in self.test]
         rule = rule_across_layers(g, t, g_nodes, t_nodes, gsel, tsel)
         if rule is None:
