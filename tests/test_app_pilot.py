@@ -7,6 +7,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, OptionList, Static, TextArea
 
 from tests.conftest_app import DEFECT, DEFECT_ID, REPO, SIZE
@@ -15,6 +16,7 @@ from workbench.app.app import WorkbenchApp, WorkbenchCommands
 from workbench.app.heatmap import HeatmapView
 from workbench.app.launch import make_app
 from workbench.app.main_screen import MainScreen
+from workbench.app.mapping_screen import MappingScreen
 from workbench.app.screens import HelpScreen, MessageScreen
 from workbench.app.trees import TopologyTree
 from workbench.catalog.schema import SCHEMA_VERSION
@@ -170,19 +172,26 @@ async def test_colour_toggle_and_metric_cycle(small_catalog: Path) -> None:
         assert "rel euclid ≤ 0.05 passes" in str(screen.query_one("#legend", Static).render())
 
 
+async def _open_mapping_editor(pilot: Pilot[None], app: WorkbenchApp) -> MappingScreen:
+    """Press `e` and wait for the editor's lists (the small catalog has three unmatched ops a side)."""
+    await ready(pilot, app)
+    await pilot.press("e")
+    await wait_for(
+        pilot,
+        lambda: (
+            bool(app.screen.query("#golden-list"))
+            and app.screen.query_one("#golden-list", OptionList).option_count == 3
+        ),
+    )
+    assert isinstance(app.screen, MappingScreen)
+    return app.screen
+
+
 async def test_mapping_editor_pairs_unpairs_and_saves(small_catalog: Path, tmp_path: Path) -> None:
     target = tmp_path / "my_mapping.json"
     app = make_app(catalog=small_catalog, mapping=target)
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot, app)
-        await pilot.press("e")
-        await wait_for(
-            pilot,
-            lambda: (
-                app.screen.query("#golden-list") and app.screen.query_one("#golden-list", OptionList).option_count == 3
-            ),
-        )
-        mapping = app.screen
+        mapping = await _open_mapping_editor(pilot, app)
         tlist = mapping.query_one("#test-list", OptionList)
         assert tlist.option_count == 3
         # filter the lists, then pair layer 2's act_fn with act
@@ -229,6 +238,40 @@ async def test_mapping_editor_pairs_unpairs_and_saves(small_catalog: Path, tmp_p
         assert isinstance(app.screen, MainScreen)
     saved = MappingFile.load(target)
     assert ("root.model.layers.0.q_proj", "root.model.layers.0.q_proj") in saved.unpaired
+
+
+async def test_mapping_editor_pairs_every_layer_with_one_rule(small_catalog: Path, tmp_path: Path) -> None:
+    """`l` on one layer's unmatched ops pairs them in every layer through a layer rule: metrics for all three pairs,
+    the rule (not three pairs) in the saved file; `x` on the rule unpairs them all again."""
+    target = tmp_path / "rules.json"
+    app = make_app(catalog=small_catalog, mapping=target)
+    async with app.run_test(size=SIZE) as pilot:
+        mapping = await _open_mapping_editor(pilot, app)
+        mapping.query_one("#golden-filter", Input).value = "layers.2"
+        mapping.query_one("#test-filter", Input).value = "layers.2"
+        await pilot.pause()
+        mapping.query_one("#golden-list", OptionList).focus()
+        await pilot.press("l")
+        assert [(r.golden, r.test) for r in mapping.mapping.rules] == [
+            ("root.model.layers.*.act_fn", "root.model.layers.*.act")
+        ]
+        assert mapping.mapping.pairs == []
+        await wait_for(pilot, lambda: sum(p.golden.endswith(".act_fn") for p in mapping.pairs) == 3, timeout=60)
+        assert mapping.golden == [] and mapping.test == []
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        saved = MappingFile.load(target)
+        assert [(r.golden, r.test) for r in saved.rules] == [("root.model.layers.*.act_fn", "root.model.layers.*.act")]
+        assert saved.pairs == []
+        plist = mapping.query_one("#pairs-list", OptionList)
+        mapping.query_one("#pairs-filter", Input).value = "rule"
+        await pilot.pause()
+        assert plist.option_count == 1 and plist.get_option_at_index(0).id == "r0"
+        plist.focus()
+        await pilot.press("x")
+        assert mapping.mapping.rules == [] and mapping.mapping.unpaired == []
+        await wait_for(pilot, lambda: len(mapping.golden) == 3, timeout=60)
+        assert not any(p.golden.endswith(".act_fn") for p in mapping.pairs)
 
 
 async def test_sql_console_results_errors_saved_queries_history(small_catalog: Path) -> None:

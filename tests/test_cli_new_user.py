@@ -12,8 +12,10 @@ import time
 from pathlib import Path
 
 import duckdb
+import pytest
+import typer
 
-from tests.conftest import run_wb
+from tests.conftest import run_python, run_wb
 from tests.conftest_app import DEFECT
 
 
@@ -125,3 +127,57 @@ def test_first_divergent_token_says_nothing_when_every_token_passes(small_catalo
     con.close()
     res = run_wb("query", "first_divergent_token", "-c", str(small_catalog))
     assert res.returncode == 0 and res.stdout.strip() == "(no rows)"  # never a passing token
+
+
+def test_ctrl_c_while_the_command_line_loads_is_one_line() -> None:
+    """A Ctrl-C that lands while Python imports typer and the commands (the first ~0.2 s of every `wb`) ends
+    like any other: `wb: interrupted`, exit 130, no traceback. The signal is real, sent when typer is imported."""
+    code = (
+        "import os, signal, sys\n"
+        "class Interrupt:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'typer':\n"
+        "            sys.meta_path.remove(self)\n"
+        "            os.kill(os.getpid(), signal.SIGINT)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
+        "sys.argv = ['wb', '--help']\n"
+        "from workbench.launch import main\n"
+        "main()\n"
+    )
+    out = run_python(code)
+    assert (out.returncode, out.stderr, out.stdout) == (130, "wb: interrupted\n", "")
+
+
+def test_an_interrupt_typer_swallows_still_says_so() -> None:
+    """typer turns an interrupt during its parsing into a silent exit 130; `main` finds it behind the exit and says
+    `wb: interrupted` (or `terminated` for SIGTERM, exit 143) instead of ending without a word."""
+    from workbench.cli import _interrupt_typer_swallowed, _say_interrupted
+    from workbench.cli.common import Terminated
+
+    for raised, want in ((KeyboardInterrupt(), 130), (Terminated(), 143)):
+        with pytest.raises(SystemExit) as ended:
+            _raising_app(raised)(["--value", "3"])
+        assert ended.value.code == 130
+        interrupt = _interrupt_typer_swallowed(ended.value)
+        assert interrupt is raised and _say_interrupted(interrupt) == want
+    plain = typer.Typer()
+
+    @plain.command()
+    def wrong(value: int = 0) -> None:
+        pass
+
+    with pytest.raises(SystemExit) as usage:
+        plain(["--value", "x"])  # a usage error: exit 2, no interrupt behind it
+    assert usage.value.code == 2 and _interrupt_typer_swallowed(usage.value) is None
+
+
+def _raising_app(exc: BaseException) -> typer.Typer:
+    """A one-command typer app whose command raises `exc` (as a signal handler would, mid-parse)."""
+    demo = typer.Typer()
+
+    @demo.command()
+    def parse(value: int = 0) -> None:
+        raise exc
+
+    return demo

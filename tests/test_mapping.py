@@ -8,7 +8,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from workbench.compare.mapping import MappingError, MappingFile, PairSpec, RuleSpec, TensorSel
+from workbench.compare.mapping import (
+    MappingError,
+    MappingFile,
+    PairSpec,
+    RuleSpec,
+    TensorSel,
+    expand_rule,
+    rule_across_layers,
+)
 from workbench.compare.matching import RunFrames, match_nodes, pair_tensors
 
 
@@ -149,3 +157,35 @@ def test_identical_names_only_between_same_kinds() -> None:
     matches = match_nodes(g, t, None)
     assert [(m.golden_node_id, m.test_node_id, m.method) for m in matches] == [(0, 0, "name")]
     assert match_nodes(g, _frames(3, "atb", nodes), None) == []
+
+
+def test_rule_across_layers_wildcards_the_layer_number() -> None:
+    """The editor's `l`: the number that reaches the same op in other layers becomes `*`, on torch and ATB names;
+    the rule pairs each layer's op with the one test op of that layer."""
+    torch_nodes = [(f"root.model.layers.{i}.mlp.experts.{e}.act_fn", i) for i in range(3) for e in range(2)]
+    atb_nodes = [(f"{i + 2}_Prefill_layer/{k}_ActivationOperation", i) for i in range(3) for k in (4, 9)]
+    rule = rule_across_layers(
+        "root.model.layers.1.mlp.experts.0.act_fn",
+        "3_Prefill_layer/9_ActivationOperation",
+        torch_nodes,
+        atb_nodes,
+        TensorSel("out", 0),
+        TensorSel("out", 0),
+    )
+    assert rule == RuleSpec(
+        "root.model.layers.*.mlp.experts.0.act_fn",
+        "*_Prefill_layer/9_ActivationOperation",
+        TensorSel("out", 0),
+        TensorSel("out", 0),
+    )
+    assert expand_rule(rule, torch_nodes, atb_nodes) == [
+        (f"root.model.layers.{i}.mlp.experts.0.act_fn", f"{i + 2}_Prefill_layer/9_ActivationOperation")
+        for i in range(3)
+    ]
+    # a taken golden node is skipped; a layer with two candidates pairs nothing
+    twice = [*atb_nodes, ("12_Prefill_layer/9_ActivationOperation", 2)]
+    assert [g for g, _ in expand_rule(rule, torch_nodes, twice, taken={torch_nodes[0][0]})] == [
+        "root.model.layers.1.mlp.experts.0.act_fn"
+    ]
+    # one layer only: no number reaches another layer, no rule
+    assert rule_across_layers("root.lm_head", "5_LmHead", [("root.lm_head", None)], [("5_LmHead", None)]) is None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -137,9 +138,18 @@ class Explorer:
             cur.close()
 
     def close(self) -> None:
-        """Close the connection (the app does this before a write, then opens a new Explorer)."""
+        """Close the connection (the app does this before a write, then opens a new Explorer). A worker thread's
+        query still running on a cursor makes DuckDB refuse: wait for it (they take milliseconds), up to 10 s."""
         with self._lock:
-            self._con.close()
+            deadline = time.monotonic() + 10.0
+            while True:
+                try:
+                    self._con.close()
+                    return
+                except duckdb.ResourceInUseException:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.02)
 
     # ------------------------------------------------------------------ comparison
     def _load_info(self, cmp_id: int | None) -> ComparisonInfo:

@@ -73,7 +73,10 @@ ACTIONS: tuple[ActionSpec, ...] = (
         footer="Select / drill",
     ),
     ActionSpec("pair_selected", "p", "p", "Pair the highlighted golden and test ops", "mapping", footer="Pair"),
-    ActionSpec("unpair_selected", "x", "x", "Unpair the highlighted pair", "mapping", footer="Unpair"),
+    ActionSpec(
+        "pair_rule", "l", "l", "Pair the highlighted ops in every layer (a layer rule)", "mapping", footer="All layers"
+    ),
+    ActionSpec("unpair_selected", "x", "x", "Unpair the highlighted pair (or rule)", "mapping", footer="Unpair"),
     ActionSpec("save_mapping", "ctrl+s", "^s", "Save the mapping file", "mapping", footer="Save"),
     ActionSpec("close", "escape", "esc", "Back", "mapping"),
     ActionSpec("run_sql", "ctrl+r,ctrl+j", "^r", "Run the SQL", "sql"),

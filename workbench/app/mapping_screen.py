@@ -1,4 +1,5 @@
-"""The mapping editor: pair unmatched golden/test ops (with tensor selectors), unpair wrong pairs, save.
+"""The mapping editor: pair unmatched golden/test ops (with tensor selectors) one by one or in every layer at
+once (a layer rule, `l`), unpair wrong pairs, save.
 
 Pairs of the loaded file that no longer fit these dumps (its fingerprint, `compare.fingerprint`) are listed
 as stale with the reason: `x` drops one, `p` on it keeps it as the dumps are now, and pairing its golden or
@@ -25,7 +26,16 @@ from workbench.app.footer import KeysFooter
 from workbench.app.screens import EditRequested, Session, WorkbenchScreen
 from workbench.app.themes import DOMAIN_DEFAULTS
 from workbench.compare.fingerprint import StaleEntry
-from workbench.compare.mapping import WB_MAPPING_NAME, MappingError, MappingFile, PairSpec, TensorSel
+from workbench.compare.mapping import (
+    WB_MAPPING_NAME,
+    MappingError,
+    MappingFile,
+    PairSpec,
+    RuleSpec,
+    TensorSel,
+    expand_rule,
+    rule_across_layers,
+)
 
 
 @dataclass
@@ -155,6 +165,11 @@ class MappingScreen(WorkbenchScreen[None]):
                         ("STALE ", stale_style), f"{s.golden}  ⇄  {s.test}  ", (f"({s.reason})", Style(dim=True))
                     )
                     options.append(Option(marked, id=f"s{i}"))
+            rule_style = Style(color=self._var("accent"), bold=True)
+            for i, r in enumerate(self.mapping.rules):
+                plain = f"RULE {r.golden}  ⇄  {r.test}"
+                if text in plain.lower():
+                    options.append(Option(Text.assemble(("RULE ", rule_style), f"{r.golden}  ⇄  {r.test}"), id=f"r{i}"))
             for i, p in enumerate(self.pairs):
                 label = f"{p.golden}  ⇄  {p.test}  ({p.method})"
                 if text in label.lower():
@@ -196,9 +211,10 @@ class MappingScreen(WorkbenchScreen[None]):
         )
         unchecked = "" if self.fingerprinted else "; no fingerprint: pairs not checked (saving adds one)"
         self.query_one("#map-status", Static).update(
-            f"{len(self.golden)} golden and {len(self.test)} test ops unmatched, {len(self.pairs)} pairs{stale} · "
+            f"{len(self.golden)} golden and {len(self.test)} test ops unmatched, {len(self.pairs)} pairs"
+            f"{f', {len(self.mapping.rules)} layer rules' if self.mapping.rules else ''}{stale} · "
             f"mapping file: {self.target} ({state}){unchecked}\n"
-            f"{text or 'type to filter, Enter (or Tab) to its list; there p pairs the highlighted ops, x unpairs'}"
+            f"{text or 'type to filter, Enter (or Tab) to its list; p pairs the highlighted ops, l in every layer'}"
         )
 
     # ------------------------------------------------------------------ actions
@@ -208,16 +224,10 @@ class MappingScreen(WorkbenchScreen[None]):
         if plist.has_focus and chosen is not None and chosen.startswith("s"):
             self._keep_stale(self.stale[int(chosen[1:])])
             return
-        g, t = self._highlighted("golden"), self._highlighted("test")
-        if g is None or t is None:
-            self._status("highlight one golden op and one test op first")
+        chosen_pair = self._chosen_pair()
+        if chosen_pair is None:
             return
-        try:
-            gsel = TensorSel.parse(self.query_one("#golden-sel", Input).value)
-            tsel = TensorSel.parse(self.query_one("#test-sel", Input).value)
-        except ValueError as exc:
-            self._status(str(exc))
-            return
+        g, t, gsel, tsel = chosen_pair
         spec = PairSpec(g, t, gsel, tsel)
         replaced = [s for s in self.stale if s.golden == g or s.test == t]
         for s in replaced:  # re-pairing an op of a stale pair replaces that pair
@@ -230,6 +240,43 @@ class MappingScreen(WorkbenchScreen[None]):
             note += f"  (replaces {len(replaced)} stale pair{'s' if len(replaced) > 1 else ''})"
         self._status(f"pairing {g} ⇄ {t} ({gsel} / {tsel}); computing metrics ...{note}")
         self.post_message(EditRequested([spec], []))
+
+    def _chosen_pair(self) -> tuple[str, str, TensorSel, TensorSel] | None:
+        """The highlighted golden and test ops with the tensors chosen for each; None (said in the status) when
+        an op is not highlighted or a tensor choice does not parse."""
+        g, t = self._highlighted("golden"), self._highlighted("test")
+        if g is None or t is None:
+            self._status("highlight one golden op and one test op first")
+            return None
+        try:
+            gsel = TensorSel.parse(self.query_one("#golden-sel", Input).value)
+            tsel = TensorSel.parse(self.query_one("#test-sel", Input).value)
+        except ValueError as exc:
+            self._status(str(exc))
+            return None
+        return g, t, gsel, tsel
+
+    def action_pair_rule(self) -> None:
+        """Pair the highlighted ops, and their counterparts in every other layer, through one layer rule."""
+        chosen_pair = self._chosen_pair()
+        if chosen_pair is None:
+            return
+        g, t, gsel, tsel = chosen_pair
+        g_nodes, t_nodes = [(u.name, u.layer) for u in self.golden], [(u.name, u.layer) for u in self.test]
+        rule = rule_across_layers(g, t, g_nodes, t_nodes, gsel, tsel)
+        if rule is None:
+            self._status(f"no number in {g} or {t} reaches the same op in another layer: pair them alone with p")
+            return
+        found = expand_rule(rule, g_nodes, t_nodes)
+        if (g, t) not in found:
+            self._status(f"{g} and {t} are in different layers (or {rule.test} is ambiguous): pair them with p")
+            return
+        self.mapping.add_rule(rule)
+        self.dirty = True
+        self._status(
+            f"rule {rule.golden} ⇄ {rule.test}: {len(found)} pairs in {len(found)} layers; computing metrics ..."
+        )
+        self.post_message(EditRequested([PairSpec(a, b, gsel, tsel) for a, b in found], []))
 
     def _size_note(self, golden: str, test: str) -> str:
         """A warning when the first outputs of the two ops differ in size."""
@@ -262,6 +309,9 @@ class MappingScreen(WorkbenchScreen[None]):
         if idx is None:
             self._status("highlight a pair first")
             return
+        if idx.startswith("r"):
+            self._drop_rule(self.mapping.rules[int(idx[1:])])
+            return
         if idx.startswith("s"):
             stale = self.stale.pop(int(idx[1:]))
             self.mapping.drop_pair(stale.golden, stale.test)
@@ -274,6 +324,17 @@ class MappingScreen(WorkbenchScreen[None]):
         self.dirty = True
         self._status(f"unpairing {pair.golden} ⇄ {pair.test} ...")
         self.post_message(EditRequested([], [(pair.golden, pair.test)]))
+
+    def _drop_rule(self, rule: RuleSpec) -> None:
+        """Forget a layer rule and unpair the pairs it made (they were unmatched before it: nothing is rejected)."""
+        self.mapping.drop_rule(rule)
+        gre, tre = rule.golden_regex(), rule.test_regex()
+        made = [(p.golden, p.test) for p in self.pairs if gre.match(p.golden) and tre.match(p.test)]
+        self.dirty = True
+        self._fill("pairs")
+        self._status(f"dropped the rule {rule.golden} ⇄ {rule.test}; unpairing {len(made)} pairs ...")
+        if made:
+            self.post_message(EditRequested([], made))
 
     def action_save_mapping(self) -> None:
         """Save, with the fingerprint of the current dumps (stale pairs left in keep their old one)."""

@@ -25,7 +25,15 @@ from workbench.cli import (  # noqa: F401  (registration)
     precheck_cmd,
     redump_cmd,
 )
-from workbench.cli.common import EXIT_CRASH, REPORT_AT, app, on_sigterm
+from workbench.cli.common import (
+    EXIT_CRASH,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    REPORT_AT,
+    Terminated,
+    app,
+    on_sigterm,
+)
 
 
 def main() -> None:
@@ -45,6 +53,11 @@ def main() -> None:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if isinstance(exc.code, str):
             sys.stderr.write(exc.code + "\n")
+        interrupt = _interrupt_typer_swallowed(exc)
+        if interrupt is not None:
+            code = _say_interrupted(interrupt)
+    except KeyboardInterrupt as exc:  # before a command started: nothing to keep
+        code = _say_interrupted(exc)
     except Exception as exc:  # a bug: one line, the traceback only on request
         from workbench.core.text import printable
 
@@ -62,3 +75,17 @@ def main() -> None:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(code)
+
+
+def _interrupt_typer_swallowed(exc: SystemExit) -> KeyboardInterrupt | None:
+    """The interrupt typer turned into a silent exit 130 (one that came while it parsed the command line, before
+    `guarded` could say anything); None for every other exit."""
+    inner = exc.__context__
+    cause = inner.__cause__ if inner is not None else None
+    return cause if isinstance(cause, KeyboardInterrupt) else None
+
+
+def _say_interrupted(exc: KeyboardInterrupt) -> int:
+    terminated = isinstance(exc, Terminated)
+    sys.stderr.write(f"wb: {'terminated' if terminated else 'interrupted'}\n")
+    return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED

@@ -11,6 +11,15 @@ from typing import Annotated, Any, TypeVar
 import typer
 from typer.core import TyperArgument, TyperOption
 
+from workbench.core.exits import (  # noqa: F401  (the commands import them from here)
+    EXIT_CRASH,
+    EXIT_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_NOTHING,
+    EXIT_OK,
+    EXIT_TERMINATED,
+)
+
 app = typer.Typer(
     name="wb",
     help="wb: find where an LLM's inference goes numerically wrong (golden vs test dumps).",
@@ -60,13 +69,6 @@ def _main(
 T = TypeVar("T")
 
 
-# exit codes (docs/security.md lists them)
-EXIT_OK = 0
-EXIT_NOTHING = 1  # ran, but nothing could be compared / precheck found ops that disagree
-EXIT_INPUT = 2  # bad input, bad option, unusable file or catalog: one line names it
-EXIT_CRASH = 3  # a bug in wb: one line (the traceback with --debug), please report it
-EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT)
-EXIT_TERMINATED = 143  # SIGTERM
 REPORT_AT = "how and where: docs/security.md, Reporting a crash"
 
 

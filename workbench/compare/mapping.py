@@ -31,6 +31,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections import defaultdict
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,6 +121,58 @@ class RuleSpec:
             out["golden_tensor"] = str(self.golden_tensor)
             out["test_tensor"] = str(self.test_tensor)
         return out
+
+
+_NUMBER = re.compile(r"\d+")
+
+
+def rule_across_layers(
+    golden: str,
+    test: str,
+    golden_nodes: Iterable[tuple[str, int | None]],
+    test_nodes: Iterable[tuple[str, int | None]],
+    golden_tensor: TensorSel = TensorSel(),
+    test_tensor: TensorSel = TensorSel(),
+) -> RuleSpec | None:
+    """The layer rule pairing `golden` with `test` in every layer. In each name, the number that becomes `*` is
+    the one whose wildcard reaches the same op in the most layers among that side's nodes, given as (name, layer):
+    `root.model.layers.2.act_fn` -> `root.model.layers.*.act_fn`, `2_Prefill_layer/9_LinearOperation` ->
+    `*_Prefill_layer/9_LinearOperation` (9 numbers ops within a layer). None when no number reaches two layers."""
+    patterns = []
+    for name, nodes in ((golden, list(golden_nodes)), (test, list(test_nodes))):
+        best: tuple[int, int, str] | None = None  # (layers reached, -nodes matched, pattern)
+        for m in _NUMBER.finditer(name):
+            pattern = name[: m.start()] + "*" + name[m.end() :]
+            rx = RuleSpec._regex(pattern)
+            hits = [layer for n, layer in nodes if rx.match(n)]
+            score = (len({x for x in hits if x is not None}), -len(hits), pattern)
+            if best is None or score[:2] > best[:2]:
+                best = score
+        if best is None or best[0] < 2:
+            return None
+        patterns.append(best[2])
+    return RuleSpec(patterns[0], patterns[1], golden_tensor, test_tensor)
+
+
+def expand_rule(
+    rule: RuleSpec,
+    golden: Iterable[tuple[str, int | None]],
+    test: Iterable[tuple[str, int | None]],
+    taken: Collection[str] = (),
+) -> list[tuple[str, str]]:
+    """The (golden, test) node names a layer rule pairs among nodes given as (name, layer): each golden node it
+    matches with the one test node it matches in the same layer (none when there are several), skipping `taken`."""
+    gre, tre = rule.golden_regex(), rule.test_regex()
+    by_layer: dict[int | None, list[str]] = defaultdict(list)
+    for name, layer in test:
+        if tre.match(name):
+            by_layer[layer].append(name)
+    out = []
+    for name, layer in golden:
+        cands = by_layer.get(layer, [])
+        if name not in taken and len(cands) == 1 and gre.match(name):
+            out.append((name, cands[0]))
+    return out
 
 
 @dataclass(slots=True)
@@ -283,6 +337,13 @@ class MappingFile:
         self.drop_pair(golden, test)
         if (golden, test) not in self.unpaired:
             self.unpaired.append((golden, test))
+
+    def add_rule(self, rule: RuleSpec) -> None:
+        if rule not in self.rules:
+            self.rules.append(rule)
+
+    def drop_rule(self, rule: RuleSpec) -> None:
+        self.rules = [r for r in self.rules if r != rule]
 
     def drop_pair(self, golden: str, test: str) -> None:
         """Forget an explicit pair (a stale one, say) without rejecting the two nodes for other methods."""

@@ -24,7 +24,6 @@ two different shapes comparable (`workbench.compare.layout`).
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import cast
@@ -33,7 +32,7 @@ import pandas as pd
 
 from workbench.compare.align import StreamSide, align_scope, shape_tuple
 from workbench.compare.layout import layout_rule, shape_after, with_layout
-from workbench.compare.mapping import MappingFile, TensorSel
+from workbench.compare.mapping import MappingFile, TensorSel, expand_rule
 
 NODE_COLUMNS = ["node_id", "name", "type", "parent_id", "depth", "exec_order", "layer", "phase", "params"]
 
@@ -108,22 +107,19 @@ def _layer_rules(ctx: MatchContext) -> list[NodeMatch]:
     """A mapping file's layer-wildcard `rules`: one test node of the golden node's layer, or none."""
     if not ctx.mapping:
         return []
-    golden, test = ctx.golden, ctx.test
+    g_nodes = list(zip(ctx.golden.nodes["name"], map(_layer_key, ctx.golden.nodes["layer"])))
+    t_nodes = list(zip(ctx.test.nodes["name"], map(_layer_key, ctx.test.nodes["layer"])))
+    g_ids = dict(zip(ctx.golden.nodes["name"], ctx.golden.nodes["node_id"]))
+    t_ids = dict(zip(ctx.test.nodes["name"], ctx.test.nodes["node_id"]))
     out: list[NodeMatch] = []
-    taken = set(ctx.taken)
+    taken = {name for name, nid in g_ids.items() if int(nid) in ctx.taken}
     for r in ctx.mapping.rules:
-        gre, tre = r.golden_regex(), r.test_regex()
-        g_hits = golden.nodes[golden.nodes["name"].map(lambda s, rx=gre: bool(rx.match(s)))]
-        t_hits = test.nodes[test.nodes["name"].map(lambda s, rx=tre: bool(rx.match(s)))]
-        t_by_layer: dict[int | None, list[int]] = defaultdict(list)
-        for nid, layer in zip(t_hits["node_id"], t_hits["layer"]):
-            t_by_layer[_layer_key(layer)].append(int(nid))
-        for nid, layer in zip(g_hits["node_id"], g_hits["layer"]):
-            cands = t_by_layer.get(_layer_key(layer), [])
-            if int(nid) not in taken and len(cands) == 1:
-                why = f"rule {r.golden} <-> {r.test}"
-                out.append(NodeMatch(int(nid), cands[0], "mapping-rule", 1.0, why, r.golden_tensor, r.test_tensor))
-        taken |= {m.golden_node_id for m in out}
+        why = f"rule {r.golden} <-> {r.test}"
+        for g, t in expand_rule(r, g_nodes, t_nodes, taken):
+            out.append(
+                NodeMatch(int(g_ids[g]), int(t_ids[t]), "mapping-rule", 1.0, why, r.golden_tensor, r.test_tensor)
+            )
+            taken.add(g)
     return out
 
 
