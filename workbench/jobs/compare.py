@@ -153,9 +153,12 @@ def _read_ingest_compare(
         try:
             if progress:
                 progress(Progress("ingest", 0, 2))
+            # each dump is dropped once the catalog holds it: one Python object per file is memory the next
+            # ingest and the compare need
             g_ing = ingest_dump(con, g_dump)
+            del g_dump
             t_ing = ingest_dump(con, t_dump)
-            del g_dump, t_dump  # the catalog holds them now: one Python object per file is memory the compare needs
+            del t_dump
             if progress:
                 progress(Progress("ingest", 2, 2))
             if cancel is not None and cancel.is_set():
