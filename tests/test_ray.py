@@ -22,7 +22,7 @@ HAS_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(
     not HAS_RAY, reason="ray is not installed (pip install 'workbench[ray]'; `make test` installs it)"
 )
-# tables a compare fills (both catalogs are fresh: the same comparison and run ids)
+# tables a compare fills
 TABLES = (
     "metrics",
     "stat_metrics",
@@ -37,10 +37,21 @@ TABLES = (
 
 
 def catalog_rows(catalog: Path) -> dict[str, list[tuple[object, ...]]]:
-    """Every row a compare wrote, in a stable order."""
+    """Every row a compare wrote, in a stable order, with run and comparison ids replaced by what they stand for
+    (the dump's path; the two dumps' paths): ranks compared at once get their ids in any order."""
     con = duckdb.connect(str(catalog), read_only=True)
     try:
-        return {table: con.execute(f"SELECT * FROM {table} ORDER BY ALL").fetchall() for table in TABLES}
+        runs = dict(con.execute("SELECT run_id, path FROM runs").fetchall())
+        rows = con.execute("SELECT cmp_id, golden_run, test_run FROM comparisons").fetchall()
+        cmps = {c: (runs[g], runs[t]) for c, g, t in rows}
+        ids = {"run_id": runs, "golden_run": runs, "test_run": runs, "cmp_id": cmps}
+        out = {}
+        for table in TABLES:
+            cur = con.execute(f"SELECT * FROM {table}")
+            names = [d[0] for d in cur.description]
+            mapped = [tuple(ids[n].get(v, v) if n in ids else v for n, v in zip(names, r)) for r in cur.fetchall()]
+            out[table] = sorted(mapped, key=repr)
+        return out
     finally:
         con.close()
 
@@ -137,6 +148,14 @@ def test_two_ranks_same_catalog(ray_address: str, tmp_path: Path) -> None:
     assert_same_catalog(local, on_ray)
     con = duckdb.connect(str(on_ray), read_only=True)
     assert sorted(r[0] for r in con.execute("SELECT DISTINCT rank FROM runs").fetchall()) == [0, 1]
+    con.close()
+    # one golden rank as a single-rank golden partnering both test ranks (compared at once): ingested once
+    single = sorted(golden.glob("cpu_*"))[0]
+    local, on_ray, out = _both(single, test.parent, tmp_path / "single", ray_address)
+    assert "paired 2 by the single-rank golden with each rank" in out
+    assert_same_catalog(local, on_ray)
+    con = duckdb.connect(str(on_ray), read_only=True)
+    assert con.execute("SELECT count(*) FROM runs WHERE rank IS NULL").fetchall() == [(1,)]
     con.close()
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -89,26 +91,26 @@ def _compare_ranks(
             cluster=cluster,
             show_stale=show_stale,
         )
+    shared: list[Any] = []  # a single-rank dump partnering every rank of the other side
     if g_ranks and t_ranks:
         pairs = pair_ranks(g_ranks, t_ranks)
         by_id = all(g.rank is not None and g.rank == t.rank for g, t in pairs)
         how = "device/rank id" if by_id else "order"
     else:  # one side single-rank (a golden run on one device): compared with every rank of the other
         by_id = True
-        pairs = (
-            [(_whole(golden, follow_symlinks), r) for r in t_ranks]
-            if t_ranks
-            else [(r, _whole(test, follow_symlinks)) for r in g_ranks]
-        )
+        single = _whole(golden if t_ranks else test, follow_symlinks)
+        shared.append(single)
+        pairs = [(single, r) for r in t_ranks] if t_ranks else [(r, single) for r in g_ranks]
         how = "the single-rank " + ("golden" if t_ranks else "test") + " with each rank"
     say(f"ranks: golden {len(g_ranks) or 1}, test {len(t_ranks) or 1}; paired {len(pairs)} by {how}")
-    res = None
-    runs: list[tuple[int, int, int]] = []  # rank, golden run, test run
-    results: list[Any] = []
-    for i, (g, t) in enumerate(pairs):
-        rank = next((x.rank for x in (g, t) if x.rank is not None), i) if by_id else i
-        say(f"== rank {rank}: golden {g.label}, test {t.label}")
-        res = _compare_one(
+    ranked = [
+        (next((x.rank for x in (g, t) if x.rank is not None), i) if by_id else i, g, t)
+        for i, (g, t) in enumerate(pairs)
+    ]
+
+    def one_rank(rank: int, g: Any, t: Any, emit: Callable[[str], None], cancel: threading.Event | None) -> Any:
+        emit(f"== rank {rank}: golden {g.label}, test {t.label}")
+        return _compare_one(
             g.path,
             t.path,
             out,
@@ -116,16 +118,23 @@ def _compare_ranks(
             ranges,
             workers,
             thresholds,
-            quiet,
+            quiet or cancel is not None,  # ranks at once: no progress lines interleaved
             rank=rank,
             rank_sides=(g.rank is not None or bool(g_ranks), t.rank is not None or bool(t_ranks)),
             dumps=(g.open, t.open),
             follow_symlinks=follow_symlinks,
             cluster=cluster,
             show_stale=show_stale,
+            emit=emit,
+            cancel=cancel,
         )
-        runs.append((rank, res.golden_run, res.test_run))
-        results.append(res)
+
+    if cluster is None or len(ranked) == 1:
+        results = [one_rank(rank, g, t, say, None) for rank, g, t in ranked]
+    else:
+        results = _ranks_at_once(ranked, one_rank, out, shared)
+    runs = [(rank, r.golden_run, r.test_run) for (rank, _, _), r in zip(ranked, results)]
+    res = results[-1]
     failing: dict[int, list[str]] = {}
     for side, ranks in (("golden", [g for g, _ in pairs]), ("test", [t for _, t in pairs])):
         if len({r.label for r in ranks}) > 1:
@@ -137,6 +146,47 @@ def _compare_ranks(
     for (rank, _, _), r in zip(runs, results):
         say("  " + rank_line(rank, r, failing.get(rank, [])))
     return res
+
+
+def _ranks_at_once(
+    ranked: list[tuple[int, Any, Any]], one_rank: Callable[..., Any], out: Path, shared: list[Any]
+) -> list[Any]:
+    """Every rank's compare at once, one driver thread each: on a cluster the driver only reads, ingests and waits,
+    so with each rank's files on its own nodes, every node computes at the same time. A dump every rank shares (a
+    single-rank golden) is ingested once first. Each rank's lines print together, in rank order, as soon as it and
+    the ranks before it are done. Ctrl-C cancels every rank (what was committed is kept)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from workbench.catalog.store import ingest_dump, open_catalog
+
+    catalog = out / CATALOG_NAME
+
+    def prepare() -> None:  # the schema once, not from every thread; the shared dump ingested once
+        con = open_catalog(catalog)
+        try:
+            for dump in shared:
+                ingest_dump(con, dump.open())
+        finally:
+            con.close()
+
+    catalog_guard(catalog, prepare)
+    cancel = threading.Event()
+    lines: list[list[str]] = [[] for _ in ranked]
+    with ThreadPoolExecutor(max_workers=len(ranked), thread_name_prefix="wb-rank") as pool:
+        futures = [pool.submit(one_rank, r, g, t, lines[i].append, cancel) for i, (r, g, t) in enumerate(ranked)]
+        results = []
+        try:
+            for i, f in enumerate(futures):
+                results.append(f.result())
+                for line in lines[i]:
+                    say(line)
+        except BaseException:
+            cancel.set()  # the other ranks stop at their next batch; what they committed stays
+            for f in futures:
+                with contextlib.suppress(BaseException):
+                    f.result()
+            raise
+    return results
 
 
 def rank_line(rank: int, res: Any, allreduce_failing: list[str]) -> str:
@@ -230,8 +280,11 @@ def _compare_one(
     follow_symlinks: bool = False,
     cluster: Any = None,
     show_stale: bool = False,
+    emit: Callable[[str], None] = say,
+    cancel: threading.Event | None = None,
 ) -> Any:
-    """One golden/test pair of dumps (or of ranks: `dumps` reads them, `rank` goes into `runs.rank`)."""
+    """One golden/test pair of dumps (or of ranks: `dumps` reads them, `rank` goes into `runs.rank`); the summary
+    goes to `emit`."""
     from workbench.jobs.compare import run_compare  # light: the pool starts before pandas and DuckDB load
 
     catalog = out / CATALOG_NAME
@@ -249,6 +302,7 @@ def _compare_one(
             freeze_gc=True,
             follow_symlinks=follow_symlinks,
             cluster=cluster,
+            cancel=cancel,
         ),
     )
     from workbench.analysis.token_inputs import token_lines
@@ -274,7 +328,7 @@ def _compare_one(
     for line in format_summary(
         res, labels[res.golden_run], labels[res.test_run], csv_path, first_divergent, inputs_differ, show_stale
     ):
-        say(line)
+        emit(line)
     return res
 
 
