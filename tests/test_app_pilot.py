@@ -248,7 +248,7 @@ async def test_mapping_editor_pairs_every_layer_with_one_rule(small_catalog: Pat
     async with app.run_test(size=SIZE) as pilot:
         mapping = await _open_mapping_editor(pilot, app)
         mapping.query_one("#golden-filter", Input).value = "layers.2"
-        mapping.query_one("#test-filter", Input).value = "layers.2"
+        mapping.query_one("#test-filter", Input).value = "layers.0"  # an example of each kind: any layers
         await pilot.pause()
         mapping.query_one("#golden-list", OptionList).focus()
         await pilot.press("l")

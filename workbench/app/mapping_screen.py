@@ -212,7 +212,7 @@ class MappingScreen(WorkbenchScreen[None]):
         unchecked = "" if self.fingerprinted else "; no fingerprint: pairs not checked (saving adds one)"
         self.query_one("#map-status", Static).update(
             f"{len(self.golden)} golden and {len(self.test)} test ops unmatched, {len(self.pairs)} pairs"
-            f"{f', {len(self.mapping.rules)} layer rules' if self.mapping.rules else ''}{stale} · "
+            f"{_count(len(self.mapping.rules), 'layer rule')}{stale} · "
             f"mapping file: {self.target} ({state}){unchecked}\n"
             f"{text or 'type to filter, Enter (or Tab) to its list; p pairs the highlighted ops, l in every layer'}"
         )
@@ -257,7 +257,8 @@ class MappingScreen(WorkbenchScreen[None]):
         return g, t, gsel, tsel
 
     def action_pair_rule(self) -> None:
-        """Pair the highlighted ops, and their counterparts in every other layer, through one layer rule."""
+        """Pair the highlighted ops' kinds in every layer through one layer rule (`layers.*.act_fn` ⇄ `layers.*.act`):
+        each layer's unmatched golden op of the first kind with its one unmatched test op of the second."""
         chosen_pair = self._chosen_pair()
         if chosen_pair is None:
             return
@@ -267,9 +268,9 @@ class MappingScreen(WorkbenchScreen[None]):
         if rule is None:
             self._status(f"no number in {g} or {t} reaches the same op in another layer: pair them alone with p")
             return
-        found = expand_rule(rule, g_nodes, t_nodes)
-        if (g, t) not in found:
-            self._status(f"{g} and {t} are in different layers (or {rule.test} is ambiguous): pair them with p")
+        found = expand_rule(rule, g_nodes, t_nodes)  # the two highlighted ops need not share a layer: they name kinds
+        if not found:
+            self._status(f"{rule.golden} ⇄ {rule.test} pairs nothing: no layer has one unmatched op of each")
             return
         self.mapping.add_rule(rule)
         self.dirty = True
@@ -359,3 +360,8 @@ class MappingScreen(WorkbenchScreen[None]):
 
     def action_close(self) -> None:
         self.app.pop_screen()
+
+
+def _count(n: int, noun: str) -> str:
+    """`, 1 layer rule` / `, 3 layer rules`; nothing for none."""
+    return f", {n} {noun}{'s' if n != 1 else ''}" if n else ""
