@@ -172,17 +172,19 @@ async def test_colour_toggle_and_metric_cycle(small_catalog: Path) -> None:
         assert "rel euclid ≤ 0.05 passes" in str(screen.query_one("#legend", Static).render())
 
 
-async def _open_mapping_editor(pilot: Pilot[None], app: WorkbenchApp) -> MappingScreen:
-    """Press `e` and wait for the editor's lists (the small catalog has three unmatched ops a side)."""
+async def open_mapping_editor(pilot: Pilot[None], app: WorkbenchApp, golden_ops: int | None = 3) -> MappingScreen:
+    """Press `e` and wait for the editor's golden list to hold `golden_ops` ops (None: any; the small catalog has
+    three unmatched ops a side)."""
     await ready(pilot, app)
     await pilot.press("e")
-    await wait_for(
-        pilot,
-        lambda: (
-            bool(app.screen.query("#golden-list"))
-            and app.screen.query_one("#golden-list", OptionList).option_count == 3
-        ),
-    )
+
+    def listed() -> bool:
+        if not app.screen.query("#golden-list"):
+            return False
+        n = app.screen.query_one("#golden-list", OptionList).option_count
+        return n > 0 if golden_ops is None else n == golden_ops
+
+    await wait_for(pilot, listed)
     assert isinstance(app.screen, MappingScreen)
     return app.screen
 
@@ -191,7 +193,7 @@ async def test_mapping_editor_pairs_unpairs_and_saves(small_catalog: Path, tmp_p
     target = tmp_path / "my_mapping.json"
     app = make_app(catalog=small_catalog, mapping=target)
     async with app.run_test(size=SIZE) as pilot:
-        mapping = await _open_mapping_editor(pilot, app)
+        mapping = await open_mapping_editor(pilot, app)
         tlist = mapping.query_one("#test-list", OptionList)
         assert tlist.option_count == 3
         # filter the lists, then pair layer 2's act_fn with act
@@ -246,7 +248,7 @@ async def test_mapping_editor_pairs_every_layer_with_one_rule(small_catalog: Pat
     target = tmp_path / "rules.json"
     app = make_app(catalog=small_catalog, mapping=target)
     async with app.run_test(size=SIZE) as pilot:
-        mapping = await _open_mapping_editor(pilot, app)
+        mapping = await open_mapping_editor(pilot, app)
         mapping.query_one("#golden-filter", Input).value = "layers.2"
         mapping.query_one("#test-filter", Input).value = "layers.0"  # an example of each kind: any layers
         await pilot.pause()

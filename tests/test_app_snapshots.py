@@ -11,7 +11,7 @@ import pytest
 from textual.widgets import Input, OptionList, TextArea
 
 from tests.conftest_app import SIZE
-from tests.test_app_pilot import ready, wait_for
+from tests.test_app_pilot import open_mapping_editor, ready, wait_for
 from workbench.app.launch import make_app
 
 
@@ -80,15 +80,7 @@ def test_snapshot_mapping_editor(snap_compare, small_catalog_master: Path) -> No
     app = main_app(small_catalog_master)
 
     async def before(pilot) -> None:  # type: ignore[no-untyped-def]
-        await ready(pilot, app)
-        await pilot.press("e")
-        await wait_for(
-            pilot,
-            lambda: (
-                bool(app.screen.query("#golden-list"))
-                and app.screen.query_one("#golden-list", OptionList).option_count > 0
-            ),
-        )
+        await open_mapping_editor(pilot, app, golden_ops=None)
         for field in app.screen.query(Input):  # focus starts in the filter: no blinking cursor in the picture
             field.cursor_blink = False
         await pilot.pause(0.2)
