@@ -77,3 +77,38 @@ def test_rank_with_rank_and_allreduce_check(tp: tuple[Path, Path], tmp_path: Pat
             assert passed is True  # bf16 rounding of a correct sum passes
         else:
             assert passed is False and culprit == 1 and factor == pytest.approx(0.5, abs=0.02), (rank, node)
+
+
+def test_ranks_at_once_print_in_rank_order_and_one_failure_cancels_the_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--ray`'s ranks run in threads: each rank's lines print whole and in rank order whatever finishes first; a
+    rank that fails cancels the others (they see the event) and its error is what the command reports."""
+    import threading
+    import time
+
+    from workbench.cli.compare_cmd import _ranks_at_once
+
+    seen: dict[int, bool] = {}
+
+    def one_rank(rank: int, g: str, t: str, emit: object, cancel: threading.Event) -> str:
+        assert callable(emit)
+        time.sleep(0.2 if rank == 0 else 0.0)  # rank 1 finishes first
+        emit(f"== rank {rank}")
+        emit(f"rank {rank} summary")
+        return f"result {rank}"
+
+    ranked = [(0, "g0", "t0"), (1, "g1", "t1")]
+    assert _ranks_at_once(ranked, one_rank, tmp_path, []) == ["result 0", "result 1"]
+    assert capsys.readouterr().out.splitlines() == ["== rank 0", "rank 0 summary", "== rank 1", "rank 1 summary"]
+    assert (tmp_path / "catalog.duckdb").exists()  # the schema was written once, before the threads
+
+    def failing(rank: int, g: str, t: str, emit: object, cancel: threading.Event) -> str:
+        if rank == 0:
+            raise ValueError("rank 0: unreadable dump")
+        seen[rank] = cancel.wait(10)  # a long compare, stopped by the event
+        return "cancelled"
+
+    with pytest.raises(ValueError, match="rank 0: unreadable dump"):
+        _ranks_at_once(ranked, failing, tmp_path, [])
+    assert seen == {1: True}
