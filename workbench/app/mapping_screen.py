@@ -274,9 +274,7 @@ class MappingScreen(WorkbenchScreen[None]):
             return
         self.mapping.add_rule(rule)
         self.dirty = True
-        self._status(
-            f"rule {rule.golden} ⇄ {rule.test}: {len(found)} pairs in {len(found)} layers; computing metrics ..."
-        )
+        self._status(f"rule {rule.golden} ⇄ {rule.test} pairs {len(found)} layers' ops; computing metrics ...")
         self.post_message(EditRequested([PairSpec(a, b, gsel, tsel) for a, b in found], []))
 
     def _size_note(self, golden: str, test: str) -> str:

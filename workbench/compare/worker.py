@@ -104,6 +104,13 @@ def run_pair(task: PairTask) -> dict[str, Any]:
         return _run_stats_pair(task)
     golden, g_err = _load(task.golden_path, "golden_data_path")
     test, t_err = _load(task.test_path, "my_data_path")
+    return _pair_result(task, golden, g_err, test, t_err)
+
+
+def _pair_result(
+    task: PairTask, golden: RawTensor | None, g_err: str | None, test: RawTensor | None, t_err: str | None
+) -> dict[str, Any]:
+    """`run_pair` on the pair's tensors as read (None and the reason where a side could not be)."""
     out: dict[str, Any] = {
         "pair_id": task.pair_id,
         "golden_tensor_id": task.golden_tensor_id,
@@ -205,12 +212,13 @@ def run_stats(task: StatsTask) -> dict[str, Any]:
     return out
 
 
-def run_twins(task: PairTask, result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Results of `task.twins`: a copy of `result` (the task's own) for each twin whose two files hold the same
+def _run_with_twins(task: PairTask) -> list[dict[str, Any]]:
+    """The task's result, then one per twin: a copy of the task's for each twin whose two files hold the same
     bytes as the task's, a computed result for the others (their digests matched, their bytes do not)."""
-    golden, _ = _load(task.golden_path, "golden_data_path")
-    test, _ = _load(task.test_path, "my_data_path")
-    out = []
+    golden, g_err = _load(task.golden_path, "golden_data_path")
+    test, t_err = _load(task.test_path, "my_data_path")
+    result = _pair_result(task, golden, g_err, test, t_err)
+    out = [result]
     for pair_id, g_path, t_path in task.twins:
         g_twin, _ = _load(g_path, "golden_data_path")
         t_twin, _ = _load(t_path, "my_data_path")
@@ -243,9 +251,8 @@ def run_batch(tasks: Sequence[PairTask | StatsTask]) -> list[dict[str, Any]]:
     for t in tasks:
         if isinstance(t, StatsTask):
             out.append(run_stats(t))
-            continue
-        res = run_pair(t)
-        out.append(res)
-        if t.twins:
-            out.extend(run_twins(t, res))
+        elif t.twins:  # early pairs only: never a statistics-only side
+            out.extend(_run_with_twins(t))
+        else:
+            out.append(run_pair(t))
     return out
