@@ -45,6 +45,9 @@ class Cluster(Protocol):
 
 
 FLUSH_ROWS = 4096  # buffered result rows (about 1 KB each, with their statistics rows) written at once
+# Ranks compared at once may share one run (a single-rank golden partnering every test rank): two flushes updating
+# the same `tensors` rows at once would fail DuckDB's optimistic check ("Conflict on update"), so flushes take turns.
+_FLUSH_LOCK = threading.Lock()
 
 
 class ResultSink:
@@ -126,6 +129,13 @@ class ResultSink:
     def flush(self) -> None:
         if not self.metric_rows and not self.stat_rows and not self.stat_metric_rows:
             return
+        with _FLUSH_LOCK:
+            self._write()
+        self.metric_rows.clear()
+        self.stat_rows.clear()
+        self.stat_metric_rows.clear()
+
+    def _write(self) -> None:
         con = self.con
         con.execute("BEGIN TRANSACTION")
         try:
@@ -183,9 +193,6 @@ class ResultSink:
         except BaseException:
             con.execute("ROLLBACK")
             raise
-        self.metric_rows.clear()
-        self.stat_rows.clear()
-        self.stat_metric_rows.clear()
 
 
 def execute_tasks(
