@@ -43,6 +43,7 @@ class TopologyTree(Tree[TreeRow]):
         self.badges: dict[tuple[int, int], tuple[str, str]] = {}  # (golden id, token) -> (text, style key)
         self.token: int | None = None  # the token the badges are shown for
         self._styles: dict[str, Style] = {}
+        self._revealed: TreeNode[TreeRow] | None = None  # the node the last reveal centred
 
     # ------------------------------------------------------------------ data
     def set_rows(self, rows: list[TreeRow]) -> None:
@@ -150,11 +151,18 @@ class TopologyTree(Tree[TreeRow]):
         _ = self._tree_lines  # rebuild line numbers after expanding
         if self.cursor_node is not target:
             self.move_cursor(target, animate=False)
+        self._revealed = target
         self._center_on(target)
         # a reveal right after start-up can run before layout gives this tree its final height, and the
         # scroll above is clamped to the size it has now: scroll again once the screen has been laid out
         self.call_after_refresh(self._center_on, target)
         return True
+
+    def on_resize(self) -> None:
+        # the tree's height changes after a reveal when a bar above it appears (the rank bar, once its data
+        # is in): keep the revealed node centred while the cursor still rests on it
+        if self._revealed is not None and self.cursor_node is self._revealed:
+            self.call_after_refresh(self._center_on, self._revealed)
 
     def _center_on(self, node: TreeNode[TreeRow]) -> None:
         """Scroll so that `node` is in the middle: where it lands then depends only on the tree's final
