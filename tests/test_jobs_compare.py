@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from workbench.compare.tasks import PairTask, StatsTask
 from workbench.compare.thresholds import Thresholds
 from workbench.compare.worker import run_batch
 from workbench.core.metrics import ALL_METRICS, NAN_INF
+from workbench.formats import open_dump
+from workbench.formats.model import DumpError
 from workbench.jobs.compare import CompareCancelled, run_compare
 
 
@@ -44,6 +47,40 @@ def test_job_starts_its_own_pool_and_early_pairs(
     assert pooled.first_failing_token is not None
     assert _rows(tmp_path / "b.duckdb") == _rows(tmp_path / "a.duckdb")
     assert seen[0] == "read dumps" and seen[-1] == "verdict" and "compare" in seen
+
+
+def test_a_worker_reads_the_test_dump_and_its_errors_read_as_here(
+    tiny_dumps: TinyDumps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a pool, a worker reads the test dump while this process reads the golden one: a bad test dump gives
+    the same one-line error as when read here, and a pool that cannot start leaves the reading to this process."""
+    monkeypatch.setattr(pool_mod, "IN_PROCESS_BYTES", 0)
+    monkeypatch.setattr(executor, "IN_PROCESS_BYTES", 0)
+    starter = pool_mod.PoolStarter(1)
+    try:
+        assert starter.submit(os.getpid).result() != os.getpid()
+    finally:
+        starter.shutdown()
+    with pytest.raises(pool_mod.PoolUnavailable):
+        starter.submit(os.getpid).result()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "notes.txt").write_text("not a dump")
+    with pytest.raises(DumpError) as here:
+        open_dump(bad)
+    with pytest.raises(DumpError) as there:
+        run_compare(tiny_dumps.golden, bad, tmp_path / "x.duckdb", workers=2)
+    assert str(there.value) == str(here.value) and str(bad) in str(there.value)
+
+    ref = run_compare(tiny_dumps.golden, tiny_dumps.defect, tmp_path / "a.duckdb", workers=2)
+
+    def no_pool(workers: int) -> None:
+        raise OSError("no processes here")
+
+    monkeypatch.setattr(pool_mod, "new_pool", no_pool)
+    alone = run_compare(tiny_dumps.golden, tiny_dumps.defect, tmp_path / "b.duckdb", workers=2)
+    assert (alone.pairs, alone.failed, alone.born) == (ref.pairs, ref.failed, ref.born)
+    assert _rows(tmp_path / "b.duckdb") == _rows(tmp_path / "a.duckdb")
 
 
 def test_job_cancelled_keeps_what_was_ingested(tiny_dumps: TinyDumps, tmp_path: Path) -> None:

@@ -14,11 +14,15 @@ import multiprocessing
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from typing import Any, TypeVar
 
 from workbench.compare import lifeline
+
+T = TypeVar("T")
 
 IN_PROCESS_BYTES = 32 * 1024 * 1024  # below this, a pool costs more than it saves
 # workers yield the CPU to the process that feeds them: its reading, ingest and verdicts are the critical path,
@@ -109,6 +113,10 @@ def new_pool(workers: int) -> ProcessPoolExecutor:
     return pool
 
 
+class PoolUnavailable(Exception):
+    """The pool could not start (or was shut down): the caller does the work in process."""
+
+
 class PoolStarter:
     """Starts a pool in a background thread (the forkserver's preload takes seconds) and hands it over later."""
 
@@ -129,7 +137,34 @@ class PoolStarter:
         except Exception:
             return None
 
-    def shutdown(self) -> None:
+    def submit(self, fn: Callable[..., T], /, *args: Any) -> Future[T]:
+        """`fn(*args)` in a worker as soon as the pool is up; the future raises `PoolUnavailable` when the pool
+        could not start or was shut down before the task got in."""
+        out: Future[T] = Future()
+
+        def started(pool: Future[ProcessPoolExecutor]) -> None:
+            try:
+                inner = pool.result().submit(fn, *args)
+            except Exception as exc:
+                out.set_exception(PoolUnavailable(str(exc)))
+                return
+            inner.add_done_callback(lambda f: _settle(out, f))
+
+        self._future.add_done_callback(started)
+        return out
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop the pool; `wait=False` leaves a running task to end on its own (the workers die with this
+        process), for a compare that failed while a worker was still reading a big dump."""
         pool = self.get()
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=wait, cancel_futures=True)
+
+
+def _settle(out: Future[T], done: Future[T]) -> None:
+    if done.cancelled():
+        out.set_exception(PoolUnavailable("cancelled"))
+    elif (exc := done.exception()) is not None:
+        out.set_exception(PoolUnavailable(str(exc)) if isinstance(exc, BrokenProcessPool) else exc)
+    else:
+        out.set_result(done.result())

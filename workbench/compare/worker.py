@@ -18,7 +18,7 @@ from workbench.compare.metrics import compare_tensors, summarize
 from workbench.compare.stat_metrics import stat_metrics
 from workbench.compare.tasks import SUMMARY_FIELDS, PairTask, StatsTask
 from workbench.formats.arrays import RawTensor, read_array
-from workbench.formats.model import DumpError
+from workbench.formats.model import Dump, DumpError
 
 
 def _along(arr: np.ndarray, dim: int, start: int, stop: int) -> np.ndarray:
@@ -243,6 +243,13 @@ def same_bytes(a: RawTensor | None, b: RawTensor | None) -> bool:
     return all(
         np.array_equal(xb[i : i + _EQUAL_CHUNK], yb[i : i + _EQUAL_CHUNK]) for i in range(0, xb.size, _EQUAL_CHUNK)
     )
+
+
+def read_dump(path: str, follow_symlinks: bool) -> Dump:
+    """Read a dump in a worker (the caller reads the other one meanwhile); small to send back (~0.2 KB a file)."""
+    from workbench.formats.detect import open_dump
+
+    return open_dump(path, follow_symlinks=follow_symlinks)
 
 
 def run_batch(tasks: Sequence[PairTask | StatsTask]) -> list[dict[str, Any]]:

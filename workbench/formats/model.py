@@ -55,6 +55,9 @@ class DumpError(Exception):
         self.reason = reason
         super().__init__(f"{self.path}: {reason}")
 
+    def __reduce__(self) -> tuple[type[DumpError], tuple[str, str]]:  # raised in a worker, re-raised here
+        return type(self), (self.path, self.reason)
+
 
 MAX_DIMS = 32  # numpy stops at 64; no model tensor comes near
 MAX_DIM = 2**62 - 1  # the catalog stores dims and element counts as BIGINT

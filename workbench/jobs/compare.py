@@ -15,7 +15,7 @@ from __future__ import annotations
 import gc
 import threading
 from collections.abc import Collection, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -72,13 +72,14 @@ def run_compare(
     own: PoolStarter | None = None
     if cluster is None and pool is None and worth_a_pool(_root(golden), _root(test), n_workers):
         own = pool = PoolStarter(n_workers)  # first: its workers boot while everything else happens
+    failed = True
     try:
         from workbench.compare.mapping import MappingFile
         from workbench.compare.thresholds import Thresholds
 
         th = thresholds if isinstance(thresholds, Thresholds) else Thresholds.load(thresholds)
         mf = mapping if isinstance(mapping, MappingFile) or mapping is None else MappingFile.load(mapping)
-        return _read_ingest_compare(
+        res = _read_ingest_compare(
             golden,
             test,
             catalog,
@@ -95,9 +96,11 @@ def run_compare(
             follow_symlinks,
             cluster,
         )
+        failed = False
+        return res
     finally:
         if own is not None:
-            own.shutdown()
+            own.shutdown(wait=not failed)  # a failed compare does not wait for a worker still reading
 
 
 def _root(dump: str | Path | Dump) -> Path:
@@ -125,10 +128,14 @@ def _read_ingest_compare(
 
     if progress:
         progress(Progress("read dumps", 0, 2))
+    # a worker reads the test dump while this process reads the golden one
+    remote = _read_in_worker(test, pool, follow_symlinks) if isinstance(test, str | Path) else None
     g_dump = open_dump(golden, follow_symlinks=follow_symlinks) if isinstance(golden, str | Path) else golden
     if progress:
         progress(Progress("read dumps", 1, 2))
-    t_dump = open_dump(test, follow_symlinks=follow_symlinks) if isinstance(test, str | Path) else test
+    if remote is not None and not remote.done():
+        _import_heavy()  # while the worker finishes reading
+    t_dump = _test_dump(remote, test, follow_symlinks) if isinstance(test, str | Path) else test
     if progress:
         progress(Progress("read dumps", 2, 2))
     if isinstance(tokens, TokenRanges):
@@ -142,9 +149,8 @@ def _read_ingest_compare(
 
         early = EarlyPairs(g_dump, t_dump, pool, tokens)
     try:
-        # the heavy imports, while the workers compute the early pairs
+        _import_heavy()  # while the workers compute the early pairs (a no-op when done above)
         from workbench.catalog.store import ingest_dump, open_catalog
-        from workbench.compare import executor, pair_store, summary  # noqa: F401  (imported while workers compute)
 
         if freeze_gc:
             gc.freeze()
@@ -185,6 +191,41 @@ def _read_ingest_compare(
     finally:
         if early is not None:
             early.cancel()  # whatever was not claimed
+
+
+def _import_heavy() -> None:
+    """pandas, DuckDB and the compare modules (~0.35 s): loaded while workers are busy."""
+    from workbench.catalog import store  # noqa: F401
+    from workbench.compare import executor, pair_store, summary  # noqa: F401
+
+
+def _read_in_worker(
+    test: str | Path, pool: ProcessPoolExecutor | PoolStarter | None, follow_symlinks: bool
+) -> Future[Dump] | None:
+    """The test dump read by a pool worker (None without a pool: it is read here)."""
+    if pool is None:
+        return None
+    from workbench.compare.worker import read_dump
+
+    try:
+        return pool.submit(read_dump, str(test), follow_symlinks)
+    except RuntimeError:  # a pool already shut down
+        return None
+
+
+def _test_dump(remote: Future[Dump] | None, test: str | Path, follow_symlinks: bool) -> Dump:
+    """The worker's reading of the test dump, or this process's own when the pool could not take it."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    from workbench.compare.pool import PoolUnavailable
+    from workbench.formats import open_dump
+
+    if remote is not None:
+        try:
+            return remote.result()
+        except (PoolUnavailable, BrokenProcessPool):
+            pass
+    return open_dump(test, follow_symlinks=follow_symlinks)
 
 
 def _auto_matcher(auto: bool) -> AutoMatcher | None:
