@@ -9,10 +9,13 @@ runs `wb compare` (in-process) and the advisor, and prints per run: defect, dtyp
 of the planted module at each token, and whether it is first / in the top 3 at every token.
 
     PYTHONPATH=. .venv/bin/python bench/advisor_defects.py [--dumpers msit,msprobe,wb,atbprobe]
-        [--dtypes bf16,fp16] [--cases NAME,...] [--keep DIR] [--stats]
+        [--dtypes bf16,fp16] [--cases NAME,...] [--keep DIR] [--stats] [--prompt N] [--fp32-inv-freq]
 
-`--stats`: statistics-only dumps (msit/wb `dump_statistics_mode=1`, msprobe `task: statistics`). `atbprobe`: our
-ATB-structured stack built from the (planted) Llama, its tensors fed to msprobe's own ATB probe library
+`--prompt N`: a longer prompt; past ~100 positions `model.to(bfloat16)`'s rounded rotary inv_freq makes the rotary
+table's own error stand out (the advisor says so and ranks it after an unexplained op); `--fp32-inv-freq` keeps
+the buffers in float32. `--stats`: statistics-only dumps (msit/wb `dump_statistics_mode=1`, msprobe
+`task: statistics`). `atbprobe`:
+our ATB-structured stack built from the (planted) Llama, its tensors fed to msprobe's own ATB probe library
 (`tests/msprobe_atb.py`, needs g++): ATB weights are op inputs; only Llama weight-scale cases apply.
 
 The lead's target (issue 10): planted module first in >= 6 of 7 runs, top 3 in 7 of 7.
@@ -128,11 +131,11 @@ def plant(model: Any, case: Case) -> None:
         raise ValueError(case.kind)
 
 
-def prompt_ids(model_name: str) -> Any:
+def prompt_ids(model_name: str, length: int = PROMPT) -> Any:
     import torch
 
     g = torch.Generator().manual_seed(MODELS[model_name]["seed"] + 1)
-    return torch.randint(3, MODELS[model_name]["vocab_size"], (1, PROMPT), generator=g)
+    return torch.randint(3, MODELS[model_name]["vocab_size"], (1, length), generator=g)
 
 
 def dump_one(job: dict[str, Any]) -> None:
@@ -149,8 +152,13 @@ def dump_one(job: dict[str, Any]) -> None:
         case = next(c for c in CASES if c.name == job["case"])
         plant(model, case)
     if job.get("dtype"):
+        inv_freq = {n: m.inv_freq.clone() for n, m in model.named_modules() if hasattr(m, "inv_freq")}
         model = model.to(getattr(torch, job["dtype"]))
+        if job.get("fp32_inv_freq"):  # undo what the cast does to the rotary buffers (kept float32, as a port should)
+            for name, freq in inv_freq.items():
+                model.get_submodule(name).inv_freq = freq
     forced = job.get("tokens")
+    prompt = prompt_ids(job["model"], int(job.get("prompt", PROMPT)))
     out = job["out"]
     stats = bool(job.get("stats"))
     if job["dumper"] == "atbprobe":
@@ -162,16 +170,16 @@ def dump_one(job: dict[str, Any]) -> None:
         logging.getLogger("msit_logger").disabled = True
         cfg = MsitConfig(dump_path=out, token_range=list(range(STEPS)), dump_statistics_mode=1 if stats else 0)
         msit_register(model, cfg)
-        tokens = decode(model, prompt_ids(job["model"]), STEPS, forced)
+        tokens = decode(model, prompt, STEPS, forced)
     elif job["dumper"] == "msprobe":
-        tokens = _decode_msprobe(model, prompt_ids(job["model"]), forced, Path(out), stats)
+        tokens = _decode_msprobe(model, prompt, forced, Path(out), stats)
     else:
         from workbench.dump import DumpConfig, register_hook
 
         cfg = DumpConfig(dump_path=out, token_range=list(range(STEPS)), dump_statistics_mode=1 if stats else 0)
         handle = register_hook(model, cfg)
         try:
-            tokens = decode(model, prompt_ids(job["model"]), STEPS, forced)
+            tokens = decode(model, prompt, STEPS, forced)
         finally:
             handle.remove()
     if forced is None:
@@ -225,7 +233,8 @@ def _decode_atb_probe(model: Any, job: dict[str, Any], forced: list[int] | None,
 
     dtype = getattr(torch, job["dtype"]) if job.get("dtype") else torch.float32
     stack = AtbLlama.from_hf(model.float(), dtype=dtype)
-    run = stack.run(prompt_ids(job["model"]), STEPS, dump=AtbDumpConfig(out / "atb", seed=0), forced=forced)
+    prompt = prompt_ids(job["model"], int(job.get("prompt", PROMPT)))
+    run = stack.run(prompt, STEPS, dump=AtbDumpConfig(out / "atb", seed=0), forced=forced)
     assert run.dump_root is not None
     probe_dump(run.dump_root, out / "probe", task="statistics" if stats else "tensor")
     shutil.rmtree(out / "atb")
@@ -333,6 +342,12 @@ def main() -> int:
     ap.add_argument("--dtypes", default="bf16,fp16")
     ap.add_argument("--cases", default=",".join(c.name for c in CASES))
     ap.add_argument("--keep", type=Path, help="keep the dumps and catalogs in this folder")
+    ap.add_argument("--prompt", type=int, default=PROMPT, help=f"prompt length in tokens (default {PROMPT})")
+    ap.add_argument(
+        "--fp32-inv-freq",
+        action="store_true",
+        help="keep the rotary inv_freq buffers in float32 after the cast (model.to(dtype) rounds them otherwise)",
+    )
     ap.add_argument(
         "--stats",
         action="store_true",
@@ -371,7 +386,9 @@ def main() -> int:
                 out = work / f"golden_{case.model}_{dumper}"
                 shutil.rmtree(out, ignore_errors=True)
                 out.mkdir(parents=True)
-                root = run_dump({"model": case.model, "dumper": dumper, "out": str(out), "stats": args.stats})
+                root = run_dump(
+                    {"model": case.model, "dumper": dumper, "out": str(out), "stats": args.stats, "prompt": args.prompt}
+                )
                 goldens[key] = (root, json.loads((out / "tokens.json").read_text()))
             golden, tokens = goldens[key]
             for dtype in dtypes:
@@ -387,6 +404,8 @@ def main() -> int:
                         "dtype": dtype,
                         "tokens": tokens,
                         "stats": args.stats,
+                        "prompt": args.prompt,
+                        "fp32_inv_freq": args.fp32_inv_freq,
                     }
                 )
                 ranks = rank_of(golden, test, out / "catalog.duckdb", case.module)

@@ -272,6 +272,42 @@ def test_peer_dumper_defect_ranked_first(tmp_path: Path, dumper: str, module: st
     assert run.stdout.count("most likely origin: ") + run.stdout.count("error born at: ") == 3, run.stdout
 
 
+def test_rotary_table_from_a_rounded_inv_freq_is_explained_and_gives_way(tmp_path: Path) -> None:
+    """`model.to(bfloat16)` rounds the rotary embedding's inv_freq buffer: at a 256-token prompt the rotary table's
+    own error stands out. wb says why (`likely cause`), and a planted defect standing out at the same token still
+    comes first; with inv_freq kept in float32 the rotary table is quiet."""
+    dumper = "msit" if importlib.util.find_spec("msit_llm") is not None else "wb"
+    bench = _bench()
+
+    def dump(name: str, **job: object) -> Path:
+        out = tmp_path / name
+        out.mkdir()
+        return bench.run_dump({"model": "llama5", "dumper": dumper, "out": str(out), "prompt": 256, **job})
+
+    golden = dump("golden")
+    tokens = json.loads((tmp_path / "golden" / "tokens.json").read_text())
+    cause = "likely cause: the rotary embedding's inv_freq held in bfloat16"
+    rounded = _compare(golden, dump("rounded", dtype="bfloat16", tokens=tokens), tmp_path / "o_rounded", None)
+    named = [line for line in rounded.stdout.splitlines() if "rotary_emb (token" in line]
+    assert named and cause in rounded.stdout, rounded.stdout
+    assert all(a.golden_node.endswith("rotary_emb") and a.cause for a in _advice(rounded, top=1) if a.score >= 3)
+
+    kept = dump("kept", dtype="bfloat16", tokens=tokens, fp32_inv_freq=True)
+    quiet = _compare(golden, kept, tmp_path / "o_kept", None)
+    assert "likely cause" not in quiet.stdout and "rotary_emb (token" not in quiet.stdout, quiet.stdout
+
+    planted = next(c for c in bench.CASES if c.name == "down2").module
+    both = _compare(golden, dump("down2", dtype="bfloat16", tokens=tokens, case="down2"), tmp_path / "o_both", planted)
+    first = _advice(both, top=1)
+    assert bench._same_module(first[0].golden_node, planted) and first[0].score >= SIGNIFICANT, first
+    assert f"{planted} (token 0)" in both.stdout, both.stdout  # named by the summary too
+    for tok in {a.token_id for a in _advice(both)}:
+        ranked = _advice(both, token=tok)
+        unexplained = [a for a in ranked if a.cause is None and a.score >= SIGNIFICANT]
+        if unexplained:  # an op standing out unexplained is never ranked after an explained one
+            assert ranked[0].cause is None, ranked[:3]
+
+
 # ------------------------------------------------------------------------------------------------ ATB demo
 def test_atb_demo_catalog(demo_catalog: Path) -> None:
     con = duckdb.connect(str(demo_catalog), read_only=True)

@@ -32,11 +32,12 @@ from dataclasses import dataclass, replace
 import duckdb
 
 from workbench.catalog.store import first_row, insert_rows
-from workbench.core.advice import ROUNDING, STANDS_OUT
+from workbench.core.advice import ROUNDING, STANDS_OUT, cause_in, known_cause
 
 NAN_INF_SCORE = 1.0e9  # new NaN/Inf in an output: ranked before any finite error
 MAX_SCORE = 1.0e6  # finite scores are capped below it (an op adding error where its peers add exactly none)
 SIGNIFICANT = STANDS_OUT  # score from which an op clearly stands out of its peers' noise
+_EXPLAINED_RANK = STANDS_OUT - 1e-6  # where an explained op ranks: after every op standing out unexplained
 MIN_PEERS = 2  # peers needed to judge an op against its own kind
 _MAD_WEIGHT = 1.0  # how much of the peers' spread is counted as their noise
 # An op passes on the error it receives with a gain that is not exactly 1 (a Linear or a norm stretches
@@ -58,6 +59,7 @@ class Advice:
     test_node: str | None
     score: float
     reason: str
+    cause: str | None = None  # a known cause that explains its error (`core.advice.known_cause`)
 
 
 @dataclass(slots=True)
@@ -81,6 +83,7 @@ class _Row:
     peer_label: str = ""
     score: float = 0.0
     reason: str = ""
+    cause: str | None = None
 
 
 @dataclass(slots=True)
@@ -157,6 +160,7 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
                 test_node=None if r.test_node_id is None else test_names.get(r.test_node_id),
                 score=round(r.score, 4),
                 reason=r.reason,
+                cause=r.cause,
             )
             for i, r in enumerate(ranked)
         ]
@@ -231,6 +235,7 @@ def advise(
                 None if r[5] is None else str(r[5]),
                 float(r[6]),
                 str(r[7]),
+                cause_in(str(r[7])),  # the reason carries it
             )
             for r in rows
         ]
@@ -463,8 +468,17 @@ def _rank(rows: dict[int, _Row], nodes: dict[int, _Node]) -> list[_Row]:
         r.nan_inf_born = r.new_nan_inf and not r.in_nan_inf and gid not in nan_inf_below
         if r.nan_inf_born:
             r.score = NAN_INF_SCORE
+        stands_out = r.score >= STANDS_OUT and not r.nan_inf_born and r.own >= r.added * 0.5
+        r.cause = known_cause(node.type, r.dtype) if stands_out else None
         r.reason = _reason(r, nodes)
-    order = sorted(rows.values(), key=lambda r: (-r.score, nodes[r.node_id].exec_order, r.node_id))
+
+    # an op whose error a known cause explains (a rotary table from a rounded inv_freq) yields the first places to
+    # the ops that stand out unexplained: a defect elsewhere is what the user is after; it stays listed, with
+    # its cause, and comes first when nothing else stands out
+    def rank_key(r: _Row) -> tuple[float, int, int]:
+        return (-(min(r.score, _EXPLAINED_RANK) if r.cause else r.score), nodes[r.node_id].exec_order, r.node_id)
+
+    order = sorted(rows.values(), key=rank_key)
     return _children_first(order, nodes)
 
 
@@ -537,4 +551,4 @@ def _reason(r: _Row, nodes: dict[int, _Node]) -> str:
         return f"{head}: adds nothing measurable"
     if r.own < r.added * 0.5:
         return f"{head}: most of it added inside (by a child op); {r.score:.1f}x {r.peer_label}"
-    return f"{head}: {r.score:.1f}x {r.peer_label}"
+    return f"{head}: {r.score:.1f}x {r.peer_label}" + (f"; {r.cause}" if r.cause else "")

@@ -3,18 +3,24 @@
 A node *gives birth* to the error at a token when one of its outputs fails while all its
 inputs pass. The verdict for a token is the earliest such node in execution order, taking
 the deepest one: a parent module is never named when one of its children qualifies
-(the child is where the error actually appears).
+(the child is where the error actually appears). A node whose error the advisor explains by a known cause
+(a rotary table computed from an inv_freq rounded by `model.to(bfloat16)`) gives way to a later one that
+no cause explains: that one is the defect the user is after.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 
 from workbench.catalog import first_row
 from workbench.formats.atb import op_folder_of
+
+if TYPE_CHECKING:
+    from workbench.analysis.advisor import Advice
 
 NODE_RESULTS_SQL = """
 INSERT INTO node_results
@@ -72,10 +78,11 @@ def refresh_verdicts(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, i
     try:
         con.execute("DELETE FROM node_results WHERE cmp_id = ?", [cmp_id])
         con.execute(NODE_RESULTS_SQL, [cmp_id])
-        verdicts = _born_per_token(con, cmp_id)
+        candidates = _born_candidates(con, cmp_id)
+        advice = compute_advice(con, cmp_id)
+        verdicts = {tok: _first_unexplained(cands, advice.get(tok, [])) for tok, cands in candidates.items()}
         for token in verdicts.keys() & differ.keys():
             verdicts[token] = (None, None)
-        advice = compute_advice(con, cmp_id)
         origins: dict[int, tuple[int | None, int | None]] = {
             tok: (items[0].golden_node_id, items[0].test_node_id)
             for tok, items in advice.items()
@@ -97,7 +104,17 @@ def refresh_verdicts(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, i
     return {t: g for t, (g, _t) in verdicts.items()}
 
 
-def _born_per_token(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, tuple[int | None, int | None]]:
+def _first_unexplained(cands: list[tuple[int, int | None]], advice: list[Advice]) -> tuple[int | None, int | None]:
+    """The earliest candidate whose error no known cause explains (the advisor's `cause`), else the earliest."""
+    if not cands:
+        return (None, None)
+    explained = {a.golden_node_id for a in advice if a.cause}
+    return next((c for c in cands if c[0] not in explained), cands[0])
+
+
+def _born_candidates(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, list[tuple[int, int | None]]]:
+    """Per token, the nodes where an error is born (outputs fail, inputs pass), the deepest only, in execution
+    order (empty where none is)."""
     golden_run_row = first_row(con.execute("SELECT golden_run FROM comparisons WHERE cmp_id = ?", [cmp_id]))
     assert golden_run_row is not None
     golden_run = int(golden_run_row[0])
@@ -119,11 +136,11 @@ def _born_per_token(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, tu
         "SELECT token_id, golden_node_id, test_node_id FROM node_results WHERE cmp_id = ? AND born", [cmp_id]
     ).fetchall():
         candidates[int(tok)].append((int(gid), None if tid is None else int(tid)))
-    out: dict[int, tuple[int | None, int | None]] = {}
+    out: dict[int, list[tuple[int, int | None]]] = {}
     for tok in tokens:
         cands = candidates.get(tok, [])
         if not cands:
-            out[tok] = (None, None)
+            out[tok] = []
             continue
         ids = {g for g, _ in cands}
         has_child_candidate: set[int] = set()
@@ -135,8 +152,7 @@ def _born_per_token(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, tu
                 p = parent.get(p)
                 seen += 1
         deepest = [(g, t) for g, t in cands if g not in has_child_candidate]
-        g, t = min(deepest, key=lambda c: order.get(c[0], (1 << 30, c[0])))
-        out[tok] = (g, t)
+        out[tok] = sorted(deepest, key=lambda c: order.get(c[0], (1 << 30, c[0])))
     return out
 
 

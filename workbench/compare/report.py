@@ -12,6 +12,7 @@ import pandas as pd
 
 from workbench.catalog.schema import MSIT_CSV_COLUMNS
 from workbench.compare.summary import CompareResult
+from workbench.core.advice import cause_in
 
 _CSV_INJECTION = ("=", "+", "-", "@", "\t", "\r")
 
@@ -127,6 +128,7 @@ def format_summary(
         lines.append(first_divergent)
     if res.first_failing_token is not None:
         lines.append(f"first token with an error born: {res.first_failing_token}")
+    explained: set[str] = set()
     for tok in sorted(res.born.keys() | inputs_differ.keys()):
         name = res.born.get(tok)
         origin = res.origins.get(tok)
@@ -151,6 +153,10 @@ def format_summary(
             lines.append(f"error born at: {name} (token {tok}){suffix}")
             if tok in res.born_evidence:
                 lines.append(f"  {res.born_evidence[tok]}")
+            cause = cause_in(origin.reason) if origin is not None and origin.golden_node == name else None
+            if cause and name not in explained:  # once per op, not once per token
+                explained.add(name)
+                lines.append(f"  {cause}")
     if csv_path is not None:
         lines.append(f"report: {csv_path}")
     lines.append(f"catalog: {res.catalog}")
