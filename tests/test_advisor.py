@@ -301,6 +301,9 @@ def test_rotary_table_from_a_rounded_inv_freq_is_explained_and_gives_way(tmp_pat
     first = _advice(both, top=1)
     assert bench._same_module(first[0].golden_node, planted) and first[0].score >= SIGNIFICANT, first
     assert f"{planted} (token 0)" in both.stdout, both.stdout  # named by the summary too
+    explained = sorted({a.token_id for a in _advice(both) if a.cause and a.score >= SIGNIFICANT})
+    if explained:  # the rotary table stood out too: said once, with its cause, below the defect's lines
+        assert "also standing out, explained: root.model.rotary_emb (token" in both.stdout, both.stdout
     for tok in {a.token_id for a in _advice(both)}:
         ranked = _advice(both, token=tok)
         unexplained = [a for a in ranked if a.cause is None and a.score >= SIGNIFICANT]

@@ -81,6 +81,12 @@ def refresh_verdicts(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, i
         candidates = _born_candidates(con, cmp_id)
         advice = compute_advice(con, cmp_id)
         verdicts = {tok: _first_unexplained(cands, advice.get(tok, [])) for tok, cands in candidates.items()}
+        for tok, (gid, _tid) in verdicts.items():
+            items = advice.get(tok, [])
+            if gid is not None and items and items[0].cause is None and items[0].score >= SIGNIFICANT:
+                if any(a.golden_node_id == gid and a.cause for a in items):
+                    # only an explained op fails, and an op stands out unexplained: the advisor names that one
+                    verdicts[tok] = (None, None)
         for token in verdicts.keys() & differ.keys():
             verdicts[token] = (None, None)
         origins: dict[int, tuple[int | None, int | None]] = {

@@ -12,7 +12,6 @@ import pandas as pd
 
 from workbench.catalog.schema import MSIT_CSV_COLUMNS
 from workbench.compare.summary import CompareResult
-from workbench.core.advice import cause_in
 
 _CSV_INJECTION = ("=", "+", "-", "@", "\t", "\r")
 
@@ -153,11 +152,25 @@ def format_summary(
             lines.append(f"error born at: {name} (token {tok}){suffix}")
             if tok in res.born_evidence:
                 lines.append(f"  {res.born_evidence[tok]}")
-            cause = cause_in(origin.reason) if origin is not None and origin.golden_node == name else None
-            if cause and name not in explained:  # once per op, not once per token
+            if name in res.explained and name not in explained:  # once per op, not once per token
                 explained.add(name)
-                lines.append(f"  {cause}")
+                lines.append(f"  {res.explained[name][0]}")
+    for name, (cause, toks) in res.explained.items():
+        if name not in explained and not any(o.golden_node == name for o in res.origins.values() if o.stands_out):
+            at = f"token {toks[0]}" if len(set(toks)) == 1 else f"tokens {_spans(toks)}"
+            lines.append(f"also standing out, explained: {name} ({at}): {cause}")
     if csv_path is not None:
         lines.append(f"report: {csv_path}")
     lines.append(f"catalog: {res.catalog}")
     return lines
+
+
+def _spans(tokens: list[int]) -> str:
+    """`0-3,7`: token ids as ranges."""
+    runs: list[list[int]] = []
+    for t in sorted(set(tokens)):
+        if runs and runs[-1][1] == t - 1:
+            runs[-1][1] = t
+        else:
+            runs.append([t, t])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

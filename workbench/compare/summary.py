@@ -13,7 +13,7 @@ import pandas as pd
 from workbench.catalog import first_row
 from workbench.compare.fingerprint import MappingCheck
 from workbench.compare.matching import NodeMatch, RunFrames
-from workbench.core.advice import STANDS_OUT
+from workbench.core.advice import CAUSE_LEAD, STANDS_OUT, cause_in
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +50,8 @@ class CompareResult:
     born_test: dict[int, str | None] = field(default_factory=dict)
     born_evidence: dict[int, str] = field(default_factory=dict)
     origins: dict[int, Origin] = field(default_factory=dict)  # the advisor's first op per token
+    # ops standing out whose error a known cause explains: golden name -> (the cause, the tokens)
+    explained: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
     first_failing_token: int | None = None
     problems: list[str] = field(default_factory=list)
     coverage: dict[str, Any] = field(default_factory=dict)
@@ -171,6 +173,16 @@ def summarize_comparison(
         res.origins[int(tok)] = Origin(
             str(gname), None if tname is None else str(tname), float(score), str(reason), why, score >= STANDS_OUT
         )
+    for tok, gname, reason in con.execute(
+        "SELECT a.token_id, gn.name, a.reason FROM advice a JOIN comparisons c USING (cmp_id) "
+        "JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = a.golden_node_id "
+        f"WHERE a.cmp_id = ? AND a.score >= ? AND contains(a.reason, ?){tok_filter.replace('b.', 'a.')} "
+        "ORDER BY a.token_id, a.rank",
+        [cmp_id, STANDS_OUT, "; " + CAUSE_LEAD],
+    ).fetchall():
+        cause = cause_in(str(reason))
+        if cause:
+            res.explained.setdefault(str(gname), (cause, []))[1].append(int(tok))
     first = next((t for t, n in sorted(res.born.items()) if n is not None), None)
     res.first_failing_token = first
     return res
