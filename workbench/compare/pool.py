@@ -153,12 +153,12 @@ class PoolStarter:
         self._future.add_done_callback(started)
         return out
 
-    def shutdown(self, wait: bool = True) -> None:
-        """Stop the pool; `wait=False` leaves a running task to end on its own (the workers die with this
-        process), for a compare that failed while a worker was still reading a big dump."""
+    def shutdown(self) -> None:
+        """Stop the pool and wait for its processes (a task still running, say a dump being read, ends first; a
+        pool left unjoined keeps its queues' semaphores registered and Python warns at exit)."""
         pool = self.get()
         if pool is not None:
-            pool.shutdown(wait=wait, cancel_futures=True)
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _settle(out: Future[T], done: Future[T]) -> None:

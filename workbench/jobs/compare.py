@@ -72,14 +72,13 @@ def run_compare(
     own: PoolStarter | None = None
     if cluster is None and pool is None and worth_a_pool(_root(golden), _root(test), n_workers):
         own = pool = PoolStarter(n_workers)  # first: its workers boot while everything else happens
-    failed = True
     try:
         from workbench.compare.mapping import MappingFile
         from workbench.compare.thresholds import Thresholds
 
         th = thresholds if isinstance(thresholds, Thresholds) else Thresholds.load(thresholds)
         mf = mapping if isinstance(mapping, MappingFile) or mapping is None else MappingFile.load(mapping)
-        res = _read_ingest_compare(
+        return _read_ingest_compare(
             golden,
             test,
             catalog,
@@ -96,11 +95,9 @@ def run_compare(
             follow_symlinks,
             cluster,
         )
-        failed = False
-        return res
     finally:
         if own is not None:
-            own.shutdown(wait=not failed)  # a failed compare does not wait for a worker still reading
+            own.shutdown()
 
 
 def _root(dump: str | Path | Dump) -> Path:
