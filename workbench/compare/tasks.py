@@ -86,6 +86,17 @@ def file_identity(path: str | None) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
+def token_text(tokens: Iterable[int]) -> str:
+    """[0, 1, 2, 3, 7] -> '0-3,7'."""
+    out: list[list[int]] = []
+    for t in sorted(set(tokens)):
+        if out and t == out[-1][1] + 1:
+            out[-1][1] = t
+        else:
+            out.append([t, t])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+
+
 @dataclass(frozen=True, slots=True)
 class TokenRanges:
     """A `--tokens` selection as ranges: bound to the tokens a dump holds (`among`), never expanded."""

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from workbench.compare.pool import PoolStarter, default_workers, worth_a_pool
-from workbench.compare.tasks import TokenRanges
+from workbench.compare.tasks import TokenRanges, token_text
 from workbench.core.progress import CompareCancelled, Progress, ProgressFn
 
 if TYPE_CHECKING:
@@ -338,16 +338,5 @@ def check_tokens(wanted: set[int], golden: list[int], test: list[int], asked: st
     have = sorted(set(golden) & set(test))
     if wanted & set(have):
         return
-    asked = asked or _token_text(sorted(wanted))
-    raise ValueError(f"--tokens {asked}: the dumps have no such token; they hold tokens {_token_text(have) or 'none'}")
-
-
-def _token_text(tokens: list[int]) -> str:
-    """[0, 1, 2, 3, 7] -> '0-3,7'."""
-    out: list[list[int]] = []
-    for t in sorted(tokens):
-        if out and t == out[-1][1] + 1:
-            out[-1][1] = t
-        else:
-            out.append([t, t])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+    asked = asked or token_text(wanted)
+    raise ValueError(f"--tokens {asked}: the dumps have no such token; they hold tokens {token_text(have) or 'none'}")
