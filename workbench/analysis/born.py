@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import duckdb
 
 from workbench.catalog import first_row
+from workbench.core.advice import STANDS_OUT
 from workbench.formats.atb import op_folder_of
 
 if TYPE_CHECKING:
@@ -80,13 +81,7 @@ def refresh_verdicts(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, i
         con.execute(NODE_RESULTS_SQL, [cmp_id])
         candidates = _born_candidates(con, cmp_id)
         advice = compute_advice(con, cmp_id)
-        verdicts = {tok: _first_unexplained(cands, advice.get(tok, [])) for tok, cands in candidates.items()}
-        for tok, (gid, _tid) in verdicts.items():
-            items = advice.get(tok, [])
-            if gid is not None and items and items[0].cause is None and items[0].score >= SIGNIFICANT:
-                if any(a.golden_node_id == gid and a.cause for a in items):
-                    # only an explained op fails, and an op stands out unexplained: the advisor names that one
-                    verdicts[tok] = (None, None)
+        verdicts = {tok: _born_unexplained(cands, advice.get(tok, [])) for tok, cands in candidates.items()}
         for token in verdicts.keys() & differ.keys():
             verdicts[token] = (None, None)
         origins: dict[int, tuple[int | None, int | None]] = {
@@ -110,12 +105,15 @@ def refresh_verdicts(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, i
     return {t: g for t, (g, _t) in verdicts.items()}
 
 
-def _first_unexplained(cands: list[tuple[int, int | None]], advice: list[Advice]) -> tuple[int | None, int | None]:
-    """The earliest candidate whose error no known cause explains (the advisor's `cause`), else the earliest."""
-    if not cands:
-        return (None, None)
+def _born_unexplained(cands: list[tuple[int, int | None]], advice: list[Advice]) -> tuple[int | None, int | None]:
+    """The earliest candidate whose error no known cause explains (the advisor's `cause`). When every candidate is
+    explained: none if the advisor's first op stands out unexplained (it names that one), else the earliest."""
     explained = {a.golden_node_id for a in advice if a.cause}
-    return next((c for c in cands if c[0] not in explained), cands[0])
+    first = next((c for c in cands if c[0] not in explained), None)
+    if first is not None or not cands:
+        return first or (None, None)
+    top = advice[0] if advice else None
+    return (None, None) if top is not None and top.cause is None and top.score >= STANDS_OUT else cands[0]
 
 
 def _born_candidates(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, list[tuple[int, int | None]]]:

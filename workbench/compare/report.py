@@ -12,6 +12,7 @@ import pandas as pd
 
 from workbench.catalog.schema import MSIT_CSV_COLUMNS
 from workbench.compare.summary import CompareResult
+from workbench.compare.tasks import token_text
 
 _CSV_INJECTION = ("=", "+", "-", "@", "\t", "\r")
 
@@ -137,6 +138,8 @@ def format_summary(
             test_name = origin.test_node
             suffix = f"  [test op: {test_name}]" if test_name and test_name != origin.golden_node else ""
             lines.append(f"most likely origin: {origin.golden_node} (token {tok}): {origin.reason}{suffix}")
+            if origin.golden_node in res.explained:  # its reason carries the cause
+                explained.add(origin.golden_node)
             if origin.evidence:
                 lines.append(f"  {origin.evidence}")
         elif name is None:
@@ -156,21 +159,10 @@ def format_summary(
                 explained.add(name)
                 lines.append(f"  {res.explained[name][0]}")
     for name, (cause, toks) in res.explained.items():
-        if name not in explained and not any(o.golden_node == name for o in res.origins.values() if o.stands_out):
-            at = f"token {toks[0]}" if len(set(toks)) == 1 else f"tokens {_spans(toks)}"
+        if name not in explained:
+            at = f"token {toks[0]}" if len(set(toks)) == 1 else f"tokens {token_text(toks)}"
             lines.append(f"also standing out, explained: {name} ({at}): {cause}")
     if csv_path is not None:
         lines.append(f"report: {csv_path}")
     lines.append(f"catalog: {res.catalog}")
     return lines
-
-
-def _spans(tokens: list[int]) -> str:
-    """`0-3,7`: token ids as ranges."""
-    runs: list[list[int]] = []
-    for t in sorted(set(tokens)):
-        if runs and runs[-1][1] == t - 1:
-            runs[-1][1] = t
-        else:
-            runs.append([t, t])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
