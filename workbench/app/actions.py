@@ -19,7 +19,7 @@ class ActionSpec:
     key: str  # Textual key list, e.g. "right_square_bracket"
     label: str  # key as shown to people
     description: str
-    scope: str  # app | main | heatmap | tree | mapping | sql | help | confirm | picker
+    scope: str  # app | main | heatmap | tree | mapping | sql
     show: bool = True  # shown in the footer (the help screen shows all)
     palette: bool = True  # offered by the command palette
     footer: str = ""  # the footer's label when the description is too long for it (whole words)
@@ -84,8 +84,6 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("history_next", "ctrl+down", "^↓", "Next query in history", "sql", footer="Next query"),
     ActionSpec("close", "escape", "esc", "Back", "sql"),
     ActionSpec("close", "escape,q", "esc", "Close", "help"),
-    ActionSpec("confirm", "y", "y", "Run the recorded command shown", "confirm", palette=False, footer="Run it"),
-    ActionSpec("close", "n,escape", "n esc", "Cancel: run nothing", "confirm", palette=False, footer="Cancel"),
     ActionSpec("choose", "enter", "enter", "Go to the highlighted entry", "picker", palette=False, footer="Go"),
     ActionSpec("close", "escape", "esc", "Back", "picker"),
 )

@@ -21,13 +21,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Center, Vertical
 from textual.message import Message
-from textual.screen import Screen
+from textual.screen import ModalScreen, Screen
 from textual.widgets import ProgressBar, Static
 
 from workbench.analysis.precheck import PrecheckResult
-from workbench.app.actions import bindings
 from workbench.app.footer import KeysFooter
-from workbench.app.screens import WorkbenchModal
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -105,11 +103,14 @@ class PrecheckPanel(Static):
         self.update(render_precheck(result, error, token))
 
 
-class ConfirmRedumpScreen(WorkbenchModal[bool]):
-    """The recorded command `d` would run, exactly; `y` runs it, `n` or Escape runs nothing."""
+class ConfirmRedumpScreen(ModalScreen[bool]):
+    """The recorded command `d` would run, exactly; `y` runs it, `n` or Escape runs nothing (a transient
+    question, like the progress screens: its keys are its own, not the app's action table)."""
 
-    SCOPE = "confirm"
-    BINDINGS = bindings("confirm")
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("y", "confirm", "Run it", key_display="y"),
+        Binding("n,escape", "close", "Cancel", key_display="n esc"),
+    ]
     DEFAULT_CSS = """
     ConfirmRedumpScreen { align: center middle; }
     ConfirmRedumpScreen > Vertical { width: 95%; max-width: 160; height: auto; max-height: 90%;
