@@ -262,7 +262,7 @@ class OpCauseActions(_MixinBase):
 
     def on_redump_planned(self, msg: RedumpPlanned) -> None:
         if msg.plan is None:
-            self.notify(f"re-dump: {msg.error}", severity="error")
+            self.notify(f"re-dump: {msg.error}", severity="error", markup=False)  # may quote a recorded command
             return
         plan, label = msg.plan, msg.label
 
