@@ -229,3 +229,30 @@ def test_the_key_is_private_and_made_once(tmp_path: Path) -> None:
     code = "from workbench.core import trust; print(trust.user_key(create=True))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert r.stdout.strip() == "None", r.stderr
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_mapping_editor_never_saves_over_a_file_it_cannot_read_as_its_own(
+    small_catalog: Path, tmp_path: Path, anyio_backend: str
+) -> None:
+    """`-mf FILE` naming a file that is not a wb-mapping file (msit's, or anything else): Ctrl+S leaves it as it is
+    and writes `FILE.wb.json` beside it; the next save goes there too."""
+    from tests.test_app_pilot import open_mapping_editor
+    from workbench.app.launch import make_app
+    from workbench.compare.mapping import MappingFile
+
+    mine = tmp_path / "notes.json"
+    mine.write_text('{"my": "own notes"}\n')
+    app = make_app(catalog=small_catalog, mapping=mine)
+    async with app.run_test(size=(140, 44)) as pilot:
+        editor = await open_mapping_editor(pilot, app)
+        await pilot.press("ctrl+s")
+        await pilot.pause(0.5)
+        assert mine.read_text() == '{"my": "own notes"}\n'
+        saved = tmp_path / "notes.wb.json"
+        assert saved.is_file() and editor.target == saved
+        assert "notes.json is not a wb mapping file and stays as it is" in str(editor.query_one("#map-status").render())
+        await pilot.press("ctrl+s")
+        await pilot.pause(0.5)
+    assert MappingFile.load(saved).is_empty() and not (tmp_path / "notes.wb.2.json").exists()
