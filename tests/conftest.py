@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # the app tests' fixtures (a synthetic catalog, the demo catalog), shared by the whole suite
 pytest_plugins = ["tests.conftest_app", "tests.conftest_peers"]
 WB = [sys.executable, "-m", "workbench.cli"]
+# the dumper signs recorded commands with a per-user key (workbench/core/trust.py): the tests (and the wb
+# processes they start) make and use their own key, never the user's ~/.config/wb/dump.key
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="wb-test-config-")
 
 
 def shared_fixtures() -> Path:

@@ -810,3 +810,36 @@ def _codes(tmp: Path) -> Outcome:
     r1 = wb("compare", "-gp", g, "-mp", t, "-o", tmp / "o")
     r2 = wb("compare", "-gp", tmp / "missing", "-mp", t, "-o", tmp / "o2")
     return Outcome(f"{r1.returncode} / {r2.returncode}", r1.returncode == 1 and r2.returncode == 2)
+
+
+# ---------------------------------------------------------------------------------------------- issue 21: 1-2
+# (items of issue 21: recorded commands ask first; nothing replaces what it did not create)
+
+
+@case(1, "redump of a manifest recording sh -c 'id > FILE'", "shown, flagged, exit 4 without --yes; FILE absent")
+def _recorded_shell(tmp: Path) -> Outcome:
+    from tests.recorded_commands import EXIT_NOT_CONFIRMED, crafted_catalog, shell_record, wb_cli
+
+    target = tmp / "pwned"
+    catalog = crafted_catalog(tmp, shell_record(target, tmp))
+    r = wb_cli("redump", "root.b", "-c", catalog)
+    shown = f"  command: sh -c 'id > {target}'" in r.stdout.splitlines()
+    flagged = "recorded elsewhere or edited" in r.stdout
+    refused = one_line_error(r, "needs your yes", code=EXIT_NOT_CONFIRMED)
+    ok = refused.ok and shown and flagged and not target.exists()
+    return Outcome(f"{refused.got[:80]}; shown: {shown}, flagged: {flagged}, ran: {target.exists()}", ok)
+
+
+@case(2, "wb demo --out a folder holding the user's files", "refused with one line; every file intact")
+def _demo_victim(tmp: Path) -> Outcome:
+    from tests.recorded_commands import tree_state, wb_cli
+
+    victim = tmp / "victim"
+    (victim / "golden").mkdir(parents=True)
+    (victim / "golden" / "keep.txt").write_text("mine")
+    (victim / "catalog.duckdb").write_text("not a database")
+    before = tree_state(victim)
+    r = wb_cli("demo", "--out", victim, "--no-tui")
+    refused = one_line_error(r, str(victim), "not an earlier `wb demo` output")
+    intact = tree_state(victim) == before
+    return Outcome(f"{refused.got[:90]}; files intact: {intact}", refused.ok and intact)

@@ -84,7 +84,7 @@ def test_redump_of_a_followed_run_follows_again(follow_runs: tuple[Path, Path, P
     if not catalog.exists():
         pytest.skip("the compare of the followed run did not run")
     node = "root.model.layers.1.mlp.down_proj"
-    proc = run_wb("redump", node, "--token", "2", "--catalog", str(catalog))
+    proc = run_wb("redump", node, "--token", "2", "--catalog", str(catalog), "--yes")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (redump,) = [p.parent for p in (tmp / "out" / "wb_redump").rglob("wb_manifest.json")]
     manifest = json.loads((redump / "wb_manifest.json").read_text())

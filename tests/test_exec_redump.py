@@ -14,7 +14,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.conftest import run_wb
+from tests.conftest import ROOT, WB, run_wb
 
 SCRIPT = textwrap.dedent(
     """
@@ -128,7 +128,18 @@ def _pairs(catalog: Path, node: str, token: int) -> list[tuple[str | None, objec
 def test_redump_brings_full_tensors_into_the_catalog(compared: Path) -> None:
     before = _pairs(compared, NODE, 1)
     assert before and all(path is None for path, _ in before)  # statistics only
-    proc = run_wb("redump", NODE, "--token", "1", "--catalog", str(compared))
+    # without --yes and no terminal to ask: the command is shown, nothing runs, exit 4
+    args = ["redump", NODE, "--token", "1", "--catalog", str(compared)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    shown = subprocess.run([*WB, *args], capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
+    assert shown.returncode == 4, shown.stdout + shown.stderr
+    assert f"  command: {sys.executable} run.py bfloat16" in shown.stdout.splitlines()
+    assert "warning:" not in shown.stdout  # recorded here by this user: signed, verified
+    assert shown.stderr.strip().splitlines() == [
+        "wb: error: not run: a recorded command needs your yes (--yes, or y on a terminal)"
+    ]
+    assert _pairs(compared, NODE, 1) == before and not (compared.parent / "wb_redump").exists()
+    proc = run_wb(*args, "--yes")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "tensors now full" in proc.stdout
     after = _pairs(compared, NODE, 1)
@@ -158,11 +169,11 @@ PILOT_NODE = "root.model.layers.0.mlp"
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_pilot_precheck_then_redump_then_precheck(compared: Path, anyio_backend: str) -> None:
-    """End to end: select an op, `p` (statistics only: cannot run), `d` re-dumps it, the detail pane refreshes
-    with full tensors, `p` again gives the verdict."""
+    """End to end: select an op, `p` (statistics only: cannot run), `d` shows the command, `y` re-dumps it, the
+    detail pane refreshes with full tensors, `p` again gives the verdict."""
     from tests.test_app_pilot import _text, ready, wait_for
     from workbench.app.launch import make_app
-    from workbench.app.opcause import PrecheckPanel, RedumpScreen
+    from workbench.app.opcause import ConfirmRedumpScreen, PrecheckPanel, RedumpScreen
     from workbench.app.trees import TopologyTree
 
     con = duckdb.connect(str(compared), read_only=True)
@@ -183,6 +194,9 @@ async def test_pilot_precheck_then_redump_then_precheck(compared: Path, anyio_ba
         await wait_for(pilot, lambda: "statistics only" in _text(panel), timeout=60)
         assert _pairs(compared, PILOT_NODE, 2)[0][0] is None
         await pilot.press("d")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmRedumpScreen), timeout=30)
+        assert f"command: {sys.executable} run.py bfloat16" in _text(app.screen.query_one("#confirm-command"))
+        await pilot.press("y")
         await wait_for(pilot, lambda: isinstance(app.screen, RedumpScreen), timeout=10)
         # no catalog access from here while the job writes it (one process: a read-only connection would clash)
         await wait_for(pilot, lambda: app.screen is screen, timeout=300)

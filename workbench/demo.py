@@ -10,9 +10,8 @@ compares like with like.
 from __future__ import annotations
 
 import copy
-import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ class DemoPlan:
     description: str
     expected: str
     expected_token: int
+    kept: set[str] = field(default_factory=set)  # entries of the output folder that were there before: not ours
 
 
 def demo_config() -> Any:
@@ -161,18 +161,14 @@ def _dump_torch(model: Any, dump_path: Path, prompt: torch.Tensor, follow: Path 
 def make_demo(
     out: Path, *, stack: str = "atb", defect: str | None = None, log: Callable[[str], None] = print, tp: int = 1
 ) -> DemoPlan:
-    """Build, run and dump the demo into `out` (replacing an earlier demo there); returns what to compare."""
+    """Build, run and dump the demo into `out` (replacing only what an earlier demo created there; a folder
+    holding anything else is refused, `core.owned`); returns what to compare. `finish_demo` ends it."""
+    from workbench.core.owned import claim
     from workbench.dump import seed_all
 
     check_choice(stack, defect, tp)
     out = Path(out)
-    for sub in ("golden", "test"):
-        if (out / sub).exists():
-            shutil.rmtree(out / sub)
-    cat = out / CATALOG_NAME
-    if cat.exists():
-        cat.unlink()
-    out.mkdir(parents=True, exist_ok=True)
+    kept = claim(out, "demo", ["golden", "test", CATALOG_NAME])
     seed_all(DEMO_SEED)
     model = build_model()
     prompt = demo_prompt()
@@ -191,7 +187,7 @@ def make_demo(
         expected = plant(test_model)
         test_root, _ = _dump_torch(test_model, out / "test", prompt, golden_root)
         log(f"demo: test run (torch bf16, defect: {text}) dumped to {test_root}")
-        return DemoPlan(golden_root, test_root, None, f"{name}: {text}", expected, 0)
+        return DemoPlan(golden_root, test_root, None, f"{name}: {text}", expected, 0, kept)
     from workbench.backends.defects import Defect
     from workbench.backends.demo import DEFAULT_DEFECT, DEFAULT_TP_DEFECT, run_atb_demo
 
@@ -199,4 +195,11 @@ def make_demo(
     ranks = f", {tp} tensor-parallel ranks" if tp > 1 else ""
     log(f"demo: test run (ATB-structured stack, bf16{ranks}, defect: {text}) dumped to {test_root}")
     name = defect or (DEFAULT_TP_DEFECT if tp > 1 else DEFAULT_DEFECT)
-    return DemoPlan(golden_root, test_root, None, text, expected, Defect(name).start)
+    return DemoPlan(golden_root, test_root, None, text, expected, Defect(name).start, kept)
+
+
+def finish_demo(out: Path, plan: DemoPlan) -> None:
+    """Record every file the demo created in `out` (the next `wb demo --out` there replaces exactly those)."""
+    from workbench.core.owned import seal
+
+    seal(Path(out), "demo", plan.kept)

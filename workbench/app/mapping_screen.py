@@ -35,6 +35,7 @@ from workbench.compare.mapping import (
     TensorSel,
     expand_rule,
     rule_across_layers,
+    save_path,
 )
 
 
@@ -344,16 +345,19 @@ class MappingScreen(WorkbenchScreen[None]):
         except duckdb.Error:
             self._status("the catalog is being updated: save again in a moment")
             return
+        dest = save_path(self.target)
+        moved = "" if dest == self.target else f"{self.target} is not a wb mapping file and stays as it is; "
         try:
-            self.target.parent.mkdir(parents=True, exist_ok=True)
-            written = self.mapping.save(self.target)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            written = self.mapping.save(dest)
         except OSError as exc:
-            self._status(f"cannot save {self.target}: {exc.strerror or exc}")
+            self._status(f"cannot save {dest}: {exc.strerror or exc}")
             return
+        self.target = written  # the next save goes to the same file
         self.dirty = False
         self.fingerprinted = True
         kept = f"; {len(self.stale)} stale pairs kept as stale" if self.stale else ""
-        self._status(f"saved {written} with the dumps' fingerprint{kept}; use it with: wb compare -mf {written}")
+        self._status(f"{moved}saved {written} with the dumps' fingerprint{kept}; use it with: wb compare -mf {written}")
         self.notify(f"mapping saved to {written}")
 
     def action_close(self) -> None:

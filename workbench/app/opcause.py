@@ -1,8 +1,10 @@
 """From op to cause in the app: `p` prechecks the selected op, `d` re-dumps it (a cancellable progress screen).
 
 `OpCauseActions` is mixed into the main screen: each action runs one headless call in a thread worker
-(`precheck_catalog`, `run_redump`) and posts a typed message; the verdict goes to a panel under the
-detail pane and a badge in both trees, a re-dump reopens the catalog so every pane refreshes.
+(`precheck_catalog`, `plan_redump`, `run_redump`) and posts a typed message; the verdict goes to a panel under
+the detail pane and a badge in both trees. `d` first shows the recorded command it would run
+(`ConfirmRedumpScreen`: argv, folder, environment, a warning when the record does not verify); only `y` there
+starts the re-dump, which reopens the catalog so every pane refreshes.
 """
 
 from __future__ import annotations
@@ -19,15 +21,18 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Center, Vertical
 from textual.message import Message
-from textual.screen import Screen
+from textual.screen import ModalScreen, Screen
 from textual.widgets import ProgressBar, Static
 
 from workbench.analysis.precheck import PrecheckResult
 from workbench.app.footer import KeysFooter
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from workbench.analysis.explore import Explorer
     from workbench.core.progress import Progress
+    from workbench.jobs.redump import RedumpPlan
 
 
 @dataclass
@@ -35,6 +40,13 @@ class PrecheckReady(Message):
     node_id: int
     token: int
     result: PrecheckResult | None
+    error: str | None = None
+
+
+@dataclass
+class RedumpPlanned(Message):
+    label: str
+    plan: RedumpPlan | None
     error: str | None = None
 
 
@@ -89,6 +101,48 @@ class PrecheckPanel(Static):
     def show(self, result: PrecheckResult | None, error: str | None, token: int) -> None:
         self.display = True
         self.update(render_precheck(result, error, token))
+
+
+class ConfirmRedumpScreen(ModalScreen[bool]):
+    """The recorded command `d` would run, exactly; `y` runs it, `n` or Escape runs nothing (a transient
+    question, like the progress screens: its keys are its own, not the app's action table)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("y", "confirm", "Run it", key_display="y"),
+        Binding("n,escape", "close", "Cancel", key_display="n esc"),
+    ]
+    DEFAULT_CSS = """
+    ConfirmRedumpScreen { align: center middle; }
+    ConfirmRedumpScreen > Vertical { width: 95%; max-width: 160; height: auto; max-height: 90%;
+                                     border: heavy $warning; background: $surface; padding: 1 2; }
+    ConfirmRedumpScreen #confirm-title { text-style: bold; }
+    ConfirmRedumpScreen #confirm-warning { color: $error; text-style: bold; }
+    ConfirmRedumpScreen #confirm-command { margin: 1 0; }
+    """
+
+    def __init__(self, what: str, plan: RedumpPlan) -> None:
+        super().__init__()
+        self.what = what
+        self.plan = plan
+
+    def compose(self) -> ComposeResult:
+        from workbench.jobs.redump import describe
+
+        lines = describe(self.plan)
+        warning = [ln for ln in lines if ln.startswith("warning:")]
+        with Vertical():
+            yield Static(Text(f"Re-dump {self.what}: run this recorded command?"), id="confirm-title")
+            if warning:
+                yield Static(Text(warning[0]), id="confirm-warning")
+            yield Static(Text("\n".join(ln for ln in lines if not ln.startswith("warning:"))), id="confirm-command")
+            yield Static(Text("y runs it; n or Escape cancels (nothing runs).", style="dim"))
+        yield KeysFooter()
+
+    def action_confirm(self) -> None:
+        self.dismiss(True)
+
+    def action_close(self) -> None:
+        self.dismiss(False)
 
 
 class RedumpScreen(Screen[None]):
@@ -184,36 +238,62 @@ class OpCauseActions(_MixinBase):
         target = self._target()
         if target is None:
             return
-        cancel = threading.Event()
-        self._redump_cancel = cancel
-        app: Any = self.app
         from workbench.app.trees import TopologyTree
 
         name = self.query_one("#golden-tree", TopologyTree).rows.get(target[0])
         label = f"{name.name if name else target[0]} at token {target[1]} (test side)"
+        self._plan_worker(target[0], target[1], label)
+
+    @work(thread=True, exclusive=True, group="redump", exit_on_error=False)
+    def _plan_worker(self, node_id: int, token: int, label: str) -> None:
+        from workbench.analysis.explore import ExploreError, connect_read_only
+        from workbench.jobs.redump import RedumpError, plan_redump
+
+        try:
+            con = connect_read_only(self.explorer.catalog)
+            try:
+                plan = plan_redump(con, self.explorer.info.cmp_id, node_id, token, self.explorer.catalog)
+            finally:
+                con.close()
+        except (RedumpError, ExploreError) as exc:
+            self.post_message(RedumpPlanned(label, None, str(exc)))
+            return
+        self.post_message(RedumpPlanned(label, plan))
+
+    def on_redump_planned(self, msg: RedumpPlanned) -> None:
+        if msg.plan is None:
+            self.notify(f"re-dump: {msg.error}", severity="error", markup=False)  # may quote a recorded command
+            return
+        plan, label = msg.plan, msg.label
+
+        def answered(ok: bool | None) -> None:
+            if ok:
+                self._start_redump(label, plan)
+            else:
+                self.notify("re-dump cancelled: nothing was run")
+
+        self.app.push_screen(ConfirmRedumpScreen(label, plan), answered)
+
+    def _start_redump(self, label: str, plan: RedumpPlan) -> None:
+        cancel = threading.Event()
+        self._redump_cancel = cancel
+        app: Any = self.app
+        catalog = self.explorer.catalog
         app.push_screen(RedumpScreen(label, cancel))
         if app.explorer is not None:
             app.explorer.close()  # the job writes the catalog; reopened when it ends
-        self._redump_worker(target[0], target[1], cancel)
+        self._redump_worker(catalog, plan, cancel)
 
     @work(thread=True, exclusive=True, group="redump", exit_on_error=False)
-    def _redump_worker(self, node_id: int, token: int, cancel: threading.Event) -> None:
+    def _redump_worker(self, catalog: Path, plan: RedumpPlan, cancel: threading.Event) -> None:
         from workbench.jobs.redump import RedumpError, run_redump
-
-        catalog, cmp_id = self.explorer.catalog, self.explorer.info.cmp_id
 
         def step(p: Progress) -> None:
             self.post_message(RedumpStep(p))
 
         try:
-            res = run_redump(
-                catalog,
-                cmp_id,
-                node_id,
-                token,
-                progress=step,
-                cancel=cancel,
-            )
+            # confirmed: only ever started from the confirmation screen's `y`
+            res = run_redump(catalog, plan, confirmed=True, progress=step, cancel=cancel)
             text = f"re-dumped: {res.tensors_updated} tensors now full, {res.pairs_recomputed} pairs recomputed"
             text += "".join(f"; {n}" for n in res.notes)
             error = False

@@ -37,7 +37,10 @@ def _cell(value: Any) -> str:
 def run_badcase(golden: Path, test: Path, out: Path | None, run: list[str] | None = None) -> int:
     """Print the bad cases (and write them to `out` as CSV), run `run` commands for the first; returns how many."""
     from workbench.analysis.badcase import compare_cases, next_dump, read_cases, run_command
+    from workbench.core.owned import check_replaceable
 
+    if out is not None:
+        check_replaceable(out, ",".join(COLUMNS_CSV), "badcase")
     g_cases, t_cases = read_cases(golden), read_cases(test)
     bad, only_g, only_t = compare_cases(g_cases, t_cases)
     common = len(g_cases) - len(only_g)

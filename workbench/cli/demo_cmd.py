@@ -52,11 +52,12 @@ def demo(
             for name, text in demo_mod.available_defects(st).items():
                 typer.echo(f"  {name:16s} {text}")
         return
-    guarded(lambda: demo_mod.check_choice(stack, defect, tp))  # before anything is built or deleted
+    guarded(lambda: demo_mod.check_choice(stack, defect, tp))  # before anything is built or replaced
 
     def go() -> Any:
         plan = demo_mod.make_demo(out, stack=stack, defect=defect, log=typer.echo, tp=tp)
         res = run_compare_cli(plan.golden, plan.test, out, plan.mapping, None, None, None)
+        demo_mod.finish_demo(out, plan)
         typer.echo(f"planted defect: {plan.description}")
         typer.echo(f"expected: error born at {plan.expected} (token {plan.expected_token})")
         return res

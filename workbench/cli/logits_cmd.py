@@ -101,6 +101,11 @@ def run_logits(
     from workbench.formats import open_dump
 
     check_format(fmt)
+    if out is not None:
+        from workbench.analysis.logits import COLUMNS
+        from workbench.core.owned import check_replaceable
+
+        check_replaceable(out / CSV_NAME, ",".join((*COLUMNS, "inputs")), "logits")
     th = Thresholds.load(thresholds)
     wanted = parse_tokens(tokens)
     g_dump, t_dump = open_dump(golden), open_dump(test)

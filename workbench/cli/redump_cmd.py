@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-from workbench.cli.common import app, fail
+from workbench.cli.common import app, fail, say
+from workbench.core.exits import EXIT_NOT_CONFIRMED
 from workbench.core.files import DEFAULT_CATALOG
 
 
@@ -23,13 +24,21 @@ def redump(
     cmp_id: Annotated[int | None, typer.Option("--cmp", help="Comparison id (default: the latest).")] = None,
     side: Annotated[str, typer.Option("--side", help="test or golden.")] = "test",
     timeout: Annotated[float | None, typer.Option("--timeout", help="Stop the re-run after this many seconds.")] = None,
+    yes: Annotated[
+        bool,
+        typer.Option(
+            "--yes", "-y", help="Run the recorded command without asking (it is still shown).", show_default=False
+        ),
+    ] = False,
 ) -> None:
     """Re-run the command recorded in the run's manifest for just this op and token, with full tensors in and
-    out; the new dump is ingested into the same catalog and the comparison's pairs of the op are recomputed."""
+    out; the new dump is ingested into the same catalog and the comparison's pairs of the op are recomputed.
+    The command, its folder and environment are shown first and run only after a yes (`--yes`, or `y` on a
+    terminal); a record not signed here by this user is flagged as recorded elsewhere or edited."""
     from workbench.catalog.lookup import NodeLookupError, comparison_id
     from workbench.catalog.store import open_catalog
     from workbench.core.progress import Progress
-    from workbench.jobs.redump import RedumpCancelled, RedumpError, run_redump
+    from workbench.jobs.redump import RedumpCancelled, RedumpError, describe, plan_redump, run_redump
 
     if side not in ("test", "golden"):
         raise fail(f"--side must be test or golden, not {side!r}")
@@ -38,10 +47,25 @@ def redump(
     con = open_catalog(catalog, read_only=True)
     try:
         cid = comparison_id(con, cmp_id, catalog)
+        plan = plan_redump(con, cid, node, token, catalog, side)
     except NodeLookupError as exc:
+        raise fail(str(exc)) from None
+    except RedumpError as exc:
         raise fail(str(exc)) from None
     finally:
         con.close()
+    say("wb redump will run this recorded command:")
+    for line in describe(plan):
+        say(f"  {line}")
+    if not yes:
+        if not sys.stdin.isatty():
+            raise fail("not run: a recorded command needs your yes (--yes, or y on a terminal)", EXIT_NOT_CONFIRMED)
+        try:
+            answer = input("run it? [y/N] ").strip().lower()
+        except EOFError:
+            answer = ""
+        if answer not in ("y", "yes"):
+            raise fail("not run (answered no)", EXIT_NOT_CONFIRMED)
     tty = sys.stderr.isatty()
 
     def show(p: Progress) -> None:
@@ -51,7 +75,7 @@ def redump(
 
     cancel = threading.Event()
     try:
-        res = run_redump(catalog, cid, node, token, side=side, progress=show, cancel=cancel, timeout_s=timeout)
+        res = run_redump(catalog, plan, confirmed=True, progress=show, cancel=cancel, timeout_s=timeout)
     except KeyboardInterrupt:
         cancel.set()
         raise fail("interrupted; the catalog is unchanged", 130) from None

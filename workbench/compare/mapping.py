@@ -41,6 +41,7 @@ MAPPING_FORMAT = "wb-mapping"
 MAPPING_VERSION = 1
 MSIT_MAPPING_NAME = "op_mapping_file.json"
 WB_MAPPING_NAME = "wb_mapping.json"
+MAX_MAPPING_CHECK = 256 << 20  # a mapping file larger than this is not one wb wrote
 _MSIT_KEY = re.compile(r"^[A-Za-z0-9_]+$")
 
 
@@ -381,7 +382,8 @@ class MappingFile:
         return out
 
     def save(self, path: str | Path) -> Path:
-        """Write the mapping as a wb-mapping JSON file (atomically); a folder gets `wb_mapping.json`."""
+        """Write the mapping as a wb-mapping JSON file (atomically); a folder gets `wb_mapping.json`. Callers
+        that did not just read `path` as a wb-mapping file use `save_path` first (never over another file)."""
         p = Path(path)
         if p.is_dir():
             p = p / WB_MAPPING_NAME
@@ -407,3 +409,30 @@ def _sel_file(sel: TensorSel, torch: bool = False) -> str:
         return base if sel.index is None else f"{base}_{sel.index}"
     base = "outtensor" if sel.role == "out" else "intensor"
     return base if sel.index is None else f"{base}{sel.index}"
+
+
+def is_wb_mapping(path: Path) -> bool:
+    """Whether `path` is a wb-mapping file (one wb wrote and may write again)."""
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_MAPPING_CHECK:
+            return False
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and data.get("format") == MAPPING_FORMAT
+
+
+def save_path(path: Path) -> Path:
+    """Where a save to `path` goes: `path` when it is free or a wb-mapping file, else a free name beside it
+    (`x.wb.json`, `x.wb.2.json`, ...): msit's `op_mapping_file.json` or any other file of the user's is
+    never overwritten."""
+    if path.is_dir():
+        path = path / WB_MAPPING_NAME
+    if not path.exists() or is_wb_mapping(path):
+        return path
+    n = 1
+    while True:
+        cand = path.with_name(f"{path.stem}.wb{'' if n == 1 else f'.{n}'}.json")
+        if not cand.exists() or is_wb_mapping(cand):
+            return cand
+        n += 1

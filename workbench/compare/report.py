@@ -30,6 +30,10 @@ def write_msit_csv(
     full-width rows at once held every path and name of the comparison in DuckDB (~2 KB per pair)."""
     stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%d%H%M%S")
     path = out_dir / f"msit_cmp_report{suffix}_{stamp}.csv"
+    n = 1
+    while path.exists():  # a second report in the same second: a new name, never over another file
+        n += 1
+        path = out_dir / f"msit_cmp_report{suffix}_{stamp}_{n}.csv"
     tok = "" if tokens is None else f" AND golden_token_id IN ({','.join(str(int(t)) for t in sorted(tokens))})"
     order = con.execute(
         f"SELECT pair_id, golden_token_id FROM comparison WHERE cmp_id = ?{tok} ORDER BY data_id", [cmp_id]
@@ -37,7 +41,7 @@ def write_msit_csv(
     pair_ids, row_tokens = np.asarray(order["pair_id"]), np.asarray(order["golden_token_id"])
     cols = ", ".join("s.pos AS data_id" if c == "data_id" else f"c.{c}" for c in MSIT_CSV_COLUMNS)
     done = 0
-    with open(path, "w", encoding="utf-8", newline="") as fh:
+    with open(path, "x", encoding="utf-8", newline="") as fh:
         for lo, hi in _token_slices(row_tokens):
             con.register("_csv_slice", pd.DataFrame({"pair_id": pair_ids[lo:hi], "pos": np.arange(lo, hi)}))
             try:

@@ -4,5 +4,6 @@ EXIT_OK = 0
 EXIT_NOTHING = 1  # ran, but nothing could be compared / precheck found ops that disagree
 EXIT_INPUT = 2  # bad input, bad option, unusable file or catalog: one line names it
 EXIT_CRASH = 3  # a bug in wb: one line (the traceback with --debug), please report it
+EXIT_NOT_CONFIRMED = 4  # a recorded command was shown but not run: no --yes, no terminal to ask, or the answer was no
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT)
 EXIT_TERMINATED = 143  # SIGTERM

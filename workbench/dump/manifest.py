@@ -19,6 +19,7 @@ from torch import nn
 
 from workbench.core.files import MANIFEST_NAME as MANIFEST_NAME
 from workbench.core.files import MODEL_TREE_NAME as MODEL_TREE_NAME
+from workbench.core.trust import SIGNATURE_KEY, sign
 from workbench.formats.tensor_io import dtype_name
 
 __all__ = ["MANIFEST_NAME", "MODEL_TREE_NAME"]
@@ -71,7 +72,7 @@ class Manifest:
         self.path = dump_dir / MANIFEST_NAME
         self.meta: dict[str, Any] = {
             "command": list(sys.argv),
-            "executable": sys.executable,  # with `command` and `cwd`: what `wb redump` re-runs
+            "executable": sys.executable,  # with `command` and `cwd`: what `wb redump` re-runs (signed on write)
             "cwd": os.getcwd(),
             "python": sys.version.split()[0],
             "torch": torch.__version__,
@@ -143,6 +144,10 @@ class Manifest:
         }
 
     def write(self, snapshot: dict[str, Any]) -> None:
-        """Write a snapshot atomically to `wb_manifest.json`."""
+        """Write a snapshot atomically to `wb_manifest.json`, its recorded command signed (`core.trust`)."""
         snapshot["errors"] = list(self.errors)
+        snapshot.pop(SIGNATURE_KEY, None)
+        signature = sign(snapshot)
+        if signature is not None:
+            snapshot[SIGNATURE_KEY] = signature
         atomic_write_text(self.path, json.dumps(snapshot, indent=1))

@@ -7,6 +7,13 @@ at just that token, inputs and outputs as tensors, with weights, into a fresh fo
 ingested as a run of its own, then the compared run's tensor rows of that op and token are pointed at
 the new files and the metrics of their pairs are computed again, so the app shows full tensors where it
 had statistics before. Cancelling stops the process (and its children) and changes nothing.
+
+A recorded command is data from a file anyone can edit, so nothing runs unasked: `plan_redump` works out
+the exact argv, folder and environment changes and whether the record verifies (`core.trust`: signed by
+this user on this machine); `describe` shows them; `run_redump` runs a plan only with `confirmed=True`,
+which the CLI (`--yes` or a `y` on a terminal) and the app (its confirmation screen) pass after asking.
+A plan whose recorded command writes (`-o`, `--out`, ...) into the catalog's folder or a compared dump is
+refused: re-running `wb demo --out DIR` would replace the very dumps and catalog being compared.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,9 +36,29 @@ import pandas as pd
 
 from workbench.core.files import REDUMP_ENV
 from workbench.core.progress import Progress, ProgressFn
+from workbench.core.text import printable
+from workbench.core.trust import unverified
 
 REDUMP_DIR = "wb_redump"  # next to the catalog: one folder per re-dump
 _NOT_RERUNNABLE = {"ipython", "jupyter", "jupyter-notebook", "jupyter-lab", "py.test"}
+# options that name where a command writes: a re-run must not write over the catalog or the compared dumps
+_OUT_OPTIONS = {
+    "-o",
+    "--out",
+    "--output",
+    "--outdir",
+    "--out-dir",
+    "--out_dir",
+    "--output-dir",
+    "--output_dir",
+    "--output-path",
+    "--output_path",
+    "--save-dir",
+    "--save_dir",
+    "--dump-path",
+    "--dump_path",
+}
+DEMO_DEFAULT_OUT = "wb_demo"  # `wb demo`'s folder when no --out is given
 
 
 class RedumpError(Exception):
@@ -51,8 +79,9 @@ class RedumpPlan:
     token: int
     argv: list[str]
     cwd: str
-    env: dict[str, str]
+    env: dict[str, str]  # the variables the re-run gets on top of wb's own environment
     out_dir: Path
+    untrusted: str | None = None  # why the record does not verify (None: signed here by this user, unchanged)
 
 
 @dataclass(slots=True)
@@ -72,7 +101,13 @@ def _recorded_command(meta: dict[str, Any]) -> tuple[list[str], str, bool]:
     exec_spec = meta.get("exec")
     cwd = str(meta.get("cwd") or os.getcwd())
     if isinstance(exec_spec, dict) and isinstance(exec_spec.get("command"), str):
-        return shlex.split(exec_spec["command"]), str(exec_spec.get("cwd") or cwd), True
+        try:
+            argv = shlex.split(exec_spec["command"])
+        except ValueError as exc:
+            raise RedumpError(f"the recorded exec command cannot be split into words ({exc})") from None
+        if not argv:
+            raise RedumpError("the recorded exec command is empty")
+        return argv, str(exec_spec.get("cwd") or cwd), True
     command = meta.get("command")
     if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
         raise RedumpError("the run has no recorded command (only dumps written by wb's dumper record one)")
@@ -107,45 +142,113 @@ def plan_redump(
     kind, meta_text, node = info
     if kind != "msit_torch":
         raise RedumpError(f"a {kind} run: re-dump works on dumps written by wb's torch dumper")
-    meta = json.loads(meta_text) if meta_text else {}
-    argv, cwd, zero_code = _recorded_command(meta if isinstance(meta, dict) else {})
+    try:
+        meta = json.loads(meta_text) if meta_text else {}
+    except ValueError:
+        raise RedumpError(f"run {run_id}: its recorded manifest (runs.meta) is not JSON") from None
+    meta = meta if isinstance(meta, dict) else {}
+    argv, cwd, zero_code = _recorded_command(meta)
+    _refuse_overwrites(con, cmp_id, argv, cwd, catalog)
     stamp = time.strftime("%Y%m%d_%H%M%S")
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in str(node))[-80:]
     out_dir = catalog.resolve().parent / REDUMP_DIR / f"{stamp}_{safe}_t{token}"
+    n = 1
+    while out_dir.exists():  # never into a folder an earlier re-dump wrote
+        n += 1
+        out_dir = out_dir.with_name(f"{stamp}_{safe}_t{token}_{n}")
     request = {"dump_path": str(out_dir), "token_range": [token], "layer_name": f"{node}*"}
     env = {REDUMP_ENV: json.dumps(request)}
     if zero_code:
         from workbench.dump.autohook import hook_env
 
-        env.update(hook_env(json.loads(meta.get("exec", {}).get("config") or "{}") | {"dump_path": str(out_dir)}))
-    return RedumpPlan(cmp_id, run_id, str(node), token, argv, cwd, env, out_dir)
+        exec_spec = meta.get("exec")
+        config_text = exec_spec.get("config") if isinstance(exec_spec, dict) else None
+        try:
+            config = json.loads(config_text) if isinstance(config_text, str) else {}
+        except ValueError:
+            config = None
+        if not isinstance(config, dict):
+            raise RedumpError(f"run {run_id}: its recorded exec config is not a JSON object")
+        env.update(hook_env(config | {"dump_path": str(out_dir)}))
+    return RedumpPlan(cmp_id, run_id, str(node), token, argv, cwd, env, out_dir, unverified(meta))
+
+
+def _out_folders(argv: list[str], cwd: str) -> list[Path]:
+    """The folders a command says it writes (`-o X`, `--out=X`, ...; `wb demo` without --out: `wb_demo`)."""
+    found: list[str] = []
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if eq and name in _OUT_OPTIONS and name.startswith("--"):
+            found.append(value)
+        elif arg in _OUT_OPTIONS and i + 1 < len(argv):
+            found.append(argv[i + 1])
+    is_wb = any(os.path.basename(a) == "wb" or a == "workbench.cli" or "workbench/cli" in a for a in argv[:3])
+    if not found and is_wb and "demo" in argv:
+        found.append(DEMO_DEFAULT_OUT)
+    return [Path(os.path.realpath(os.path.join(cwd, f))) for f in found if f]
+
+
+def _refuse_overwrites(con: duckdb.DuckDBPyConnection, cmp_id: int, argv: list[str], cwd: str, catalog: Path) -> None:
+    """`RedumpError` when the recorded command writes into the catalog's place or a compared dump."""
+    row = con.execute(
+        "SELECT g.path, t.path FROM comparisons c JOIN runs g ON g.run_id = c.golden_run "
+        "JOIN runs t ON t.run_id = c.test_run WHERE c.cmp_id = ?",
+        [cmp_id],
+    ).fetchone()
+    kept = [Path(os.path.realpath(catalog))] + [Path(os.path.realpath(p)) for p in (row or ()) if p]
+    for out in _out_folders(argv, cwd):
+        for path in kept:
+            if path == out or path.is_relative_to(out) or (path != kept[0] and out.is_relative_to(path)):
+                what = "the catalog" if path == kept[0] else "a compared dump"
+                raise RedumpError(
+                    f"the recorded command writes to {out}, which holds {what} ({path}): not re-run "
+                    "(it would replace what is being compared)"
+                )
+
+
+def describe(plan: RedumpPlan) -> list[str]:
+    """What will run, exactly: the argv (shell-quoted), the folder, the environment it adds, and a warning line
+    when the record does not verify. Every value is escaped for the terminal."""
+    lines = []
+    if plan.untrusted is not None:
+        lines.append(f"warning: recorded elsewhere or edited: {plan.untrusted}")
+    lines.append(f"command: {shlex.join(plan.argv)}")
+    program = plan.argv[0] if plan.argv else ""
+    if program and os.sep not in program:
+        where = shutil.which(program)
+        lines.append(f"program: {where or 'not found on PATH'} (no shell: the words above are the arguments)")
+    lines.append(f"in folder: {plan.cwd}")
+    lines.extend(f"env: {k}={shlex.quote(v)}" for k, v in plan.env.items())
+    lines.append(f"dump to: {plan.out_dir}")
+    return [printable(line) for line in lines]
 
 
 def run_redump(
     catalog: str | Path,
-    cmp_id: int,
-    golden_node: int | str,
-    token: int,
+    plan: RedumpPlan,
     *,
-    side: str = "test",
+    confirmed: bool,
     progress: ProgressFn | None = None,
     cancel: threading.Event | None = None,
     timeout_s: float | None = None,
 ) -> RedumpResult:
-    """Re-run the recorded command for one op and token, ingest the dump and refresh the comparison."""
+    """Run a plan the user confirmed (after `describe` was shown), ingest the dump and refresh the comparison."""
     from workbench.catalog.store import open_catalog
 
+    if not confirmed:
+        raise RedumpError("a recorded command runs only after the user confirmed it")
     cat = Path(catalog)
     report = progress or (lambda p: None)
     report(Progress("planning", 0, 4))
-    con = open_catalog(cat, read_only=True)
     try:
-        plan = plan_redump(con, cmp_id, golden_node, token, cat, side)
-    finally:
-        con.close()
-    plan.out_dir.mkdir(parents=True, exist_ok=True)
+        plan.out_dir.parent.mkdir(parents=True, exist_ok=True)
+        plan.out_dir.mkdir()
+    except FileExistsError:
+        raise RedumpError(f"{plan.out_dir}: exists already; not written into") from None
+    except OSError as exc:
+        raise RedumpError(f"{plan.out_dir}: cannot create ({exc.strerror or exc})") from None
     log = plan.out_dir / "redump.log"
-    report(Progress(f"running {' '.join(plan.argv)[:100]}", 1, 4))
+    report(Progress(f"running {printable(shlex.join(plan.argv))[:100]}", 1, 4))
     _run(plan, log, report, cancel, timeout_s)
     report(Progress("reading the new dump", 2, 4))
     dump_dir = _new_dump(plan)
@@ -183,7 +286,7 @@ def _run(
             if cancel is not None and cancel.is_set():
                 raise RedumpCancelled("re-dump cancelled; nothing was changed")
             raise RedumpError(f"the re-run took longer than {timeout_s:g} s and was stopped (log: {log})")
-        report(Progress(f"running {' '.join(plan.argv)[:100]}", 1, 4, message=_last_line(log)))
+        report(Progress(f"running {printable(shlex.join(plan.argv))[:100]}", 1, 4, message=_last_line(log)))
         time.sleep(0.2)
     if proc.returncode != 0:
         raise RedumpError(
@@ -210,7 +313,7 @@ def _last_line(log: Path) -> str:
             lines = [ln for ln in fh.read().decode("utf-8", "replace").splitlines() if ln.strip()]
     except OSError:
         return ""
-    return lines[-1].strip()[:160] if lines else ""
+    return printable(lines[-1].strip()[:160]) if lines else ""
 
 
 def _new_dump(plan: RedumpPlan) -> Path:
