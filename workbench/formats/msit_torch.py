@@ -147,7 +147,7 @@ def read_msit_torch(
 def _read_tree(dev_dir: Path, problems: list[str]) -> tuple[list[Node], str | None]:
     path = dev_dir / MODEL_TREE
     if not path.exists():
-        problems.append(f"{path}: missing; module tree rebuilt from folder names")
+        problems.append(f"{path}: missing; the module tree is rebuilt from the folder names")
         return [], None
     try:
         data = read_json(path)
