@@ -512,7 +512,7 @@ def _children_first(order: list[_Row], nodes: dict[int, _Node]) -> list[_Row]:
     return out
 
 
-_LAYER_RE = re.compile(r"(?<=[._/])(\d+)(?=[._/]|$)")
+_LAYER_RE = re.compile(r"(?<=[._/])([0-9]+)(?=[._/]|$)")
 
 
 def _pattern(node: _Node) -> str:

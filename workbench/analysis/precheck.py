@@ -32,6 +32,7 @@ from workbench.compare.thresholds import Thresholds
 from workbench.formats import atb_bin
 from workbench.formats.atb import (
     OP_PARAM_FILE,
+    TOO_DEEP,
     leaf_op_folders,
     op_tensor_files,
     parse_op_folder,
@@ -677,7 +678,8 @@ def precheck_op(op_dir: str | Path, *, thresholds: Thresholds | None = None) -> 
 
 
 def precheck_group(group_dir: str | Path, *, thresholds: Thresholds | None = None) -> list[PrecheckResult]:
-    """Precheck every leaf op under a group (or token) folder, in execution order (depth first).
+    """Precheck every leaf op under a group (or token) folder, in execution order (depth first); a folder whose
+    op folders nest too deeply comes last, not judged, its line as the reason.
 
     Raises `DumpError` when `group_dir` is not a folder.
     """
@@ -685,7 +687,9 @@ def precheck_group(group_dir: str | Path, *, thresholds: Thresholds | None = Non
     if not folder.is_dir():
         raise DumpError(folder, "missing folder" if not folder.exists() else "not a folder")
     th, peers = thresholds or Thresholds.load(), _Peers()
-    return [_check(leaf, th, peers) for leaf in leaf_op_folders(folder)]
+    too_deep: list[Path] = []
+    results = [_check(leaf, th, peers) for leaf in leaf_op_folders(folder, too_deep)]
+    return results + [PrecheckResult(str(d), "", True, None, reason=TOO_DEEP) for d in too_deep]
 
 
 def _check(op_dir: Path, th: Thresholds, peers: _Peers) -> PrecheckResult:

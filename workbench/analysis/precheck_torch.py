@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from workbench.analysis.precheck import SHAPE, OutputCheck, PrecheckResult
-from workbench.formats.model import Dump, DumpError
+from workbench.core.files import MODEL_TREE_NAME
+from workbench.formats.model import Dump, DumpError, token_number
 from workbench.formats.msit_torch import param_name
 from workbench.formats.tensor_io import load_tensor
 
@@ -874,10 +875,11 @@ class Target:
 def target_of(path: Path) -> Target:
     """`{dev}/{token}/{module}` -> that module and token; `{dev}/{token}` -> that token; else the dump."""
     p = path.resolve()
-    if p.parent.name.isdigit() and (p.parent.parent / "model_tree.json").exists():
-        return Target(p.parent.parent, p.name, int(p.parent.name))
-    if p.name.isdigit() and (p.parent / "model_tree.json").exists():
-        return Target(p.parent, None, int(p.name))
+    tok, parent_tok = token_number(p.name), token_number(p.parent.name)
+    if parent_tok is not None and (p.parent.parent / MODEL_TREE_NAME).exists():
+        return Target(p.parent.parent, p.name, parent_tok)
+    if tok is not None and (p.parent / MODEL_TREE_NAME).exists():
+        return Target(p.parent, None, tok)
     return Target(p)
 
 

@@ -145,7 +145,7 @@ def _is_atb(path: Path) -> bool:
     """An ATB op/group/token folder (`{index}_{OpType}` folders, or `before`/`after` below)."""
     import re
 
-    op = re.compile(r"^\d+_\w+$")
+    op = re.compile(r"^[0-9]+_\w+$", re.ASCII)
     if op.match(path.name) or (path / "after").is_dir() or (path / "before").is_dir():
         return True
     try:
