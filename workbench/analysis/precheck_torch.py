@@ -32,7 +32,8 @@ import duckdb
 import torch
 import torch.nn.functional as F
 
-from workbench.analysis.precheck import SHAPE, OutputCheck, PrecheckResult
+from workbench.analysis.precheck import SHAPE
+from workbench.analysis.precheck_result import WEIGHTS_NOT_DUMPED, OutputCheck, PrecheckResult
 from workbench.formats.model import Dump, DumpError
 from workbench.formats.msit_torch import param_name
 from workbench.formats.tensor_io import load_tensor
@@ -239,6 +240,7 @@ class TorchOp:
     outs: list[Tensor]
     params: dict[str, Tensor]
     source: TorchDump
+    skipped: dict[str, str] = field(default_factory=dict)  # stage -> why it did not run
 
     def named(self, name: str) -> Tensor | None:
         return next((t for n, t in zip(self.in_names, self.ins, strict=True) if n == name), None)
@@ -608,6 +610,8 @@ def _child_linear(op: TorchOp, attrs: tuple[str, ...], x: Tensor, token: int) ->
             checks = [
                 _linear_check(attr_name(node), child.ins[0], child.weight(), child.params.get("bias"), child.outs[0])
             ]
+        else:
+            op.skipped[attr_name(node)] = WEIGHTS_NOT_DUMPED if child.ins else "its input was not dumped"
         return child.outs[0], checks, node
     params = src.op_params(node)
     w = params.get("weight")
@@ -712,6 +716,8 @@ def _attention(op: TorchOp) -> list[Check]:
         checks.append(Check("attention core", core, o.ins[0], note, floor=floor))
         if o.params.get("weight") is not None:
             checks.append(_linear_check(attr_name(o_node), o.ins[0], o.weight(), o.params.get("bias"), o.outs[0]))
+        else:
+            op.skipped[attr_name(o_node)] = WEIGHTS_NOT_DUMPED
         checks.append(Check("out", _d(o.outs[0]), op.outs[0]))
         return checks
     if o_node is None:
@@ -748,6 +754,8 @@ def _gated_mlp(op: TorchOp) -> list[Check]:
         checks.append(Check("act(gate) * up", prod, d.ins[0]))
         if d.params.get("weight") is not None:
             checks.append(_linear_check("down_proj", d.ins[0], d.weight(), d.params.get("bias"), d.outs[0]))
+        else:
+            op.skipped["down_proj"] = WEIGHTS_NOT_DUMPED
         checks.append(Check("out", _d(d.outs[0]), op.outs[0]))
         return checks
     params = src.op_params(down) if down is not None else {}
@@ -835,9 +843,13 @@ def precheck_node(source: TorchDump, node: str, token: int) -> PrecheckResult:
             True, None, f"cannot run: the dumped tensors do not fit a {key} ({str(exc).splitlines()[0][:120]})"
         )
     outputs = [judge(c, i) for i, c in enumerate(checks)]
+    skipped = dict(op.skipped)
+    for o in outputs:
+        if o.passed is None:
+            skipped.setdefault(o.label, o.reason or "nothing to judge")
     if any(o.passed is False for o in outputs):
         passed: bool | None = False
-    elif outputs and all(o.passed for o in outputs):
+    elif outputs and not skipped:
         passed = True
     else:
         passed = None
@@ -852,7 +864,10 @@ def precheck_node(source: TorchDump, node: str, token: int) -> PrecheckResult:
     notes = sorted({c.note for c in checks if c.note})
     if notes:
         reason = "; ".join([*(r for r in (reason,) if r), *notes])
-    return result(True, passed, reason, outputs)
+    res = result(True, passed, reason, outputs)
+    res.not_checked = list(skipped)
+    res.why = "; ".join(dict.fromkeys(skipped.values())) or None
+    return res
 
 
 def precheck_nodes(source: TorchDump, token: int, nodes: list[str] | None = None) -> list[PrecheckResult]:

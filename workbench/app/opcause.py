@@ -22,7 +22,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import ProgressBar, Static
 
-from workbench.analysis.precheck import PrecheckResult
+from workbench.analysis.precheck_result import PrecheckResult
 from workbench.app.footer import KeysFooter
 
 if TYPE_CHECKING:

@@ -4,5 +4,6 @@ EXIT_OK = 0
 EXIT_NOTHING = 1  # ran, but nothing could be compared / precheck found ops that disagree
 EXIT_INPUT = 2  # bad input, bad option, unusable file or catalog: one line names it
 EXIT_CRASH = 3  # a bug in wb: one line (the traceback with --debug), please report it
+EXIT_UNCHECKED = 4  # precheck: nothing disagrees, but some op or stage was not checked (or nothing ran)
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT)
 EXIT_TERMINATED = 143  # SIGTERM
