@@ -923,9 +923,13 @@ def precheck_path(path: Path, token: int | None = None, node: str | None = None)
 
 def precheck_catalog(
     con: duckdb.DuckDBPyConnection, cmp_id: int, golden_node: int | str, token: int, side: str = "test"
-) -> PrecheckResult:
-    """Precheck the `side` op of a comparison's golden node at `token` (torch module, msprobe call or ATB op)."""
-    from workbench.analysis.precheck import precheck_op
+) -> list[PrecheckResult]:
+    """Precheck the `side` op of a comparison's golden node at `token` (torch module, msprobe call or ATB op).
+
+    A group (an ATB `1_Attention`, a torch container with no reference of its own) yields its leaf ops in
+    execution order, as `wb compare` re-runs them; an op yields itself.
+    """
+    from workbench.analysis.precheck import precheck_group
     from workbench.catalog.lookup import NodeLookupError, compared_node
 
     try:
@@ -944,5 +948,13 @@ def precheck_catalog(
         if paths is None:
             raise CannotRun(f"{name_row[0]}: no tensor file at token {token}")
         folder = Path(paths[0]).parent
-        return precheck_op(folder.parent if folder.name in ("before", "after") else folder)
-    return precheck_node(TorchDump.from_catalog(con, run_id), str(name_row[0]), token)
+        try:
+            return precheck_group(folder.parent if folder.name in ("before", "after") else folder)
+        except DumpError as exc:
+            raise CannotRun(str(exc)) from None
+    source, name = TorchDump.from_catalog(con, run_id), str(name_row[0])
+    if checker_key(source.types.get(name, "")) is None:  # a container: its modules
+        below = [n for n in source.descendants(name) if source.has(n, token)]
+        if below:
+            return precheck_nodes(source, token, below)
+    return [precheck_node(source, name, token)]

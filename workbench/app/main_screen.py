@@ -148,6 +148,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self._layer_rows: Heatmap | None = None  # last layers view, to return to the same row
         self._loaded = {"heatmap": False, "trees": False}
         self._last_row: int | None = None  # heatmap row of the last cursor move (a new layer row selects)
+        self._follow_born = False  # the selection was the born op when the token changed: take the new token's
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
@@ -347,6 +348,11 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self.evidence = msg.evidence
         self._recolour()
         self._update_titles()
+        if self._follow_born:
+            self._follow_born = False
+            if msg.born is not None and msg.born != self.selected:
+                self.select(msg.born)
+                return
         if self.selected is not None:
             # the test tree follows the counterpart at THIS token (prefill and decode graphs differ)
             self._follow("golden", self.selected)
@@ -612,7 +618,12 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
             return
         token = data.tokens[event.col]
         if token != self.token:
+            on_born = self.selected is not None and self.selected == self.born_id and self.status_token == self.token
             self.set_token(token)
+            if on_born:  # from the born op, a new token selects its born op (once its status says which)
+                self._follow_born = True
+                self._last_row = event.row
+                return
         # the detail pane and the trees follow the cursor: an op row selects its op, a layer row its worst op
         if data.layer is not None:
             node = data.row_nodes[event.row]

@@ -79,7 +79,7 @@ def precheck(
 
         try:
             if catalog is not None:
-                return [_catalog_result(catalog)]
+                return _catalog_results(catalog)
             if path is None:
                 raise ValueError("give a dump folder, or --catalog with --node")
             if not path.is_dir():
@@ -109,7 +109,7 @@ def precheck(
         except pt.CannotRun as exc:
             raise ValueError(str(exc)) from None
 
-    def _catalog_result(cat: Path) -> PrecheckResult:
+    def _catalog_results(cat: Path) -> list[PrecheckResult]:
         from workbench.analysis.precheck_torch import precheck_catalog
         from workbench.catalog.lookup import comparison_id
         from workbench.catalog.store import open_catalog
