@@ -1,0 +1,128 @@
+"""The verdict agrees with the numbers next to it (issue 20 items 3-5), on `wb demo --defect rope_base`: torch
+golden against the ATB stack, RoPE angles from a wrong base in layer 1. At token 0 compare sees the MLP's outputs
+fail first; the precheck pins `3_Prefill_layer/1_Attention/1_RopeOperation` inside the attention, whose own
+outputs pass the compare."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import duckdb
+import pytest
+from textual.widgets import Static
+
+from tests.conftest import run_wb
+from tests.conftest_app import SIZE
+from tests.test_app_pilot import _text, cursor_id, ready, trees, wait_for
+from workbench.app.launch import make_app
+from workbench.app.opcause import PrecheckPanel
+
+ATTN = "root.model.layers.1.self_attn"
+ROPE0 = "3_Prefill_layer/1_Attention/1_RopeOperation"
+ROPE1 = "11_Decoder_layer/1_Attention/1_RopeOperation"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def rope_catalog(rope_demo_catalog: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "catalog.duckdb"
+    shutil.copyfile(rope_demo_catalog, dst)
+    return dst
+
+
+def _golden_id(catalog: Path, name: str) -> int:
+    con = duckdb.connect(str(catalog), read_only=True)
+    try:
+        row = con.execute(
+            "SELECT n.node_id FROM nodes n JOIN comparisons c ON n.run_id = c.golden_run WHERE n.name = ?", [name]
+        ).fetchone()
+    finally:
+        con.close()
+    assert row is not None
+    return int(row[0])
+
+
+def test_evidence_names_the_blamed_op_first(rope_demo_catalog: Path) -> None:
+    con = duckdb.connect(str(rope_demo_catalog), read_only=True)
+    try:
+        row = con.execute("SELECT evidence FROM error_born WHERE token_id = 0").fetchone()
+    finally:
+        con.close()
+    assert row is not None and str(row[0]).startswith(f"precheck: {ROPE0} disagrees with its own re-run"), row
+
+
+def test_precheck_cli_on_a_group_reruns_its_ops(rope_demo_catalog: Path) -> None:
+    """`wb precheck --catalog` on the blamed attention group re-runs its leaf ops: the RoPE op disagrees."""
+    proc = run_wb("precheck", "--catalog", str(rope_demo_catalog), "--node", ATTN, "--token", "0")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    fails = [line for line in proc.stdout.splitlines() if line.startswith("FAIL")]
+    assert fails and fails[0].split()[1] == ROPE0, proc.stdout
+    assert "no reference for Attention" not in proc.stdout
+    assert "1 disagree" in proc.stdout.splitlines()[-1]
+
+
+@pytest.mark.anyio
+async def test_p_on_the_blamed_group_names_the_op_that_disagrees(rope_catalog: Path) -> None:
+    attn = _golden_id(rope_catalog, ATTN)  # (before the app holds the catalog)
+    app = make_app(catalog=rope_catalog)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot, app)
+        assert screen.token == 0 and screen.selected == attn
+        panel = screen.query_one(PrecheckPanel)
+        await pilot.press("p")
+        await wait_for(pilot, lambda: "first to disagree" in _text(panel), timeout=120)
+        text = _text(panel)
+        assert "precheck disagree" in text and f"first to disagree: {ROPE0}" in text, text
+        assert "no reference for Attention" not in text
+        golden, _ = trees(screen)
+        assert golden.badges[(screen.selected, 0)][0] == "✗ precheck fails"
+
+
+@pytest.mark.anyio
+async def test_detail_verdict_agrees_with_its_table(rope_catalog: Path) -> None:
+    """The attention's outputs pass at token 0: the verdict says the precheck pinned it, with the advisor's score,
+    never `outputs fail while inputs pass`; at token 1 its output fails and the verdict says so."""
+    app = make_app(catalog=rope_catalog)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot, app)
+        detail = screen.query_one("#detail", Static)
+        await wait_for(pilot, lambda: "evidence:" in _text(detail) and "out0" in _text(detail))
+        text = _text(detail)
+        assert "out0 ✓" in text and "out0 ✗" not in text  # the table: the attention's output passes
+        assert "outputs fail while inputs pass" not in text
+        assert "error pinned here at token 0 by the precheck: its outputs pass the compare" in text, text
+        assert "advisor score " in text and "stands out" in text
+        assert f"evidence: precheck: {ROPE0} disagrees" in text
+        await pilot.press("right_square_bracket")
+        await wait_for(pilot, lambda: "token 1" in _text(detail) and "out0" in _text(detail))
+        text = _text(detail)
+        assert "out0 ✗" in text and "error born here at token 1: outputs fail while inputs pass" in text, text
+
+
+@pytest.mark.anyio
+async def test_next_token_from_the_born_op_selects_the_new_born_op(rope_catalog: Path) -> None:
+    """`]` from the born op at token 0 (compare saw layers.1.mlp fail first there too) selects the born op of token 1,
+    the one the status line names, and the test tree shows its pinned op."""
+    attn = _golden_id(rope_catalog, ATTN)
+    app = make_app(catalog=rope_catalog)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot, app)
+        assert screen.selected == screen.born_id == attn
+        await pilot.press("right_square_bracket")
+        await wait_for(pilot, lambda: screen.status_token == 1)
+        _, test = trees(screen)
+        await wait_for(pilot, lambda: cursor_id(test) == screen.born_test_id)
+        await pilot.pause(0.3)
+        assert screen.born_id == attn and screen.selected == attn
+        assert test.rows[screen.born_test_id].name == ROPE1
+        status = str(screen.query_one("#status", Static).render())
+        assert f"token 1 error born at: {ATTN}" in status
+        await pilot.press("left_square_bracket")
+        await wait_for(pilot, lambda: screen.status_token == 0)
+        await wait_for(pilot, lambda: test.rows[cursor_id(test) or -1].name == ROPE0 if cursor_id(test) else False)
+        assert screen.selected == attn
