@@ -126,3 +126,62 @@ async def test_next_token_from_the_born_op_selects_the_new_born_op(rope_catalog:
         await wait_for(pilot, lambda: screen.status_token == 0)
         await wait_for(pilot, lambda: test.rows[cursor_id(test) or -1].name == ROPE0 if cursor_id(test) else False)
         assert screen.selected == attn
+
+
+def _advise_rows(stdout: str) -> list[tuple[int, int, float, bool]]:
+    """(rank, token, score, marked ^) of each row of `wb advise`'s table."""
+    out = []
+    for line in stdout.splitlines()[3:]:
+        cells = line.split()
+        score = next(c for c in cells[3:] if c.rstrip("^").replace(".", "", 1).isdigit())
+        out.append((int(cells[0]), int(cells[1]), float(score.rstrip("^")), score.endswith("^")))
+    return out
+
+
+def test_advise_prints_its_order_rule_and_marks_rows_above_a_higher_score(rope_demo_catalog: Path) -> None:
+    """Ranks follow the score; a row ranked above a higher score of its token carries `^`, and the rule is printed."""
+    proc = run_wb("advise", "-c", str(rope_demo_catalog), "--top", "0")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert (
+        lines[1].startswith("order: score, highest first, except:") and "(^: ranked above a higher score)" in lines[1]
+    )
+    rows = _advise_rows(proc.stdout)
+    marked = 0
+    for i, (rank, token, score, mark) in enumerate(rows):
+        later = [s for _, t, s, _ in rows[i + 1 :] if t == token]
+        # the table shows one decimal: a row is out of order when a later one is higher by more than the rounding
+        if later and max(later) > score + 0.05:
+            assert mark, (rank, token, score, max(later))
+        if mark:
+            marked += 1
+            assert later and max(later) > score - 0.05, (rank, token, score)
+    assert marked  # this catalog has such rows (children placed before their parents)
+
+
+@pytest.mark.anyio
+async def test_advice_list_marks_rows_above_a_higher_score(rope_catalog: Path) -> None:
+    from textual.widgets import OptionList
+
+    from workbench.app.screens import PickerScreen
+
+    app = make_app(catalog=rope_catalog)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await pilot.press("v")
+        await wait_for(pilot, lambda: isinstance(app.screen, PickerScreen), timeout=30)
+        picker = app.screen
+        assert isinstance(picker, PickerScreen)
+        assert "highest score first" in picker.title_text and "^: ranked above a higher score" in picker.title_text
+        labels = [e.label for e in picker.entries]
+        assert picker.query_one(OptionList).option_count == len(labels)
+        scores = [
+            (int(lb.split()[2]), float(lb.split("  score ")[1].split()[0].rstrip("^")), "^  " in lb) for lb in labels
+        ]
+        for i, (token, score, mark) in enumerate(scores):
+            later = [s for t, s, _ in scores[i + 1 :] if t == token]
+            if later and max(later) > score * 1.01 + 1e-3:  # (shown to 3 digits)
+                assert mark, labels[i]
+            if mark:
+                assert later and max(later) >= score * 0.99, labels[i]
+        assert any(m for _, _, m in scores)

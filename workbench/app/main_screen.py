@@ -294,12 +294,17 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
 
     @work(thread=True, exclusive=True, group="advice", exit_on_error=False)
     def load_advice(self) -> None:
+        from workbench.analysis.advisor import above_higher
+
         rows, note = self.explorer.advice()
+        marked = above_higher(rows)
         entries = [
             PickerEntry(
                 f"{a.rank:>3}  token {a.token_id:<4} {a.golden_node}"
                 + (f"  ⇄ {a.test_node}" if a.test_node else "")
-                + f"  score {a.score:.3g}  {a.reason}",
+                + f"  score {a.score:.3g}"
+                + ("^" if (a.token_id, a.rank) in marked else "")
+                + f"  {a.reason}",
                 (a.token_id, a.golden_node_id),
             )
             for a in rows
@@ -414,7 +419,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
                     self.set_token(token)
                 self.select(node)
 
-        title = "Suspects ranked by the advisor (Enter: go there)"
+        title = "Suspects ranked by the advisor, highest score first (^: ranked above a higher score; Enter: go there)"
         self.app.push_screen(PickerScreen(title, msg.entries, empty=msg.note or "no advice"), chosen)
 
     def _mark_loaded(self, what: str) -> None:
