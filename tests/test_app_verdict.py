@@ -185,3 +185,40 @@ async def test_advice_list_marks_rows_above_a_higher_score(rope_catalog: Path) -
             if mark:
                 assert later and max(later) >= score * 0.99, labels[i]
         assert any(m for _, _, m in scores)
+
+
+@pytest.fixture(scope="module")
+def subtle_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """msit's own dumper: the tiny Llama in fp32 against bf16 with layer 1's down_proj weight x1.02. Every output
+    passes; the advisor names down_proj as the most likely origin (it stands out of the other Linears' noise)."""
+    from tests.conftest_peers import HAS_MSIT, MSIT_MISSING
+    from tests.peer_dumps import dump
+
+    if not HAS_MSIT:
+        pytest.skip(MSIT_MISSING)
+    base = tmp_path_factory.mktemp("subtle")
+    ids = dump("msit", base / "golden")
+    dump("msit", base / "test", bf16=True, forced=ids, scale_down=1.02)
+    golden = next((base / "golden").glob("msit_dump_*/torch_tensors/*"))
+    test = next((base / "test").glob("msit_dump_*/torch_tensors/*"))
+    proc = run_wb("compare", "-gp", str(golden), "-mp", str(test), "-o", str(base / "out"), "--workers", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "most likely origin: root.model.layers.1.mlp.down_proj (token 0)" in proc.stdout, proc.stdout
+    return base / "out" / "catalog.duckdb"
+
+
+@pytest.mark.anyio
+async def test_detail_verdict_from_the_advisor_says_so_with_its_score(subtle_catalog: Path) -> None:
+    down = _golden_id(subtle_catalog, "root.model.layers.1.mlp.down_proj")
+    app = make_app(catalog=subtle_catalog)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot, app)
+        screen.set_token(0)
+        screen.select(down)
+        detail = screen.query_one("#detail", Static)
+        await wait_for(pilot, lambda: "down_proj" in _text(detail) and "out0" in _text(detail), timeout=30)
+        text = _text(detail)
+        assert "out0 ✓" in text and "✗" not in text  # every pair passes
+        assert "error born" not in text
+        assert "◆ most likely origin at token 0: no output fails, but the error it adds has advisor score" in text
+        assert "(>= 3: stands out of its peers' noise)" in text, text
