@@ -146,10 +146,11 @@ class TorchDump:
         ).fetchall()
         meta = json.loads(meta_text) if meta_text else {}
         kw = meta.get("kwargs_inputs") if isinstance(meta, dict) else None
+        entries = [Entry(int(r[0]), r[1], r[2], int(r[3]), r[4], r[5]) for r in rows]
         return cls(
             str(kind),
             str(root),
-            [Entry(int(r[0]), r[1], r[2], int(r[3]), r[4], r[5]) for r in rows],
+            entries + _weights_of_redumps(con, run_id, entries),
             {n[0]: n[1] or "" for n in nodes},
             {n[0]: n[2] for n in nodes},
             kw if isinstance(kw, dict) else None,
@@ -208,6 +209,32 @@ class TorchDump:
         """The child of `node` named by the first of `attrs` that exists (`q_proj`, `query`, ...)."""
         kids = self.children.get(node, {})
         return next((kids[a] for a in attrs if a in kids), None)
+
+
+def _weights_of_redumps(con: duckdb.DuckDBPyConnection, run_id: int, entries: list[Entry]) -> list[Entry]:
+    """Weights saved with the files a run's tensors were re-pointed to (`wb redump`, the app's `d`): the param
+    entries, by node name, of the other runs whose folders hold this run's tensor files, for the nodes that have
+    none of their own."""
+    have = {e.node for e in entries if e.io == "param"}
+    runs = con.execute(
+        "SELECT DISTINCT r.run_id FROM runs r JOIN tensors t ON t.run_id = ? AND t.path IS NOT NULL "
+        "AND starts_with(t.path, r.path || '/') WHERE r.run_id <> ?",
+        [run_id, run_id],
+    ).fetchall()
+    if not runs:
+        return []
+    names = {e.node for e in entries} - have
+    out: list[Entry] = []
+    for (other,) in runs:
+        for tok, node, io, idx, path, error in con.execute(
+            "SELECT t.token_id, n.name, t.io, t.idx, t.path, t.error FROM tensors t JOIN nodes n "
+            "ON n.run_id = t.run_id AND n.node_id = t.node_id WHERE t.run_id = ? AND t.io = 'param'",
+            [int(other)],
+        ).fetchall():
+            if node in names:
+                out.append(Entry(int(tok), node, io, int(idx), path, error))
+        names -= {e.node for e in out}
+    return out
 
 
 def attr_name(node: str) -> str:
