@@ -276,8 +276,8 @@ class TorchOp:
         w = self.params.get(name)
         if w is None:
             raise CannotRun(
-                f"{self.name}: its {name} was not dumped "
-                "(dump with DumpConfig(dump_weight=True), or msprobe's L0/mix level)"
+                f"{self.name}: its {name} was not dumped (re-dump with --weights or press d; "
+                "DumpConfig(dump_weight=True), msprobe's L0/mix level)"
             )
         return w
 
