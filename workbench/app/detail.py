@@ -177,7 +177,8 @@ def _verdict(detail: PairDetail, styles: dict[str, str]) -> Text:
             verdict.append("◆ most likely origin", style=f"bold {born_style}")
             verdict.append(f" at token {detail.token}: no output fails, but the error it adds has {stands}")
         else:
-            verdict.append(f"most likely origin: {detail.born_name} (token {detail.token}, {score})", style=born_style)
+            verdict.append(f"token {detail.token}: no op where the error is born; ", style=styles.get("ok", "green"))
+            verdict.append(f"most likely origin: {detail.born_name} ({score}, stands out)", style=born_style)
     elif detail.born_here and detail.born_why == BORN_PRECHECK:
         verdict.append("◆ error pinned here", style=f"bold {born_style}")
         passing = not any(p.passed is False for p in detail.pairs)
