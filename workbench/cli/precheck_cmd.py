@@ -41,6 +41,8 @@ def precheck(
 
     Torch modules and API calls are judged with msit opcheck's standard (share of elements within a relative
     error: bf16 2^-8 / fp16 2^-10 over 99.9%, fp32 2^-20 over 99.99%); ATB ops with the compare thresholds.
+    `ok` only when every stage ran. Exit 0: every op with a reference ran fully and passed; 1: an op disagrees;
+    4: nothing disagrees but something was not checked or could not run (or nothing ran).
     """
 
     def go() -> int:
