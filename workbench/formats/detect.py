@@ -24,7 +24,7 @@ from pathlib import Path
 
 from workbench.core.files import MANIFEST_NAME, MODEL_TREE_NAME
 from workbench.core.text import storable
-from workbench.formats import atb, atb_csv, msit_torch, msprobe
+from workbench.formats import atb, atb_csv, fx_dump, ge_run, msit_torch, msprobe, torchair
 from workbench.formats.model import Dump, DumpError, token_number
 from workbench.formats.scan import confined, list_dir
 
@@ -53,13 +53,13 @@ def open_dump(path: str | Path, *, follow_symlinks: bool = False) -> Dump:
     if storable(str(p)) != str(p):
         raise DumpError(p, "folder name is not valid UTF-8: rename it (or link it under a UTF-8 name)")
     with confined(None if follow_symlinks else _anchor(p)):
-        dump = _open_msprobe(p) or _open_torch(p) or _open_atb_csv(p) or _open_atb(p)
+        dump = _open_msprobe(p) or _open_torch(p) or _open_atb_csv(p) or _open_atb(p) or _open_torchair(p)
     if dump is None:
         raise DumpError(
             p,
             "not a dump: found no model_tree.json or token folders (msit torch), "
             "tensors/{dev}_{pid} (ATB), step*/rank*/dump.json (msprobe) or data/{dev}_{pid}/{n}/statistic.csv "
-            "(msprobe's ATB probe)",
+            "(msprobe's ATB probe), dynamo_original_graph_*.txt (TorchAir GE) or {token}/*.INPUT.0.*.npy (TorchAir FX)",
         )
     return _storable_names(dump)
 
@@ -216,6 +216,24 @@ def _open_atb(p: Path) -> Dump | None:
         return None
     dump = atb.read_atb(dump_root, candidates[0])
     return _note_others(dump, candidates[0], candidates)
+
+
+# ---------------------------------------------------------------------------------------------- TorchAir
+
+
+def _open_torchair(p: Path) -> Dump | None:
+    """A GE dump (graph text files + GE dump files) or an FX dump (`.npy` per aten node), at the levels msit
+    takes: the folder above `msit_ge_dump`/`msit_fx_dump`, that folder, one `worldsize{N}_global_rank{R}`."""
+    for sub in (p / torchair.GE_DUMP_DIR, p):
+        if sub.is_dir() and ge_run.is_ge_dir(sub):
+            return ge_run.read_ge(sub, root=p)
+    for sub in (p / torchair.FX_DUMP_DIR, p):
+        ranks = torchair.rank_dirs(sub) if sub.is_dir() else []
+        if ranks and fx_dump.is_fx_dir(ranks[0]):
+            return _note_others(fx_dump.read_fx(ranks[0], root=p), ranks[0], ranks)
+        if sub.is_dir() and fx_dump.is_fx_dir(sub):
+            return fx_dump.read_fx(sub, root=p)
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- ranks

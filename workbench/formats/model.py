@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-DumpKind = Literal["msit_torch", "atb", "msprobe"]
+DumpKind = Literal["msit_torch", "atb", "msprobe", "torchair_ge", "torchair_fx"]
 TensorRole = Literal["in", "out", "param"]  # param: a module's weight (once per run, or per call)
 TENSOR_ROLES: tuple[TensorRole, TensorRole] = ("in", "out")  # the roles of a call's own tensors
 # How the execution order of nodes was obtained:
