@@ -232,7 +232,7 @@ def _torchair_demo(
     seqs = _compiled_decode(model, fx_dumper, prompt, None)
     golden_root = out / "golden"
     log(f"demo: golden run (torch.compile, FX dump, fp32) dumped to {golden_root}")
-    ge = GeDumper(out / "test", dtype=torch.bfloat16, defect=GeDefect(module, op, description=text))
+    ge = GeDumper(out / "test", dtype=torch.bfloat16, defect=GeDefect(module, op, description=text), follow=golden_root)
     _compiled_decode(copy.deepcopy(model), ge, prompt, seqs)
     log(f"demo: test run (TorchAir-like GE dump, bf16, defect: {text}) dumped to {out / 'test'}")
     return DemoPlan(golden_root, out / "test", None, f"{name}: {text}", ge.planted or "?", 0)
@@ -251,7 +251,7 @@ def _compiled_decode(
         if forced is not None:
             seq = forced[step]
         seqs.append(seq)
-        dumper.step()
+        dumper.step([int(i) for i in seq[0]])
         logits = compiled(input_ids=seq, use_cache=False).logits
         nxt = int(logits[0, -1].float().argmax())
         seq = torch.cat([seq, torch.tensor([[nxt]])], dim=1)

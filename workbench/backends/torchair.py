@@ -15,6 +15,7 @@ second op's output), as GE's buffer fusion names it. A planted `GeDefect` scales
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from workbench.core.files import MANIFEST_NAME
 from workbench.dump.fx import fx_name, interpreting_backend, is_op, node_module, tensors_of
 from workbench.formats import ge_dump
 from workbench.formats.arrays import as_raw
@@ -106,8 +108,10 @@ class GeDumper:
         defect: GeDefect | None = None,
         fuse: bool = True,
         token_range: Iterable[int] | None = None,
+        follow: str | Path | None = None,
     ) -> None:
         self.root = Path(out) / GE_DUMP_DIR
+        self.manifest: dict[str, Any] = {"follow_tokens": str(follow)} if follow is not None else {}
         stamp = time.strftime("%Y%m%d%H%M%S")
         self.dump_dir = self.root / stamp / DEVICE_ID / MODEL_NAME / MODEL_ID
         self.stamp = stamp
@@ -128,9 +132,13 @@ class GeDumper:
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
         return self._backend(gm, example_inputs)
 
-    def step(self) -> None:
-        """The next call of the compiled model is the next token."""
+    def step(self, input_ids: list[int] | None = None) -> None:
+        """The next call of the compiled model is the next token; `input_ids` are recorded in the manifest."""
         self.token += 1
+        if input_ids is not None:
+            self.manifest.setdefault("token_ids", {})[str(self.token)] = list(input_ids)
+            self.root.mkdir(parents=True, exist_ok=True)
+            (self.root / MANIFEST_NAME).write_text(json.dumps(self.manifest))
 
     # ------------------------------------------------------------------ the graph
     def _graph(self, gm: fx.GraphModule) -> None:

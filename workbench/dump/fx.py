@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import fx
 
+from workbench.core.files import MANIFEST_NAME
 from workbench.formats.fx_dump import FX_MODULES_FILE, file_name
 from workbench.formats.torchair import FX_DUMP_DIR
 
@@ -138,15 +139,21 @@ class FxDumper:
         self.tokens = set(token_range) if token_range is not None else None
         self.token = -1
         self.modules: dict[str, str] = {}
+        self.manifest: dict[str, Any] = {}
         self._last_ts = 0
         self._backend = interpreting_backend(self._save, self._graph)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
         return self._backend(gm, example_inputs)
 
-    def step(self) -> None:
-        """The next call of the compiled model is the next token."""
+    def step(self, input_ids: list[int] | None = None) -> None:
+        """The next call of the compiled model is the next token; `input_ids` (what it is fed) are recorded in
+        the dump's manifest, so a comparison can tell whether two runs were fed the same tokens."""
         self.token += 1
+        if input_ids is not None:
+            self.manifest.setdefault("token_ids", {})[str(self.token)] = list(input_ids)
+            self.rank_dir.mkdir(parents=True, exist_ok=True)
+            (self.rank_dir / MANIFEST_NAME).write_text(json.dumps(self.manifest))
 
     def _graph(self, gm: fx.GraphModule) -> None:
         for n in gm.graph.nodes:

@@ -12,10 +12,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from workbench.core.files import MANIFEST_NAME
 from workbench.formats import torchair
 from workbench.formats.layers import layer_from_name
 from workbench.formats.model import Dump, DumpError, DumpKind, Node, TensorEntry, TensorRole, token_number
-from workbench.formats.scan import npy_header, read_json
+from workbench.formats.scan import npy_header
 
 FX_KIND: DumpKind = "torchair_fx"
 # our FX dumper's side file: node -> the module it ran in (msit's layout has no such file; read when present)
@@ -118,7 +119,7 @@ def read_fx(p: Path, root: Path | None = None) -> Dump:
                     tensors.append(TensorEntry(token, node, parsed.role, parsed.index, path, error=exc.reason))
                     continue
                 tensors.append(TensorEntry(token, node, parsed.role, parsed.index, path, dtype, shape))
-    modules = _modules(p)
+    modules = {str(k): str(v) for k, v in torchair.side_json(p, FX_MODULES_FILE).items()}
     ordered = sorted(first_seen, key=lambda n: (first_seen[n], n))
     nodes = []
     for i, name in enumerate(ordered):
@@ -133,18 +134,6 @@ def read_fx(p: Path, root: Path | None = None) -> Dump:
                 params={"module": module} if module else None,
             )
         )
-    meta = {"layout": "rank folders" if ranked else "data_dump (token folder = token + 1)"}
+    meta = torchair.side_json(p, MANIFEST_NAME)  # our dumper's record of the ids each token was fed
+    meta["layout"] = "rank folders" if ranked else "data_dump (token folder = token + 1)"
     return Dump(FX_KIND, root or p, nodes, tensors, "recorded", meta=meta, problems=problems)
-
-
-def _modules(p: Path) -> dict[str, str]:
-    """Node -> module from our dumper's side file, searched in `p` and the two folders above it."""
-    for folder in [p, *list(p.parents)[:2]]:
-        f = folder / FX_MODULES_FILE
-        if f.is_file():
-            try:
-                data = read_json(f)
-            except DumpError:
-                return {}
-            return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
-    return {}

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from workbench.core.files import MANIFEST_NAME
 from workbench.formats import ge_dump, torchair
 from workbench.formats.ge_graph import GeGraph, GeOp, read_graph
 from workbench.formats.model import Dump, DumpError, DumpKind, Node, TensorEntry, token_number
@@ -75,7 +76,8 @@ def read_ge(p: Path, root: Path | None = None) -> Dump:
         prefix = f"{run.folder.relative_to(dump_root)}/" if several else ""
         pairing.append(f"{run.folder}: {graph.path if graph else 'no graph names its ops'}")
         _read_run(run, graph, prefix, len(nodes), nodes, tensors, problems)
-    meta: dict[str, object] = {"graphs": [g.path for g in graphs], "pairing": pairing}
+    meta: dict[str, object] = torchair.side_json(p, MANIFEST_NAME)  # our writer's record of the ids fed
+    meta.update({"graphs": [g.path for g in graphs], "pairing": pairing})
     if rank is not None:
         meta["rank"] = rank
     return Dump(GE_KIND, root or p, nodes, tensors, "topology" if graphs else "recorded", meta=meta, problems=problems)

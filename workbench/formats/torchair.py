@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from workbench.formats.ge_graph import graph_rank, is_graph_file
 from workbench.formats.model import DumpError
-from workbench.formats.scan import DirEntry, list_dir
+from workbench.formats.scan import DirEntry, list_dir, read_json
 
 GE_DUMP_DIR = "msit_ge_dump"
 FX_DUMP_DIR = "msit_fx_dump"
@@ -60,6 +61,20 @@ def _entries(p: Path) -> list[DirEntry]:
         return list_dir(p)
     except DumpError:
         return []
+
+
+def side_json(p: Path, name: str) -> dict[str, Any]:
+    """A JSON object file our dumpers write beside a dump (`name` in `p` or one of the two folders above it);
+    {} when there is none or it is not an object."""
+    for folder in [p, *list(p.parents)[:2]]:
+        f = folder / name
+        if f.is_file():
+            try:
+                data = read_json(f)
+            except DumpError:
+                return {}
+            return data if isinstance(data, dict) else {}
+    return {}
 
 
 def walk_dirs(p: Path, depth: int = MAX_DEPTH) -> list[tuple[Path, list[str], list[str]]]:

@@ -1,0 +1,299 @@
+"""TorchAir dumps: GE dump files (one built byte by byte from the public DumpData schema), the GE graph text,
+FX `.npy` dumps in msit's three layouts, bad files, and GE ops matched to FX nodes through `_fx_tensor_name`."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import run_wb
+from workbench.formats import ge_dump, open_dump
+from workbench.formats.arrays import read_array
+from workbench.formats.ge_graph import graph_text, parse_graph, read_graph
+from workbench.formats.model import DumpError
+
+# ------------------------------------------------------------------ protobuf wire format, by hand
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _key(field: int, wire: int) -> bytes:
+    return _varint(field << 3 | wire)
+
+
+def _int(field: int, value: int) -> bytes:
+    return _key(field, 0) + _varint(value)
+
+
+def _len(field: int, payload: bytes) -> bytes:
+    return _key(field, 2) + _varint(len(payload)) + payload
+
+
+def _shape(dims: list[int]) -> bytes:
+    return b"".join(_int(1, d) for d in dims)  # Shape.dim = 1, unpacked (parsers accept both)
+
+
+def _tensor_msg(dtype: int, fmt: int, dims: list[int], size: int, size_field: int) -> bytes:
+    # OpInput: data_type 1, format 2, shape 3, size 5; OpOutput: ..., size 6
+    return _int(1, dtype) + _int(2, fmt) + _len(3, _shape(dims)) + _int(size_field, size)
+
+
+def _ge_file_by_hand(
+    inputs: list[tuple[int, int, list[int], bytes]], outputs: list[tuple[int, int, list[int], bytes]], op: str
+) -> bytes:
+    """DumpData: output 3, input 4, op_name 6; then the payloads, inputs first."""
+    header = b"".join(_len(3, _tensor_msg(d, f, s, len(p), 6)) for d, f, s, p in outputs)
+    header += b"".join(_len(4, _tensor_msg(d, f, s, len(p), 5)) for d, f, s, p in inputs)
+    header += _len(6, op.encode())
+    return (
+        struct.pack("<Q", len(header)) + header + b"".join(p for *_x, p in inputs) + b"".join(p for *_x, p in outputs)
+    )
+
+
+def _graph(ops: list[tuple[str, str, list[str], list[str]]]) -> str:
+    return graph_text("graph_1", ops)
+
+
+def test_ge_file_built_byte_by_byte_reads_back(tmp_path: Path) -> None:
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    w = np.full((3,), 2, dtype=np.float16)
+    y = (x * 2).astype(np.float32)
+    f = tmp_path / "Mul.Mul_3.12.6.1706596912161941"
+    f.write_bytes(
+        _ge_file_by_hand(
+            [(1, 2, [2, 3], x.tobytes()), (2, 2, [3], w.tobytes())], [(1, 2, [2, 3], y.tobytes())], "Mul_3"
+        )
+    )
+    hdr = ge_dump.read_header(f)
+    assert hdr.op_name == "Mul_3"
+    assert [(t.role, t.index, t.dtype, t.shape, t.layout) for t in hdr.tensors] == [
+        ("in", 0, "float32", (2, 3), "ND"),
+        ("in", 1, "float16", (3,), "ND"),
+        ("out", 0, "float32", (2, 3), "ND"),
+    ]
+    assert np.array_equal(read_array(ge_dump.tensor_path(f, "in", 0)).array, x)
+    assert np.array_equal(read_array(ge_dump.tensor_path(f, "in", 1)).array, w)
+    assert np.array_equal(read_array(ge_dump.tensor_path(f, "out", 0)).array, y)
+    parsed = ge_dump.parse_file_name(f.name)
+    assert parsed is not None and (parsed.op_type, parsed.op_name, parsed.timestamp) == (
+        "Mul",
+        "Mul_3",
+        1706596912161941,
+    )
+
+
+def test_ge_writer_matches_the_schema_and_keeps_bfloat16(tmp_path: Path) -> None:
+    t = torch.randn(4, 5).to(torch.bfloat16)
+    words = t.view(torch.int16).numpy().view(np.uint16)
+    f = tmp_path / "Add.Add.1.2.3"
+    f.write_bytes(ge_dump.encode("Add", [(words, "bfloat16")], [(words, "bfloat16")]))
+    raw = read_array(ge_dump.tensor_path(f, "out", 0))
+    assert raw.dtype == "bfloat16" and np.array_equal(raw.array, words)
+    # what our writer wrote is what the hand encoder writes for the same tensors
+    by_hand = _ge_file_by_hand([(27, 2, [4, 5], words.tobytes())], [(27, 2, [4, 5], words.tobytes())], "Add")
+    hand = _write(tmp_path / "Add.Add.1.2.4", by_hand)
+
+    def described(path: Path) -> list[tuple[object, ...]]:
+        return [(t.role, t.index, t.dtype, t.shape, t.layout, t.size) for t in ge_dump.read_header(path).tensors]
+
+    assert described(f) == described(hand)
+    assert np.array_equal(read_array(ge_dump.tensor_path(hand, "in", 0)).array, words)
+
+
+def _write(p: Path, data: bytes) -> Path:
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(data)
+    return p
+
+
+def _ge_tree(root: Path, files: dict[str, bytes], graph: str, token: str = "0") -> Path:
+    ge = root / "msit_ge_dump"
+    ge.mkdir(parents=True)
+    (ge / "dynamo_original_graph_1_rank_0_pid_9_ts_1.txt").write_text(graph)
+    for name, data in files.items():
+        _write(ge / "20250101000000" / "0" / "graph_1" / "1" / token / name, data)
+    return ge
+
+
+def test_bad_ge_files_give_one_line_each(tmp_path: Path) -> None:
+    x = np.ones((2, 2), dtype=np.float32).tobytes()
+    good = _ge_file_by_hand([(1, 2, [2, 2], x)], [(1, 2, [2, 2], x)], "Relu")
+    lying = _ge_file_by_hand([(1, 2, [2, 3], x)], [(1, 2, [2, 2], x)], "Abs")  # 6 floats declared, 4 stored
+    header_len = struct.pack("<Q", 10**6) + b"\x00" * 20
+    not_proto = struct.pack("<Q", 4) + b"\xff\xff\xff\xff"
+    unknown_fmt = _ge_file_by_hand([(1, 99, [2, 2], x)], [(1, 2, [2, 2], x)], "Neg")
+    files = {
+        "Relu.Relu.1.7.100": good,
+        "Abs.Abs.2.7.101": lying,
+        "Exp.Exp.3.7.102": header_len,
+        "Log.Log.4.7.103": not_proto,
+        "Sqrt.Sqrt.5.7.104": good[:-3],  # truncated payload
+        "Neg.Neg.6.7.105": unknown_fmt,
+    }
+    graph = _graph([(n.split(".")[1], n.split(".")[0], [], []) for n in files])
+    d = open_dump(_ge_tree(tmp_path, files, graph))
+    assert d.kind == "torchair_ge"
+    lines = {ln.split(": ", 1)[0].rsplit("/", 1)[-1]: ln for ln in d.problems}
+    assert len(d.problems) == 5 and set(lines) == set(files) - {"Relu.Relu.1.7.100"}, d.problems
+    assert "lying sizes" in lines["Abs.Abs.2.7.101"]
+    assert "bad header" in lines["Exp.Exp.3.7.102"] and "runs past the end" in lines["Exp.Exp.3.7.102"]
+    assert "bad header" in lines["Log.Log.4.7.103"]
+    assert "truncated payload" in lines["Sqrt.Sqrt.5.7.104"]
+    assert "unknown data format code 99" in lines["Neg.Neg.6.7.105"]
+    usable = [t for t in d.tensors if t.error is None]
+    assert {t.node for t in usable} == {"Relu", "Neg"}  # Neg's output is still fine: only its input is refused
+    neg_in = next(t for t in d.tensors if t.node == "Neg" and t.role == "in")
+    assert neg_in.error is not None and "unknown data format" in neg_in.error
+
+
+def test_device_layout_is_named_not_compared(tmp_path: Path) -> None:
+    x = np.ones(16, dtype=np.float16).tobytes()
+    f = _write(tmp_path / "MatMul.MatMul.1.1.1", _ge_file_by_hand([(2, 29, [1, 1, 16, 16], x)], [], "MatMul"))
+    t = ge_dump.read_header(f).tensors[0]
+    assert t.layout == "FRACTAL_NZ" and t.error is not None and "FRACTAL_NZ" in t.error
+    with pytest.raises(DumpError, match="FRACTAL_NZ"):
+        read_array(ge_dump.tensor_path(f, "in", 0))
+
+
+MSIT_GRAPH = """
+name: "graph_1"
+op {
+  name: "Add_2"
+  type: "Add"
+  input: "x:0"
+  input: "y:0"
+  attr { key: "_unknown_to_us" value { i: 3 } }
+  output_desc {
+    name: "y"
+    dtype: DT_BF16
+    layout: "ND"
+    shape { dim: 2 dim: 4 }
+    attr { key: "_fx_tensor_name" value { s: "add_1-aten.add.Tensor.OUTPUT.0" } }
+    some_future_field: 7
+  }
+}
+op { name: "Cast_9" type: "Cast" input: "Add_2:0" }
+"""
+
+
+def test_graph_text_parsed_with_the_schema() -> None:
+    g = parse_graph(MSIT_GRAPH)
+    assert [(o.name, o.type, o.position, o.inputs, o.fx_nodes) for o in g.ops] == [
+        ("Add_2", "Add", 0, ("x", "y"), ("add_1-aten.add.Tensor",)),
+        ("Cast_9", "Cast", 1, ("Add_2",), ()),
+    ]
+    assert parse_graph(f"graph {{ {MSIT_GRAPH} }}").by_name().keys() == {"Add_2", "Cast_9"}  # a ModelDef
+
+
+def test_broken_graph_text_is_one_line(tmp_path: Path) -> None:
+    f = tmp_path / "dynamo_original_graph_1_rank_0_pid_1_ts_1.txt"
+    f.write_text('op { name: "Add_2" type: \n')
+    with pytest.raises(DumpError) as exc:
+        read_graph(f)
+    assert str(f) in str(exc.value) and "\n" not in str(exc.value)
+
+
+# ------------------------------------------------------------------ FX layouts
+
+
+def _fx_files(folder: Path, node: str, arrays: dict[str, np.ndarray], ts: int) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for key, arr in arrays.items():
+        role, idx = key.split(".")
+        np.save(folder / f"{node}.{role}.{idx}.{ts}.npy", arr)
+
+
+@pytest.mark.parametrize(
+    ("layout", "first_folder", "token0"),
+    [
+        ("msit_fx_dump/worldsize2_global_rank0/model/{t}", 0, 0),  # PTA > 7.1: the folder name is the token
+        ("msit_fx_dump/data_dump/{t}/gm_20240125_dump", 1, 0),  # PTA 7.1: token + 1
+        ("data_dump/{t}/gm_1706_dump", 1, 0),  # older PTA
+    ],
+)
+def test_fx_layouts(tmp_path: Path, layout: str, first_folder: int, token0: int) -> None:
+    a = np.arange(4, dtype=np.float32)
+    for k in range(2):
+        folder = tmp_path / layout.format(t=first_folder + k)
+        _fx_files(folder, "mm-aten.mm.default", {"INPUT.0": a, "INPUT.1": a, "OUTPUT.0": a + k}, 20240125031118787351)
+        _fx_files(folder, "add_1-aten.add.Tensor", {"INPUT.0": a, "OUTPUT.0": a}, 20240125031118787352)
+    d = open_dump(tmp_path)
+    assert d.kind == "torchair_fx" and d.problems == []
+    assert d.tokens == [token0, token0 + 1]
+    assert [(n.name, n.type) for n in d.nodes] == [
+        ("mm-aten.mm.default", "aten.mm.default"),
+        ("add_1-aten.add.Tensor", "aten.add.Tensor"),
+    ]
+    out1 = next(t for t in d.tensors if t.token == token0 + 1 and t.node == "mm-aten.mm.default" and t.role == "out")
+    assert out1.path is not None and np.array_equal(np.load(out1.path), a + 1)
+
+
+def test_fx_bad_file_is_one_line(tmp_path: Path) -> None:
+    folder = tmp_path / "msit_fx_dump" / "worldsize1_global_rank0" / "model" / "0"
+    _fx_files(folder, "mm-aten.mm.default", {"INPUT.0": np.ones(2, np.float32)}, 1)
+    (folder / "mm-aten.mm.default.OUTPUT.0.1.npy").write_bytes(b"not numpy")
+    d = open_dump(tmp_path)
+    assert len(d.problems) == 1 and "OUTPUT.0.1.npy" in d.problems[0] and "\n" not in d.problems[0]
+
+
+# ------------------------------------------------------------------ GE <-> FX through _fx_tensor_name, end to end
+
+
+def _torchair_pair(tmp_path: Path, scale: float) -> tuple[Path, Path]:
+    """An FX golden of three nodes (mm, silu, mul) and a GE test: MatMulV2 plus silu+mul fused."""
+    rng = np.random.default_rng(0)
+    x, w, up = (rng.standard_normal((4, 8)).astype(np.float32) for _ in range(3))
+    w = rng.standard_normal((8, 8)).astype(np.float32)
+    mm = x @ w
+    silu = mm / (1 + np.exp(-mm))
+    mul = silu * up
+    golden = tmp_path / "golden" / "msit_fx_dump" / "worldsize1_global_rank0" / "model" / "0"
+    _fx_files(golden, "mm-aten.mm.default", {"INPUT.0": x, "INPUT.1": w, "OUTPUT.0": mm}, 1)
+    _fx_files(golden, "silu-aten.silu.default", {"INPUT.0": mm, "OUTPUT.0": silu}, 2)
+    _fx_files(golden, "mul-aten.mul.Tensor", {"INPUT.0": silu, "INPUT.1": up, "OUTPUT.0": mul}, 3)
+    f32 = 1
+    files = {
+        "MatMulV2.MatMulV2.1.7.10": _ge_file_by_hand(
+            [(f32, 2, [4, 8], x.tobytes()), (f32, 2, [8, 8], w.tobytes())], [(f32, 2, [4, 8], mm.tobytes())], "MatMulV2"
+        ),
+        "AutomaticBufferFusionOp.SwishMul.2.7.11": _ge_file_by_hand(
+            [(f32, 2, [4, 8], mm.tobytes()), (f32, 2, [4, 8], up.tobytes())],
+            [(f32, 2, [4, 8], (mul * scale).astype(np.float32).tobytes())],
+            "SwishMul",
+        ),
+    }
+    graph = _graph(
+        [
+            ("MatMulV2", "MatMulV2", ["x:0", "w:0"], ["mm-aten.mm.default.OUTPUT.0"]),
+            ("Swish", "Swish", ["MatMulV2:0"], ["silu-aten.silu.default.OUTPUT.0"]),
+            ("Mul", "Mul", ["Swish:0", "up:0"], ["mul-aten.mul.Tensor.OUTPUT.0"]),
+        ]
+    )
+    test = _ge_tree(tmp_path / "test", files, graph)
+    return tmp_path / "golden", test
+
+
+def test_ge_ops_matched_to_fx_nodes_and_the_fused_op_judged(tmp_path: Path) -> None:
+    golden, test = _torchair_pair(tmp_path, scale=1.5)
+    d = open_dump(test)
+    fused = d.node_map()["SwishMul"]
+    assert fused.type == "AutomaticBufferFusionOp" and fused.params is not None
+    assert fused.params["fused"] == ["Swish", "Mul"]
+    res = run_wb("compare", "-gp", str(golden), "-mp", str(test), "-o", str(tmp_path / "out"))
+    assert res.returncode in (0, 1), res.stderr
+    assert "node pairs matched by: fused 2, fx-name 1" in res.stdout, res.stdout
+    # silu's inputs are the fused op's, mul's outputs its output: every node has a pair
+    assert "unmatched: golden 0 of 3 nodes with tensors, test 0 of 2" in res.stdout
+    assert "error born at: mul-aten.mul.Tensor" in res.stdout and "SwishMul" in res.stdout, res.stdout
