@@ -297,3 +297,82 @@ def test_ge_ops_matched_to_fx_nodes_and_the_fused_op_judged(tmp_path: Path) -> N
     # silu's inputs are the fused op's, mul's outputs its output: every node has a pair
     assert "unmatched: golden 0 of 3 nodes with tensors, test 0 of 2" in res.stdout
     assert "error born at: mul-aten.mul.Tensor" in res.stdout and "SwishMul" in res.stdout, res.stdout
+
+
+# ------------------------------------------------------------------ our dumpers (real torch.compile)
+
+
+class _Mlp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = torch.nn.Linear(8, 16, bias=False)
+        self.up = torch.nn.Linear(8, 16, bias=False)
+        self.down = torch.nn.Linear(16, 8, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+def _dump_both(tmp_path: Path, defect: object = None) -> tuple[Path, Path, object, list[torch.Tensor]]:
+    from workbench.backends.torchair import GeDumper
+    from workbench.dump.fx import FxDumper
+
+    torch.manual_seed(0)
+    model = _Mlp().eval()
+    xs = [torch.randn(3, 8), torch.randn(5, 8)]
+    fx = FxDumper(tmp_path / "golden")
+    compiled = torch.compile(model, backend=fx, dynamic=False)
+    eager = []
+    with torch.no_grad():
+        for x in xs:
+            fx.step([1, 2])
+            eager.append(compiled(x))
+    torch._dynamo.reset()
+    ge = GeDumper(tmp_path / "test", dtype=torch.bfloat16, defect=defect)  # type: ignore[arg-type]
+    compiled = torch.compile(model, backend=ge, dynamic=False)
+    with torch.no_grad():
+        for x in xs:
+            ge.step([1, 2])
+            compiled(x)
+    torch._dynamo.reset()
+    return tmp_path / "golden", tmp_path / "test", ge, eager
+
+
+def test_fx_dumper_and_ge_writer_on_a_compiled_model(tmp_path: Path) -> None:
+    from workbench.backends.torchair import GeDefect
+
+    golden, test, ge, eager = _dump_both(tmp_path, GeDefect("down", "mm", scale=2.0))
+    g = open_dump(golden)
+    assert g.kind == "torchair_fx" and g.problems == [] and g.tokens == [0, 1]
+    names = [n.name for n in g.nodes]
+    assert {"mm-aten.mm.default", "silu-aten.silu.default", "mul-aten.mul.Tensor"} <= set(names)
+    last_mm = [n for n in g.nodes if n.type == "aten.mm.default"][-1]
+    assert last_mm.params == {"module": "down"}
+    out = next(t for t in g.tensors if t.node == last_mm.name and t.role == "out" and t.token == 1)
+    assert out.path is not None and np.allclose(np.load(out.path), eager[1].numpy(), atol=1e-6)
+    t = open_dump(test)
+    assert t.kind == "torchair_ge" and t.problems == [] and t.tokens == [0, 1]
+    fused = [n for n in t.nodes if n.type == "AutomaticBufferFusionOp"]
+    assert len(fused) == 1 and fused[0].params is not None and fused[0].params["fx_first"] == ["silu-aten.silu.default"]
+    assert {x.dtype for x in t.tensors if x.role == "out"} == {"bfloat16"}
+    assert ge.planted == "MatMulV2_2"  # type: ignore[attr-defined]
+    res = run_wb("compare", "-gp", str(golden), "-mp", str(test), "-o", str(tmp_path / "out"))
+    assert res.returncode in (0, 1), res.stderr
+    assert "error born at: mm_2-aten.mm.default (token 0)  [test op: MatMulV2_2]" in res.stdout, res.stdout
+
+
+def test_fused_ge_against_unfused_ge_by_name(tmp_path: Path) -> None:
+    from workbench.backends.torchair import GeDumper
+
+    torch.manual_seed(0)
+    model = _Mlp().eval()
+    for sub, fuse in (("unfused", False), ("fused", True)):
+        ge = GeDumper(tmp_path / sub, dtype=torch.float32, fuse=fuse)
+        compiled = torch.compile(model, backend=ge, dynamic=False)
+        with torch.no_grad():
+            ge.step()
+            compiled(torch.randn(3, 8, generator=torch.Generator().manual_seed(1)))
+        torch._dynamo.reset()
+    res = run_wb("compare", "-gp", str(tmp_path / "unfused"), "-mp", str(tmp_path / "fused"), "-o", str(tmp_path / "o"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "fused 2" in res.stdout and "unmatched: golden 0" in res.stdout, res.stdout
