@@ -4,6 +4,7 @@ FX `.npy` dumps in msit's three layouts, bad files, and GE ops matched to FX nod
 from __future__ import annotations
 
 import struct
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -376,3 +377,35 @@ def test_fused_ge_against_unfused_ge_by_name(tmp_path: Path) -> None:
     res = run_wb("compare", "-gp", str(tmp_path / "unfused"), "-mp", str(tmp_path / "fused"), "-o", str(tmp_path / "o"))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "fused 2" in res.stdout and "unmatched: golden 0" in res.stdout, res.stdout
+
+
+SCRIPT = """
+import torch
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(8, 16)
+        self.down = torch.nn.Linear(16, 8)
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+torch.manual_seed(0)
+m = Mlp().eval()
+with torch.no_grad():
+    for n in (2, 3):
+        m(torch.randn(n, 8))
+print("ran")
+"""
+
+
+def test_wb_dump_fx_on_a_script(tmp_path: Path) -> None:
+    script = tmp_path / "run.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "dump"
+    res = run_wb("dump", "--fx", "--tokens", "0-1", "-o", str(out), "--exec", f"{sys.executable} {script}", timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "ran" in res.stdout and "msit_fx_dump/worldsize1_global_rank0" in res.stdout
+    d = open_dump(out)
+    assert d.kind == "torchair_fx" and d.problems == [] and d.tokens == [0, 1]
+    assert {"relu-aten.relu.default", "addmm-aten.addmm.default"} <= {n.name for n in d.nodes}
+    relu_out = [t for t in d.tensors if t.node == "relu-aten.relu.default" and t.role == "out"]
+    assert sorted(t.shape for t in relu_out if t.shape) == [(2, 16), (3, 16)]

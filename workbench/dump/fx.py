@@ -189,6 +189,45 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     return t.contiguous().numpy()
 
 
+class FxHandle:
+    """`register_hook(model, DumpConfig(..., fx=True))`: the model's forward compiled with an `FxDumper`, one token
+    per call; `.remove()` restores the forward."""
+
+    manifest = None  # the FX layout has no manifest of ours beyond the ids file
+
+    def __init__(self, model: torch.nn.Module, dump_path: Path, token_range: Iterable[int]) -> None:
+        self.model = model
+        self.dumper = FxDumper(dump_path, token_range)
+        self.dump_dir = self.dumper.rank_dir
+        original = model.forward
+        compiled = torch.compile(original, backend=self.dumper, dynamic=False)
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            seen = (
+                [int(i) for i in ids.reshape(-1)]
+                if isinstance(ids, torch.Tensor) and not ids.is_floating_point()
+                else None
+            )
+            self.dumper.step(seen)
+            return compiled(*args, **kwargs)
+
+        self._had_own = "forward" in vars(model)
+        self._original = original
+        model.forward = forward
+
+    def remove(self) -> None:
+        if self._had_own:
+            self.model.forward = self._original
+        else:
+            del self.model.forward
+
+
+def register_fx(model: torch.nn.Module, config: Any) -> FxHandle:
+    """The FX dump of `DumpConfig(..., fx=True)` (its dump_path and token_range)."""
+    return FxHandle(model, Path(config.dump_path), config.token_range)
+
+
 def dump_fx(model: torch.nn.Module, dump_path: str | Path, calls: Iterable[Callable[[Any], Any]]) -> FxDumper:
     """Compile `model` with an `FxDumper` and run `calls` (each gets the compiled model), one token each."""
     dumper = FxDumper(dump_path)
