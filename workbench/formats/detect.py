@@ -8,6 +8,9 @@ Accepted levels, as users pass them to msit/msprobe:
 - msprobe: the dump path (`step*/` below it), `step{N}`, `step{N}/rank{R}`, or its `dump_tensor_data`;
 - msprobe's ATB probe: its `--output` folder, `atb_dump_data`, `atb_dump_data/data`, `data/{dev}_{pid}`, one
   execution-count folder `{dev}_{pid}/{n}` (the level `msprobe compare -m atb` takes), or its `statistic.csv`.
+- TorchAir GE: the folder above `msit_ge_dump`, `msit_ge_dump` (graph text files in it), one
+  `worldsize{N}_global_rank{R}` below it; TorchAir FX: the folder above `msit_fx_dump`, `msit_fx_dump`, one rank
+  folder, `data_dump` (PTA 7.1 and older).
 Where a level holds several candidates (dump folders, devices, ranks) the newest dump folder and the
 first device/rank are read, and `meta["other_candidates"]` lists the others.
 """
