@@ -269,6 +269,9 @@ def _torchair_pair(tmp_path: Path, scale: float) -> tuple[Path, Path]:
         "MatMulV2.MatMulV2.1.7.10": _ge_file_by_hand(
             [(f32, 2, [4, 8], x.tobytes()), (f32, 2, [8, 8], w.tobytes())], [(f32, 2, [4, 8], mm.tobytes())], "MatMulV2"
         ),
+        "TransData.TransData_1.3.7.12": _ge_file_by_hand(  # GE inserted it: no FX node of its own
+            [(f32, 2, [4, 8], mm.tobytes())], [(f32, 2, [4, 8], mm.tobytes())], "TransData_1"
+        ),
         "AutomaticBufferFusionOp.SwishMul.2.7.11": _ge_file_by_hand(
             [(f32, 2, [4, 8], mm.tobytes()), (f32, 2, [4, 8], up.tobytes())],
             [(f32, 2, [4, 8], (mul * scale).astype(np.float32).tobytes())],
@@ -278,6 +281,7 @@ def _torchair_pair(tmp_path: Path, scale: float) -> tuple[Path, Path]:
     graph = _graph(
         [
             ("MatMulV2", "MatMulV2", ["x:0", "w:0"], ["mm-aten.mm.default.OUTPUT.0"]),
+            ("TransData_1", "TransData", ["MatMulV2:0"], []),
             ("Swish", "Swish", ["MatMulV2:0"], ["silu-aten.silu.default.OUTPUT.0"]),
             ("Mul", "Mul", ["Swish:0", "up:0"], ["mul-aten.mul.Tensor.OUTPUT.0"]),
         ]
@@ -289,14 +293,16 @@ def _torchair_pair(tmp_path: Path, scale: float) -> tuple[Path, Path]:
 def test_ge_ops_matched_to_fx_nodes_and_the_fused_op_judged(tmp_path: Path) -> None:
     golden, test = _torchair_pair(tmp_path, scale=1.5)
     d = open_dump(test)
+    assert d.node_map()["TransData_1"].params == {"fx_input": ["mm-aten.mm.default"]}
     fused = d.node_map()["SwishMul"]
     assert fused.type == "AutomaticBufferFusionOp" and fused.params is not None
     assert fused.params["fused"] == ["Swish", "Mul"]
     res = run_wb("compare", "-gp", str(golden), "-mp", str(test), "-o", str(tmp_path / "out"))
     assert res.returncode in (0, 1), res.stderr
-    assert "node pairs matched by: fused 2, fx-name 1" in res.stdout, res.stdout
+    assert "node pairs matched by: cast 1, fused 2, fx-name 1" in res.stdout, res.stdout
+    assert "pairs compared: 7 " in res.stdout  # mm 3, TransData in and out 2, the fused op 1 + 1
     # silu's inputs are the fused op's, mul's outputs its output: every node has a pair
-    assert "unmatched: golden 0 of 3 nodes with tensors, test 0 of 2" in res.stdout
+    assert "unmatched: golden 0 of 3 nodes with tensors, test 0 of 3" in res.stdout
     assert "error born at: mul-aten.mul.Tensor" in res.stdout and "SwishMul" in res.stdout, res.stdout
 
 

@@ -17,7 +17,8 @@ later one; a test node paired by a mapping file is left out of the automatic met
 4a. `torchair`: a TorchAir GE dump against its FX dump: each GE op to the FX node its graph's `_fx_tensor_name`
    names (a fused `AutomaticBufferFusionOp`: its inputs to the first folded op's, its outputs to the last
    one's); against an unfused GE dump, a fused op's inputs and outputs to its first and last ops by name
-   (`workbench.formats.ge_run`),
+   (`workbench.formats.ge_run`); a `Cast`/`TransData` no FX node names: its input and output against the FX
+   output that feeds it (`cast`),
 5. `auto`: torch <-> accelerated-library mapping (`auto-*`, `workbench.compare.automap`), for two
    dumps of different kinds.
 
@@ -262,6 +263,14 @@ def _torchair(ctx: MatchContext) -> list[NodeMatch]:
             gid = find(single[0]) if single else None
             if gid is not None:
                 out.append(NodeMatch(gid, tid, "fx-name", 1.0, f"_fx_tensor_name {single[0]}"))
+                continue
+            feeding = [str(x) for x in p.get("fx_input") or []]
+            gid = find(feeding[0]) if feeding else None
+            if gid is not None:  # msit: a Cast/TransData's input against its output; here both against the FX value
+                why = f"Cast/TransData fed by {feeding[0]}: its "
+                src = TensorSel("out", 0)
+                out.append(NodeMatch(gid, tid, "cast", 0.9, why + "input", src, TensorSel("in", 0)))
+                out.append(NodeMatch(gid, tid, "cast", 0.9, why + "output", src, TensorSel("out", 0)))
                 continue
             g_first, g_last = (find(first[0]) if first else None), (find(last[0]) if last else None)
         elif fused:

@@ -5,7 +5,8 @@ run. Each run is paired with the graph file whose op names its files name (the g
 not by position as msit does; a run no graph names is read without one (order by timestamp). One node
 per GE op name (a fused `AutomaticBufferFusionOp` is one node whose `params["fused"]` lists the graph ops
 it folds, found by msit's longest-prefix split of its name); `params["fx"]` holds the FX nodes the
-graph's `_fx_tensor_name` attributes name. A duplicate op name in one token keeps the larger file (msit).
+graph's `_fx_tensor_name` attributes name; a `Cast`/`TransData` op no FX node names gets `params["fx_input"]`,
+the FX node whose output feeds it. A duplicate op name in one token keeps the larger file (msit).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from workbench.formats.model import Dump, DumpError, DumpKind, Node, TensorEntry
 
 GE_KIND: DumpKind = "torchair_ge"
 _SKIP_SUFFIXES = (".txt", ".npy", ".bin", ".json")
+_SELF_COMPARED = ("Cast", "TransData")  # msit compares these, when no FX node is named, input against output
 
 
 @dataclass(slots=True)
@@ -184,8 +186,12 @@ def _describe(
 ) -> tuple[str, tuple[int, int], dict[str, object]]:
     """(type, order key, params) of one dumped op: graph position first, then timestamp for ops no graph has."""
     op = ops.get(op_name)
-    if op is not None:
-        return parsed.op_type, (op.position, 0), {"fx": list(op.fx_nodes)} if op.fx_nodes else {}
+    if op is not None and op.fx_nodes:
+        return parsed.op_type, (op.position, 0), {"fx": list(op.fx_nodes)}
+    if op is not None:  # a Cast/TransData GE inserted: compared against the FX output feeding it
+        feeding = [n for i in op.inputs[:1] if i in ops for n in ops[i].fx_nodes[:1]]
+        unlinked = any(k in parsed.op_type for k in _SELF_COMPARED)
+        return parsed.op_type, (op.position, 0), {"fx_input": feeding} if unlinked and feeding else {}
     parts = split_fused(op_name, known) if parsed.op_type == ge_dump.FUSION_OP_TYPE else []
     if parts:
         first, last = ops[parts[0]], ops[parts[-1]]
