@@ -415,3 +415,25 @@ def test_wb_dump_fx_on_a_script(tmp_path: Path) -> None:
     assert {"relu-aten.relu.default", "addmm-aten.addmm.default"} <= {n.name for n in d.nodes}
     relu_out = [t for t in d.tensors if t.node == "relu-aten.relu.default" and t.role == "out"]
     assert sorted(t.shape for t in relu_out if t.shape) == [(2, 16), (3, 16)]
+
+
+def test_rank_folders_compared_rank_with_rank(tmp_path: Path) -> None:
+    """Two ranks on each side (`worldsize2_global_rank{R}`): GE graphs per rank beside them; rank 1 planted."""
+    for rank in (0, 1):
+        golden, test = _torchair_pair(tmp_path / f"r{rank}", scale=1.5 if rank else 1.0)
+        fx_rank = tmp_path / "golden" / "msit_fx_dump" / f"worldsize2_global_rank{rank}"
+        (golden / "msit_fx_dump" / "worldsize1_global_rank0").rename(_mkparent(fx_rank))
+        ge = _mkparent(tmp_path / "test" / "msit_ge_dump" / f"worldsize2_global_rank{rank}")
+        graph = next(test.glob("dynamo_original_graph_*.txt"))
+        graph.rename(ge.parent / f"dynamo_original_graph_1_rank_{rank}_pid_9_ts_1.txt")
+        (test / "20250101000000").rename(ge)
+    res = run_wb("compare", "-gp", str(tmp_path / "golden"), "-mp", str(tmp_path / "test"), "-o", str(tmp_path / "o"))
+    assert res.returncode in (0, 1), res.stdout + res.stderr
+    lines = [ln for ln in res.stdout.splitlines() if ln.strip().startswith("rank ")]
+    assert len(lines) == 2, res.stdout
+    assert "0 failed" in lines[0] and "mul-aten.mul.Tensor" in lines[1] and "SwishMul" in lines[1], res.stdout
+
+
+def _mkparent(p: Path) -> Path:
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return p

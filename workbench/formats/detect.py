@@ -257,12 +257,12 @@ class RankDump:
 def find_ranks(path: str | Path) -> list[RankDump]:
     """The ranks below a dump path that holds several (tensor parallelism writes one folder per process):
     msit `torch_tensors/{dev}_{pid}`, ATB `tensors/{dev}_{pid}`, msprobe `step*/rank{N}`, msprobe's ATB probe
-    `atb_dump_data/data/{dev}_{pid}`; [] for one rank."""
+    `atb_dump_data/data/{dev}_{pid}`, TorchAir `worldsize{N}_global_rank{R}`; [] for one rank."""
     p = Path(path).expanduser()
     if not p.is_dir():
         return []
     p = p.resolve()
-    found = _msprobe_ranks(p) or _torch_ranks(p) or _atb_csv_ranks(p) or _atb_ranks(p)
+    found = _msprobe_ranks(p) or _torch_ranks(p) or _atb_csv_ranks(p) or _atb_ranks(p) or _torchair_ranks(p)
     return found if len(found) >= 2 else []
 
 
@@ -320,6 +320,26 @@ def _atb_ranks(p: Path) -> list[RankDump]:
         tensors, root = d / "tensors", d
     devs = _atb_dev_dirs(tensors)
     return [RankDump(_dev_id(d.name), d.name, d, functools.partial(atb.read_atb, root, d)) for d in devs]
+
+
+def _torchair_ranks(p: Path) -> list[RankDump]:
+    """TorchAir rank folders (`worldsize{N}_global_rank{R}`) of a GE dump (graphs beside them) or an FX dump."""
+    if torchair.rank_of(p.name) is not None:
+        return []
+    for sub in (p / torchair.GE_DUMP_DIR, p):
+        if sub.is_dir() and torchair.graph_files(sub):
+            return [
+                RankDump(torchair.rank_of(d.name), d.name, d, functools.partial(ge_run.read_ge, d))
+                for d in torchair.rank_dirs(sub)
+            ]
+    for sub in (p / torchair.FX_DUMP_DIR, p):
+        if sub.is_dir():
+            found = [d for d in torchair.rank_dirs(sub) if fx_dump.is_fx_dir(d)]
+            if found:
+                return [
+                    RankDump(torchair.rank_of(d.name), d.name, d, functools.partial(fx_dump.read_fx, d)) for d in found
+                ]
+    return []
 
 
 def pair_ranks(golden: list[RankDump], test: list[RankDump]) -> list[tuple[RankDump, RankDump]]:
