@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.conftest import run_wb
+from workbench.analysis.explore import Explorer
 from workbench.formats import open_dump
 
 
@@ -21,6 +22,28 @@ def test_torchair_demo_names_the_planted_op_at_every_token(tmp_path: Path) -> No
     assert "inputs differ" not in text  # both runs recorded the ids they were fed
     test = open_dump(out / "test")
     assert test.problems == [] and any(n.type == "AutomaticBufferFusionOp" for n in test.nodes)
+
+    # downstream, unchanged: the app's headless layer (heatmap by the module the FX node ran in, trees), the
+    # advisor, SQL
+    catalog = out / "catalog.duckdb"
+    ex = Explorer(catalog)
+    try:
+        heat = ex.heatmap()
+        assert heat.row_labels == ["pre", "L0", "L1", "L2", "L3", "post"]
+        assert not heat.failed[:3].any() and heat.failed[3].all()  # fails from layer 2 on, at every token
+        planted = ex.golden_node_id("mm_20-aten.mm.default")
+        assert planted is not None and ex.group_of(planted) == 2
+        assert all(ex.worst_node(tok, 2) == planted for tok in range(4))
+        test_rows = ex.tree_rows("test")
+        assert [r.exec_order for r in test_rows] == sorted(r.exec_order for r in test_rows)  # graph order
+    finally:
+        ex.close()
+    advice = run_wb("advise", "--catalog", str(catalog), "--token", "3", "--top", "1")
+    assert advice.returncode == 0 and "MatMulV2_20" in advice.stdout, advice.stdout + advice.stderr
+    sql = run_wb(
+        "query", "--catalog", str(catalog), "SELECT method, count(*) AS n FROM node_matches GROUP BY 1 ORDER BY 1"
+    )
+    assert sql.returncode == 0 and "fused" in sql.stdout and "fx-name" in sql.stdout, sql.stdout + sql.stderr
 
 
 def test_torchair_demo_lists_its_defects() -> None:

@@ -233,9 +233,10 @@ def test_fx_layouts(tmp_path: Path, layout: str, first_folder: int, token0: int)
     d = open_dump(tmp_path)
     assert d.kind == "torchair_fx" and d.problems == []
     assert d.tokens == [token0, token0 + 1]
-    assert [(n.name, n.type) for n in d.nodes] == [
-        ("mm-aten.mm.default", "aten.mm.default"),
-        ("add_1-aten.add.Tensor", "aten.add.Tensor"),
+    assert [(n.name, n.type, n.parent) for n in d.nodes] == [
+        ("graph", "GraphModule", None),  # the root: msit's layout names no module
+        ("mm-aten.mm.default", "aten.mm.default", "graph"),
+        ("add_1-aten.add.Tensor", "aten.add.Tensor", "graph"),
     ]
     out1 = next(t for t in d.tensors if t.token == token0 + 1 and t.node == "mm-aten.mm.default" and t.role == "out")
     assert out1.path is not None and np.array_equal(np.load(out1.path), a + 1)

@@ -121,14 +121,18 @@ def read_fx(p: Path, root: Path | None = None) -> Dump:
                 tensors.append(TensorEntry(token, node, parsed.role, parsed.index, path, dtype, shape))
     modules = {str(k): str(v) for k, v in torchair.side_json(p, FX_MODULES_FILE).items()}
     ordered = sorted(first_seen, key=lambda n: (first_seen[n], n))
-    nodes = []
+    nodes = [Node(torchair.GRAPH_ROOT, "GraphModule", exec_order=-1)]
+    scopes: dict[str, Node] = {}
     for i, name in enumerate(ordered):
         bare = name.split("/", 1)[1] if several else name
         module = modules.get(bare)
+        parent = _scope(module, scopes, nodes) if module else nodes[0]
         nodes.append(
             Node(
                 name,
                 node_type(bare),
+                parent=parent.name,
+                depth=parent.depth + 1,
                 exec_order=i,
                 layer=layer_from_name(module) if module else None,
                 params={"module": module} if module else None,
@@ -137,3 +141,16 @@ def read_fx(p: Path, root: Path | None = None) -> Dump:
     meta = torchair.side_json(p, MANIFEST_NAME)  # our dumper's record of the ids each token was fed
     meta["layout"] = "rank folders" if ranked else "data_dump (token folder = token + 1)"
     return Dump(FX_KIND, root or p, nodes, tensors, "recorded", meta=meta, problems=problems)
+
+
+def _scope(module: str, scopes: dict[str, Node], nodes: list[Node]) -> Node:
+    """The node of a module (created with its parents on first use, below the graph root): ops are shown, and
+    grouped in the heatmap, under the module they ran in."""
+    if module in scopes:
+        return scopes[module]
+    head, _, _tail = module.rpartition(".")
+    parent = _scope(head, scopes, nodes) if head else nodes[0]
+    node = Node(module, "module", parent=parent.name, depth=parent.depth + 1, layer=layer_from_name(module))
+    scopes[module] = node
+    nodes.append(node)
+    return node

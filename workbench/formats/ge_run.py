@@ -69,7 +69,7 @@ def read_ge(p: Path, root: Path | None = None) -> Dump:
     runs = _runs(dump_root, problems)
     if not runs:
         raise DumpError(p, "no GE dump files ({OpType}.{OpName}.{task}.{stream}.{timestamp}) below it")
-    nodes: list[Node] = []
+    nodes: list[Node] = [Node(torchair.GRAPH_ROOT, "GeGraph", exec_order=-1)]
     tensors: list[TensorEntry] = []
     pairing: list[str] = []
     several = len(runs) > 1
@@ -178,7 +178,7 @@ def _read_run(
                 )
     for i, name in enumerate(sorted(info, key=lambda n: (info[n][1], n))):
         op_type, _key, params = info[name]
-        nodes.append(Node(prefix + name, op_type, exec_order=start + i, params=params or None))
+        nodes.append(Node(prefix + name, op_type, torchair.GRAPH_ROOT, 1, exec_order=start + i, params=params or None))
 
 
 def _describe(

@@ -23,6 +23,7 @@ GE_DUMP_DIR = "msit_ge_dump"
 FX_DUMP_DIR = "msit_fx_dump"
 RANK_DIR_RE = re.compile(r"^worldsize([0-9]+)_global_rank([0-9]+)$")
 MAX_DEPTH = 8
+GRAPH_ROOT = "graph"  # the root node both readers give the ops of a graph (the trees and the heatmap need one)
 
 
 def rank_of(name: str) -> int | None:
