@@ -438,3 +438,16 @@ def test_rank_folders_compared_rank_with_rank(tmp_path: Path) -> None:
 def _mkparent(p: Path) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     return p
+
+
+def test_precheck_of_aten_nodes_and_linked_ge_ops(tmp_path: Path) -> None:
+    from workbench.backends.torchair import GeDefect
+
+    golden, test, _ge, _eager = _dump_both(tmp_path, GeDefect("down", "mm", scale=2.0))
+    res = run_wb("precheck", str(golden), "--all")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "ok    mm_2-aten.mm.default" in res.stdout and "ok    silu-aten.silu.default" in res.stdout
+    res = run_wb("precheck", str(test), "--all")
+    assert res.returncode == 1, res.stdout + res.stderr  # the planted op disagrees with its own re-run
+    assert "ok    MatMulV2_1" in res.stdout and "FAIL  MatMulV2_2" in res.stdout
+    assert "skip  SwishMul  (no reference for AutomaticBufferFusionOp" in res.stdout
