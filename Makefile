@@ -74,6 +74,7 @@ bench: install
 	$(PY) bench/bench_metrics.py
 	$(PY) bench/bench_formats_open.py
 	$(PY) bench/bench_app.py
+	$(PY) bench/bench_torchair.py --quick
 
 # the GE protobuf schema (workbench/formats/proto/*.proto) compiled into the descriptor set read at import time;
 # protoc from grpcio-tools in a throwaway venv (the package is not a dependency of wb)
