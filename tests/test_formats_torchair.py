@@ -451,3 +451,29 @@ def test_precheck_of_aten_nodes_and_linked_ge_ops(tmp_path: Path) -> None:
     assert res.returncode == 1, res.stdout + res.stderr  # the planted op disagrees with its own re-run
     assert "ok    MatMulV2_1" in res.stdout and "FAIL  MatMulV2_2" in res.stdout
     assert "skip  SwishMul  (no reference for AutomaticBufferFusionOp" in res.stdout
+
+
+def test_mapping_editor_pairs_a_ge_op_with_an_fx_node(tmp_path: Path) -> None:
+    """What the app's mapping editor does (`jobs.compare.add_node_pairs`), on a GE/FX comparison."""
+    import duckdb
+
+    from workbench.compare.mapping import PairSpec, TensorSel
+    from workbench.jobs.compare import add_node_pairs
+
+    golden, test = _torchair_pair(tmp_path, scale=1.0)
+    res = run_wb("compare", "-gp", str(golden), "-mp", str(test), "-o", str(tmp_path / "out"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    catalog = tmp_path / "out" / "catalog.duckdb"
+    pair = ("mm-aten.mm.default", "TransData_1")
+    assert add_node_pairs(catalog, 1, [], remove=[pair]) == 0
+    out = TensorSel("out", 0)
+    assert add_node_pairs(catalog, 1, [PairSpec(*pair, out, out)]) == 1
+    con = duckdb.connect(str(catalog), read_only=True)
+    try:
+        methods = con.execute(
+            "SELECT m.method FROM node_matches m JOIN nodes t ON t.run_id = 2 AND t.node_id = m.test_node_id "
+            "WHERE t.name = 'TransData_1'"
+        ).fetchall()
+    finally:
+        con.close()
+    assert methods == [("editor",)]
