@@ -477,3 +477,30 @@ def test_mapping_editor_pairs_a_ge_op_with_an_fx_node(tmp_path: Path) -> None:
     finally:
         con.close()
     assert methods == [("editor",)]
+
+
+def test_graphs_paired_with_dump_folders_by_the_ops_they_name(tmp_path: Path) -> None:
+    """Two graphs, two model-id folders; the first graph (msit's order) names the second folder's ops."""
+    x = np.ones((2, 2), dtype=np.float32).tobytes()
+    ge = tmp_path / "msit_ge_dump"
+    ge.mkdir()
+    (ge / "dynamo_original_graph_1_rank_0_pid_9_ts_1.txt").write_text(
+        _graph([("Relu_7", "Relu", [], ["relu-aten.relu.default.OUTPUT.0"])])
+    )
+    (ge / "dynamo_original_graph_2_rank_0_pid_9_ts_2.txt").write_text(
+        _graph([("Abs_3", "Abs", [], ["abs-aten.abs.default.OUTPUT.0"])])
+    )
+    model = ge / "20250101000000" / "0" / "graph_1"
+    _write(model / "1" / "0" / "Abs.Abs_3.1.7.100", _ge_file_by_hand([(1, 2, [2, 2], x)], [(1, 2, [2, 2], x)], "Abs_3"))
+    _write(
+        model / "2" / "0" / "Relu.Relu_7.2.7.101", _ge_file_by_hand([(1, 2, [2, 2], x)], [(1, 2, [2, 2], x)], "Relu_7")
+    )
+    d = open_dump(tmp_path)
+    assert d.problems == []
+    nodes = d.node_map()
+    assert nodes["1/Abs_3"].params == {"fx": ["abs-aten.abs.default"]}
+    assert nodes["2/Relu_7"].params == {"fx": ["relu-aten.relu.default"]}
+    assert [p.rsplit("/", 1)[-1] for p in d.meta["pairing"]] == [
+        "dynamo_original_graph_2_rank_0_pid_9_ts_2.txt",
+        "dynamo_original_graph_1_rank_0_pid_9_ts_1.txt",
+    ]

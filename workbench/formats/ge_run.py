@@ -73,9 +73,10 @@ def read_ge(p: Path, root: Path | None = None) -> Dump:
     tensors: list[TensorEntry] = []
     pairing: list[str] = []
     several = len(runs) > 1
+    common = Path(os.path.commonpath([r.folder for r in runs])) if several else dump_root
     for run in runs:
         graph = _graph_for(run, graphs)
-        prefix = f"{run.folder.relative_to(dump_root)}/" if several else ""
+        prefix = f"{run.folder.relative_to(common)}/" if several else ""  # e.g. the model id folder: `2/`
         pairing.append(f"{run.folder}: {graph.path if graph else 'no graph names its ops'}")
         _read_run(run, graph, prefix, len(nodes), nodes, tensors, problems)
     meta: dict[str, object] = torchair.side_json(p, MANIFEST_NAME)  # our writer's record of the ids fed
