@@ -18,8 +18,9 @@ def test_torchair_demo_names_the_planted_op_at_every_token(tmp_path: Path) -> No
     assert "expected: error born at MatMulV2_20" in text, text
     for token in range(4):
         assert f"error born at: mm_20-aten.mm.default (token {token})  [test op: MatMulV2_20]" in text, text
-    assert "unmatched: golden 0 of" in text and "fused 8" in text, text
+    assert "unmatched: golden 0 of" in text and "fused 8" in text and "graph-output 1" in text, text
     assert "inputs differ" not in text  # both runs recorded the ids they were fed
+    assert "first divergent token: 0 (" in text, text  # the logits: the graphs' outputs
     test = open_dump(out / "test")
     assert test.problems == [] and any(n.type == "AutomaticBufferFusionOp" for n in test.nodes)
 

@@ -28,8 +28,8 @@ import torch
 from torch import fx
 
 from workbench.core.files import MANIFEST_NAME
-from workbench.dump.fx import fx_name, interpreting_backend, is_op, node_module, tensors_of
-from workbench.formats import ge_dump
+from workbench.dump.fx import fx_name, graph_outputs, interpreting_backend, is_op, node_module, tensors_of
+from workbench.formats import ge_dump, ge_run
 from workbench.formats.arrays import as_raw
 from workbench.formats.ge_graph import graph_text
 from workbench.formats.torchair import GE_DUMP_DIR
@@ -127,6 +127,7 @@ class GeDumper:
         self._task = 0
         self._last_ts = 0
         self._graphs = 0
+        self._outputs: list[str] = []
         self._backend = interpreting_backend(self._save, self._graph, dtype)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
@@ -164,7 +165,7 @@ class GeDumper:
             if self.fuse and _aten(n) == "mul" and any(_is_silu(a) for a in n.args):
                 silu = next(a for a in n.args if _is_silu(a))
                 self.fused[silu], self.fused_last[n] = n, silu
-        self._order = {n.name: i for i, n in enumerate(gm.graph.nodes)}
+        self._outputs = [self.ops[n].name for n in graph_outputs(gm) if n in self.ops]
         self._write_graph_text()
 
     def _bind(self, gm: fx.GraphModule) -> None:
@@ -186,6 +187,7 @@ class GeDumper:
         for n, op in self.ops.items():
             outs = [f"{fx_name(n)}.OUTPUT.0"]
             rows.append((op.name, op.type, op.inputs, outs))
+        rows.append((ge_run.NET_OUTPUT, ge_run.NET_OUTPUT, [f"{name}:0" for name in self._outputs], []))
         self.root.mkdir(parents=True, exist_ok=True)
         name = f"dynamo_original_graph_{self._graphs}_rank_0_pid_{os.getpid()}_ts_{self.stamp}.txt"
         (self.root / name).write_text(graph_text(f"graph_{self._graphs}", rows))

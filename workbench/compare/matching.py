@@ -39,6 +39,9 @@ import pandas as pd
 from workbench.compare.align import StreamSide, align_scope, shape_tuple
 from workbench.compare.layout import layout_rule, shape_after, with_layout
 from workbench.compare.mapping import MappingFile, TensorSel, expand_rule
+from workbench.formats.fx_dump import FX_KIND
+from workbench.formats.ge_run import GE_KIND
+from workbench.formats.torchair import GRAPH_ROOT
 
 NODE_COLUMNS = ["node_id", "name", "type", "parent_id", "depth", "exec_order", "layer", "phase", "params"]
 
@@ -218,7 +221,7 @@ def _roles(tensors: pd.DataFrame) -> set[str]:
     return set(tensors["io"].unique()) if "io" in tensors and len(tensors) else set()
 
 
-TORCHAIR_GE, TORCHAIR_FX = "torchair_ge", "torchair_fx"
+TORCHAIR_GE, TORCHAIR_FX = GE_KIND, FX_KIND
 
 
 def _params(value: object) -> dict[str, Any]:
@@ -250,6 +253,9 @@ def _torchair(ctx: MatchContext) -> list[NodeMatch]:
         return hits[0] if len(hits) == 1 else None
 
     out: list[NodeMatch] = []
+    t_root = test.by_name().get(GRAPH_ROOT)
+    if GRAPH_ROOT in g_ids and t_root is not None and int(t_root) not in ctx.taken_test:
+        out.append(NodeMatch(int(g_ids[GRAPH_ROOT]), int(t_root), "graph-output", 1.0, "the graphs' outputs"))
     for tid, params in zip(test.nodes["node_id"], test.nodes["params"]):
         tid = int(tid)
         if tid in ctx.taken_test:

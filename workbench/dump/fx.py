@@ -54,6 +54,25 @@ def node_module(node: fx.Node) -> str | None:
     return _MODULE_PREFIX.sub("", path) or None
 
 
+def graph_outputs(gm: fx.GraphModule) -> list[fx.Node]:
+    """The op nodes whose results the graph returns, in order (a model's logits first, for a causal LM)."""
+    out: list[fx.Node] = []
+    for n in gm.graph.nodes:
+        if n.op == "output":
+            for a in _flat_nodes(n.args):
+                if is_op(a) and a not in out:
+                    out.append(a)
+    return out
+
+
+def _flat_nodes(value: Any) -> list[fx.Node]:
+    if isinstance(value, fx.Node):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [x for v in value for x in _flat_nodes(v)]
+    return []
+
+
 def tensors_of(value: Any) -> list[torch.Tensor]:
     """The tensors of a node argument or result, flattened in order."""
     if isinstance(value, torch.Tensor):
@@ -162,6 +181,8 @@ class FxDumper:
                 self.modules[fx_name(n)] = module
         self.rank_dir.mkdir(parents=True, exist_ok=True)
         (self.rank_dir / FX_MODULES_FILE).write_text(json.dumps(self.modules, indent=1))
+        self.manifest["graph_outputs"] = [fx_name(n) for n in graph_outputs(gm)]  # the model's outputs (logits)
+        (self.rank_dir / MANIFEST_NAME).write_text(json.dumps(self.manifest))
 
     def _timestamp(self) -> int:
         now = int(time.strftime("%Y%m%d%H%M%S")) * 1_000_000 + time.time_ns() // 1000 % 1_000_000

@@ -138,7 +138,10 @@ def read_fx(p: Path, root: Path | None = None) -> Dump:
                 params={"module": module} if module else None,
             )
         )
-    meta = torchair.side_json(p, MANIFEST_NAME)  # our dumper's record of the ids each token was fed
+    meta = torchair.side_json(p, MANIFEST_NAME)  # our dumper's record: the ids fed at each token, graph outputs
+    outputs = meta.get("graph_outputs")
+    if not several and isinstance(outputs, list):
+        tensors += torchair.root_outputs(tensors, [str(o) for o in outputs])
     meta["layout"] = "rank folders" if ranked else "data_dump (token folder = token + 1)"
     return Dump(FX_KIND, root or p, nodes, tensors, "recorded", meta=meta, problems=problems)
 

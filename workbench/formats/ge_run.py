@@ -21,6 +21,7 @@ from workbench.formats.ge_graph import GeGraph, GeOp, read_graph
 from workbench.formats.model import Dump, DumpError, DumpKind, Node, TensorEntry, token_number
 
 GE_KIND: DumpKind = "torchair_ge"
+NET_OUTPUT = "NetOutput"  # the GE op whose inputs are the graph's outputs
 _SKIP_SUFFIXES = (".txt", ".npy", ".bin", ".json")
 _SELF_COMPARED = ("Cast", "TransData")  # msit compares these, when no FX node is named, input against output
 
@@ -79,6 +80,9 @@ def read_ge(p: Path, root: Path | None = None) -> Dump:
         prefix = f"{run.folder.relative_to(common)}/" if several else ""  # e.g. the model id folder: `2/`
         pairing.append(f"{run.folder}: {graph.path if graph else 'no graph names its ops'}")
         _read_run(run, graph, prefix, len(nodes), nodes, tensors, problems)
+        if graph is not None and not several:  # the graph's NetOutput names the model's outputs
+            producers = [i for o in graph.ops if o.type == NET_OUTPUT for i in o.inputs]
+            tensors += torchair.root_outputs(tensors, producers)
     meta: dict[str, object] = torchair.side_json(p, MANIFEST_NAME)  # our writer's record of the ids fed
     meta.update({"graphs": [g.path for g in graphs], "pairing": pairing})
     if rank is not None:

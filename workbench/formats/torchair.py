@@ -11,12 +11,13 @@ msit's layouts (`../shared/reference/msit_llm_spec.md` §1(d)):
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
 
 from workbench.formats.ge_graph import graph_rank, is_graph_file
-from workbench.formats.model import DumpError
+from workbench.formats.model import DumpError, TensorEntry
 from workbench.formats.scan import DirEntry, list_dir, read_json
 
 GE_DUMP_DIR = "msit_ge_dump"
@@ -76,6 +77,20 @@ def side_json(p: Path, name: str) -> dict[str, Any]:
                 return {}
             return data if isinstance(data, dict) else {}
     return {}
+
+
+def root_outputs(tensors: list[TensorEntry], producers: list[str]) -> list[TensorEntry]:
+    """The graph's outputs as outputs of its root node (the model's output: where the logits analysis looks), one
+    per producer op and token: the producer's first output file, shared."""
+    first = {(t.node, t.token): t for t in tensors if t.role == "out" and t.index == 0}
+    tokens = sorted({t.token for t in tensors})
+    out = []
+    for tok in tokens:
+        for k, name in enumerate(producers):
+            t = first.get((name, tok))
+            if t is not None:
+                out.append(dataclasses.replace(t, node=GRAPH_ROOT, index=k))
+    return out
 
 
 def walk_dirs(p: Path, depth: int = MAX_DEPTH) -> list[tuple[Path, list[str], list[str]]]:
