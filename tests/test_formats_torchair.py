@@ -504,3 +504,24 @@ def test_graphs_paired_with_dump_folders_by_the_ops_they_name(tmp_path: Path) ->
         "dynamo_original_graph_2_rank_0_pid_9_ts_2.txt",
         "dynamo_original_graph_1_rank_0_pid_9_ts_1.txt",
     ]
+
+
+def test_dump_config_fx_compiles_and_remove_restores(tmp_path: Path) -> None:
+    from workbench.dump import DumpConfig, register_hook
+    from workbench.dump.config import DumpConfigError
+
+    with pytest.raises(DumpConfigError, match="fx must be True or False"):
+        DumpConfig(dump_path=str(tmp_path), fx="yes")  # type: ignore[arg-type]
+    torch.manual_seed(0)
+    model = _Mlp().eval()
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        expected = model(x)
+        handle = register_hook(model, DumpConfig(dump_path=str(tmp_path / "d"), token_range=[1], fx=True))
+        first, second = model(x), model(x)
+        handle.remove()
+    torch._dynamo.reset()
+    assert "forward" not in vars(model)  # the class's forward again
+    assert torch.allclose(first, expected) and torch.allclose(second, expected)
+    d = open_dump(tmp_path / "d")
+    assert d.kind == "torchair_fx" and d.tokens == [1]  # token_range honoured: the second call only
