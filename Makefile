@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY         := $(VENV)/bin/python
 STAMP      := $(VENV)/.wb-installed
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench clean proto
 
 $(STAMP): pyproject.toml
 	@echo "make: setting up $(VENV) once (a few minutes; later runs skip this)"
@@ -74,6 +74,14 @@ bench: install
 	$(PY) bench/bench_metrics.py
 	$(PY) bench/bench_formats_open.py
 	$(PY) bench/bench_app.py
+	$(PY) bench/bench_torchair.py --quick
+
+# the GE protobuf schema (workbench/formats/proto/*.proto) compiled into the descriptor set read at import time;
+# protoc from grpcio-tools in a throwaway venv (the package is not a dependency of wb)
+proto:
+	test -x /tmp/wb-protoc/bin/python || ($(PYTHON) -m venv /tmp/wb-protoc && /tmp/wb-protoc/bin/pip install -q grpcio-tools)
+	cd workbench/formats/proto && /tmp/wb-protoc/bin/python -m grpc_tools.protoc -I. --descriptor_set_out=ge_schema.desc \
+	  ge_dump.proto ge_ir.proto
 
 clean:
 	rm -rf $(VENV) wb_demo wb_out .pytest_cache

@@ -47,7 +47,7 @@ def test_demo_rejects_an_unknown_defect_before_any_work(tmp_path: Path) -> None:
     assert time.perf_counter() - start < 120  # a refusal, not a golden run (generous for a loaded machine)
     listing = run_wb("demo", "--list-defects").stdout
     assert "--stack atb" in listing and "--stack torch" in listing
-    atb, torch_part = listing.split("--stack torch")
+    atb, torch_part = listing.split("--stack torch:")
     assert "  none " in atb and "rmsnorm_eps" in atb and "down_proj" in torch_part
 
 

@@ -106,13 +106,26 @@ TORCH_DEFECTS: dict[str, tuple[str, Callable[[Any], str]]] = {
 }
 
 
-STACKS = ("atb", "torch")
+STACKS = ("atb", "torch", "torchair")
+
+
+# ---------------------------------------------------------------- torchair test stack: defects
+TORCHAIR_DEFECTS: dict[str, tuple[str, str, str]] = {  # name -> description, module, aten op
+    "down_proj": ("layer 2's MLP down projection (a MatMulV2) scaled by 1.25", "model.layers.2.mlp.down_proj", "mm"),
+    "o_proj": (
+        "layer 1's attention output projection (a MatMulV2) scaled by 1.25",
+        "model.layers.1.self_attn.o_proj",
+        "mm",
+    ),
+}
 
 
 def available_defects(stack: str) -> dict[str, str]:
     """Defect name -> one-line description, for one test stack."""
     if stack == "torch":
         return {k: v[0] for k, v in TORCH_DEFECTS.items()}
+    if stack == "torchair":
+        return {k: v[0] for k, v in TORCHAIR_DEFECTS.items()}
     from workbench.backends.defects import DEFECT_KINDS
 
     return dict(DEFECT_KINDS)
@@ -176,6 +189,8 @@ def make_demo(
         f"demo: Llama {model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, "
         f"prompt {prompt.shape[1]} tokens, {NEW_TOKENS} tokens decoded"
     )
+    if stack == "torchair":
+        return _torchair_demo(model, prompt, out, defect, log, kept)
     golden_root, tokens = _dump_torch(model, out / "golden", prompt, None)
     log(f"demo: golden run (torch fp32) dumped to {golden_root}")
     if stack == "torch":
@@ -203,3 +218,45 @@ def finish_demo(out: Path, plan: DemoPlan) -> None:
     from workbench.core.owned import seal
 
     seal(Path(out), "demo", plan.kept)
+
+
+def _torchair_demo(
+    model: Any, prompt: torch.Tensor, out: Path, defect: str | None, log: Callable[[str], None], kept: set[str]
+) -> DemoPlan:
+    """Golden: the compiled model's FX dump in fp32 (`wb dump --fx`'s dumper); test: the same aten graph run in
+    bf16 and written as GE dumps with one fusion per MLP and a planted defect (`workbench.backends.torchair`).
+    Every token is a full forward over the prompt and the tokens so far (no KV cache: one graph per length)."""
+    from workbench.backends.torchair import GeDefect, GeDumper
+    from workbench.dump.fx import FxDumper
+
+    name = defect or "down_proj"
+    text, module, op = TORCHAIR_DEFECTS[name]
+    fx_dumper = FxDumper(out / "golden")
+    seqs = _compiled_decode(model, fx_dumper, prompt, None)
+    golden_root = out / "golden"
+    log(f"demo: golden run (torch.compile, FX dump, fp32) dumped to {golden_root}")
+    ge = GeDumper(out / "test", dtype=torch.bfloat16, defect=GeDefect(module, op, description=text), follow=golden_root)
+    _compiled_decode(copy.deepcopy(model), ge, prompt, seqs)
+    log(f"demo: test run (TorchAir-like GE dump, bf16, defect: {text}) dumped to {out / 'test'}")
+    return DemoPlan(golden_root, out / "test", None, f"{name}: {text}", ge.planted or "?", 0, kept)
+
+
+@torch.no_grad()
+def _compiled_decode(
+    model: Any, dumper: Any, prompt: torch.Tensor, forced: list[torch.Tensor] | None
+) -> list[torch.Tensor]:
+    """Greedy decoding through `torch.compile(model, backend=dumper)`, one full forward per token;
+    `forced` replays the sequences of an earlier run."""
+    compiled = torch.compile(model, backend=dumper, dynamic=False)
+    seq = prompt
+    seqs = []
+    for step in range(NEW_TOKENS):
+        if forced is not None:
+            seq = forced[step]
+        seqs.append(seq)
+        dumper.step([int(i) for i in seq[0]])
+        logits = compiled(input_ids=seq, use_cache=False).logits
+        nxt = int(logits[0, -1].float().argmax())
+        seq = torch.cat([seq, torch.tensor([[nxt]])], dim=1)
+    torch._dynamo.reset()  # the next run compiles afresh with its own backend
+    return seqs

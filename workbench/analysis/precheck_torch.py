@@ -121,7 +121,7 @@ class TorchDump:
             dump.kind,
             str(dump.root),
             entries,
-            {n.name: n.type for n in dump.nodes},
+            {n.name: _checked_type(n.type, n.params) for n in dump.nodes},
             {n.name: n.parent for n in dump.nodes},
             dump.meta.get("kwargs_inputs") if isinstance(dump.meta.get("kwargs_inputs"), dict) else None,
         )
@@ -136,7 +136,7 @@ class TorchDump:
         if kind == "atb":
             raise CannotRun("an ATB run: check its op folders with the ATB precheck")
         nodes = con.execute(
-            "SELECT n.name, n.type, p.name FROM nodes n LEFT JOIN nodes p ON p.run_id = n.run_id "
+            "SELECT n.name, n.type, p.name, n.params FROM nodes n LEFT JOIN nodes p ON p.run_id = n.run_id "
             "AND p.node_id = n.parent_id WHERE n.run_id = ?",
             [run_id],
         ).fetchall()
@@ -152,7 +152,7 @@ class TorchDump:
             str(kind),
             str(root),
             entries + _weights_of_redumps(con, run_id, entries),
-            {n[0]: n[1] or "" for n in nodes},
+            {n[0]: _checked_type(n[1] or "", n[3]) for n in nodes},
             {n[0]: n[2] for n in nodes},
             kw if isinstance(kw, dict) else None,
         )
@@ -429,6 +429,13 @@ def _embedding(op: TorchOp) -> list[Check]:
     return [Check("out", _embedding_ref(_one_in(op, "indices"), op.weight()), op.outs[0])]
 
 
+def _aten_embedding(op: TorchOp) -> list[Check]:
+    """`aten.embedding(weight, indices)`: the table first."""
+    if len(op.ins) < 2:
+        raise CannotRun("embedding needs weight and indices as tensors")
+    return [Check("out", _embedding_ref(op.ins[1], op.ins[0]), op.outs[0])]
+
+
 def _api_embedding(op: TorchOp) -> list[Check]:
     if len(op.ins) < 2:
         raise CannotRun("embedding needs indices and weight as tensors")
@@ -619,7 +626,23 @@ def _rotary(op: TorchOp) -> list[Check]:
 
 
 def _api_name(type_name: str) -> str:
+    if type_name.startswith("aten."):  # an aten op of an FX dump (TorchAir): aten.mm.default -> mm
+        return type_name.split(".")[1]
     return type_name.rsplit(".", 1)[-1]
+
+
+def _checked_type(node_type: str, params: Any) -> str:
+    """The type a node is checked as: a TorchAir GE op as the aten op of the FX node its graph names
+    (`MatMulV2` linked to `mm_3-aten.mm.default` -> `aten.mm.default`), any other node as its own type."""
+    if isinstance(params, str):
+        try:
+            params = json.loads(params)
+        except ValueError:
+            params = None
+    fx = params.get("fx") if isinstance(params, dict) else None
+    if isinstance(fx, list) and fx and isinstance(fx[0], str) and "-aten." in fx[0]:
+        return fx[0].split("-", 1)[1]
+    return node_type
 
 
 # ---------------------------------------------------------------------------------------- composite modules
@@ -817,11 +840,13 @@ CHECKERS: dict[str, TorchChecker] = {
     "layer_norm": _api_layer_norm,
     "softmax": _softmax,
     "binary": _binary,
+    "aten_embedding": _aten_embedding,
 }
 SUPPORTED_TYPES = (
     "Linear, Embedding, *RMSNorm, LayerNorm, *RotaryEmbedding, *Attention (q/k/v/o projections), gated *MLP, "
     "activations (SiLU, GELU, GELU-tanh, NewGELU, ReLU, ...), Softmax; APIs linear, embedding, layer_norm, "
-    "softmax, matmul/mm/bmm, mul, add, sub, div and unary activations"
+    "softmax, matmul/mm/bmm, mul, add, sub, div and unary activations; the same aten ops of an FX dump (and the GE "
+    "ops linked to them)"
 )
 
 
@@ -836,6 +861,8 @@ def checker_key(type_name: str) -> str | None:
             return suffix
     if type_name in ("Linear", "Embedding", "Softmax"):
         return type_name
+    if type_name.startswith("aten.embedding."):
+        return "aten_embedding"
     api = _api_name(type_name)
     if api in ("linear", "embedding", "layer_norm", "softmax"):
         return api

@@ -21,7 +21,7 @@ CREATE TABLE IF NOT EXISTS meta (
 CREATE SEQUENCE IF NOT EXISTS run_seq START 1;
 CREATE TABLE IF NOT EXISTS runs (
     run_id       INTEGER PRIMARY KEY,
-    kind         VARCHAR NOT NULL,        -- msit_torch | atb | msprobe
+    kind         VARCHAR NOT NULL,        -- msit_torch | atb | msprobe | torchair_ge | torchair_fx
     path         VARCHAR NOT NULL,        -- resolved dump folder that was read
     fingerprint  VARCHAR NOT NULL,        -- digest of file names, sizes and mtimes
     model_name   VARCHAR,

@@ -25,7 +25,12 @@ def demo(
     ] = None,
     stack: Annotated[
         str,
-        typer.Option("--stack", metavar="STACK", help="Test stack: atb (ATB-structured, bf16) or torch (HF bf16)."),
+        typer.Option(
+            "--stack",
+            metavar="STACK",
+            help="Test stack: atb (ATB-structured, bf16), torch (HF bf16) or torchair (GE dumps of the compiled graph, "
+            "bf16, against its FX dump).",
+        ),
     ] = "atb",
     list_defects: Annotated[
         bool,

@@ -30,6 +30,14 @@ def dump(
         bool, typer.Option("--stats-only", help="Statistics only (statistics.csv), no tensor files.")
     ] = False,
     weights: Annotated[bool, typer.Option("--weights", help="Also save every weight once (for wb precheck).")] = False,
+    fx: Annotated[
+        bool,
+        typer.Option(
+            "--fx",
+            help="Dump the model's aten graph (torch.compile on the CPU, every node's inputs and outputs in msit's "
+            "FX layout, TorchAir's golden side) instead of its modules.",
+        ),
+    ] = False,
     follow_tokens: Annotated[
         Path | None,
         typer.Option(
@@ -42,6 +50,7 @@ def dump(
 
     The first model the script calls is hooked (a Hugging Face PreTrainedModel, or any module with
     parameters and submodules); its forward calls are the tokens. The command is recorded for `wb redump`.
+    With `--fx` the model's forward is compiled instead and every aten node dumped (msit's FX layout).
     With `--follow-tokens GOLDEN` every step's logits are replaced, after they are dumped, by ones whose only
     choice is the golden run's token (teacher forcing), so a test run compares like with like at every token.
     """
@@ -82,14 +91,17 @@ def dump(
         # the ids travel with the command, so a re-dump follows them even when the golden dump has moved
         config["follow_tokens"] = str(follow_tokens.resolve())
         config["follow_ids"] = ids
+    if fx:
+        config["fx"] = True
     if modules:
         config["module_list"] = [m.strip() for m in modules.split(",") if m.strip()]
-    before = set(out_dir.glob("msit_dump_*/torch_tensors/*"))
+    pattern = "msit_fx_dump/worldsize*" if fx else "msit_dump_*/torch_tensors/*"
+    before = set(out_dir.glob(pattern))
     try:
         proc = subprocess.run(argv, env={**os.environ, **hook_env(config)}, check=False)
     except OSError as exc:
         raise fail(f"--exec: cannot run {argv[0]}: {exc.strerror or exc}") from None
-    made = sorted(set(out_dir.glob("msit_dump_*/torch_tensors/*")) - before)
+    made = sorted(set(out_dir.glob(pattern)) - before)
     if proc.returncode != 0:
         raise fail(
             f"the command exited with code {proc.returncode}" + (f"; partial dump: {made[-1]}" if made else ""),

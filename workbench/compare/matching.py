@@ -14,6 +14,11 @@ later one; a test node paired by a mapping file is left out of the automatic met
    (a hook's extra `Tensor.__mul__`, a missing module call) stays unmatched instead of shifting every
    later call counter onto the wrong op. Pairs with identical names are recorded as `name`, pairs
    whose names differ (shifted counters) as `aligned`,
+4a. `torchair`: a TorchAir GE dump against its FX dump: each GE op to the FX node its graph's `_fx_tensor_name`
+   names (a fused `AutomaticBufferFusionOp`: its inputs to the first folded op's, its outputs to the last
+   one's); against an unfused GE dump, a fused op's inputs and outputs to its first and last ops by name
+   (`workbench.formats.ge_run`); a `Cast`/`TransData` no FX node names: its input and output against the FX
+   output that feeds it (`cast`),
 5. `auto`: torch <-> accelerated-library mapping (`auto-*`, `workbench.compare.automap`), for two
    dumps of different kinds.
 
@@ -24,15 +29,19 @@ two different shapes comparable (`workbench.compare.layout`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import pandas as pd
 
 from workbench.compare.align import StreamSide, align_scope, shape_tuple
 from workbench.compare.layout import layout_rule, shape_after, with_layout
 from workbench.compare.mapping import MappingFile, TensorSel, expand_rule
+from workbench.formats.fx_dump import FX_KIND
+from workbench.formats.ge_run import GE_KIND
+from workbench.formats.torchair import GRAPH_ROOT
 
 NODE_COLUMNS = ["node_id", "name", "type", "parent_id", "depth", "exec_order", "layer", "phase", "params"]
 
@@ -212,9 +221,85 @@ def _roles(tensors: pd.DataFrame) -> set[str]:
     return set(tensors["io"].unique()) if "io" in tensors and len(tensors) else set()
 
 
+TORCHAIR_GE, TORCHAIR_FX = GE_KIND, FX_KIND
+
+
+def _params(value: object) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str) and value:
+        try:
+            loaded = json.loads(value)
+        except ValueError:
+            return {}
+        return loaded if isinstance(loaded, dict) else {}
+    return {}
+
+
+def _torchair(ctx: MatchContext) -> list[NodeMatch]:
+    """TorchAir GE ops to FX nodes through `_fx_tensor_name`, and fused GE ops to unfused ones by name."""
+    golden, test = ctx.golden, ctx.test
+    if test.kind != TORCHAIR_GE or golden.kind not in (TORCHAIR_FX, TORCHAIR_GE):
+        return []
+    g_ids = golden.by_name()
+    by_tail: dict[str, list[int]] = {}
+    for name, nid in g_ids.items():
+        by_tail.setdefault(name.rsplit("/", 1)[-1], []).append(int(nid))
+
+    def find(name: str) -> int | None:
+        if name in g_ids:
+            return int(g_ids[name])
+        hits = by_tail.get(name, [])
+        return hits[0] if len(hits) == 1 else None
+
+    out: list[NodeMatch] = []
+    t_root = test.by_name().get(GRAPH_ROOT)
+    if GRAPH_ROOT in g_ids and t_root is not None and int(t_root) not in ctx.taken_test:
+        out.append(NodeMatch(int(g_ids[GRAPH_ROOT]), int(t_root), "graph-output", 1.0, "the graphs' outputs"))
+    for tid, params in zip(test.nodes["node_id"], test.nodes["params"]):
+        tid = int(tid)
+        if tid in ctx.taken_test:
+            continue
+        p = _params(params)
+        fused = [str(x) for x in p.get("fused") or []]
+        if golden.kind == TORCHAIR_FX:
+            single = [str(x) for x in p.get("fx") or []]
+            first = [str(x) for x in p.get("fx_first") or []]
+            last = [str(x) for x in p.get("fx_last") or []]
+            gid = find(single[0]) if single else None
+            if gid is not None:
+                out.append(NodeMatch(gid, tid, "fx-name", 1.0, f"_fx_tensor_name {single[0]}"))
+                continue
+            feeding = [str(x) for x in p.get("fx_input") or []]
+            gid = find(feeding[0]) if feeding else None
+            if gid is not None:  # msit: a Cast/TransData's input against its output; here both against the FX value
+                why = f"Cast/TransData fed by {feeding[0]}: its "
+                src = TensorSel("out", 0)
+                out.append(NodeMatch(gid, tid, "cast", 0.9, why + "input", src, TensorSel("in", 0)))
+                out.append(NodeMatch(gid, tid, "cast", 0.9, why + "output", src, TensorSel("out", 0)))
+                continue
+            g_first, g_last = (find(first[0]) if first else None), (find(last[0]) if last else None)
+        elif fused:
+            g_first, g_last = find(fused[0]), find(fused[-1])
+        else:
+            continue
+        why = f"fused {' + '.join(fused)}: "
+        if g_first is not None:
+            out.append(
+                NodeMatch(g_first, tid, "fused", 1.0, why + "inputs of the first op", TensorSel("in"), TensorSel("in"))
+            )
+        if g_last is not None:
+            out.append(
+                NodeMatch(g_last, tid, "fused", 1.0, why + "outputs of the last op", TensorSel("out"), TensorSel("out"))
+            )
+    return out
+
+
 def _auto(ctx: MatchContext) -> list[NodeMatch]:
     """Torch module tree <-> accelerated library op graph (`workbench.compare.automap`)."""
     if ctx.golden.kind == ctx.test.kind or ctx.auto is None:
+        return []
+    if TORCHAIR_GE in (ctx.golden.kind, ctx.test.kind) or TORCHAIR_FX in (ctx.golden.kind, ctx.test.kind):
         return []
     return ctx.auto(ctx.golden, ctx.test, set(ctx.taken))
 
@@ -224,6 +309,7 @@ MATCHERS: dict[str, Matcher] = {
     "mapping-file": _explicit_pairs,
     "mapping-rule": _layer_rules,
     "type-map": _type_maps,
+    "torchair": _torchair,
     "aligned": _aligned,
     "auto": _auto,
 }

@@ -21,6 +21,7 @@ from torch import nn
 
 from workbench.core.files import EXEC_DUMP_ENV
 from workbench.dump.config import DumpConfig
+from workbench.dump.fx import FxHandle
 from workbench.dump.hooks import DumpHandle, register_hook
 
 log = logging.getLogger("workbench.dump")
@@ -36,8 +37,9 @@ CONFIG_KEYS = (
     "dump_weight",
     "follow_tokens",
     "follow_ids",
+    "fx",
 )
-handles: list[DumpHandle] = []
+handles: list[DumpHandle | FxHandle] = []
 
 
 def hook_env(config: dict[str, Any], base: dict[str, str] | None = None) -> dict[str, str]:

@@ -68,6 +68,9 @@ class DumpConfig:
     follow_tokens: a golden dump folder (or a list of ids): at every root call the model's output logits are
     replaced, after they are dumped, by ones whose only choice is the golden run's token, so `generate()` feeds
     the test run the golden run's tokens and every token stays comparable.
+    fx: dump the model's aten graph instead of its modules: `register_hook` compiles the model's forward with
+    `torch.compile` and a backend that saves every aten node's inputs and outputs in msit's FX layout
+    (TorchAir's golden side, `workbench.dump.fx`); token_range and dump_path apply.
     writer_threads: background writer threads (default: by CPU count, at least 2 on storage where creating a
     folder is slow); max_queue_bytes: bound on the
     bytes of tensors waiting to be written (the model waits when it is reached).
@@ -91,6 +94,7 @@ class DumpConfig:
         follow_tokens: str | os.PathLike[str] | Iterable[int] | None = None,
         writer_threads: int | None = None,
         max_queue_bytes: int = DEFAULT_QUEUE_BYTES,
+        fx: bool = False,
     ) -> None:
         if dump_path is not None and not isinstance(dump_path, (str, os.PathLike)):
             raise DumpConfigError(f"DumpConfig: dump_path must be a path, got {dump_path!r}")
@@ -105,6 +109,9 @@ class DumpConfig:
         for name, flag in (("analyze", analyze), ("dump_last_logits", dump_last_logits), ("dump_weight", dump_weight)):
             if not isinstance(flag, bool):
                 raise DumpConfigError(f"DumpConfig: {name} must be True or False, got {flag!r}")
+        if not isinstance(fx, bool):
+            raise DumpConfigError(f"DumpConfig: fx must be True or False, got {fx!r}")
+        self.fx = fx
         self.analyze = analyze
         self.dump_last_logits = dump_last_logits
         self.dump_weight = dump_weight

@@ -16,7 +16,7 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -36,6 +36,9 @@ _CACHE_LIMIT = 4096  # tensors remembered per token for de-duplication (weak ref
 # 0.3-2 ms against ~40 us on a healthy local disk and ~10 us on tmpfs). msit's layout makes a folder and a file
 # per module per token, so there even a statistics-only dump has seconds of file creation to hide.
 _SLOW_FOLDER_S = 200e-6
+
+if TYPE_CHECKING:
+    from workbench.dump.fx import FxHandle
 
 
 def model_device(model: nn.Module) -> str:
@@ -507,10 +510,15 @@ def with_logits(output: Any, logits: torch.Tensor) -> Any:
     return [logits, *output[1:]]
 
 
-def register_hook(model: nn.Module, config: DumpConfig) -> DumpHandle:
-    """Hook every module of `model` and dump as `config` says; returns a handle with `.remove()`."""
+def register_hook(model: nn.Module, config: DumpConfig) -> DumpHandle | FxHandle:
+    """Hook every module of `model` and dump as `config` says; returns a handle with `.remove()`. With
+    `config.fx` the model's forward is compiled instead and its aten nodes dumped (`workbench.dump.fx`)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"register_hook: model must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(config, DumpConfig):
         raise TypeError(f"register_hook: config must be a DumpConfig, got {type(config).__name__}")
+    if config.fx:
+        from workbench.dump.fx import register_fx
+
+        return register_fx(model, config)
     return DumpHandle(model, config)

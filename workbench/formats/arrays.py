@@ -134,11 +134,18 @@ def _read_npy(path: str) -> RawTensor:
 
 
 def read_array(path: str | Path) -> RawTensor:
-    """Read one tensor file (.pth/.pt/.bin/.npy) as a numpy array; raises `DumpError` on any problem."""
+    """Read one tensor file (.pth/.pt/.bin/.npy, or one tensor of a GE dump file) as a numpy array; raises
+    `DumpError` on any problem."""
     p = str(path)
     try:
         st = os.stat(p)
     except FileNotFoundError:
+        from workbench.formats import ge_dump  # protobuf, only for GE dumps
+
+        ge = ge_dump.split_tensor_path(p)
+        if ge is not None and os.path.isfile(ge[0]):  # one tensor of a GE dump file: `{file},outputs,{i}`
+            arr, dtype = ge_dump.read_tensor(*ge)
+            return RawTensor(arr, dtype)
         raise DumpError(p, "missing file") from None
     except OSError as exc:
         raise DumpError(p, f"cannot read: {exc.strerror or exc}") from None

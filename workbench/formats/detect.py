@@ -8,6 +8,9 @@ Accepted levels, as users pass them to msit/msprobe:
 - msprobe: the dump path (`step*/` below it), `step{N}`, `step{N}/rank{R}`, or its `dump_tensor_data`;
 - msprobe's ATB probe: its `--output` folder, `atb_dump_data`, `atb_dump_data/data`, `data/{dev}_{pid}`, one
   execution-count folder `{dev}_{pid}/{n}` (the level `msprobe compare -m atb` takes), or its `statistic.csv`.
+- TorchAir GE: the folder above `msit_ge_dump`, `msit_ge_dump` (graph text files in it), one
+  `worldsize{N}_global_rank{R}` below it; TorchAir FX: the folder above `msit_fx_dump`, `msit_fx_dump`, one rank
+  folder, `data_dump` (PTA 7.1 and older).
 Where a level holds several candidates (dump folders, devices, ranks) the newest dump folder and the
 first device/rank are read, and `meta["other_candidates"]` lists the others.
 """
@@ -24,7 +27,7 @@ from pathlib import Path
 
 from workbench.core.files import MANIFEST_NAME, MODEL_TREE_NAME
 from workbench.core.text import ascii_int, has_foreign_digit, storable
-from workbench.formats import atb, atb_csv, msit_torch, msprobe
+from workbench.formats import atb, atb_csv, fx_dump, ge_run, msit_torch, msprobe, torchair
 from workbench.formats.model import Dump, DumpError, token_number
 from workbench.formats.scan import confined, list_dir
 
@@ -53,13 +56,13 @@ def open_dump(path: str | Path, *, follow_symlinks: bool = False) -> Dump:
     if storable(str(p)) != str(p):
         raise DumpError(p, "folder name is not valid UTF-8: rename it (or link it under a UTF-8 name)")
     with confined(None if follow_symlinks else _anchor(p)):
-        dump = _open_msprobe(p) or _open_torch(p) or _open_atb_csv(p) or _open_atb(p)
+        dump = _open_msprobe(p) or _open_torch(p) or _open_atb_csv(p) or _open_atb(p) or _open_torchair(p)
     if dump is None:
         raise DumpError(
             p,
             "not a dump: found no model_tree.json or token folders (msit torch), "
             "tensors/{dev}_{pid} (ATB), step*/rank*/dump.json (msprobe) or data/{dev}_{pid}/{n}/statistic.csv "
-            "(msprobe's ATB probe)",
+            "(msprobe's ATB probe), dynamo_original_graph_*.txt (TorchAir GE) or {token}/*.INPUT.0.*.npy (TorchAir FX)",
         )
     return _storable_names(dump)
 
@@ -232,6 +235,24 @@ def _open_atb(p: Path) -> Dump | None:
     return _note_others(dump, candidates[0], candidates)
 
 
+# ---------------------------------------------------------------------------------------------- TorchAir
+
+
+def _open_torchair(p: Path) -> Dump | None:
+    """A GE dump (graph text files + GE dump files) or an FX dump (`.npy` per aten node), at the levels msit
+    takes: the folder above `msit_ge_dump`/`msit_fx_dump`, that folder, one `worldsize{N}_global_rank{R}`."""
+    for sub in (p / torchair.GE_DUMP_DIR, p):
+        if sub.is_dir() and ge_run.is_ge_dir(sub):
+            return ge_run.read_ge(sub, root=p)
+    for sub in (p / torchair.FX_DUMP_DIR, p):
+        ranks = torchair.rank_dirs(sub) if sub.is_dir() else []
+        if ranks and fx_dump.is_fx_dir(ranks[0]):
+            return _note_others(fx_dump.read_fx(ranks[0], root=p), ranks[0], ranks)
+        if sub.is_dir() and fx_dump.is_fx_dir(sub):
+            return fx_dump.read_fx(sub, root=p)
+    return None
+
+
 # ---------------------------------------------------------------------------------------------- ranks
 
 _DEV_ID_RE = re.compile(r"(?:[a-z]+)?([0-9]+)_[0-9]+")  # npu3_1234, cuda0_77, 3_1234 (ATB); cpu_123 has none
@@ -250,13 +271,14 @@ class RankDump:
 def find_ranks(path: str | Path, problems: list[str] | None = None) -> list[RankDump]:
     """The ranks below a dump path that holds several (tensor parallelism writes one folder per process):
     msit `torch_tensors/{dev}_{pid}`, ATB `tensors/{dev}_{pid}`, msprobe `step*/rank{N}`, msprobe's ATB probe
-    `atb_dump_data/data/{dev}_{pid}`; [] for one rank. A folder beside them whose name holds a digit that is not
-    ASCII (`npu١_2`) is no rank: one line each in `problems` (where there are several ranks)."""
+    `atb_dump_data/data/{dev}_{pid}`, TorchAir `worldsize{N}_global_rank{R}`; [] for one rank. A folder beside
+    them whose name holds a digit that is not ASCII (`npu١_2`) is no rank: one line each in `problems` (where there
+    are several ranks)."""
     p = Path(path).expanduser()
     if not p.is_dir():
         return []
     p = p.resolve()
-    found = _msprobe_ranks(p) or _torch_ranks(p) or _atb_csv_ranks(p) or _atb_ranks(p)
+    found = _msprobe_ranks(p) or _torch_ranks(p) or _atb_csv_ranks(p) or _atb_ranks(p) or _torchair_ranks(p)
     refused = sorted({d for r in found for d in _subdirs(r.path.parent) if has_foreign_digit(d.name)})
     found = [r for r in found if r.path not in refused]
     if len(found) < 2:
@@ -320,6 +342,26 @@ def _atb_ranks(p: Path) -> list[RankDump]:
         tensors, root = d / "tensors", d
     devs = _atb_dev_dirs(tensors)
     return [RankDump(_dev_id(d.name), d.name, d, functools.partial(atb.read_atb, root, d)) for d in devs]
+
+
+def _torchair_ranks(p: Path) -> list[RankDump]:
+    """TorchAir rank folders (`worldsize{N}_global_rank{R}`) of a GE dump (graphs beside them) or an FX dump."""
+    if torchair.rank_of(p.name) is not None:
+        return []
+    for sub in (p / torchair.GE_DUMP_DIR, p):
+        if sub.is_dir() and torchair.graph_files(sub):
+            return [
+                RankDump(torchair.rank_of(d.name), d.name, d, functools.partial(ge_run.read_ge, d))
+                for d in torchair.rank_dirs(sub)
+            ]
+    for sub in (p / torchair.FX_DUMP_DIR, p):
+        if sub.is_dir():
+            found = [d for d in torchair.rank_dirs(sub) if fx_dump.is_fx_dir(d)]
+            if found:
+                return [
+                    RankDump(torchair.rank_of(d.name), d.name, d, functools.partial(fx_dump.read_fx, d)) for d in found
+                ]
+    return []
 
 
 def pair_ranks(golden: list[RankDump], test: list[RankDump]) -> list[tuple[RankDump, RankDump]]:

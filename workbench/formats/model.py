@@ -1,6 +1,6 @@
 """The in-memory description of one dump, shared by every reader and by the catalog.
 
-A reader turns a folder on disk (msit torch, ATB, msprobe) into a `Dump`: the topology
+A reader turns a folder on disk (msit torch, ATB, msprobe, TorchAir GE/FX) into a `Dump`: the topology
 (`Node`s), the tensor files (`TensorEntry`s, headers only, no payload read) and what it
 could not read (`problems`, one line each). Payloads are read later, one pair at a time,
 by `workbench.formats.tensor_io.load_tensor`.
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-DumpKind = Literal["msit_torch", "atb", "msprobe"]
+DumpKind = Literal["msit_torch", "atb", "msprobe", "torchair_ge", "torchair_fx"]
 TensorRole = Literal["in", "out", "param"]  # param: a module's weight (once per run, or per call)
 TENSOR_ROLES: tuple[TensorRole, TensorRole] = ("in", "out")  # the roles of a call's own tensors
 # How the execution order of nodes was obtained:
