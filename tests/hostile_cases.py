@@ -810,3 +810,34 @@ def _codes(tmp: Path) -> Outcome:
     r1 = wb("compare", "-gp", g, "-mp", t, "-o", tmp / "o")
     r2 = wb("compare", "-gp", tmp / "missing", "-mp", t, "-o", tmp / "o2")
     return Outcome(f"{r1.returncode} / {r2.returncode}", r1.returncode == 1 and r2.returncode == 2)
+
+
+# ---------------------------------------------------------------------------------------------- issue 21 (sec-db)
+
+
+@case(3, "planted catalog view and macro", "read-only commands refuse it in one line; compare replaces them; no leak")
+def _planted_catalog(tmp: Path) -> Outcome:
+    from tests.hostile_catalog import SECRET, plant
+
+    g, t = pair_pair(tmp)
+    out = tmp / "out"
+    first = wb("compare", "-gp", g, "-mp", t, "-o", out)
+    for f in out.glob("*.csv"):
+        f.unlink()
+    cat = out / "catalog.duckdb"
+    plant(cat, tmp / "secret.txt")
+    q = wb("query", "SELECT golden_op_type FROM comparison", "-c", cat)
+    cmp = wb("compare", "-gp", g, "-mp", t, "-o", out)
+    csv_text = "".join(f.read_text() for f in out.glob("*.csv"))
+    texts = [r.stdout + r.stderr for r in (q, cmp)] + [csv_text]
+    leaked = any(SECRET in x or "httpfs" in x for x in texts)
+    ok = (
+        first.returncode == 0
+        and q.returncode == 2
+        and len(q.stderr.strip().splitlines()) == 1
+        and "not wb's" in q.stderr
+        and cmp.returncode == 0
+        and "Linear" in csv_text
+        and not leaked
+    )
+    return Outcome(f"query rc {q.returncode}: {q.stderr.strip()[-70:]}; compare rc {cmp.returncode}, leak {leaked}", ok)
