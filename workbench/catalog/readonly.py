@@ -23,6 +23,7 @@ import duckdb
 from workbench.catalog import CatalogError
 from workbench.catalog.lockdown import check_read_only, connect
 from workbench.catalog.schema import SCHEMA_VERSION
+from workbench.core.capped import ATTACHED, FileRefused, check_file
 
 _READERS = {".csv": "read_csv", ".tsv": "read_csv", ".parquet": "read_parquet", ".json": "read_json_auto"}
 _DUCKDB_SUFFIXES = (".duckdb", ".db", ".ddb")
@@ -40,8 +41,14 @@ def attach_name(path: Path) -> str:
 
 
 def _attach(con: duckdb.DuckDBPyConnection, path: Path, taken: set[str]) -> None:
-    if not path.is_file():
+    if not path.exists():
         raise CatalogError(f"{path}: --attach file not found")
+    try:
+        check_file(path, ATTACHED)
+    except FileRefused as exc:
+        raise CatalogError(str(exc)) from None
+    except OSError as exc:
+        raise CatalogError(f"{path}: cannot read ({exc.strerror or exc})") from None
     name = attach_name(path)
     if name in taken:
         raise CatalogError(f"{path}: --attach name {name!r} is used twice; rename one of the files")

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.core.capped import MAPPING, FileRefused, read_text
+
 MAPPING_FORMAT = "wb-mapping"
 MAPPING_VERSION = 1
 MSIT_MAPPING_NAME = "op_mapping_file.json"
@@ -238,7 +240,9 @@ class MappingFile:
     @classmethod
     def _load_file(cls, p: Path) -> MappingFile:
         try:
-            data = json.loads(p.read_text(encoding="utf-8"))
+            data = json.loads(read_text(p, MAPPING))
+        except FileRefused as exc:
+            raise MappingError(str(exc)) from None
         except (OSError, UnicodeDecodeError) as exc:
             raise MappingError(f"{p}: cannot read ({exc})") from None
         except json.JSONDecodeError as exc:
