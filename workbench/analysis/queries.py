@@ -14,7 +14,7 @@ from workbench.catalog import first_row
 from workbench.catalog.readonly import connect_read_only
 from workbench.core.capped import SQL_FILE, FileRefused, read_text
 from workbench.core.files import package_data
-from workbench.core.text import printable
+from workbench.core.text import csv_safe_columns, printable
 
 QUERIES_DIR = package_data("queries")
 
@@ -81,7 +81,7 @@ def query_df(con: duckdb.DuckDBPyConnection, sql: str) -> pd.DataFrame:
 
 def format_df(df: pd.DataFrame, fmt: str, limit: int = 200) -> str:
     if fmt == "csv":
-        return df.to_csv(index=False)
+        return csv_safe_columns(df.copy()).to_csv(index=False)
     if fmt == "json":
         return json.dumps(json.loads(df.to_json(orient="records", date_format="iso")), indent=1) + "\n"
     shown = df if limit <= 0 else df.head(limit)

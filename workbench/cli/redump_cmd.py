@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from workbench.cli.common import app, fail
+from workbench.cli.common import app, fail, say
 from workbench.core.files import DEFAULT_CATALOG
 
 
@@ -61,7 +61,7 @@ def redump(
         raise fail(str(exc)) from None
     if tty:
         sys.stderr.write("\n")
-    typer.echo(f"dump written: {res.dump_dir} (run {res.run_id})")
-    typer.echo(f"{res.tensors_updated} tensors now full, {res.pairs_recomputed} pairs recomputed; log: {res.log}")
+    say(f"dump written: {res.dump_dir} (run {res.run_id})")
+    say(f"{res.tensors_updated} tensors now full, {res.pairs_recomputed} pairs recomputed; log: {res.log}")
     for note in res.notes:
-        typer.echo(f"note: {note}")
+        say(f"note: {note}")
