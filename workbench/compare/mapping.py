@@ -32,10 +32,10 @@ import hashlib
 import json
 import re
 from collections import defaultdict
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from workbench.core.capped import MAPPING, FileRefused, read_text
 
@@ -240,7 +240,7 @@ class MappingFile:
     @classmethod
     def _load_file(cls, p: Path) -> MappingFile:
         try:
-            data = json.loads(read_text(p, MAPPING))
+            data = _decode_streamed(read_text(p, MAPPING), {"pairs": _PairReader()})
         except FileRefused as exc:
             raise MappingError(str(exc)) from None
         except (OSError, UnicodeDecodeError) as exc:
@@ -249,6 +249,8 @@ class MappingFile:
             raise MappingError(f"{p}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
         except RecursionError:
             raise MappingError(f"{p}: JSON nested too deeply to read") from None
+        except (ValueError, TypeError, KeyError) as exc:
+            raise MappingError(f"{p}: {exc}") from None
         if not isinstance(data, dict):
             raise MappingError(f"{p}: expected a JSON object")
         try:
@@ -270,16 +272,11 @@ class MappingFile:
             raise ValueError(f"mapping version {version!r} is newer than this wb understands ({MAPPING_VERSION})")
         out = cls()
         for item in data.get("pairs", []):
-            out.pairs.append(
-                PairSpec(
-                    str(item["golden"]),
-                    str(item["test"]),
-                    TensorSel.parse(item.get("golden_tensor")),
-                    TensorSel.parse(item.get("test_tensor")),
-                )
-            )
-            if isinstance(item.get("fingerprint"), dict):
-                out.pair_prints[(str(item["golden"]), str(item["test"]))] = item["fingerprint"]
+            if not isinstance(item, _LoadedPair):
+                raise ValueError("'pairs' entries must be objects with golden and test")
+            out.pairs.append(item.spec)
+            if item.prints is not None:
+                out.pair_prints[(item.spec.golden, item.spec.test)] = item.prints
         fingerprint = data.get("fingerprint")
         if fingerprint is not None and not isinstance(fingerprint, dict):
             raise ValueError("'fingerprint' must be an object")
@@ -403,6 +400,102 @@ class MappingFile:
 
     def is_empty(self) -> bool:
         return not (self.pairs or self.rules or self.types or self.unpaired)
+
+
+class _LoadedPair(NamedTuple):
+    spec: PairSpec
+    prints: dict[str, Any] | None
+
+
+class _PairReader:
+    """One `pairs` entry of a wb mapping, made compact as it is decoded: selectors and fingerprints that repeat
+    (most of them: one per op kind and shape) are one shared object, never mutated."""
+
+    def __init__(self) -> None:
+        self._sels: dict[Any, TensorSel] = {}
+        self._prints: dict[str, dict[str, Any]] = {}
+
+    def _sel(self, text: Any) -> TensorSel:
+        sel = self._sels.get(text)
+        if sel is None:
+            sel = self._sels[text] = TensorSel.parse(text)
+        return sel
+
+    def __call__(self, item: Any) -> Any:
+        if not isinstance(item, dict):
+            return item
+        spec = PairSpec(
+            str(item["golden"]),
+            str(item["test"]),
+            self._sel(item.get("golden_tensor")),
+            self._sel(item.get("test_tensor")),
+        )
+        fp = item.get("fingerprint")
+        if not isinstance(fp, dict):
+            return _LoadedPair(spec, None)
+        key = json.dumps(fp, sort_keys=True, separators=(",", ":"))
+        return _LoadedPair(spec, self._prints.setdefault(key, fp))
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def _decode_streamed(text: str, readers: dict[str, Callable[[Any], Any]]) -> Any:
+    """`json.loads(text)`, except that the entries of a top-level array under a key of `readers` are decoded
+    one at a time and handed to its reader (what it returns is kept): a million-pair mapping never exists as a
+    million dicts at once. `json.JSONDecodeError` (positions in `text`) as `json.loads` would raise."""
+    dec = json.JSONDecoder()
+
+    def ws(i: int) -> int:
+        m = _WS.match(text, i)
+        return m.end() if m else i
+
+    def expect(i: int, chars: str, what: str) -> str:
+        if i >= len(text) or text[i] not in chars:
+            raise json.JSONDecodeError(f"Expecting {what}", text, i)
+        return text[i]
+
+    i = ws(0)
+    if not text.startswith("{", i):
+        return json.loads(text)
+    out: dict[str, Any] = {}
+    i = ws(i + 1)
+    if text.startswith("}", i):
+        i += 1
+    else:
+        while True:
+            expect(i, '"', "property name enclosed in double quotes")
+            key, i = dec.raw_decode(text, i)
+            i = ws(i)
+            expect(i, ":", "':' delimiter")
+            i = ws(i + 1)
+            reader = readers.get(key)
+            if reader is not None and text.startswith("[", i):
+                items: list[Any] = []
+                i = ws(i + 1)
+                if text.startswith("]", i):
+                    i += 1
+                else:
+                    while True:
+                        item, i = dec.raw_decode(text, i)
+                        items.append(reader(item))
+                        i = ws(i)
+                        if expect(i, ",]", "',' delimiter") == "]":
+                            i += 1
+                            break
+                        i = ws(i + 1)
+                out[key] = items
+            else:
+                out[key], i = dec.raw_decode(text, i)
+            i = ws(i)
+            if expect(i, ",}", "',' delimiter") == "}":
+                i += 1
+                break
+            i = ws(i + 1)
+    i = ws(i)
+    if i != len(text):
+        raise json.JSONDecodeError("Extra data", text, i)
+    return out
 
 
 def _sel_file(sel: TensorSel, torch: bool = False) -> str:
