@@ -83,3 +83,16 @@ def test_a_fifo_model_tree_is_one_problem_line(tmp_path: Path) -> None:
     d = open_dump(g)
     lines = [p for p in d.problems if "model_tree.json" in p]
     assert len(lines) == 1 and "a FIFO, not a regular file" in lines[0] and d.tensors
+
+
+def test_a_fifo_catalog_is_refused_without_blocking(tmp_path: Path) -> None:
+    g, _t = pair_pair(tmp_path)
+    fifo = tmp_path / "catalog.duckdb"
+    os.mkfifo(fifo)
+    for args in (("query", "SELECT 1", "-c", fifo), ("ingest", g, "-c", fifo)):
+        out = one_line_error(wb(*args, timeout=120), str(fifo), "catalog is a FIFO, not a regular file")
+        assert out.ok, f"{args}: {out.got}"
+    from workbench.analysis.explore import ExploreError, Explorer
+
+    with pytest.raises(ExploreError, match="catalog is a FIFO"):
+        Explorer(fifo)

@@ -23,7 +23,7 @@ import duckdb
 from workbench.catalog import CatalogError
 from workbench.catalog.lockdown import check_read_only, connect
 from workbench.catalog.schema import SCHEMA_VERSION
-from workbench.core.capped import ATTACHED, FileRefused, check_file
+from workbench.core.capped import ATTACHED, FileRefused, check_file, check_regular
 
 _READERS = {".csv": "read_csv", ".tsv": "read_csv", ".parquet": "read_parquet", ".json": "read_json_auto"}
 _DUCKDB_SUFFIXES = (".duckdb", ".db", ".ddb")
@@ -92,6 +92,12 @@ def connect_read_only(path: str | Path, *, allow_files: Sequence[Path] = ()) -> 
         raise CatalogError(f"{p}: catalog not found")
     if p.is_dir():
         raise CatalogError(f"{p}: is a folder, not a catalog file")
+    try:
+        check_regular(p, "catalog")
+    except FileRefused as exc:
+        raise CatalogError(str(exc)) from None
+    except OSError as exc:
+        raise CatalogError(f"{p}: cannot read ({exc.strerror or exc})") from None
     try:
         # with files to attach, access is turned off and the configuration locked below, once they are in
         con = connect(p, read_only=True, lock=not allow_files)

@@ -21,6 +21,7 @@ from workbench.catalog import CATALOG_NAME, CatalogError, first_row, storage_mes
 from workbench.catalog.lockdown import connect, restore_read_write
 from workbench.catalog.readonly import connect_read_only, schema_version_of
 from workbench.catalog.schema import COMPARISON_VIEW, OUR_VIEWS, RANK_VIEW, SCHEMA_VERSION, TABLES_DDL
+from workbench.core.capped import FileRefused, check_regular
 from workbench.formats.model import Dump, Node, TensorEntry
 
 INGEST_SLICE = 16384  # tensor rows built and inserted at a time
@@ -58,6 +59,11 @@ def open_catalog(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBP
         return connect_read_only(p)
     if p.exists() and p.is_dir():
         raise CatalogError(f"{p}: is a folder, not a catalog file")
+    if p.exists():
+        try:
+            check_regular(p, "catalog")
+        except FileRefused as exc:
+            raise CatalogError(str(exc)) from None
     created = not p.exists()
     try:
         p.parent.mkdir(parents=True, exist_ok=True)

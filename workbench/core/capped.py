@@ -74,6 +74,14 @@ def _check(path: str | Path, st: os.stat_result, cap: Cap) -> None:
         raise FileRefused(path, f"{cap.kind} of {st.st_size} bytes is over the {size_text(cap.limit)} limit: not read")
 
 
+def check_regular(path: str | Path, kind: str) -> None:
+    """`FileRefused` when `path` exists but is not a regular file (a FIFO would block whoever opens it); for
+    files that are not read whole (a DuckDB catalog). `OSError` when it cannot be looked at."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise FileRefused(path, f"{kind} is {_what(st.st_mode)}, not a regular file: not read")
+
+
 def check_file(path: str | Path, cap: Cap) -> int:
     """The size of `path` when it is a regular file within `cap`; `FileRefused` otherwise (`OSError` when it
     cannot be looked at). For readers that open the file themselves (DuckDB)."""
