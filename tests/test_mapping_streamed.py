@@ -71,3 +71,27 @@ def test_a_pair_that_is_not_an_object(tmp_path: Path) -> None:
         MappingFile.load(f)
     f.write_text('{"pairs": ["LlamaRMSNorm"]}')  # msit's format: a type called "pairs" is still a type
     assert [t.golden_types for t in MappingFile.load(f).types] == [["LlamaRMSNorm"]]
+
+
+def test_json_text_and_digest_are_those_of_the_whole_dict(tmp_path: Path) -> None:
+    import hashlib
+
+    data = {
+        "format": "wb-mapping",
+        "version": 1,
+        "pairs": [_pair(i, 64) for i in range(5)] + [{"golden": "x", "test": "y"}],
+        "rules": [{"golden": "root.layers.*.attn", "test": "*_Prefill_layer/3_SelfAttention"}],
+        "types": {"RmsNormOperation": ["LlamaRMSNorm"]},
+        "unpaired": [{"golden": "a", "test": "b"}],
+        "fingerprint": {"version": 1, "saved_at": "2026-01-01", "golden": {"nodes": 3}},
+    }
+    f = tmp_path / "m.json"
+    f.write_text(json.dumps(data))
+    m = MappingFile.load(f)
+    whole = m.to_json()
+    assert "".join(m.json_chunks()) == json.dumps(whole)
+    assert "".join(m.json_chunks(sort_keys=True)) == json.dumps(whole, sort_keys=True)
+    whole["fingerprint"] = {k: v for k, v in whole["fingerprint"].items() if k != "saved_at"}
+    # the digest a catalog already holds for this mapping (how it was computed before pairs were streamed)
+    assert m.digest() == hashlib.sha256(json.dumps(whole, sort_keys=True).encode()).hexdigest()[:16]
+    assert m.fingerprint is not None and m.fingerprint["saved_at"] == "2026-01-01"  # digest() restored it

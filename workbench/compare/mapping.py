@@ -32,7 +32,7 @@ import hashlib
 import json
 import re
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -353,6 +353,37 @@ class MappingFile:
 
     # ------------------------------------------------------------------ writing
     def to_json(self) -> dict[str, Any]:
+        out = self._head()
+        out["pairs"] = list(self._pair_items())
+        return out
+
+    def _pair_items(self) -> Iterator[dict[str, Any]]:
+        for p in self.pairs:
+            item: dict[str, Any] = dict(p.to_json())
+            if (p.golden, p.test) in self.pair_prints:
+                item["fingerprint"] = self.pair_prints[(p.golden, p.test)]
+            yield item
+
+    def json_chunks(self, *, sort_keys: bool = False) -> Iterator[str]:
+        """`json.dumps(self.to_json(), sort_keys=sort_keys)` in pieces, one pair at a time (a million pairs never
+        exist as a million dicts, nor their text twice)."""
+        head = self._head()
+        head["pairs"] = None
+        keys = sorted(head) if sort_keys else list(head)
+        yield "{"
+        for n, key in enumerate(keys):
+            yield (", " if n else "") + json.dumps(key) + ": "
+            if key == "pairs":
+                yield "["
+                for i, item in enumerate(self._pair_items()):
+                    yield (", " if i else "") + json.dumps(item, sort_keys=sort_keys)
+                yield "]"
+            else:
+                yield json.dumps(head[key], sort_keys=sort_keys)
+        yield "}"
+
+    def _head(self) -> dict[str, Any]:
+        """`to_json` without its pairs (their key is there, in its place)."""
         types: dict[str, list[str]] = {}
         for t in self.types:
             key = (
@@ -363,16 +394,10 @@ class MappingFile:
                 for g, s in zip(t.golden_types, t.golden_tensors)
             ]
             types.setdefault(key, []).extend(vals)
-        pairs: list[dict[str, Any]] = []
-        for p in self.pairs:
-            item: dict[str, Any] = dict(p.to_json())
-            if (p.golden, p.test) in self.pair_prints:
-                item["fingerprint"] = self.pair_prints[(p.golden, p.test)]
-            pairs.append(item)
         out: dict[str, Any] = {
             "format": MAPPING_FORMAT,
             "version": MAPPING_VERSION,
-            "pairs": pairs,
+            "pairs": [],
             "rules": [r.to_json() for r in self.rules],
             "types": types,
             "unpaired": [{"golden": g, "test": t} for g, t in self.unpaired],
@@ -393,10 +418,16 @@ class MappingFile:
 
     def digest(self) -> str:
         """A short content hash, so a comparison knows which mapping produced it."""
-        data = self.to_json()
-        if isinstance(data.get("fingerprint"), dict):  # when it was saved is no part of what it says
-            data["fingerprint"] = {k: v for k, v in data["fingerprint"].items() if k != "saved_at"}
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+        h = hashlib.sha256()
+        saved = self.fingerprint
+        if isinstance(saved, dict):  # when it was saved is no part of what it says
+            self.fingerprint = {k: v for k, v in saved.items() if k != "saved_at"}
+        try:
+            for chunk in self.json_chunks(sort_keys=True):  # the bytes of json.dumps(to_json(), sort_keys=True)
+                h.update(chunk.encode())
+        finally:
+            self.fingerprint = saved
+        return h.hexdigest()[:16]
 
     def is_empty(self) -> bool:
         return not (self.pairs or self.rules or self.types or self.unpaired)
