@@ -932,3 +932,107 @@ def _bad_stats(tmp: Path) -> Outcome:
     failed, uncomparable = (int(m.group(1)), int(m.group(2))) if m else (-1, -1)
     ok = r.returncode == 0 and len(lines) == 2 and failed == 0 and uncomparable == 2 and "Traceback" not in r.stderr
     return Outcome(f"rc {r.returncode}, {len(lines)} lines, failed {failed}, not comparable {uncomparable}", ok)
+
+
+# ---------------------------------------------------------------------------------------------- issue 21 (sec-db)
+
+
+@case(3, "planted catalog view and macro", "read-only commands refuse it in one line; compare replaces them; no leak")
+def _planted_catalog(tmp: Path) -> Outcome:
+    from tests.hostile_catalog import SECRET, plant
+
+    g, t = pair_pair(tmp)
+    out = tmp / "out"
+    first = wb("compare", "-gp", g, "-mp", t, "-o", out)
+    for f in out.glob("*.csv"):
+        f.unlink()
+    cat = out / "catalog.duckdb"
+    plant(cat, tmp / "secret.txt")
+    q = wb("query", "SELECT golden_op_type FROM comparison", "-c", cat)
+    cmp = wb("compare", "-gp", g, "-mp", t, "-o", out)
+    csv_text = "".join(f.read_text() for f in out.glob("*.csv"))
+    texts = [r.stdout + r.stderr for r in (q, cmp)] + [csv_text]
+    leaked = any(SECRET in x or "httpfs" in x for x in texts)
+    ok = (
+        first.returncode == 0
+        and q.returncode == 2
+        and len(q.stderr.strip().splitlines()) == 1
+        and "not wb's" in q.stderr
+        and cmp.returncode == 0
+        and "Linear" in csv_text
+        and not leaked
+    )
+    return Outcome(f"query rc {q.returncode}: {q.stderr.strip()[-70:]}; compare rc {cmp.returncode}, leak {leaked}", ok)
+
+
+@case(4, "-mf, --thresholds, badcase -gp: /dev/zero and a FIFO", "one line naming the file, nothing read")
+def _not_regular(tmp: Path) -> Outcome:
+    g, t = pair_pair(tmp)
+    fifo = tmp / "results.fifo"
+    os.mkfifo(fifo)
+    runs = [
+        (wb("compare", "-gp", g, "-mp", t, "-o", tmp / "o1", "-mf", "/dev/zero", timeout=120), "/dev/zero"),
+        (wb("compare", "-gp", g, "-mp", t, "-o", tmp / "o2", "--thresholds", "/dev/zero", timeout=120), "/dev/zero"),
+        (wb("badcase", "-gp", fifo, "-mp", fifo, timeout=120), str(fifo)),
+    ]
+    outs = [one_line_error(r, where, "not a regular file") for r, where in runs]
+    return Outcome(" | ".join(o.got[-50:] for o in outs), all(o.ok for o in outs))
+
+
+@case(4, "6 GB sparse op_param.json", "precheck and the reader: one line with the limit, no MemoryError")
+def _sparse_param(tmp: Path) -> Outcome:
+    from workbench.formats import open_dump
+
+    root = atb_dump(tmp / "msit_dump_1")
+    op = root / "tensors" / "0_77" / "0" / "0_Prefill_layer" / "0_RmsNormOperation"
+    with open(op / "op_param.json", "wb") as fh:
+        fh.truncate(6 << 30)
+    d = open_dump(root)
+    lines = [p for p in d.problems if "op_param.json" in p and "limit" in p]
+    r = wb("precheck", op, "--all", timeout=120)
+    out = r.stdout + r.stderr
+    ok = len(lines) == 1 and "over the 16 MiB limit" in out and "MemoryError" not in out and "Traceback" not in out
+    return Outcome(f"reader: {len(lines)} line; precheck rc {r.returncode}", ok)
+
+
+@case(5, "badcase: escape sequences and formulas", "terminal gets them escaped; CSV cells start with '")
+def _badcase_controls(tmp: Path) -> Outcome:
+    import csv
+    import io
+    import json
+
+    prompts = ["\x1b]0;pwned\x07", "\x1b[2Jclear", "x\rOVER", '=HYPERLINK("http://e.invalid")', "@SUM(1+1)"]
+    for side, out_id in (("g", 2), ("t", 3)):
+        lines = [
+            json.dumps({"id": f"k{i}\x1b[31m", "prompt": p, "output_ids": [1, out_id]}) for i, p in enumerate(prompts)
+        ]
+        (tmp / f"{side}.jsonl").write_text("\n".join(lines) + "\n")
+    r = wb("badcase", "-gp", tmp / "g.jsonl", "-mp", tmp / "t.jsonl", "-o", tmp / "bad.csv", "--run", "true {prompt}")
+    raw = any(c in r.stdout + r.stderr for c in ("\x1b", "\x07", "\r"))
+    cells = {row["prompt"] for row in csv.DictReader(io.StringIO((tmp / "bad.csv").read_text()))}
+    safe = {'\'=HYPERLINK("http://e.invalid")', "'@SUM(1+1)"} <= cells
+    return Outcome(
+        f"rc {r.returncode}, raw control chars: {raw}, formulas neutralised: {safe}",
+        r.returncode == 0 and not raw and safe,
+    )
+
+
+@case(11, "badcase with 10^5 cases and a 10^5-pair -mf", "streamed: all cases in the CSV, a 50-row table")
+def _big_inputs(tmp: Path) -> Outcome:
+    import json
+
+    n = 100_000
+    for side, out_id in (("g", 2), ("t", 3)):
+        with open(tmp / f"{side}.jsonl", "w") as fh:
+            for i in range(n):
+                fh.write(json.dumps({"id": i, "output_ids": [1, out_id if i % 10 == 0 else 2]}) + "\n")
+    r = wb("badcase", "-gp", tmp / "g.jsonl", "-mp", tmp / "t.jsonl", "-o", tmp / "bad.csv")
+    rows = (tmp / "bad.csv").read_text().count("\n") - 1 if (tmp / "bad.csv").exists() else -1
+    pairs = [{"golden": f"root.m{i}", "test": f"t{i}", "fingerprint": {"golden": {"type": "L"}}} for i in range(n)]
+    (tmp / "map.json").write_text(json.dumps({"format": "wb-mapping", "pairs": pairs}))
+    from workbench.compare.mapping import MappingFile
+
+    m = MappingFile.load(tmp / "map.json")
+    shared = m.pair_prints[("root.m0", "t0")] is m.pair_prints[("root.m1", "t1")]
+    ok = r.returncode == 0 and rows == n // 10 and "and 9950 more" in r.stdout and len(m.pairs) == n and shared
+    return Outcome(f"rc {r.returncode}, {rows} CSV rows; mapping {len(m.pairs)} pairs, prints shared: {shared}", ok)

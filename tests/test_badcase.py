@@ -146,3 +146,30 @@ def test_run_command_for_the_first_case(tmp_path: Path) -> None:
     assert "-> exit 0" in res.stdout
     res = run_wb("badcase", "-gp", str(tmp_path / "g.jsonl"), "-mp", str(tmp_path / "t.jsonl"), "--run", "echo {nope}")
     assert res.returncode == 2 and "unknown placeholder" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_many_cases_stream_a_capped_table_and_the_full_csv(tmp_path: Path) -> None:
+    from workbench.cli.badcase_cmd import SHOWN
+
+    n = 3 * SHOWN
+    (tmp_path / "g.jsonl").write_text("".join(json.dumps({"id": i, "output_ids": [1, 2]}) + "\n" for i in range(n)))
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps({"id": i, "output_ids": [1, 3]}) + "\n" for i in range(n)))
+    out = tmp_path / "bad.csv"
+    res = run_wb("badcase", "-gp", str(tmp_path / "g.jsonl"), "-mp", str(tmp_path / "t.jsonl"), "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    table = [ln for ln in res.stdout.splitlines() if ln.split() and ln.split()[0].isdigit() and "token" in ln]
+    assert len(table) == SHOWN
+    assert f"... and {n - SHOWN} more bad case(s) (all of them in {out})" in res.stdout
+    assert f"{n} bad case(s) of {n} in both files" in res.stdout
+    rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    assert [r["key"] for r in rows] == [str(i) for i in range(n)] and all(r["first_diff"] == "1" for r in rows)
+
+
+def test_a_bad_line_late_in_the_golden_file_leaves_no_half_report(tmp_path: Path) -> None:
+    good = "".join(json.dumps({"id": i, "output_ids": [1, 2]}) + "\n" for i in range(100))
+    (tmp_path / "g.jsonl").write_text(good + "{broken\n")
+    (tmp_path / "t.jsonl").write_text(good.replace("[1, 2]", "[1, 3]"))
+    out = tmp_path / "bad.csv"
+    res = run_wb("badcase", "-gp", str(tmp_path / "g.jsonl"), "-mp", str(tmp_path / "t.jsonl"), "-o", str(out))
+    assert res.returncode == 2 and f"{tmp_path / 'g.jsonl'}:101: not valid JSON" in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.jsonl", "t.jsonl"]  # no report, no partial file

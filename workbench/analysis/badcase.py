@@ -11,11 +11,17 @@ position is counted in token ids when both sides have ids, else in characters of
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import re
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from workbench.core.capped import RESULTS, FileRefused, open_capped
+from workbench.core.text import printable
 
 _TRUE = {"true", "correct", "pass", "passed", "1", "yes"}
 _FALSE = {"false", "wrong", "fail", "failed", "0", "no"}
@@ -33,7 +39,6 @@ class Case:
     key: str
     line: int
     prompt: str | None = None
-    input_ids: list[int] | None = None
     output_ids: list[int] | None = None
     output: str | None = None
     passed: bool | None = None
@@ -98,28 +103,53 @@ def _ids(value: Any, where: str, column: str) -> list[int] | None:
     return [int(v) for v in _INT_RE.findall(text)]
 
 
-def read_cases(path: str | Path) -> list[Case]:
-    """The cases of one result file (CSV from msit's bad-case tools, or JSONL); `BadCaseError` when malformed."""
-    p = Path(path)
+def _open(p: Path) -> IO[str]:
     try:
-        text = p.read_text(encoding="utf-8-sig")
+        return open_capped(p, RESULTS, encoding="utf-8-sig", newline="")
     except FileNotFoundError:
         raise BadCaseError(f"{p}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadCaseError(f"{p}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
-    first = next((ln for ln in text.splitlines() if ln.strip()), "")
-    cases = _read_jsonl(p, text) if first.lstrip().startswith("{") else _read_csv(p, text)
+    except FileRefused as exc:
+        raise BadCaseError(str(exc)) from None
+    except OSError as exc:
+        raise BadCaseError(f"{p}: cannot read ({exc.strerror or exc})") from None
+
+
+def iter_cases(path: str | Path) -> Iterator[Case]:
+    """The cases of one result file (CSV from msit's bad-case tools, or JSONL), read as a stream: one line at a
+    time, never the whole file. `BadCaseError` naming the file (and line) when it is malformed, not a regular
+    file or over the `RESULTS` cap."""
+    p = Path(path)
+    with _open(p) as fh:
+        try:
+            head: list[str] = []
+            for line in fh:
+                head.append(line)
+                if line.strip():
+                    break
+            lines = itertools.chain(head, fh)
+            if head and head[-1].lstrip().startswith("{"):
+                yield from _read_jsonl(p, lines)
+            else:
+                yield from _read_csv(p, lines)
+        except UnicodeDecodeError as exc:
+            raise BadCaseError(f"{p}: cannot read ({exc})") from None
+        except OSError as exc:
+            raise BadCaseError(f"{p}: cannot read ({exc.strerror or exc})") from None
+
+
+def read_cases(path: str | Path) -> list[Case]:
+    """Every case of one result file, in a list (small files; `wb badcase` streams with `find_bad_cases`)."""
+    cases = list(iter_cases(path))
     seen: dict[str, int] = {}
     for c in cases:
         if c.key in seen:
-            raise BadCaseError(f"{p}:{c.line}: case {c.key!r} repeats line {seen[c.key]}")
+            raise BadCaseError(f"{path}:{c.line}: case {c.key!r} repeats line {seen[c.key]}")
         seen[c.key] = c.line
     return cases
 
 
-def _read_jsonl(p: Path, text: str) -> list[Case]:
-    cases = []
-    for n, line in enumerate(text.splitlines(), 1):
+def _read_jsonl(p: Path, lines: Iterable[str]) -> Iterator[Case]:
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         where = f"{p}:{n}"
@@ -127,6 +157,8 @@ def _read_jsonl(p: Path, text: str) -> list[Case]:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise BadCaseError(f"{where}: not valid JSON ({exc.msg})") from None
+        except RecursionError:
+            raise BadCaseError(f"{where}: JSON nested too deeply to read") from None
         if not isinstance(obj, dict):
             raise BadCaseError(f"{where}: expected a JSON object")
         if "id" not in obj:
@@ -136,23 +168,20 @@ def _read_jsonl(p: Path, text: str) -> list[Case]:
         output = obj.get("output")
         if output is not None and not isinstance(output, str):
             raise BadCaseError(f"{where}: 'output' must be text")
-        cases.append(
-            Case(
-                key=str(obj["id"]),
-                line=n,
-                prompt=None if obj.get("prompt") is None else str(obj["prompt"]),
-                input_ids=_ids(obj.get("input_ids"), where, "input_ids"),
-                output_ids=_ids(obj.get("output_ids"), where, "output_ids"),
-                output=output,
-                passed=_passed(obj.get("passed"), where),
-            )
+        _ids(obj.get("input_ids"), where, "input_ids")  # checked, not kept: nothing compares them
+        yield Case(
+            key=str(obj["id"]),
+            line=n,
+            prompt=None if obj.get("prompt") is None else str(obj["prompt"]),
+            output_ids=_ids(obj.get("output_ids"), where, "output_ids"),
+            output=output,
+            passed=_passed(obj.get("passed"), where),
         )
-    return cases
 
 
-def _read_csv(p: Path, text: str) -> list[Case]:
+def _read_csv(p: Path, lines: Iterable[str]) -> Iterator[Case]:
     try:
-        reader = csv.DictReader(text.splitlines())
+        reader = csv.DictReader(lines)
         header = [h.strip() for h in (reader.fieldnames or [])]
     except csv.Error as exc:
         raise BadCaseError(f"{p}:1: not a CSV file ({exc})") from None
@@ -166,11 +195,10 @@ def _read_csv(p: Path, text: str) -> list[Case]:
     else:
         raise BadCaseError(
             f"{p}:1: expected msit's bad-case columns (key,passed or queries,input_token_ids,output_token_ids,passed), "
-            f"got {','.join(header)[:100]}"
+            f"got {printable(','.join(header)[:100])}"
         )
     if "passed" not in cols and "output_token_ids" not in cols:
         raise BadCaseError(f"{p}:1: no 'passed' column and no outputs to compare")
-    cases = []
     try:
         for row in reader:
             n = reader.line_num
@@ -181,22 +209,20 @@ def _read_csv(p: Path, text: str) -> list[Case]:
             key = (row.get(key_col) or "").strip()
             if not key:
                 raise BadCaseError(f"{where}: empty {key_col}")
-            cases.append(
-                Case(
-                    key=key,
-                    line=n,
-                    prompt=row.get("queries") or None,
-                    input_ids=_ids(row.get("input_token_ids"), where, "input_token_ids"),
-                    output_ids=_ids(row.get("output_token_ids"), where, "output_token_ids"),
-                    passed=_passed(row.get("passed", row.get("pass")), where),
-                )
+            _ids(row.get("input_token_ids"), where, "input_token_ids")
+            prompt = row.get("queries") or None
+            yield Case(
+                key=key,
+                line=n,
+                prompt=key if prompt == key else prompt,  # msit's analyze CSV: the key is the prompt, kept once
+                output_ids=_ids(row.get("output_token_ids"), where, "output_token_ids"),
+                passed=_passed(row.get("passed", row.get("pass")), where),
             )
     except csv.Error as exc:
         raise BadCaseError(f"{p}:{reader.line_num}: malformed CSV ({exc})") from None
-    return cases
 
 
-def first_difference(golden: list[Any] | str, test: list[Any] | str) -> int | None:
+def first_difference(golden: Sequence[Any], test: Sequence[Any]) -> int | None:
     """The first position where two sequences differ (one ending early counts), None when equal."""
     for i, (a, b) in enumerate(zip(golden, test, strict=False)):
         if a != b:
@@ -204,43 +230,123 @@ def first_difference(golden: list[Any] | str, test: list[Any] | str) -> int | No
     return None if len(golden) == len(test) else min(len(golden), len(test))
 
 
-def _at(seq: list[int] | str, i: int) -> str:
+def _at(seq: Sequence[Any], i: int) -> str:
     return str(seq[i]) if i < len(seq) else ""
 
 
+class _Kept:
+    """One case of the file held in memory, compactly: output ids packed 8 bytes each, no input ids."""
+
+    __slots__ = ("golden_line", "ids", "line", "output", "passed", "prompt")
+
+    def __init__(self, c: Case, where: str) -> None:
+        self.line = c.line
+        self.passed = c.passed
+        self.ids = _pack(c.output_ids, where)
+        self.output = c.output
+        self.prompt = c.prompt
+        self.golden_line: int | None = None  # the golden case it was compared with
+
+
+def _pack(ids: list[int] | None, where: str) -> bytes | None:
+    if ids is None:
+        return None
+    try:
+        return array("q", ids).tobytes()
+    except OverflowError:
+        raise BadCaseError(f"{where}: a token id does not fit 64 bits") from None
+
+
+def _unpack(data: bytes) -> array[int]:
+    a = array("q")
+    a.frombytes(data)
+    return a
+
+
+@dataclass(slots=True)
+class CaseCounts:
+    """What `find_bad_cases` saw besides the bad cases."""
+
+    common: int = 0  # cases in both files
+    only_golden: int = 0
+    only_test: int = 0
+
+
+def find_bad_cases(golden: str | Path, test: str | Path, counts: CaseCounts) -> Iterator[BadCase]:
+    """The bad cases, in golden order, streaming the golden file against the test file's cases held compactly
+    (memory ~ the test file's keys and outputs, not its text or both files' parsed rows); `counts` is filled
+    in as it goes. `BadCaseError` when either file is malformed or repeats a key."""
+    _open(Path(golden)).close()  # a missing or refused golden file is named before the test file is read
+    kept: dict[str, _Kept] = {}
+    for c in iter_cases(test):
+        first = kept.get(c.key)
+        if first is not None:
+            raise BadCaseError(f"{test}:{c.line}: case {c.key!r} repeats line {first.line}")
+        kept[c.key] = _Kept(c, f"{test}:{c.line}")
+    only_golden: dict[str, int] = {}
+    for g in iter_cases(golden):
+        t = kept.get(g.key)
+        if t is None:
+            if g.key in only_golden:
+                raise BadCaseError(f"{golden}:{g.line}: case {g.key!r} repeats line {only_golden[g.key]}")
+            only_golden[g.key] = g.line
+            continue
+        if t.golden_line is not None:
+            raise BadCaseError(f"{golden}:{g.line}: case {g.key!r} repeats line {t.golden_line}")
+        t.golden_line = g.line
+        counts.common += 1
+        bad = _judge(g, t, f"{golden}:{g.line}")
+        if bad is not None:
+            yield bad
+    counts.only_golden = len(only_golden)
+    counts.only_test = sum(1 for t in kept.values() if t.golden_line is None)
+
+
+def _judge(g: Case, t: _Kept, where: str) -> BadCase | None:
+    flipped = g.passed is not None and t.passed is not None and g.passed != t.passed
+    diff: int | None = None
+    unit: str | None = None
+    differ: bool | None = None
+    g_at = t_at = None
+    g_seq: Sequence[Any] | None = None
+    t_seq: Sequence[Any] | None = None
+    if g.output_ids is not None and t.ids is not None:
+        unit = "token"
+        if _pack(g.output_ids, where) == t.ids:
+            differ = False
+        else:
+            g_seq, t_seq = g.output_ids, _unpack(t.ids)
+    elif g.output is not None and t.output is not None:
+        unit = "char"
+        if g.output == t.output:
+            differ = False
+        else:
+            g_seq, t_seq = g.output, t.output
+    else:
+        unit = None
+    if g_seq is not None and t_seq is not None:
+        diff = first_difference(g_seq, t_seq)
+        differ = diff is not None
+        if diff is not None:
+            g_at, t_at = _at(g_seq, diff), _at(t_seq, diff)
+    if not (flipped or differ):
+        return None
+    return BadCase(g.key, g.prompt or t.prompt, g.passed, t.passed, flipped, differ, diff, unit, g_at, t_at)
+
+
 def compare_cases(golden: list[Case], test: list[Case]) -> tuple[list[BadCase], list[str], list[str]]:
-    """(bad cases in golden order, keys only in golden, keys only in test)."""
-    by_key = {c.key: c for c in test}
+    """(bad cases in golden order, keys only in golden, keys only in test), for cases already in memory."""
+    by_key = {c.key: _Kept(c, c.key) for c in test}
     out: list[BadCase] = []
     for g in golden:
         t = by_key.get(g.key)
-        if t is None:
-            continue
-        flipped = g.passed is not None and t.passed is not None and g.passed != t.passed
-        diff: int | None = None
-        unit: str | None = None
-        differ: bool | None = None
-        g_at = t_at = None
-        g_seq: list[int] | str | None
-        t_seq: list[int] | str | None
-        if g.output_ids is not None and t.output_ids is not None:
-            g_seq, t_seq, unit = g.output_ids, t.output_ids, "token"
-        elif g.output is not None and t.output is not None:
-            g_seq, t_seq, unit = g.output, t.output, "char"
-        else:
-            g_seq = t_seq = None
-        if g_seq is not None and t_seq is not None:
-            diff = first_difference(g_seq, t_seq)
-            differ = diff is not None
-            if diff is not None:
-                g_at, t_at = _at(g_seq, diff), _at(t_seq, diff)
-        if flipped or differ:
-            out.append(
-                BadCase(g.key, g.prompt or t.prompt, g.passed, t.passed, flipped, differ, diff, unit, g_at, t_at)
-            )
-    keys = set(by_key)
+        if t is not None:
+            t.golden_line = g.line
+            bad = _judge(g, t, g.key)
+            if bad is not None:
+                out.append(bad)
     g_keys = {c.key for c in golden}
-    return out, [c.key for c in golden if c.key not in keys], [c.key for c in test if c.key not in g_keys]
+    return out, [c.key for c in golden if c.key not in by_key], [c.key for c in test if c.key not in g_keys]
 
 
 def next_dump(case: BadCase) -> list[str]:

@@ -47,6 +47,7 @@ from workbench.analysis.views import (
 )
 from workbench.compare.thresholds import Thresholds
 from workbench.core.advice import STANDS_OUT
+from workbench.core.capped import FileRefused, check_regular
 from workbench.core.metrics import ALL_METRICS, BY_NAME
 
 if TYPE_CHECKING:
@@ -91,8 +92,11 @@ def connect_read_only(catalog: str | Path) -> duckdb.DuckDBPyConnection:
     if p.is_dir():
         raise ExploreError(f"{p}: is a folder, not a catalog file")
     try:
+        check_regular(p, "catalog")
         with p.open("rb") as f:
             head = f.read(12)
+    except FileRefused as exc:
+        raise ExploreError(str(exc)) from None
     except OSError as exc:
         raise ExploreError(f"{p}: cannot read ({exc.strerror or exc})") from None
     if head[8:12] != DUCKDB_MAGIC:

@@ -30,6 +30,7 @@ from workbench.analysis.precheck_result import OutputCheck, PrecheckResult
 from workbench.compare.judge import judge_pair, nan_inf_mismatch
 from workbench.compare.metrics import compare_tensors
 from workbench.compare.thresholds import Thresholds
+from workbench.core.capped import OP_PARAM, FileRefused, read_text
 from workbench.formats import atb_bin
 from workbench.formats.atb import (
     OP_PARAM_FILE,
@@ -547,7 +548,9 @@ class _Peers:
 def _read_param(op_dir: Path) -> dict[str, Any]:
     path = op_dir / OP_PARAM_FILE
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path, OP_PARAM)
+    except FileRefused as exc:
+        raise DumpError(path, exc.reason) from None
     except FileNotFoundError:
         raise DumpError(path, "missing file: the op's params are unknown") from None
     except (OSError, UnicodeDecodeError) as exc:

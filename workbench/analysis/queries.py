@@ -12,10 +12,21 @@ import pandas as pd
 
 from workbench.catalog import first_row
 from workbench.catalog.readonly import connect_read_only
+from workbench.core.capped import SQL_FILE, FileRefused, read_text
 from workbench.core.files import package_data
-from workbench.core.text import printable
+from workbench.core.text import csv_safe_columns, printable
 
 QUERIES_DIR = package_data("queries")
+
+
+def read_sql(path: Path) -> str:
+    """A `.sql` file's text; `ValueError` naming the file when it cannot be read or is over its cap."""
+    try:
+        return read_text(path, SQL_FILE)
+    except FileRefused as exc:
+        raise ValueError(str(exc)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read SQL file ({getattr(exc, 'strerror', None) or exc})") from None
 
 
 def saved_queries(folder: Path = QUERIES_DIR) -> dict[str, tuple[Path, str]]:
@@ -25,7 +36,7 @@ def saved_queries(folder: Path = QUERIES_DIR) -> dict[str, tuple[Path, str]]:
         return out
     for f in sorted(folder.glob("*.sql")):
         title = ""
-        for line in f.read_text(encoding="utf-8").splitlines():
+        for line in read_sql(f).splitlines():
             if line.startswith("--"):
                 title = line.lstrip("- ").strip()
                 break
@@ -37,12 +48,12 @@ def resolve_sql(text: str) -> str:
     """SQL text from a saved query name, a `.sql` file path, or the text itself."""
     saved = saved_queries()
     if text in saved:
-        return saved[text][0].read_text(encoding="utf-8")
+        return read_sql(saved[text][0])
     if text.endswith(".sql"):
         p = Path(text)
         if not p.is_file():
             raise ValueError(f"{p}: SQL file not found")
-        return p.read_text(encoding="utf-8")
+        return read_sql(p)
     if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_\-]*", text.strip()):
         # one bare word is a saved query's name, never SQL worth running
         names = ", ".join(saved) or "none found"
@@ -70,7 +81,7 @@ def query_df(con: duckdb.DuckDBPyConnection, sql: str) -> pd.DataFrame:
 
 def format_df(df: pd.DataFrame, fmt: str, limit: int = 200) -> str:
     if fmt == "csv":
-        return df.to_csv(index=False)
+        return csv_safe_columns(df.copy()).to_csv(index=False)
     if fmt == "json":
         return json.dumps(json.loads(df.to_json(orient="records", date_format="iso")), indent=1) + "\n"
     shown = df if limit <= 0 else df.head(limit)

@@ -17,6 +17,7 @@ from workbench.analysis.explore import Explorer, ResultSet
 from workbench.app.actions import bindings
 from workbench.app.footer import KeysFooter
 from workbench.app.screens import Session, WorkbenchScreen
+from workbench.core.text import printable
 
 ROW_LIMIT = 1000
 MAX_CELL = 60
@@ -142,7 +143,13 @@ class SqlScreen(WorkbenchScreen[None]):
         name = event.option.id
         if name is None or name not in self.saved:
             return
-        text = self.saved[name][0].read_text(encoding="utf-8")
+        from workbench.analysis.queries import read_sql  # pandas: not on the UI thread's import path
+
+        try:
+            text = read_sql(self.saved[name][0])
+        except ValueError as exc:
+            self.notify(printable(exc), severity="error")
+            return
         self.query_one("#editor", TextArea).text = text
         self.execute(text.strip())
 

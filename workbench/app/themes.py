@@ -8,6 +8,7 @@ from typing import Any
 
 from textual.theme import Theme
 
+from workbench.core.capped import THEME, FileRefused, read_text
 from workbench.core.files import package_data
 
 THEMES_DIR = package_data("themes")
@@ -52,7 +53,9 @@ class ThemeError(ValueError):
 def theme_from_toml(path: Path) -> Theme:
     """Read one theme file; raises ThemeError with the file name and the reason."""
     try:
-        data: dict[str, Any] = tomllib.loads(path.read_text(encoding="utf-8"))
+        data: dict[str, Any] = tomllib.loads(read_text(path, THEME))
+    except FileRefused as exc:
+        raise ThemeError(str(exc)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ThemeError(f"{path}: cannot read ({exc})") from None
     except tomllib.TOMLDecodeError as exc:

@@ -8,7 +8,8 @@ it back on (`SET enable_external_access`, `SET log_query_path`, profiling output
 
 Files a user wants beside the catalog are named up front (`allow_files`): a DuckDB file is attached
 read-only under its stem, a CSV, Parquet or JSON file is loaded into a temporary table of that name,
-all before the lock, so the SQL itself never opens a file.
+all before the lock, so the SQL itself never opens a file. A catalog whose views under wb's names are not
+wb's is refused (`lockdown.check_read_only`).
 """
 
 from __future__ import annotations
@@ -20,13 +21,10 @@ from pathlib import Path
 import duckdb
 
 from workbench.catalog import CatalogError
+from workbench.catalog.lockdown import check_read_only, connect
 from workbench.catalog.schema import SCHEMA_VERSION
+from workbench.core.capped import ATTACHED, FileRefused, check_file, check_regular
 
-_LOCKED = {
-    "enable_external_access": False,
-    "autoinstall_known_extensions": False,
-    "autoload_known_extensions": False,
-}
 _READERS = {".csv": "read_csv", ".tsv": "read_csv", ".parquet": "read_parquet", ".json": "read_json_auto"}
 _DUCKDB_SUFFIXES = (".duckdb", ".db", ".ddb")
 
@@ -43,8 +41,14 @@ def attach_name(path: Path) -> str:
 
 
 def _attach(con: duckdb.DuckDBPyConnection, path: Path, taken: set[str]) -> None:
-    if not path.is_file():
+    if not path.exists():
         raise CatalogError(f"{path}: --attach file not found")
+    try:
+        check_file(path, ATTACHED)
+    except FileRefused as exc:
+        raise CatalogError(str(exc)) from None
+    except OSError as exc:
+        raise CatalogError(f"{path}: cannot read ({exc.strerror or exc})") from None
     name = attach_name(path)
     if name in taken:
         raise CatalogError(f"{path}: --attach name {name!r} is used twice; rename one of the files")
@@ -88,13 +92,15 @@ def connect_read_only(path: str | Path, *, allow_files: Sequence[Path] = ()) -> 
         raise CatalogError(f"{p}: catalog not found")
     if p.is_dir():
         raise CatalogError(f"{p}: is a folder, not a catalog file")
-    config: dict[str, str | bool | int | float | list[str]] = dict(_LOCKED)
-    if allow_files:
-        config["enable_external_access"] = True  # turned off below, once the files are in
-    else:
-        config["lock_configuration"] = True
     try:
-        con = duckdb.connect(str(p), read_only=True, config=config)
+        check_regular(p, "catalog")
+    except FileRefused as exc:
+        raise CatalogError(str(exc)) from None
+    except OSError as exc:
+        raise CatalogError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    try:
+        # with files to attach, access is turned off and the configuration locked below, once they are in
+        con = connect(p, read_only=True, lock=not allow_files)
     except duckdb.Error as exc:
         raise CatalogError(f"{p}: cannot open as a DuckDB catalog ({_first_line(exc)})") from None
     try:
@@ -106,6 +112,7 @@ def connect_read_only(path: str | Path, *, allow_files: Sequence[Path] = ()) -> 
                 f"{p}: catalog schema version {version} is newer than this wb supports ({SCHEMA_VERSION}); "
                 "upgrade wb to open it"
             )
+        check_read_only(con, p)
         if allow_files:
             taken = {"main", "temp", "system", p.stem}
             for f in allow_files:

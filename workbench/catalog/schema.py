@@ -6,6 +6,8 @@ incompatible change: a catalog written by a newer version is refused with a clea
 
 from __future__ import annotations
 
+import re
+
 from workbench.core.advice import STANDS_OUT
 from workbench.core.metrics import ALL_METRICS as ALL_METRICS
 from workbench.core.metrics import MSIT_METRICS as MSIT_METRICS
@@ -421,3 +423,7 @@ MSIT_CSV_COLUMNS: tuple[str, ...] = (
     *MSIT_METRICS,
     "cmp_fail_reason",
 )
+
+# wb's own SQL objects, by name: on every open, a view under one of these names is wb's (catalog/lockdown.py)
+OUR_VIEWS: dict[str, str] = {"comparison": COMPARISON_VIEW, "rank_summary": RANK_VIEW}
+OUR_TABLES: frozenset[str] = frozenset(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", TABLES_DDL))

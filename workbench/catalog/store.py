@@ -18,8 +18,10 @@ import duckdb
 import pandas as pd
 
 from workbench.catalog import CATALOG_NAME, CatalogError, first_row, storage_message
+from workbench.catalog.lockdown import connect, restore_read_write
 from workbench.catalog.readonly import connect_read_only, schema_version_of
-from workbench.catalog.schema import COMPARISON_VIEW, RANK_VIEW, SCHEMA_VERSION, TABLES_DDL
+from workbench.catalog.schema import COMPARISON_VIEW, OUR_VIEWS, RANK_VIEW, SCHEMA_VERSION, TABLES_DDL
+from workbench.core.capped import FileRefused, check_regular
 from workbench.formats.model import Dump, Node, TensorEntry
 
 INGEST_SLICE = 16384  # tensor rows built and inserted at a time
@@ -57,10 +59,15 @@ def open_catalog(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBP
         return connect_read_only(p)
     if p.exists() and p.is_dir():
         raise CatalogError(f"{p}: is a folder, not a catalog file")
+    if p.exists():
+        try:
+            check_regular(p, "catalog")
+        except FileRefused as exc:
+            raise CatalogError(str(exc)) from None
     created = not p.exists()
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        con = duckdb.connect(str(p), read_only=read_only)
+        con = connect(p, read_only=False)
     except (duckdb.Error, OSError) as exc:
         _remove_new(p, created)
         raise CatalogError(f"{p}: cannot open as a DuckDB catalog ({storage_message(exc)})") from None
@@ -78,14 +85,15 @@ def open_catalog(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBP
                     f"{p}: a DuckDB database of another program ({n} tables, no wb schema version): "
                     "refused, left untouched; give wb its own catalog file"
                 )
-        if version is None or _schema_digest_of(con) != _SCHEMA_DIGEST:
+        repaired = restore_read_write(con)  # planted views and macros go
+        if version is None or repaired or _schema_digest_of(con) != _SCHEMA_DIGEST:
             con.execute(TABLES_DDL)  # every statement is IF NOT EXISTS: older catalogs gain the newer tables
             con.execute("ALTER TABLE runs ADD COLUMN IF NOT EXISTS rank INTEGER")  # catalogs made before ranks
             if version is None:
                 con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
-            con.execute(COMPARISON_VIEW)
-            con.execute(RANK_VIEW)
             con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_digest', ?)", [_SCHEMA_DIGEST])
+        for ddl in OUR_VIEWS.values():  # always: a view in the file is never trusted (~4 ms)
+            con.execute(ddl)
     except duckdb.Error as exc:
         con.close()
         _remove_new(p, created)

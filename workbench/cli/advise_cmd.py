@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from workbench.cli.common import app, check_format, csv_text, guarded, text_table
+from workbench.cli.common import app, check_format, csv_text, guarded, say_lines, text_table
 from workbench.core.files import DEFAULT_CATALOG
 
 COLUMNS = ("rank", "token_id", "golden_node", "test_node", "score", "reason", "golden_node_id", "test_node_id")
@@ -51,12 +51,12 @@ def advise(
         if fmt == "json":
             typer.echo(json.dumps(rows, indent=1))
         elif fmt == "csv":
-            typer.echo(csv_text(rows, COLUMNS), nl=False)
+            say_lines(csv_text(rows, COLUMNS))
         else:
             marked = above_higher(items)
             for row in rows:
                 row["above_higher"] = (row["token_id"], row["rank"]) in marked
-            typer.echo(_table(rows, cid, SIGNIFICANT, NAN_INF_SCORE, ORDER_RULE), nl=False)
+            say_lines(_table(rows, cid, SIGNIFICANT, NAN_INF_SCORE, ORDER_RULE))
 
     guarded(go)
 

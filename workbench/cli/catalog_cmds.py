@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from workbench.cli.common import app, check_format, guarded, say
+from workbench.cli.common import app, check_format, guarded, say, say_lines
 from workbench.core.files import DEFAULT_CATALOG
 
 
@@ -64,7 +64,7 @@ def query(
     def go() -> None:
         check_format(fmt)
         text = run_query(catalog, sql, fmt=fmt, cmp_id=cmp_id, limit=limit, attach=attach or ())
-        typer.echo(text, nl=not text.endswith("\n"))
+        say_lines(text)
 
     guarded(go)
 
@@ -75,4 +75,4 @@ def list_queries() -> None:
     from workbench.analysis.queries import saved_queries
 
     for name, (path, title) in saved_queries().items():
-        typer.echo(f"{name:28s} {title}   ({path})")
+        say(f"{name:28s} {title}   ({path})")

@@ -104,6 +104,12 @@ def say(line: object, err: bool = False) -> None:
     typer.echo(printable(line), err=err)
 
 
+def say_lines(text: str, err: bool = False) -> None:
+    """Print a block of lines (a table, CSV text), each as `say` does: one printed line per line of `text`."""
+    for line in text.splitlines():
+        say(line, err=err)
+
+
 def fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
     say(f"wb: error: {message}", err=True)
     return typer.Exit(code)
@@ -183,11 +189,13 @@ def check_format(fmt: str) -> None:
 
 
 def csv_text(rows: Iterable[Mapping[str, object]], columns: Sequence[str]) -> str:
-    """Rows as CSV text with a header line."""
+    """Rows as CSV text with a header line; text cells a spreadsheet would evaluate are neutralised (`csv_safe`)."""
+    from workbench.core.text import csv_safe
+
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows({k: csv_safe(v) for k, v in r.items()} for r in rows)
     return buf.getvalue()
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from workbench.cli.common import ProgressPrinter, app, check_format, csv_text, guarded
+from workbench.cli.common import ProgressPrinter, app, check_format, csv_text, guarded, say_lines
 
 if TYPE_CHECKING:
     from workbench.analysis.errcheck import ErrcheckResult
@@ -46,9 +46,9 @@ def errcheck(
             }
             typer.echo(json.dumps(payload, indent=2))
         elif fmt == "csv":
-            typer.echo(csv_text(rows, _COLUMNS), nl=False)
+            say_lines(csv_text(rows, _COLUMNS))
         else:
-            typer.echo(_table(res))
+            say_lines(_table(res))
         return EXIT_ANOMALY if res.anomalous else 0
 
     code = guarded(go)

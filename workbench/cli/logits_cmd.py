@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from workbench.cli.common import app, check_format, fail, guarded, text_table
+from workbench.cli.common import app, check_format, fail, guarded, say, say_lines, text_table
+from workbench.core.text import csv_safe_columns
 
 if TYPE_CHECKING:
     from workbench.analysis.logits import LogitsRow
@@ -125,21 +126,21 @@ def run_logits(
     if out is not None:
         import pandas as pd
 
-        pd.DataFrame(_records(rows, notes)).to_csv(out / CSV_NAME, index=False, float_format="%.10g")
+        csv_safe_columns(pd.DataFrame(_records(rows, notes))).to_csv(out / CSV_NAME, index=False, float_format="%.10g")
     if fmt == "table":
         for line in format_table(rows, notes):
-            typer.echo(line)
-        typer.echo(verdict_line(rows))
+            say(line)
+        say(verdict_line(rows))
     elif fmt == "json":
         typer.echo(json.dumps(_records(rows, notes), indent=1))
-        typer.echo(verdict_line(rows), err=True)
+        say(verdict_line(rows), err=True)
     else:
         import pandas as pd
 
-        typer.echo(pd.DataFrame(_records(rows, notes)).to_csv(index=False, float_format="%.10g"), nl=False)
-        typer.echo(verdict_line(rows), err=True)
+        say_lines(csv_safe_columns(pd.DataFrame(_records(rows, notes))).to_csv(index=False, float_format="%.10g"))
+        say(verdict_line(rows), err=True)
     if out is not None:
-        typer.echo(f"report: {out / CSV_NAME}", err=fmt != "table")
+        say(f"report: {out / CSV_NAME}", err=fmt != "table")
     return rows
 
 

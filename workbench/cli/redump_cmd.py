@@ -85,7 +85,7 @@ def redump(
         raise fail(str(exc)) from None
     if tty:
         sys.stderr.write("\n")
-    typer.echo(f"dump written: {res.dump_dir} (run {res.run_id})")
-    typer.echo(f"{res.tensors_updated} tensors now full, {res.pairs_recomputed} pairs recomputed; log: {res.log}")
+    say(f"dump written: {res.dump_dir} (run {res.run_id})")
+    say(f"{res.tensors_updated} tensors now full, {res.pairs_recomputed} pairs recomputed; log: {res.log}")
     for note in res.notes:
-        typer.echo(f"note: {note}")
+        say(f"note: {note}")

@@ -68,6 +68,9 @@ class CurrentNode:
         return NodePrint(self.type, first, dict(self.by_token.get(first, {})) if first is not None else {})
 
 
+STALE_SLICE = 50_000  # mapping_stale rows inserted at a time
+
+
 @dataclass(frozen=True, slots=True)
 class StaleEntry:
     """A pair (or rule) of the mapping file that was not used, and why."""
@@ -377,8 +380,12 @@ def store_check(con: duckdb.DuckDBPyConnection, cmp_id: int, check: MappingCheck
     con.execute("DELETE FROM mapping_stale WHERE cmp_id = ?", [cmp_id])
     if check is None or not check.stale:
         return
-    insert_rows(
-        con,
-        "mapping_stale",
-        [(cmp_id, s.kind, s.golden, s.test, s.golden_tensor, s.test_tensor, s.reason, source) for s in check.stale],
-    )
+    for lo in range(0, len(check.stale), STALE_SLICE):  # a million stale pairs: one frame of them would be ~1 GB
+        insert_rows(
+            con,
+            "mapping_stale",
+            [
+                (cmp_id, s.kind, s.golden, s.test, s.golden_tensor, s.test_tensor, s.reason, source)
+                for s in check.stale[lo : lo + STALE_SLICE]
+            ],
+        )

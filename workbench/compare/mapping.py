@@ -32,10 +32,12 @@ import hashlib
 import json
 import re
 from collections import defaultdict
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+from workbench.core.capped import MAPPING, FileRefused, read_text
 
 MAPPING_FORMAT = "wb-mapping"
 MAPPING_VERSION = 1
@@ -239,13 +241,17 @@ class MappingFile:
     @classmethod
     def _load_file(cls, p: Path) -> MappingFile:
         try:
-            data = json.loads(p.read_text(encoding="utf-8"))
+            data = _decode_streamed(read_text(p, MAPPING), {"pairs": _PairReader()})
+        except FileRefused as exc:
+            raise MappingError(str(exc)) from None
         except (OSError, UnicodeDecodeError) as exc:
             raise MappingError(f"{p}: cannot read ({exc})") from None
         except json.JSONDecodeError as exc:
             raise MappingError(f"{p}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
         except RecursionError:
             raise MappingError(f"{p}: JSON nested too deeply to read") from None
+        except (ValueError, TypeError, KeyError) as exc:
+            raise MappingError(f"{p}: {exc}") from None
         if not isinstance(data, dict):
             raise MappingError(f"{p}: expected a JSON object")
         try:
@@ -267,16 +273,11 @@ class MappingFile:
             raise ValueError(f"mapping version {version!r} is newer than this wb understands ({MAPPING_VERSION})")
         out = cls()
         for item in data.get("pairs", []):
-            out.pairs.append(
-                PairSpec(
-                    str(item["golden"]),
-                    str(item["test"]),
-                    TensorSel.parse(item.get("golden_tensor")),
-                    TensorSel.parse(item.get("test_tensor")),
-                )
-            )
-            if isinstance(item.get("fingerprint"), dict):
-                out.pair_prints[(str(item["golden"]), str(item["test"]))] = item["fingerprint"]
+            if not isinstance(item, _LoadedPair):
+                raise ValueError("'pairs' entries must be objects with golden and test")
+            out.pairs.append(item.spec)
+            if item.prints is not None:
+                out.pair_prints[(item.spec.golden, item.spec.test)] = item.prints
         fingerprint = data.get("fingerprint")
         if fingerprint is not None and not isinstance(fingerprint, dict):
             raise ValueError("'fingerprint' must be an object")
@@ -353,6 +354,37 @@ class MappingFile:
 
     # ------------------------------------------------------------------ writing
     def to_json(self) -> dict[str, Any]:
+        out = self._head()
+        out["pairs"] = list(self._pair_items())
+        return out
+
+    def _pair_items(self) -> Iterator[dict[str, Any]]:
+        for p in self.pairs:
+            item: dict[str, Any] = dict(p.to_json())
+            if (p.golden, p.test) in self.pair_prints:
+                item["fingerprint"] = self.pair_prints[(p.golden, p.test)]
+            yield item
+
+    def json_chunks(self, *, sort_keys: bool = False) -> Iterator[str]:
+        """`json.dumps(self.to_json(), sort_keys=sort_keys)` in pieces, one pair at a time (a million pairs never
+        exist as a million dicts, nor their text twice)."""
+        head = self._head()
+        head["pairs"] = None
+        keys = sorted(head) if sort_keys else list(head)
+        yield "{"
+        for n, key in enumerate(keys):
+            yield (", " if n else "") + json.dumps(key) + ": "
+            if key == "pairs":
+                yield "["
+                for i, item in enumerate(self._pair_items()):
+                    yield (", " if i else "") + json.dumps(item, sort_keys=sort_keys)
+                yield "]"
+            else:
+                yield json.dumps(head[key], sort_keys=sort_keys)
+        yield "}"
+
+    def _head(self) -> dict[str, Any]:
+        """`to_json` without its pairs (their key is there, in its place)."""
         types: dict[str, list[str]] = {}
         for t in self.types:
             key = (
@@ -363,16 +395,10 @@ class MappingFile:
                 for g, s in zip(t.golden_types, t.golden_tensors)
             ]
             types.setdefault(key, []).extend(vals)
-        pairs: list[dict[str, Any]] = []
-        for p in self.pairs:
-            item: dict[str, Any] = dict(p.to_json())
-            if (p.golden, p.test) in self.pair_prints:
-                item["fingerprint"] = self.pair_prints[(p.golden, p.test)]
-            pairs.append(item)
         out: dict[str, Any] = {
             "format": MAPPING_FORMAT,
             "version": MAPPING_VERSION,
-            "pairs": pairs,
+            "pairs": [],
             "rules": [r.to_json() for r in self.rules],
             "types": types,
             "unpaired": [{"golden": g, "test": t} for g, t in self.unpaired],
@@ -394,13 +420,115 @@ class MappingFile:
 
     def digest(self) -> str:
         """A short content hash, so a comparison knows which mapping produced it."""
-        data = self.to_json()
-        if isinstance(data.get("fingerprint"), dict):  # when it was saved is no part of what it says
-            data["fingerprint"] = {k: v for k, v in data["fingerprint"].items() if k != "saved_at"}
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+        h = hashlib.sha256()
+        saved = self.fingerprint
+        if isinstance(saved, dict):  # when it was saved is no part of what it says
+            self.fingerprint = {k: v for k, v in saved.items() if k != "saved_at"}
+        try:
+            for chunk in self.json_chunks(sort_keys=True):  # the bytes of json.dumps(to_json(), sort_keys=True)
+                h.update(chunk.encode())
+        finally:
+            self.fingerprint = saved
+        return h.hexdigest()[:16]
 
     def is_empty(self) -> bool:
         return not (self.pairs or self.rules or self.types or self.unpaired)
+
+
+class _LoadedPair(NamedTuple):
+    spec: PairSpec
+    prints: dict[str, Any] | None
+
+
+class _PairReader:
+    """One `pairs` entry of a wb mapping, made compact as it is decoded: selectors and fingerprints that repeat
+    (most of them: one per op kind and shape) are one shared object, never mutated."""
+
+    def __init__(self) -> None:
+        self._sels: dict[Any, TensorSel] = {}
+        self._prints: dict[str, dict[str, Any]] = {}
+
+    def _sel(self, text: Any) -> TensorSel:
+        sel = self._sels.get(text)
+        if sel is None:
+            sel = self._sels[text] = TensorSel.parse(text)
+        return sel
+
+    def __call__(self, item: Any) -> Any:
+        if not isinstance(item, dict):
+            return item
+        spec = PairSpec(
+            str(item["golden"]),
+            str(item["test"]),
+            self._sel(item.get("golden_tensor")),
+            self._sel(item.get("test_tensor")),
+        )
+        fp = item.get("fingerprint")
+        if not isinstance(fp, dict):
+            return _LoadedPair(spec, None)
+        key = json.dumps(fp, sort_keys=True, separators=(",", ":"))
+        return _LoadedPair(spec, self._prints.setdefault(key, fp))
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def _decode_streamed(text: str, readers: dict[str, Callable[[Any], Any]]) -> Any:
+    """`json.loads(text)`, except that the entries of a top-level array under a key of `readers` are decoded
+    one at a time and handed to its reader (what it returns is kept): a million-pair mapping never exists as a
+    million dicts at once. `json.JSONDecodeError` (positions in `text`) as `json.loads` would raise."""
+    dec = json.JSONDecoder()
+
+    def ws(i: int) -> int:
+        m = _WS.match(text, i)
+        return m.end() if m else i
+
+    def expect(i: int, chars: str, what: str) -> str:
+        if i >= len(text) or text[i] not in chars:
+            raise json.JSONDecodeError(f"Expecting {what}", text, i)
+        return text[i]
+
+    i = ws(0)
+    if not text.startswith("{", i):
+        return json.loads(text)
+    out: dict[str, Any] = {}
+    i = ws(i + 1)
+    if text.startswith("}", i):
+        i += 1
+    else:
+        while True:
+            expect(i, '"', "property name enclosed in double quotes")
+            key, i = dec.raw_decode(text, i)
+            i = ws(i)
+            expect(i, ":", "':' delimiter")
+            i = ws(i + 1)
+            reader = readers.get(key)
+            if reader is not None and text.startswith("[", i):
+                items: list[Any] = []
+                i = ws(i + 1)
+                if text.startswith("]", i):
+                    i += 1
+                else:
+                    while True:
+                        item, i = dec.raw_decode(text, i)
+                        items.append(reader(item))
+                        i = ws(i)
+                        if expect(i, ",]", "',' delimiter") == "]":
+                            i += 1
+                            break
+                        i = ws(i + 1)
+                out[key] = items
+            else:
+                out[key], i = dec.raw_decode(text, i)
+            i = ws(i)
+            if expect(i, ",}", "',' delimiter") == "}":
+                i += 1
+                break
+            i = ws(i + 1)
+    i = ws(i)
+    if i != len(text):
+        raise json.JSONDecodeError("Extra data", text, i)
+    return out
 
 
 def _sel_file(sel: TensorSel, torch: bool = False) -> str:

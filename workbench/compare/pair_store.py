@@ -103,7 +103,7 @@ def comparison_id(
             golden_run,
             test_run,
             digest,
-            json.dumps(mapping.to_json()) if mapping and not mapping.is_empty() else None,
+            "".join(mapping.json_chunks()) if mapping and not mapping.is_empty() else None,
             th_json,
         ],
     )

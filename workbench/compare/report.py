@@ -13,9 +13,7 @@ import pandas as pd
 from workbench.catalog.schema import MSIT_CSV_COLUMNS
 from workbench.compare.summary import CompareResult
 from workbench.compare.tasks import token_text
-
-_CSV_INJECTION = ("=", "+", "-", "@", "\t", "\r")
-
+from workbench.core.text import csv_safe_columns
 
 CSV_SLICE = 16384  # report rows fetched and written at a time
 
@@ -76,9 +74,7 @@ def _token_slices(row_tokens: np.ndarray) -> list[tuple[int, int]]:
 
 def _write_rows(fh: TextIO, df: pd.DataFrame, done: int) -> None:
     df["data_id"] = range(done, done + len(df))
-    # text cells a spreadsheet would evaluate as formulas get a leading quote (paths never start so)
-    for col in ("golden_op_type", "my_op_type", "cmp_fail_reason"):
-        df[col] = df[col].map(lambda v: f"'{v}" if isinstance(v, str) and v.startswith(_CSV_INJECTION) else v)
+    csv_safe_columns(df)  # text cells a spreadsheet would evaluate as formulas get a leading quote
     df.to_csv(fh, index=False, header=done == 0, na_rep="", float_format="%.10g")
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.catalog.schema import ALL_METRICS
+from workbench.core.capped import THRESHOLDS, FileRefused, read_text
 from workbench.core.files import package_data
 from workbench.core.metrics import NAN_INF as NAN_INF
 from workbench.core.metrics import STAT_BOUND, STAT_BOUND_JUDGED_AS
@@ -72,7 +73,9 @@ class Thresholds:
         if path is not None:
             p = Path(path)
             try:
-                user_text = p.read_text(encoding="utf-8")
+                user_text = read_text(p, THRESHOLDS)
+            except FileRefused as exc:
+                raise ValueError(str(exc)) from None
             except (OSError, UnicodeDecodeError) as exc:
                 why = getattr(exc, "strerror", None) or exc
                 raise ValueError(f"{p}: cannot read thresholds file ({why})") from None

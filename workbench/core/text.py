@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 # C0/C1 controls, DEL, lone surrogates (undecodable bytes of a file name) and Unicode line separators
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029]")
@@ -54,3 +55,27 @@ def ascii_int(text: object) -> int | None:
 def has_foreign_digit(name: str) -> bool:
     """Whether a name holds a digit that is not ASCII (`١`, `²`, `３`): such a name never passes for a number."""
     return any(c.isdigit() and not c.isascii() for c in name)
+
+
+# msit's rule for a CSV cell a spreadsheet would run (msprobe `MALICIOUS_CSV_PATTERN`), plus TAB and CR
+_FORMULA = re.compile(r"^[=+\-@%\t\r\uff1d\uff0b\uff0d\uff20]|;[=+\-@%\uff1d\uff0b\uff0d\uff20]")
+
+
+def csv_safe(value: object) -> object:
+    """A CSV cell a spreadsheet will not evaluate: text starting with `= + - @ %`, TAB or CR (or holding
+    `;=`, `;+`...) gets a leading `'`, as msit does; numbers, and text that reads as a number (`-0.5`), stay."""
+    if not isinstance(value, str) or not _FORMULA.search(value):
+        return value
+    try:
+        float(value)
+        return value
+    except ValueError:
+        return "'" + value
+
+
+def csv_safe_columns(frame: Any) -> Any:
+    """`csv_safe` applied to every text (object) column of a pandas DataFrame, in place; returns it."""
+    for col in frame.columns:
+        if getattr(frame[col].dtype, "kind", "") == "O":  # object and pandas' string dtypes
+            frame[col] = frame[col].map(csv_safe)
+    return frame

@@ -24,6 +24,7 @@ import dataclasses
 import re
 from pathlib import Path
 
+from workbench.core.capped import STATISTICS, FileRefused, open_capped
 from workbench.core.metrics import STAT_STEP_KEY
 from workbench.formats import atb, atb_bin
 from workbench.formats.model import (
@@ -47,7 +48,6 @@ HEADER = (
     "Device and PID,Execution Count,Op Name,Op Type,Op Id,Input/Output,Index,Dtype,Format,Shape,"
     "Max,Min,Mean,Norm,Tensor Path"
 ).split(",")
-MAX_CSV_BYTES = 1024 * 1024 * 1024
 # the probe prints std::to_string values: six decimals, so each statistic is known to +-PRINT_STEP/2 (absolute)
 PRINT_STEP = 1e-6
 # the probe's Mki dtype names (`GetDTypeStr`) -> torch names
@@ -236,15 +236,7 @@ def _ensure_node(rel: str, op_type: str, ops: dict[str, atb._OpInfo]) -> None:
 def _read_csv(c: _Count, ops: dict[str, atb._OpInfo], problems: list[str]) -> None:
     path = c.folder / STATS_FILE
     try:
-        size = path.stat().st_size
-    except OSError as exc:
-        problems.append(f"{path}: cannot read: {exc.strerror or exc}")
-        return
-    if size > MAX_CSV_BYTES:
-        problems.append(f"{path}: {size} bytes, above the {MAX_CSV_BYTES}-byte limit for a statistic.csv: not read")
-        return
-    try:
-        with open(path, encoding="utf-8", newline="") as fh:
+        with open_capped(path, STATISTICS, newline="") as fh:
             reader = csv.reader(fh)
             head = next(reader, None)
             if head is None:
@@ -257,6 +249,8 @@ def _read_csv(c: _Count, ops: dict[str, atb._OpInfo], problems: list[str]) -> No
                 bad = _read_row(c, row, ops, f"{path}:{line_no}", problems)
                 if bad:
                     problems.append(f"{path}:{line_no}: {bad}: row skipped")
+    except FileRefused as exc:
+        problems.append(str(exc))
     except UnicodeDecodeError:
         problems.append(f"{path}: not UTF-8 text: not read")
     except (OSError, csv.Error) as exc:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workbench.core.capped import STATISTICS, FileRefused, open_capped
 from workbench.core.files import MANIFEST_NAME, MODEL_TREE_NAME
 from workbench.formats.layers import inherit_layers, layer_from_name
 from workbench.formats.model import (
@@ -419,8 +420,10 @@ def _read_stats_csv(
 ) -> dict[tuple[TensorRole, int], tuple[str | None, tuple[int, ...] | None, TensorStats]]:
     """Rows of one `statistics.csv`; a module called twice in a token appends twice, the last call wins."""
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
+        with open_capped(path, STATISTICS, newline="") as fh:
             rows = list(csv.DictReader(fh))
+    except FileRefused as exc:
+        raise DumpError(path, exc.reason) from None
     except OSError as exc:
         raise DumpError(path, f"cannot read: {exc.strerror or exc}") from None
     except (csv.Error, UnicodeDecodeError) as exc:

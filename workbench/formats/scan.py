@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from workbench.core.capped import DUMP_JSON, FileRefused, read_text
 from workbench.formats.model import DumpError, check_shape, dtype_name
 from workbench.formats.pth_header import read_pth_header
 
 if TYPE_CHECKING:  # torch is imported only when a payload is read
     import torch
 
-MAX_JSON_BYTES = 256 * 1024 * 1024
 # tensors above this size are hashed on evenly spaced samples (data-flow matching only needs identity, and
 # activations that agree on 16 spread runs of 4 KiB are the same tensor)
 SMALL_HASH_BYTES = 64 * 1024
@@ -94,13 +94,11 @@ def list_dir(path: str | Path) -> list[DirEntry]:
 def read_json(path: str | Path) -> Any:
     """Parse a JSON file; raises `DumpError` naming the file on any problem."""
     try:
-        size = os.path.getsize(path)
-        if size > MAX_JSON_BYTES:
-            raise DumpError(path, f"JSON file too large ({size} bytes)")
         if os.path.islink(path):
             check_link(str(path))
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
+        return json.loads(read_text(path, DUMP_JSON))
+    except FileRefused as exc:
+        raise DumpError(path, exc.reason) from None
     except OSError as exc:
         raise DumpError(path, f"cannot read: {exc.strerror or exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
