@@ -270,6 +270,17 @@ def test_msit_full_dumps_inputs_differ_from_the_embedding(tmp_path: Path) -> Non
     assert "first divergent token: 0 (cosine" in res.stdout
     status = _catalog_rows(tmp_path / "o" / "catalog.duckdb", "SELECT DISTINCT source FROM token_status")
     assert status == [("embedding",)]
+    # the advisor ranks nothing where the inputs differ, says so, and never calls token ids a weight
+    adv = run_wb("advise", "-c", str(tmp_path / "o" / "catalog.duckdb"), "--top", "3")
+    assert adv.returncode == 0, adv.stderr
+    ranked = {int(line.split()[1]) for line in adv.stdout.splitlines() if line[:1].isdigit()}
+    assert ranked == {0}, adv.stdout
+    for tok in range(1, STEPS):
+        assert f"token {tok}: inputs" in adv.stdout and "differ" in adv.stdout, adv.stdout
+    assert "weight input" not in adv.stdout, adv.stdout
+    js = run_wb("advise", "-c", str(tmp_path / "o" / "catalog.duckdb"), "--format", "json", "--top", "0")
+    assert {r["token_id"] for r in json.loads(js.stdout)} == {0}
+    assert f"token 1: inputs differ (golden token id {golden.ids[0]}" in js.stderr, js.stderr
 
 
 @needs_msprobe
