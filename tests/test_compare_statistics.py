@@ -63,6 +63,9 @@ def test_msit_statistics_dumps(tmp_path: Path) -> None:
     n, on_stats, undecided, failed = stats_dumps.verdict_counts(con)
     assert n > 100 and on_stats == n and undecided == 0 and failed == 0, out
     assert stats_dumps.born(con) == {None}
+    # the logits were dumped as statistics only: said so, with what their statistics say
+    assert "first divergent token: unknown (the logits (root.lm_head) were dumped as statistics only" in out, out
+    assert "their max/min/mean/norm pass at all" in out
     # every statistics metric is stored, matching msit's formula on the catalog's recorded statistics
     row = con.execute(
         "SELECT golden_max_value, my_max_value, max_stat_absolute_error, max_stat_relative_error FROM comparison "
@@ -73,6 +76,7 @@ def test_msit_statistics_dumps(tmp_path: Path) -> None:
     out, con = stats_dumps.compare(golden, bad, tmp_path / "o_bad")
     assert stats_dumps.born(con) == {"root.model.layers.1.mlp.down_proj"}, out
     assert "error born at: root.model.layers.1.mlp.down_proj (token 0)" in out
+    assert "no lm_head" not in out and "were dumped as statistics only" in out, out
 
 
 @needs_msprobe

@@ -334,6 +334,41 @@ def _num(v: float | None) -> str:
     return "-" if v is None else f"{v:.6g}"
 
 
+_STAT_LOGITS_SQL = """
+SELECT gn.name, count(*) AS pairs, count(*) FILTER (WHERE x.passed = false) AS failed,
+       min(m.token_id) FILTER (WHERE x.passed = false) AS first_failed
+FROM matches m
+JOIN comparisons c ON c.cmp_id = m.cmp_id
+JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id
+JOIN tensors gt ON gt.run_id = c.golden_run AND gt.tensor_id = m.golden_tensor_id
+JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id
+LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
+WHERE m.cmp_id = ? AND m.io = 'out' AND (gt.path IS NULL OR tt.path IS NULL)
+  AND (regexp_matches(gn.name, ?, 'i') OR regexp_matches(coalesce(gn.type, ''), ?, 'i'))
+GROUP BY gn.name
+ORDER BY max(coalesce(gn.exec_order, -1)) DESC
+LIMIT 1
+"""
+
+
+def statistics_only_logits(con: duckdb.DuckDBPyConnection, cmp_id: int) -> str | None:
+    """Why no token's logits were compared when the logits (an `lm_head` output) were dumped as statistics only,
+    and what their statistics say; None when they were not."""
+    row = con.execute(_STAT_LOGITS_SQL, [cmp_id, _LOGITS_RE.pattern, _LOGITS_RE.pattern]).fetchone()
+    if row is None:
+        return None
+    name, pairs, failed, first = str(row[0]), int(row[1]), int(row[2]), row[3]
+    said = (
+        f"their max/min/mean/norm first fail at token {int(first)} ({failed} of {pairs} pairs fail)"
+        if failed
+        else f"their max/min/mean/norm pass at all {pairs} pairs"
+    )
+    return (
+        f"the logits ({name}) were dumped as statistics only: no cosine, KL or top-1 per token; {said}; "
+        "re-dump them with tensors to judge each token's next-token distribution"
+    )
+
+
 def load_rows(con: duckdb.DuckDBPyConnection, cmp_id: int) -> list[LogitsRow]:
     """The stored `logits` rows of a comparison, in token order."""
     cols = ", ".join(COLUMNS)
