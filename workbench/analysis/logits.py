@@ -86,10 +86,16 @@ def is_float(dtype: str | None) -> bool:
 
 def pick_logits(cands: Iterable[Candidate]) -> dict[int, Candidate]:
     """Token -> the tensor holding its logits: the last `lm_head`/`LmHead`/`logits` output in execution order,
-    else the model's (root node's) first output; only floating tensors with a vocabulary dimension."""
+    else the model's own first output (the root node, when the dump has exactly one: a dump whose top level holds
+    several modules, as msprobe's does, has no model output, and a first module's output is never logits);
+    only floating tensors with a vocabulary dimension."""
     named: dict[int, Candidate] = {}
     root: dict[int, Candidate] = {}
     cands = list(cands)
+    roots_at: dict[int, set[str]] = {}
+    for c in cands:
+        if c.is_root:
+            roots_at.setdefault(c.token, set()).add(c.node)
     # an op inside a named graph (a tensor-parallel `LmHead/1_AllGatherOperation`) holds a part or another
     # layout of the graph's logits: the outermost named node speaks for it
     outer = {c.node for c in cands if _LOGITS_RE.search(c.node) or (c.node_type and _LOGITS_RE.search(c.node_type))}
@@ -102,11 +108,20 @@ def pick_logits(cands: Iterable[Candidate]) -> dict[int, Candidate]:
             best = named.get(c.token)
             if best is None or (c.order, -c.index) > (best.order, -best.index):
                 named[c.token] = c
-        elif c.is_root:
+        elif c.is_root and len(roots_at[c.token]) == 1:
             best = root.get(c.token)
             if best is None or c.index < best.index:
                 root[c.token] = c
     return {**root, **named}
+
+
+def from_model_output(rows: Iterable[LogitsRow]) -> str | None:
+    """The node whose output stood in for the logits when the dumps hold no LM head (None: an LM head's)."""
+    for r in rows:
+        node = r.golden_node or r.test_node
+        if node is not None and not _LOGITS_RE.search(node):
+            return node
+    return None
 
 
 def candidates_from_dump(dump: Dump) -> list[Candidate]:
