@@ -131,7 +131,9 @@ CASES: tuple[Case, ...] = (
     Case("res1m", "mistral4", "model.layers.1", "residual_twice", 0.02, "Mistral layer 1 adds 2 % of input", "layer"),
     Case("res2p", "phi3_4", "model.layers.2", "residual_twice", 0.02, "Phi-3 layer 2 adds 2 % of input", "layer"),
     # decode-only: the op is right at the prefill token and wrong at every decode token
-    Case("dec3", "llama5", "model.layers.3.mlp.down_proj", "decode_scale", 1.03, "down_proj x1.03 at decode", "decode"),
+    Case(
+        "dec3", "llama5", "model.layers.3.mlp.down_proj", "decode_scale", 1.03, "down_proj x1.03 at decode", "decode", 1
+    ),
     Case(
         "dec1m",
         "mistral4",
@@ -140,6 +142,7 @@ CASES: tuple[Case, ...] = (
         0.97,
         "Mistral up_proj x0.97 decode",
         "decode",
+        1,
     ),
     Case(
         "dec2p",
@@ -149,6 +152,7 @@ CASES: tuple[Case, ...] = (
         1.03,
         "Phi-3 o_proj x1.03 decode",
         "decode",
+        1,
     ),
     # in the attention: a wrong softmax scale, a rotary table in the interleaved layout where rotate_half wants halves
     # (1/sqrt of twice or half the head dim: x0.71, x1.41)
