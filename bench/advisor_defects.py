@@ -238,39 +238,42 @@ def plant(model: Any, case: Case) -> None:
         parent.act_fn = torch.nn.GELU(approximate="tanh")
     elif case.kind == "norm_eps":
         mod.variance_epsilon = case.value
-    elif case.kind == "residual_twice":
-        value = case.value
-
-        def add_input(m: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
-            x = args[0] if args else kwargs["hidden_states"]
-            if isinstance(out, tuple):
-                return (out[0] + value * x, *out[1:])
-            return out + value * x
-
-        mod.register_forward_hook(add_input, with_kwargs=True)
-    elif case.kind == "decode_scale":
-        value = case.value
-
-        def scale_at_decode(m: Any, args: tuple[Any, ...], out: Any) -> Any:
-            return out * value if args[0].shape[-2] == 1 else out  # one new position: a decode step
-
-        mod.register_forward_hook(scale_at_decode)
+    elif case.kind in ("residual_twice", "decode_scale", "rope_interleaved"):
+        # the module's own forward is wrapped (not a hook): every dumper's hooks see what the module returns
+        _wrap_forward(mod, case)
     elif case.kind == "attn_scale":
         mod.scaling = mod.scaling * case.value
-    elif case.kind == "rope_interleaved":
-
-        def interleave(m: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            cos, sin = kwargs["position_embeddings"]
-            half = cos.shape[-1] // 2
-            kwargs["position_embeddings"] = (
-                cos[..., :half].repeat_interleave(2, dim=-1),
-                sin[..., :half].repeat_interleave(2, dim=-1),
-            )
-            return args, kwargs
-
-        mod.register_forward_pre_hook(interleave, with_kwargs=True)
     else:
         raise ValueError(case.kind)
+
+
+def _wrap_forward(mod: Any, case: Case) -> None:
+    """`residual_twice`: the output plus `value` x the input; `decode_scale`: the output x `value` at a decode step
+    (one new position); `rope_interleaved`: cos/sin handed on in the interleaved layout (pairs of equal angles)
+    where `rotate_half` wants the two halves."""
+    plain = mod.forward
+    value = case.value
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        x = args[0] if args else kwargs.get("hidden_states", kwargs.get("input"))
+        if case.kind == "rope_interleaved":
+            cos, sin = kwargs["position_embeddings"]
+            half = cos.shape[-1] // 2
+            kwargs = {
+                **kwargs,
+                "position_embeddings": (
+                    cos[..., :half].repeat_interleave(2, dim=-1),
+                    sin[..., :half].repeat_interleave(2, dim=-1),
+                ),
+            }
+        out = plain(*args, **kwargs)
+        if case.kind == "decode_scale":
+            return out * value if x.shape[-2] == 1 else out
+        if case.kind == "residual_twice":
+            return (out[0] + value * x, *out[1:]) if isinstance(out, tuple) else out + value * x
+        return out
+
+    mod.forward = forward
 
 
 def prompt_ids(model_name: str, length: int = PROMPT) -> Any:

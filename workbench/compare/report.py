@@ -57,6 +57,53 @@ def write_msit_csv(
     return path
 
 
+# msit's statistics comparison report (`CSV_STATISTICS_HEADER` of msit_llm.common.constant), in its order
+MSIT_STAT_CSV_COLUMNS: tuple[str, ...] = (
+    "token_id",
+    "data_id",
+    "golden_data_path",
+    "golden_op_type",
+    "my_data_path",
+    "my_op_type",
+    "max_stat_absolute_error",
+    "max_stat_relative_error",
+    "min_stat_absolute_error",
+    "min_stat_relative_error",
+    "mean_stat_absolute_error",
+    "mean_stat_relative_error",
+    "l2norm_stat_absolute_error",
+    "l2norm_stat_relative_error",
+)
+
+
+def write_msit_stats_csv(
+    con: duckdb.DuckDBPyConnection, cmp_id: int, out_dir: Path, tokens: set[int] | None = None, suffix: str = ""
+) -> Path | None:
+    """The pairs compared on statistics only, as msit writes its statistics comparison
+    (`statstics_cmp_report_*.csv`, msit's spelling; its columns): the max/min/mean/L2-norm differences; None when
+    no pair was. A tensor without a file is named `{node}:{io}{index}` where msit has the statistics' path."""
+    tok = "" if tokens is None else f" AND golden_token_id IN ({','.join(str(int(t)) for t in sorted(tokens))})"
+    cols = []
+    for c in MSIT_STAT_CSV_COLUMNS:
+        if c == "golden_data_path":
+            c = "coalesce(golden_data_path, golden_node || ':' || io || golden_index) AS golden_data_path"
+        elif c == "my_data_path":
+            c = "coalesce(my_data_path, test_node || ':' || io || test_index) AS my_data_path"
+        cols.append(c)
+    df = con.execute(
+        f"SELECT {', '.join(cols)} FROM comparison WHERE cmp_id = ? AND on_statistics{tok} ORDER BY data_id",
+        [cmp_id],
+    ).df()
+    if df.empty:
+        return None
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%d%H%M%S")
+    path = out_dir / f"statstics_cmp_report{suffix}_{stamp}.csv"
+    for col in ("golden_op_type", "my_op_type"):
+        df[col] = df[col].map(lambda v: f"'{v}" if isinstance(v, str) and v.startswith(_CSV_INJECTION) else v)
+    df.to_csv(path, index=False, na_rep="", float_format="%.10g")
+    return path
+
+
 def _token_slices(row_tokens: np.ndarray) -> list[tuple[int, int]]:
     """[lo, hi) row ranges of about `CSV_SLICE` rows that end where a token ends (rows are token-major)."""
     bounds = np.flatnonzero(np.diff(row_tokens)) + 1  # where a new token starts
