@@ -10,6 +10,14 @@ of the planted module at each token, and whether it is first / in the top 3 at e
 
     PYTHONPATH=. .venv/bin/python bench/advisor_defects.py [--dumpers msit,msprobe,wb,atbprobe]
         [--dtypes bf16,fp16] [--cases NAME,...] [--keep DIR] [--stats] [--prompt N] [--fp32-inv-freq]
+        [--clean llama5,qwen4,mistral4,phi3_4,neox4]
+
+Families: Llama, Qwen2, Mistral, Phi-3, GPT-NeoX. Defect classes (`Case.group`): `weight` (a weight scale, a wrong
+activation or epsilon in one op), `layer` (a decoder layer's output carries +2 % of its input: the residual added
+twice, every child op clean), `decode` (an op wrong at decode tokens only; counted from token 1), `attention` (a
+softmax scale off by sqrt(2), a rotary table in the interleaved layout). The report sums per class and dtype: named
+first, in the top 3, missed, and each miss's planted score (its own error over its peers' noise). `--clean`: the
+same models without a defect, bf16/fp16 against fp32: `wb compare` and `wb advise` must name no op at any token.
 
 `--prompt N`: a longer prompt; past ~100 positions `model.to(bfloat16)`'s rounded rotary inv_freq makes the rotary
 table's own error stand out (the advisor says so and ranks it after an unexplained op); `--fp32-inv-freq` keeps
