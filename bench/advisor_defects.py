@@ -10,6 +10,14 @@ of the planted module at each token, and whether it is first / in the top 3 at e
 
     PYTHONPATH=. .venv/bin/python bench/advisor_defects.py [--dumpers msit,msprobe,wb,atbprobe]
         [--dtypes bf16,fp16] [--cases NAME,...] [--keep DIR] [--stats] [--prompt N] [--fp32-inv-freq]
+        [--clean llama5,qwen4,mistral4,phi3_4,neox4]
+
+Families: Llama, Qwen2, Mistral, Phi-3, GPT-NeoX. Defect classes (`Case.group`): `weight` (a weight scale, a wrong
+activation or epsilon in one op), `layer` (a decoder layer's output carries +2 % of its input: the residual added
+twice, every child op clean), `decode` (an op wrong at decode tokens only; counted from token 1), `attention` (a
+softmax scale off by sqrt(2), a rotary table in the interleaved layout). The report sums per class and dtype: named
+first, in the top 3, missed, and each miss's planted score (its own error over its peers' noise). `--clean`: the
+same models without a defect, bf16/fp16 against fp32: `wb compare` and `wb advise` must name no op at any token.
 
 `--prompt N`: a longer prompt; past ~100 positions `model.to(bfloat16)`'s rounded rotary inv_freq makes the rotary
 table's own error stand out (the advisor says so and ranks it after an unexplained op); `--fp32-inv-freq` keeps
@@ -45,9 +53,11 @@ class Case:
     name: str
     model: str  # key of MODELS
     module: str  # the planted module, relative to the model root (`model.layers.2.mlp.down_proj`)
-    kind: str  # scale_weight | act_gelu | norm_eps
+    kind: str  # scale_weight | act_gelu | norm_eps | residual_twice | decode_scale | attn_scale | rope_interleaved
     value: float
     text: str
+    group: str = "weight"  # the defect class the report sums over: weight | layer | decode | attention
+    from_token: int = 0  # the first token the defect acts at (decode-only defects: 1)
 
 
 MODELS: dict[str, dict[str, Any]] = {
@@ -73,6 +83,38 @@ MODELS: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 2,
         "vocab_size": 1024,
     },
+    # 4 layers, hidden 128, grouped-query attention, sliding-window config (Mistral)
+    "mistral4": {
+        "family": "mistral",
+        "seed": 31,
+        "hidden_size": 128,
+        "intermediate_size": 352,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 1024,
+    },
+    # 4 layers, hidden 128, fused qkv_proj and gate_up_proj (Phi-3)
+    "phi3_4": {
+        "family": "phi3",
+        "seed": 37,
+        "hidden_size": 128,
+        "intermediate_size": 320,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "vocab_size": 1024,
+    },
+    # 4 layers, hidden 128, parallel attention and MLP, partial rotary (GPT-NeoX)
+    "neox4": {
+        "family": "gpt_neox",
+        "seed": 41,
+        "hidden_size": 128,
+        "intermediate_size": 512,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "vocab_size": 1024,
+    },
 }
 
 CASES: tuple[Case, ...] = (
@@ -92,6 +134,75 @@ CASES: tuple[Case, ...] = (
     Case("eps3", "qwen4", "model.layers.3.input_layernorm", "norm_eps", 1e-2, "RMSNorm eps 1e-2 (not 1e-6), layer 3"),
     Case("o0", "qwen4", "model.layers.0.self_attn.o_proj", "scale_weight", 0.96, "o_proj x0.96, layer 0"),
     Case("k1", "llama5", "model.layers.1.self_attn.k_proj", "scale_weight", 1.04, "k_proj x1.04, layer 1"),
+    # a whole decoder layer: its output carries +2 % of its input (the residual added twice, scaled), children clean
+    Case("res2", "llama5", "model.layers.2", "residual_twice", 0.02, "layer 2 adds 2 % of its input", "layer"),
+    Case("res1m", "mistral4", "model.layers.1", "residual_twice", 0.02, "Mistral layer 1 adds 2 % of input", "layer"),
+    Case("res2p", "phi3_4", "model.layers.2", "residual_twice", 0.02, "Phi-3 layer 2 adds 2 % of input", "layer"),
+    # decode-only: the op is right at the prefill token and wrong at every decode token
+    Case(
+        "dec3", "llama5", "model.layers.3.mlp.down_proj", "decode_scale", 1.03, "down_proj x1.03 at decode", "decode", 1
+    ),
+    Case(
+        "dec1m",
+        "mistral4",
+        "model.layers.1.mlp.up_proj",
+        "decode_scale",
+        0.97,
+        "Mistral up_proj x0.97 decode",
+        "decode",
+        1,
+    ),
+    Case(
+        "dec2p",
+        "phi3_4",
+        "model.layers.2.self_attn.o_proj",
+        "decode_scale",
+        1.03,
+        "Phi-3 o_proj x1.03 decode",
+        "decode",
+        1,
+    ),
+    # in the attention: a wrong softmax scale, a rotary table in the interleaved layout where rotate_half wants halves
+    # (1/sqrt of twice or half the head dim: x0.71, x1.41)
+    Case(
+        "scale1",
+        "llama5",
+        "model.layers.1.self_attn",
+        "attn_scale",
+        0.7071,
+        "softmax scale x0.71, layer 1",
+        "attention",
+    ),
+    Case(
+        "scale2m",
+        "mistral4",
+        "model.layers.2.self_attn",
+        "attn_scale",
+        1.4142,
+        "Mistral softmax scale x1.41",
+        "attention",
+    ),
+    Case(
+        "scale1p", "phi3_4", "model.layers.1.self_attn", "attn_scale", 0.7071, "Phi-3 softmax scale x0.71", "attention"
+    ),
+    Case(
+        "rope2",
+        "qwen4",
+        "model.layers.2.self_attn",
+        "rope_interleaved",
+        0.0,
+        "rotary interleaved, layer 2",
+        "attention",
+    ),
+    Case(
+        "rope1m",
+        "mistral4",
+        "model.layers.1.self_attn",
+        "rope_interleaved",
+        0.0,
+        "Mistral rotary interleaved",
+        "attention",
+    ),
 )
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
@@ -104,14 +215,22 @@ def build_model(name: str) -> Any:
     spec = dict(MODELS[name])
     family, seed = spec.pop("family"), spec.pop("seed")
     torch.manual_seed(seed)
-    common = {"max_position_embeddings": 128, "rms_norm_eps": 1e-6, "tie_word_embeddings": False, **spec}
-    if family == "llama":
-        from transformers import LlamaConfig, LlamaForCausalLM
+    common = {"max_position_embeddings": 128, "tie_word_embeddings": False, **spec}
+    import transformers
 
-        return LlamaForCausalLM(LlamaConfig(**common)).eval()
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    return Qwen2ForCausalLM(Qwen2Config(**common)).eval()
+    config_cls, model_cls = {
+        "llama": ("LlamaConfig", "LlamaForCausalLM"),
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+        "mistral": ("MistralConfig", "MistralForCausalLM"),
+        "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+        "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM"),
+    }[family]
+    if family != "gpt_neox":
+        common["rms_norm_eps"] = 1e-6
+    if family == "phi3":
+        common["pad_token_id"] = 0
+    config = getattr(transformers, config_cls)(**common)
+    return getattr(transformers, model_cls)(config).eval()
 
 
 def plant(model: Any, case: Case) -> None:
@@ -127,8 +246,42 @@ def plant(model: Any, case: Case) -> None:
         parent.act_fn = torch.nn.GELU(approximate="tanh")
     elif case.kind == "norm_eps":
         mod.variance_epsilon = case.value
+    elif case.kind in ("residual_twice", "decode_scale", "rope_interleaved"):
+        # the module's own forward is wrapped (not a hook): every dumper's hooks see what the module returns
+        _wrap_forward(mod, case)
+    elif case.kind == "attn_scale":
+        mod.scaling = mod.scaling * case.value
     else:
         raise ValueError(case.kind)
+
+
+def _wrap_forward(mod: Any, case: Case) -> None:
+    """`residual_twice`: the output plus `value` x the input; `decode_scale`: the output x `value` at a decode step
+    (one new position); `rope_interleaved`: cos/sin handed on in the interleaved layout (pairs of equal angles)
+    where `rotate_half` wants the two halves."""
+    plain = mod.forward
+    value = case.value
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        x = args[0] if args else kwargs.get("hidden_states", kwargs.get("input"))
+        if case.kind == "rope_interleaved":
+            cos, sin = kwargs["position_embeddings"]
+            half = cos.shape[-1] // 2
+            kwargs = {
+                **kwargs,
+                "position_embeddings": (
+                    cos[..., :half].repeat_interleave(2, dim=-1),
+                    sin[..., :half].repeat_interleave(2, dim=-1),
+                ),
+            }
+        out = plain(*args, **kwargs)
+        if case.kind == "decode_scale":
+            return out * value if x.shape[-2] == 1 else out
+        if case.kind == "residual_twice":
+            return (out[0] + value * x, *out[1:]) if isinstance(out, tuple) else out + value * x
+        return out
+
+    mod.forward = forward
 
 
 def prompt_ids(model_name: str, length: int = PROMPT) -> Any:
@@ -263,17 +416,23 @@ def run_dump(job: dict[str, Any]) -> Path:
 
 
 # ------------------------------------------------------------------------------- comparing and ranking
-def rank_of(golden: Path, test: Path, catalog: Path, planted: str) -> dict[int, tuple[int | None, str, float]]:
-    """token -> (rank of the planted module or None, the rank-1 op, its score)."""
+Ranks = dict[int, tuple[int | None, str, float, float | None]]
+
+
+def rank_of(golden: Path, test: Path, catalog: Path, planted: str | None) -> tuple[Ranks, list[str]]:
+    """token -> (rank of the planted module or None, the rank-1 op, its score, the planted module's score), and
+    what `wb compare` names (its `error born at` / `most likely origin` lines: the golden nodes)."""
     import duckdb
 
     from workbench.analysis.advisor import advise
     from workbench.jobs.compare import run_compare
 
     res = run_compare(golden, test, catalog, workers=1)
+    named = [f"{n} (token {t}, born)" for t, n in res.born.items() if n is not None]
+    named += [f"{o.golden_node} (token {t}, {o.score:.1f}x)" for t, o in res.origins.items() if o.stands_out]
     con = duckdb.connect(str(catalog), read_only=True)
     try:
-        out: dict[int, tuple[int | None, str, float]] = {}
+        out: Ranks = {}
         by_tok: dict[int, list[Any]] = {}
         for a in advise(con, res.cmp_id):
             by_tok.setdefault(a.token_id, []).append(a)
@@ -285,17 +444,26 @@ def rank_of(golden: Path, test: Path, catalog: Path, planted: str) -> dict[int, 
             ).fetchall()
         )
         for tok, items in sorted(by_tok.items()):
-            rank = next(
-                (
-                    a.rank
-                    for a in items
-                    if _same_module(a.golden_node, planted)
-                    or _same_atb_op(a.golden_node, layer_of[a.golden_node_id], planted)
-                ),
-                None,
+            hit = (
+                None
+                if planted is None
+                else next(
+                    (
+                        a
+                        for a in items
+                        if _same_module(a.golden_node, planted)
+                        or _same_atb_op(a.golden_node, layer_of[a.golden_node_id], planted)
+                    ),
+                    None,
+                )
             )
-            out[tok] = (rank, items[0].golden_node, items[0].score)
-        return out
+            out[tok] = (
+                None if hit is None else hit.rank,
+                items[0].golden_node,
+                items[0].score,
+                None if hit is None else hit.score,
+            )
+        return out, named
     finally:
         con.close()
 
@@ -342,6 +510,11 @@ def main() -> int:
     ap.add_argument("--dtypes", default="bf16,fp16")
     ap.add_argument("--cases", default=",".join(c.name for c in CASES))
     ap.add_argument("--keep", type=Path, help="keep the dumps and catalogs in this folder")
+    ap.add_argument(
+        "--clean",
+        default="",
+        help="models (MODELS keys, comma-separated) to run without a defect: no op may be named at any token",
+    )
     ap.add_argument("--prompt", type=int, default=PROMPT, help=f"prompt length in tokens (default {PROMPT})")
     ap.add_argument(
         "--fp32-inv-freq",
@@ -376,21 +549,43 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     goldens: dict[tuple[str, str], tuple[Path, list[int]]] = {}
-    rows: list[tuple[str, str, str, dict[int, tuple[int | None, str, float]]]] = []
+    rows: list[tuple[Case, str, str, Ranks]] = []
+    clean_rows: list[tuple[str, str, str, Ranks, list[str]]] = []
+
+    def golden_of(model: str, dumper: str) -> tuple[Path, list[int]]:
+        key = (model, dumper)
+        if key not in goldens:
+            out = work / f"golden_{model}_{dumper}"
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir(parents=True)
+            root = run_dump(
+                {"model": model, "dumper": dumper, "out": str(out), "stats": args.stats, "prompt": args.prompt}
+            )
+            goldens[key] = (root, json.loads((out / "tokens.json").read_text()))
+        return goldens[key]
+
+    for model in [m for m in args.clean.split(",") if m]:
+        for dumper in dumpers:
+            golden, tokens = golden_of(model, dumper)
+            for dtype in dtypes:
+                out = work / f"clean_{model}_{dtype}_{dumper}"
+                shutil.rmtree(out, ignore_errors=True)
+                out.mkdir(parents=True)
+                job = {"model": model, "dumper": dumper, "out": str(out), "dtype": dtype, "tokens": tokens}
+                test = run_dump({**job, "stats": args.stats, "prompt": args.prompt})
+                ranks, named = rank_of(golden, test, out / "catalog.duckdb", None)
+                clean_rows.append((model, dtype, dumper, ranks, named))
+                top = max(s for _, _, s, _ in ranks.values())
+                print(
+                    f"no defect {model:9s} {dtype:9s} {dumper:6s} largest score {top:.1f}; "
+                    f"named: {', '.join(named) or 'none'}",
+                    flush=True,
+                )
     for case in cases:
         for dumper in dumpers:
             if dumper == "atbprobe" and not atb_can_plant(case):
                 continue
-            key = (case.model, dumper)
-            if key not in goldens:
-                out = work / f"golden_{case.model}_{dumper}"
-                shutil.rmtree(out, ignore_errors=True)
-                out.mkdir(parents=True)
-                root = run_dump(
-                    {"model": case.model, "dumper": dumper, "out": str(out), "stats": args.stats, "prompt": args.prompt}
-                )
-                goldens[key] = (root, json.loads((out / "tokens.json").read_text()))
-            golden, tokens = goldens[key]
+            golden, tokens = golden_of(case.model, dumper)
             for dtype in dtypes:
                 out = work / f"{case.name}_{dtype}_{dumper}"
                 shutil.rmtree(out, ignore_errors=True)
@@ -408,31 +603,61 @@ def main() -> int:
                         "fp32_inv_freq": args.fp32_inv_freq,
                     }
                 )
-                ranks = rank_of(golden, test, out / "catalog.duckdb", case.module)
-                rows.append((case.text, dtype, dumper, ranks))
+                ranks, _named = rank_of(golden, test, out / "catalog.duckdb", case.module)
+                ranks = {t: r for t, r in ranks.items() if t >= case.from_token}
+                rows.append((case, dtype, dumper, ranks))
                 _print_row(rows[-1], header=len(rows) == 1)
-    n = len(rows)
-    first = sum(all(r == 1 for r, _, _ in ranks.values()) for *_, ranks in rows)
-    top3 = sum(all(r is not None and r <= 3 for r, _, _ in ranks.values()) for *_, ranks in rows)
-    tok_first = sum(r == 1 for *_, ranks in rows for r, _, _ in ranks.values())
-    tok_all = sum(len(ranks) for *_, ranks in rows)
-    print(
-        f"\nplanted module first at every token: {first}/{n} runs; in the top 3 at every token: {top3}/{n} runs; "
-        f"first at {tok_first}/{tok_all} (run, token)s; {time.perf_counter() - t0:.0f} s"
-    )
+    if rows:
+        n = len(rows)
+        first = sum(all(r[0] == 1 for r in ranks.values()) for *_, ranks in rows)
+        top3 = sum(all(r[0] is not None and r[0] <= 3 for r in ranks.values()) for *_, ranks in rows)
+        tok_first = sum(r[0] == 1 for *_, ranks in rows for r in ranks.values())
+        tok_all = sum(len(ranks) for *_, ranks in rows)
+        print(
+            f"\nplanted module first at every token: {first}/{n} runs; in the top 3 at every token: {top3}/{n} runs; "
+            f"first at {tok_first}/{tok_all} (run, token)s"
+        )
+        _print_classes(rows)
+    if clean_rows:
+        quiet = sum(not named for *_, named in clean_rows)
+        print(f"no-defect runs naming no op at any token: {quiet}/{len(clean_rows)}")
+    print(f"{time.perf_counter() - t0:.0f} s")
     if args.keep is None:
         shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
-def _print_row(row: tuple[str, str, str, dict[int, tuple[int | None, str, float]]], header: bool) -> None:
-    text, dtype, dumper, ranks = row
+def _print_classes(rows: list[tuple[Case, str, str, Ranks]]) -> None:
+    """Per defect class and dtype, over the (run, token)s where the defect acts: named first, in the top 3, missed
+    (not in the top 3), and each miss's planted score (its own error over its peers' noise: < 1 is below it)."""
+    print(f"\n{'class':10s} {'dtype':9s} {'(run, token)s':13s} {'first':5s} {'top 3':5s} {'missed':6s} misses")
+    for group in dict.fromkeys(c.group for c, *_ in rows):
+        for dtype in dict.fromkeys(d for _, d, *_ in rows):
+            toks = [(c, r) for c, d, _, ranks in rows if c.group == group and d == dtype for r in ranks.values()]
+            if not toks:
+                continue
+            first = sum(r[0] == 1 for _, r in toks)
+            top3 = sum(r[0] is not None and r[0] <= 3 for _, r in toks)
+            misses = [
+                f"{c.name} rank {r[0] or '-'} score {0.0 if r[3] is None else r[3]:.1f}"
+                for c, r in toks
+                if r[0] is None or r[0] > 3
+            ]
+            print(
+                f"{group:10s} {dtype:9s} {len(toks):<13d} {first:<5d} {top3:<5d} {len(toks) - top3:<6d} "
+                f"{'; '.join(misses)}"
+            )
+
+
+def _print_row(row: tuple[Case, str, str, Ranks], header: bool) -> None:
+    case, dtype, dumper, ranks = row
+    text = case.text
     if header:
         print(f"{'defect':44s} {'dtype':9s} {'dumper':6s} {'rank per token':16s} {'top-1':5s} {'top-3':5s} rank-1 op")
-    per_tok = " ".join("-" if r is None else str(r) for r, _, _ in ranks.values())
-    first = all(r == 1 for r, _, _ in ranks.values())
-    top3 = all(r is not None and r <= 3 for r, _, _ in ranks.values())
-    misses = sorted({f"{n.removeprefix('root.')} ({s:.1f})" for r, n, s in ranks.values() if r != 1})
+    per_tok = " ".join("-" if r is None else str(r) for r, _, _, _ in ranks.values())
+    first = all(r == 1 for r, _, _, _ in ranks.values())
+    top3 = all(r is not None and r <= 3 for r, _, _, _ in ranks.values())
+    misses = sorted({f"{n.removeprefix('root.')} ({s:.1f})" for r, n, s, _ in ranks.values() if r != 1})
     print(
         f"{text:44s} {dtype:9s} {dumper:6s} {per_tok:16s} {'yes' if first else 'no':5s} "
         f"{'yes' if top3 else 'no':5s} {', '.join(misses)}",

@@ -1,7 +1,8 @@
 """Dumps of the tiny Llama written by the peers' own dumpers (msit, msprobe), each in a fresh process.
 
 msit's `DumpConfig` is a process-wide singleton and msprobe's debugger is global too, so every dump runs in
-its own subprocess: `python -m tests.peer_dumps TOOL OUT [--defect] [--bf16] [--forced 1,2,3]`.
+its own subprocess: `python -m tests.peer_dumps TOOL OUT [--defect | --drop-bias] [--bf16] [--forced 1,2,3]`.
+`--qwen`: a tiny Qwen2 (q/k/v biases, random) instead of the Llama; `--drop-bias`: layer 0's q_proj without its bias.
 TOOL: `msit` (full module dump), `msit_logits` (`dump_last_logits=True`), `msprobe` (tensor task, mix level).
 The process prints the generated ids on its last line.
 """
@@ -27,11 +28,15 @@ def dump(
     bf16: bool = False,
     forced: list[int] | None = None,
     scale_down: float | None = None,
+    qwen: bool = False,
+    drop_bias: bool = False,
 ) -> list[int]:
     """Run the peer dumper in a subprocess; returns the ids the run generated."""
     args = [sys.executable, "-m", "tests.peer_dumps", tool, str(out)]
     args += ["--defect"] if defect else []
     args += ["--scale-down", str(scale_down)] if scale_down is not None else []
+    args += ["--qwen"] if qwen else []
+    args += ["--drop-bias"] if drop_bias else []
     args += ["--bf16"] if bf16 else []
     args += ["--forced", ",".join(map(str, forced))] if forced else []
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -41,12 +46,21 @@ def dump(
     return [int(x) for x in json.loads(proc.stdout.strip().splitlines()[-1])]
 
 
-def _model(defect: bool, bf16: bool, scale_down: float | None = None):  # type: ignore[no-untyped-def]
+def _model(  # type: ignore[no-untyped-def]
+    defect: bool, bf16: bool, scale_down: float | None = None, qwen: bool = False, drop_bias: bool = False
+):
     import torch
 
     from tests.conftest import tiny_llama
 
-    model = tiny_llama()
+    model = tiny_llama(qwen=qwen)
+    if qwen:  # transformers starts biases at zero: random ones, so that dropping one shows
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith(".bias"):
+                    param.copy_(0.1 * torch.randn(param.shape, generator=torch.Generator().manual_seed(len(name))))
+    if drop_bias:  # a port that loads the weight and forgets the bias
+        model.model.layers[0].self_attn.q_proj.bias = None
     if defect:  # a wrong epsilon that changes the greedy tokens after token 0
         model.model.layers[1].input_layernorm.variance_epsilon = 1.0
     if scale_down is not None:  # a subtle defect: layer 1's down_proj weight scaled (every output may still pass)
@@ -69,10 +83,12 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--forced", default="")
     parser.add_argument("--scale-down", type=float, default=None)
+    parser.add_argument("--qwen", action="store_true")
+    parser.add_argument("--drop-bias", action="store_true")
     ns = parser.parse_args()
     from workbench.demo import decode
 
-    model = _model(ns.defect, ns.bf16, ns.scale_down)
+    model = _model(ns.defect, ns.bf16, ns.scale_down, ns.qwen, ns.drop_bias)
     forced = [int(x) for x in ns.forced.split(",")] if ns.forced else None
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)

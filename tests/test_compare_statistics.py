@@ -63,6 +63,33 @@ def test_msit_statistics_dumps(tmp_path: Path) -> None:
     n, on_stats, undecided, failed = stats_dumps.verdict_counts(con)
     assert n > 100 and on_stats == n and undecided == 0 and failed == 0, out
     assert stats_dumps.born(con) == {None}
+    # the logits were dumped as statistics only: said so, with what their statistics say
+    assert "first divergent token: unknown (the logits (root.lm_head) were dumped as statistics only" in out, out
+    assert "their max/min/mean/norm pass at all" in out
+    # msit's statistics comparison report: every pair, named, with its statistics' differences
+    (report,) = (tmp_path / "o_clean").glob("statstics_cmp_report_*.csv")
+    import csv
+
+    with open(report, encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == n and list(rows[0])[:6] == [
+        "token_id",
+        "data_id",
+        "golden_data_path",
+        "golden_op_type",
+        "my_data_path",
+        "my_op_type",
+    ]
+    assert all(r["golden_data_path"] and r["my_data_path"] and r["max_stat_absolute_error"] != "" for r in rows)
+    norm = next(r for r in rows if r["golden_data_path"] == "root.model.norm:out0")
+    db = con.execute(
+        "SELECT max_stat_absolute_error, l2norm_stat_relative_error FROM comparison "
+        "WHERE golden_node = 'root.model.norm' AND io = 'out' AND token_id = ?",
+        [int(norm["token_id"])],
+    ).fetchone()
+    assert db is not None and float(norm["max_stat_absolute_error"]) == pytest.approx(db[0], rel=1e-9)
+    assert float(norm["l2norm_stat_relative_error"]) == pytest.approx(db[1], rel=1e-9)
+    assert "statistics report (msit's statistics comparison columns): " in out
     # every statistics metric is stored, matching msit's formula on the catalog's recorded statistics
     row = con.execute(
         "SELECT golden_max_value, my_max_value, max_stat_absolute_error, max_stat_relative_error FROM comparison "
@@ -73,6 +100,7 @@ def test_msit_statistics_dumps(tmp_path: Path) -> None:
     out, con = stats_dumps.compare(golden, bad, tmp_path / "o_bad")
     assert stats_dumps.born(con) == {"root.model.layers.1.mlp.down_proj"}, out
     assert "error born at: root.model.layers.1.mlp.down_proj (token 0)" in out
+    assert "no lm_head" not in out and "were dumped as statistics only" in out, out
 
 
 @needs_msprobe

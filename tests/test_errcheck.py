@@ -316,3 +316,30 @@ def test_atb_dump_with_a_planted_inf(demo_catalog: Path, tmp_path: Path) -> None
         "normal",
     )
     assert inf["module_chain"] == "3_Prefill_layer > 3_Prefill_layer/3_RmsNormOperation"
+
+
+def test_msprobe_statistics_of_an_fp16_overflow_name_what_they_prove(tmp_path: Path) -> None:
+    """msprobe's own statistics of an fp16 linear holding +inf and -inf (Max inf, Min -inf, Mean NaN): +inf and -inf
+    are named there, NaN is only possible (`nan?`); the first real NaN is the next op's, as the full dump says."""
+    pytest.importorskip("msprobe.pytorch", reason="msprobe not installed")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    for task in ("statistics", "tensor"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "tests.overflow_dump", str(tmp_path / task), task],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=Path(__file__).resolve().parents[1],
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    code, stats = _first(tmp_path / "statistics" / "dump")
+    assert code == 1
+    assert stats["+inf"]["op"] == stats["-inf"]["op"] == stats["nan?"]["op"] == "Functional.linear.0.forward"
+    assert stats["nan"]["op"] == "Tensor.__sub__.0.forward", stats
+    code, table = _errcheck(tmp_path / "statistics" / "dump")
+    assert "anomaly found: +inf produced by Functional.linear.0.forward" in table, table
+    assert "nan?: statistics only" in table and "uncertain" in table
+    code, full = _first(tmp_path / "tensor" / "dump")
+    assert code == 1 and full["nan"]["op"] == "Tensor.__sub__.0.forward" and "nan?" not in full, full
+    assert full["+inf"]["op"] == "Functional.linear.0.forward"

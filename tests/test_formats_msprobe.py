@@ -121,3 +121,30 @@ def test_missing_pt_is_a_problem(tmp_path: Path) -> None:
     assert bad.error == "missing file" and bad.stats is not None  # stats from dump.json still there
     assert sum(t.error is None for t in d.tensors) == len(d.tensors) - 1
     assert torch.is_tensor(load_tensor(next(t.path for t in d.tensors if t.error is None)))
+
+
+def test_parameters_pair_by_name_when_a_bias_is_dropped(tmp_path: Path) -> None:
+    """msprobe's own dumper (level mix): the test port forgot layer 0's q_proj bias. Its weight pairs with the golden
+    weight (not with the golden bias), and the golden bias stays unpaired."""
+    pytest.importorskip("msprobe.pytorch", reason="msprobe not installed")
+    from tests.conftest import run_wb
+    from tests.peer_dumps import dump
+
+    ids = dump("msprobe", tmp_path / "g", qwen=True)
+    dump("msprobe", tmp_path / "t", qwen=True, drop_bias=True, forced=ids)
+    res = run_wb(
+        "compare", "-gp", str(tmp_path / "g" / "dump"), "-mp", str(tmp_path / "t" / "dump"), "-o", str(tmp_path / "o")
+    )
+    assert res.returncode in (0, 1), res.stderr
+    import duckdb
+
+    con = duckdb.connect(str(tmp_path / "o" / "catalog.duckdb"), read_only=True)
+    rows = con.execute(
+        "SELECT golden_node, golden_index, test_index, cosine_similarity, cmp_fail_reason FROM comparison "
+        "WHERE io = 'param' AND golden_node LIKE '%layers.0.self_attn.q_proj.%'"
+    ).fetchall()
+    con.close()
+    assert rows, res.stdout
+    assert all(r[4] is None or "shape" not in str(r[4]) for r in rows), rows
+    assert {(r[1], r[2]) for r in rows} == {(0, 0)}, rows  # weight with weight; the bias has no partner
+    assert all(r[3] is not None and r[3] > 0.9999 for r in rows), rows

@@ -270,6 +270,17 @@ def test_msit_full_dumps_inputs_differ_from_the_embedding(tmp_path: Path) -> Non
     assert "first divergent token: 0 (cosine" in res.stdout
     status = _catalog_rows(tmp_path / "o" / "catalog.duckdb", "SELECT DISTINCT source FROM token_status")
     assert status == [("embedding",)]
+    # the advisor ranks nothing where the inputs differ, says so, and never calls token ids a weight
+    adv = run_wb("advise", "-c", str(tmp_path / "o" / "catalog.duckdb"), "--top", "3")
+    assert adv.returncode == 0, adv.stderr
+    ranked = {int(line.split()[1]) for line in adv.stdout.splitlines() if line[:1].isdigit()}
+    assert ranked == {0}, adv.stdout
+    for tok in range(1, STEPS):
+        assert f"token {tok}: inputs" in adv.stdout and "differ" in adv.stdout, adv.stdout
+    assert "weight input" not in adv.stdout, adv.stdout
+    js = run_wb("advise", "-c", str(tmp_path / "o" / "catalog.duckdb"), "--format", "json", "--top", "0")
+    assert {r["token_id"] for r in json.loads(js.stdout)} == {0}
+    assert f"token 1: inputs differ (golden token id {golden.ids[0]}" in js.stderr, js.stderr
 
 
 @needs_msprobe
@@ -324,3 +335,36 @@ def test_wb_logits_from_the_model_output_alone(tmp_path: Path) -> None:
     data = json.loads(res.stdout)
     assert [d["golden_node"] for d in data] == ["root"] * NEW and [d["golden_top1"] for d in data] == g_ids
     assert all(d["dtype"] == "bfloat16" and d["passed"] is True for d in data), data
+
+
+@pytest.mark.parametrize("tool", ["msit", "msprobe"])
+def test_encoder_without_lm_head_has_no_logits(tmp_path: Path, tool: str) -> None:
+    """A BERT encoder (no LM head) dumped by msit's / msprobe's own dumper: no first module's output is judged as
+    logits (msprobe's top level holds embeddings, encoder, pooler and no model module); same answer for both."""
+    pytest.importorskip("msit_llm" if tool == "msit" else "msprobe.pytorch", reason=f"{tool} not installed")
+    import os
+    import sys
+
+    from tests.peer_dumps import ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for name, extra in (("g", []), ("t", ["--bf16"])):
+        proc = subprocess.run(
+            [sys.executable, "-m", "tests.encoder_dump", tool, str(tmp_path / name), *extra],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=env,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    if tool == "msprobe":
+        golden, test = tmp_path / "g" / "dump", tmp_path / "t" / "dump"
+    else:
+        golden, test = (next((tmp_path / n).glob("msit_dump_*/torch_tensors/*")) for n in ("g", "t"))
+    res = run_wb("logits", "-gp", str(golden), "-mp", str(test))
+    assert res.returncode == 2 and "no logits in" in res.stderr and "Traceback" not in res.stderr, res.stdout
+    assert "no token fails" not in res.stdout
+    res = run_wb("compare", "-gp", str(golden), "-mp", str(test), "-o", str(tmp_path / "o"))
+    assert res.returncode in (0, 1), res.stderr
+    assert "first divergent token: unknown (no logits compared" in res.stdout, res.stdout

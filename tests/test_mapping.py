@@ -189,3 +189,48 @@ def test_rule_across_layers_wildcards_the_layer_number() -> None:
     ]
     # one layer only: no number reaches another layer, no rule
     assert rule_across_layers("root.lm_head", "5_LmHead", [("root.lm_head", None)], [("5_LmHead", None)]) is None
+
+
+def test_a_mapping_pair_for_one_token_leaves_the_other_tokens_verdicts(tmp_path: Path) -> None:
+    """Golden: msit's own dumper; test: the ATB-structured stack (prefill and decoder graphs name their ops apart),
+    a wrong RMSNorm epsilon. An explicit pair for the prefill op where the error is born leaves the decode tokens'
+    verdicts where they were (the decode ops are still paired by the automatic mapping)."""
+    pytest.importorskip("msit_llm", reason="msit_llm not installed")
+    import duckdb
+    import torch
+
+    from tests.conftest import run_wb
+    from tests.peer_dumps import STEPS, _prompt, dump
+    from tests.tiny_models import tiny_llama
+    from workbench.backends.atb_dump import AtbDumpConfig
+    from workbench.backends.atb_llama import AtbLlama
+    from workbench.backends.defects import Defect
+
+    ids = dump("msit", tmp_path / "golden")
+    golden = next((tmp_path / "golden").glob("msit_dump_*/torch_tensors/*"))
+    atb = AtbLlama.from_hf(tiny_llama(), dtype=torch.bfloat16, defect=Defect("rmsnorm_eps"))
+    run = atb.run(_prompt(), STEPS, dump=AtbDumpConfig(dump_path=tmp_path / "test"), forced=ids)
+    assert run.dump_root is not None
+
+    def verdicts(out: Path, *extra: str) -> dict[int, tuple[str | None, str | None]]:
+        res = run_wb("compare", "-gp", str(golden), "-mp", str(run.dump_root), "-o", str(out), *extra)
+        assert res.returncode in (0, 1), res.stderr
+        con = duckdb.connect(str(out / "catalog.duckdb"), read_only=True)
+        try:
+            rows = con.execute(
+                "SELECT b.token_id, gn.name, tn.name FROM error_born b JOIN comparisons c USING (cmp_id) "
+                "LEFT JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = b.golden_node_id "
+                "LEFT JOIN nodes tn ON tn.run_id = c.test_run AND tn.node_id = b.test_node_id ORDER BY 1"
+            ).fetchall()
+        finally:
+            con.close()
+        return {int(t): (g, n) for t, g, n in rows}
+
+    before = verdicts(tmp_path / "o1")
+    g0, t0 = before[0]
+    assert g0 is not None and t0 is not None and "Prefill" in t0, before
+    assert all(t is not None and "Prefill" not in t for _g, t in list(before.values())[1:]), before
+    mapping = tmp_path / "map.json"
+    mapping.write_text(json.dumps({"format": "wb-mapping", "version": 1, "pairs": [{"golden": g0, "test": t0}]}))
+    after = verdicts(tmp_path / "o2", "-mf", str(mapping))
+    assert after == before, (before, after)

@@ -9,7 +9,8 @@ crossing anything, or everything fails at once. The advisor needs no bound:
   or the input of the enclosing module when that is more recent); the error the node *adds* is
   `a = sqrt(max(o^2 - i^2, 0))` (independent errors add in quadrature);
 - a module's *own* error is what its descendants do not explain: `sqrt(max(a^2 - max_desc(a)^2, 0))`,
-  so a child that adds the parent's error is ranked, never its parent;
+  so a child that adds the parent's error is ranked before its parent; a child in its peers' noise explains
+  nothing (a decoder layer that adds its input twice while its children are clean: the layer is the finding);
 - the score compares `own` with what the same op adds at the same token in the other layers (the
   median, plus the spread (MAD) of those layers), floored by the test dtype's rounding (bf16 2^-8,
   fp16 2^-11, ...): an op that adds 5x what its peers add scores 5;
@@ -33,6 +34,7 @@ import duckdb
 
 from workbench.catalog.store import first_row, insert_rows
 from workbench.core.advice import ROUNDING, STANDS_OUT, cause_in, known_cause
+from workbench.formats.token_ids import INT_DTYPES
 
 NAN_INF_SCORE = 1.0e9  # new NaN/Inf in an output: ranked before any finite error
 MAX_SCORE = 1.0e6  # finite scores are capped below it (an op adding error where its peers add exactly none)
@@ -146,8 +148,12 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
             ios["in"] = (tid, act_err, nan_inf, dtype)
             if w_err is not None:
                 ios["weight"] = (tid, w_err, False, dtype)
+    differ = inputs_differ(con, cmp_id)
     out: dict[int, list[Advice]] = {}
     for tok in sorted(per_token):
+        if tok in differ:  # the runs were fed different tokens: nothing compares like with like
+            out[tok] = []
+            continue
         rows = _rows_of_token(per_token[tok], nodes)
         ranked = _rank(rows, nodes)
         out[tok] = [
@@ -165,6 +171,18 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
             for i, r in enumerate(ranked)
         ]
     return out
+
+
+def inputs_differ(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, str]:
+    """token -> why the runs' inputs differ there (`token_status`, `analysis.token_inputs`): no op is ranked there."""
+    if not _has_table(con, "token_status"):
+        return {}
+    return {
+        int(t): str(r or "inputs differ")
+        for t, r in con.execute(
+            "SELECT token_id, reason FROM token_status WHERE cmp_id = ? AND inputs_differ", [cmp_id]
+        ).fetchall()
+    }
 
 
 def store_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> None:
@@ -358,7 +376,7 @@ def _rows_of_token(
 
 
 _IN_SQL = """
-SELECT m.token_id, m.golden_node_id, gt.max, gt.min, gt.mean, gt.norm,
+SELECT m.token_id, m.golden_node_id, gt.max, gt.min, gt.mean, gt.norm, gt.dtype,
        coalesce(x.relative_euclidean_distance,
                 CASE WHEN x.cosine_similarity IS NOT NULL
                      THEN sqrt(greatest(0.0, 2.0 * (1.0 - x.cosine_similarity))) END,
@@ -393,9 +411,9 @@ def _weight_inputs(
         key = _stat_key(tuple(vals))
         if key is not None:
             outs[int(tok)].add(key)
-    rows = [
-        (int(tok), int(gid), _stat_key((mx, mn, mean, norm)), err)
-        for tok, gid, mx, mn, mean, norm, err in con.execute(_IN_SQL, [cmp_id]).fetchall()
+    rows = [  # integer inputs (token ids, positions) are data, never weights
+        (int(tok), int(gid), None if str(dtype) in INT_DTYPES else _stat_key((mx, mn, mean, norm)), err)
+        for tok, gid, mx, mn, mean, norm, dtype, err in con.execute(_IN_SQL, [cmp_id]).fetchall()
     ]
     seen_at: dict[tuple[float, ...], set[int]] = defaultdict(set)
     for tok, _gid, key, _err in rows:
@@ -488,8 +506,7 @@ def _rank(rows: dict[int, _Row], nodes: dict[int, _Node]) -> list[_Row]:
         r.nan_inf_born = r.new_nan_inf and not r.in_nan_inf and gid not in nan_inf_below
         if r.nan_inf_born:
             r.score = NAN_INF_SCORE
-        stands_out = r.score >= STANDS_OUT and not r.nan_inf_born and r.own >= r.added * 0.5
-        r.cause = known_cause(node.type, r.dtype) if stands_out else None
+        r.cause = known_cause(node.type, r.dtype) if _stands_out_alone(r) else None
         r.reason = _reason(r, nodes)
 
     # an op whose error a known cause explains (a rotary table from a rounded inv_freq) yields the first places to
@@ -502,8 +519,24 @@ def _rank(rows: dict[int, _Row], nodes: dict[int, _Node]) -> list[_Row]:
     return _children_first(order, nodes)
 
 
+def _stands_out_alone(r: _Row) -> bool:
+    """Its own error (what no descendant explains) stands out of its peers' noise, and is most of what it adds."""
+    return r.score >= STANDS_OUT and not r.nan_inf_born and r.own >= r.added * 0.5
+
+
+def _explains(child: _Row, parent: _Row) -> bool:
+    """`child` adds half of `parent`'s added error or more, and more than its own peers (score 1) unless the parent
+    scores no higher; a child whose error stays in its peers' noise while the parent's own error stands out
+    explains nothing (a whole decoder layer adding error its children do not: the residual added twice)."""
+    if not child.added >= 0.5 * parent.added > 0:
+        return False
+    if _stands_out_alone(parent) and child.score < STANDS_OUT:
+        return False
+    return child.score >= 1.0 or child.score >= parent.score
+
+
 def _children_first(order: list[_Row], nodes: dict[int, _Node]) -> list[_Row]:
-    """Never a parent before a descendant that explains half of its added error or more."""
+    """Never a parent before a descendant that explains its added error (`_explains`)."""
     pos = {r.node_id: k for k, r in enumerate(order)}
     by_id = {r.node_id: r for r in order}
     first: dict[int, list[int]] = defaultdict(list)  # parent -> descendants ranked after it that go first
@@ -512,7 +545,7 @@ def _children_first(order: list[_Row], nodes: dict[int, _Node]) -> list[_Row]:
         seen = 0
         while p is not None and seen < 10_000:
             parent = by_id.get(p)
-            if parent is not None and pos[p] < pos[r.node_id] and r.added >= 0.5 * parent.added > 0:
+            if parent is not None and pos[p] < pos[r.node_id] and _explains(r, parent):
                 first[p].append(r.node_id)
             p = nodes[p].parent_id if p in nodes else None
             seen += 1

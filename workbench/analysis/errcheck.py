@@ -8,6 +8,8 @@ already abnormal (it came from outside the dump, e.g. the model input).
 
 Kinds:
 - `nan`, `+inf`, `-inf`: in an op's outputs;
+- `nan?`: statistics only, a NaN mean that +inf and -inf in the same tensor explain: NaN may or may not be
+  there (max, min and norm are NaN only with a NaN element, and then the kind is `nan`);
 - `fp16_overflow`: a float32/bfloat16/float64 input with finite |x| > 65504 (float16's largest value)
   to an op that outputs float16 (a cast) or takes other float16 inputs (an fp16 op): the values cannot
   survive the cast;
@@ -15,8 +17,8 @@ Kinds:
   (how saturation-mode hardware clamps an overflow instead of writing Inf).
 
 Tensors are read one at a time, memory-mapped and scanned in chunks (memory bounded by one chunk);
-tensors without data (statistics-only dumps) are judged from their recorded max/min/mean, which gives
-the kind and the place but not the element count.
+tensors without data (statistics-only dumps) are judged from their recorded max/min/mean/norm, which gives
+the kind (only what the statistics prove) and the place but not the element count.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from workbench.formats.model import Dump, DumpError, Node, TensorEntry
 
 FP16_MAX = 65504.0
 BF16_MAX = 3.3895313892515355e38
-KINDS = ("nan", "+inf", "-inf", "fp16_overflow", "saturation")
+KINDS = ("nan", "+inf", "-inf", "nan?", "fp16_overflow", "saturation")
 _SATURATION_AT = {"float16": FP16_MAX, "bfloat16": BF16_MAX}
 _WIDE_FLOATS = {"float32", "bfloat16", "float64"}
 CHUNK = 1 << 20
@@ -135,12 +137,19 @@ def scan_stats(entry: TensorEntry) -> TensorCounts | None:
     if st is None or not vals:
         return None
     out = TensorCounts(from_stats=True, over_fp16=None)
-    if any(math.isnan(v) for v in vals):
-        out.counts["nan"] = None
-    if st.max == math.inf or st.mean == math.inf:
+    pos = st.max == math.inf or st.mean == math.inf
+    neg = st.min == -math.inf or st.mean == -math.inf
+    if pos:
         out.counts["+inf"] = None
-    if st.min == -math.inf or st.mean == -math.inf:
+    if neg:
         out.counts["-inf"] = None
+    # max, min and norm are NaN only with a NaN element; a NaN mean also comes from +inf and -inf together
+    nan_extreme = any(v is not None and math.isnan(v) for v in (st.max, st.min, st.norm))
+    nan_mean = st.mean is not None and math.isnan(st.mean)
+    if nan_extreme or (nan_mean and not (pos and neg)):
+        out.counts["nan"] = None
+    elif nan_mean:
+        out.counts["nan?"] = None
     finite = [abs(v) for v in (st.max, st.min) if v is not None and math.isfinite(v)]
     peak = max(finite, default=0.0)
     dtype = entry.dtype or ""

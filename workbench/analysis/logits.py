@@ -86,10 +86,16 @@ def is_float(dtype: str | None) -> bool:
 
 def pick_logits(cands: Iterable[Candidate]) -> dict[int, Candidate]:
     """Token -> the tensor holding its logits: the last `lm_head`/`LmHead`/`logits` output in execution order,
-    else the model's (root node's) first output; only floating tensors with a vocabulary dimension."""
+    else the model's own first output (the root node, when the dump has exactly one: a dump whose top level holds
+    several modules, as msprobe's does, has no model output, and a first module's output is never logits);
+    only floating tensors with a vocabulary dimension."""
     named: dict[int, Candidate] = {}
     root: dict[int, Candidate] = {}
     cands = list(cands)
+    roots_at: dict[int, set[str]] = {}
+    for c in cands:
+        if c.is_root:
+            roots_at.setdefault(c.token, set()).add(c.node)
     # an op inside a named graph (a tensor-parallel `LmHead/1_AllGatherOperation`) holds a part or another
     # layout of the graph's logits: the outermost named node speaks for it
     outer = {c.node for c in cands if _LOGITS_RE.search(c.node) or (c.node_type and _LOGITS_RE.search(c.node_type))}
@@ -102,11 +108,20 @@ def pick_logits(cands: Iterable[Candidate]) -> dict[int, Candidate]:
             best = named.get(c.token)
             if best is None or (c.order, -c.index) > (best.order, -best.index):
                 named[c.token] = c
-        elif c.is_root:
+        elif c.is_root and len(roots_at[c.token]) == 1:
             best = root.get(c.token)
             if best is None or c.index < best.index:
                 root[c.token] = c
     return {**root, **named}
+
+
+def from_model_output(rows: Iterable[LogitsRow]) -> str | None:
+    """The node whose output stood in for the logits when the dumps hold no LM head (None: an LM head's)."""
+    for r in rows:
+        node = r.golden_node or r.test_node
+        if node is not None and not _LOGITS_RE.search(node):
+            return node
+    return None
 
 
 def candidates_from_dump(dump: Dump) -> list[Candidate]:
@@ -332,6 +347,41 @@ def describe(row: LogitsRow) -> str:
 
 def _num(v: float | None) -> str:
     return "-" if v is None else f"{v:.6g}"
+
+
+_STAT_LOGITS_SQL = """
+SELECT gn.name, count(*) AS pairs, count(*) FILTER (WHERE x.passed = false) AS failed,
+       min(m.token_id) FILTER (WHERE x.passed = false) AS first_failed
+FROM matches m
+JOIN comparisons c ON c.cmp_id = m.cmp_id
+JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id
+JOIN tensors gt ON gt.run_id = c.golden_run AND gt.tensor_id = m.golden_tensor_id
+JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id
+LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
+WHERE m.cmp_id = ? AND m.io = 'out' AND (gt.path IS NULL OR tt.path IS NULL)
+  AND (regexp_matches(gn.name, ?, 'i') OR regexp_matches(coalesce(gn.type, ''), ?, 'i'))
+GROUP BY gn.name
+ORDER BY max(coalesce(gn.exec_order, -1)) DESC
+LIMIT 1
+"""
+
+
+def statistics_only_logits(con: duckdb.DuckDBPyConnection, cmp_id: int) -> str | None:
+    """Why no token's logits were compared when the logits (an `lm_head` output) were dumped as statistics only,
+    and what their statistics say; None when they were not."""
+    row = con.execute(_STAT_LOGITS_SQL, [cmp_id, _LOGITS_RE.pattern, _LOGITS_RE.pattern]).fetchone()
+    if row is None:
+        return None
+    name, pairs, failed, first = str(row[0]), int(row[1]), int(row[2]), row[3]
+    said = (
+        f"their max/min/mean/norm first fail at token {int(first)} ({failed} of {pairs} pairs fail)"
+        if failed
+        else f"their max/min/mean/norm pass at all {pairs} pairs"
+    )
+    return (
+        f"the logits ({name}) were dumped as statistics only: no cosine, KL or top-1 per token; {said}; "
+        "re-dump them with tensors to judge each token's next-token distribution"
+    )
 
 
 def load_rows(con: duckdb.DuckDBPyConnection, cmp_id: int) -> list[LogitsRow]:

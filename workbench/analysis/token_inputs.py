@@ -180,14 +180,26 @@ def load_token_status(con: duckdb.DuckDBPyConnection, cmp_id: int) -> list[Token
 def token_lines(con: duckdb.DuckDBPyConnection, cmp_id: int) -> tuple[str, dict[int, str]]:
     """What `wb compare` prints about tokens: the first divergent token (the first whose logits fail, with its
     metrics) and, per token whose inputs differ, the line that replaces its verdict."""
-    from workbench.analysis.logits import describe, first_failing, load_rows
+    from workbench.analysis.logits import (
+        describe,
+        first_failing,
+        from_model_output,
+        load_rows,
+        statistics_only_logits,
+    )
 
     rows = load_rows(con, cmp_id)
     first = first_failing(rows)
+    stats_only = None if first is not None or any(r.passed for r in rows) else statistics_only_logits(con, cmp_id)
+    stand_in = from_model_output(rows)
+    said = f"; no LM head in the dumps: the model's output, {stand_in}" if stand_in else ""
     if first is not None:
-        head = f"first divergent token: {first.token_id} ({describe(first)})"
+        head = f"first divergent token: {first.token_id} ({describe(first)}{said})"
     elif any(r.passed for r in rows):
-        head = f"first divergent token: none (the logits of all {sum(1 for r in rows if r.passed)} judged tokens pass)"
+        n = sum(1 for r in rows if r.passed)
+        head = f"first divergent token: none (the logits of all {n} judged tokens pass{said})"
+    elif stats_only is not None:
+        head = f"first divergent token: unknown ({stats_only})"
     else:
         why = next((r.reason for r in rows if r.reason), "no lm_head/LmHead output or model output in the dumps")
         head = f"first divergent token: unknown (no logits compared: {why})"

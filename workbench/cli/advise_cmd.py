@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from workbench.cli.common import app, check_format, csv_text, guarded, say_lines, text_table
+from workbench.cli.common import app, check_format, csv_text, guarded, say, say_lines, text_table
 from workbench.core.files import DEFAULT_CATALOG
 
 COLUMNS = ("rank", "token_id", "golden_node", "test_node", "score", "reason", "golden_node_id", "test_node_id")
@@ -24,7 +24,7 @@ def advise(
     fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv or json.")] = "table",
 ) -> None:
     """Rank the ops by the error they add beyond their inputs and their peers' noise (most likely origin first)."""
-    from workbench.analysis.advisor import NAN_INF_SCORE, ORDER_RULE, SIGNIFICANT, above_higher
+    from workbench.analysis.advisor import NAN_INF_SCORE, ORDER_RULE, SIGNIFICANT, above_higher, inputs_differ
     from workbench.analysis.advisor import advise as run_advise
     from workbench.catalog.lookup import comparison_id
     from workbench.catalog.store import first_row, open_catalog
@@ -45,9 +45,11 @@ def advise(
                 if has is None:
                     raise ValueError(f"{catalog}: comparison {cid} has no token {token}")
             items = run_advise(con, cid, token=token, top=top or None)
+            differ = {t: why for t, why in inputs_differ(con, cid).items() if token is None or t == token}
         finally:
             con.close()
         rows = [{k: asdict(a)[k] for k in COLUMNS} for a in items]
+        notes = [f"token {t}: {why}: no op ranked" for t, why in sorted(differ.items())]
         if fmt == "json":
             typer.echo(json.dumps(rows, indent=1))
         elif fmt == "csv":
@@ -56,14 +58,23 @@ def advise(
             marked = above_higher(items)
             for row in rows:
                 row["above_higher"] = (row["token_id"], row["rank"]) in marked
-            say_lines(_table(rows, cid, SIGNIFICANT, NAN_INF_SCORE, ORDER_RULE))
+            say_lines(_table(rows, cid, SIGNIFICANT, NAN_INF_SCORE, ORDER_RULE, bool(notes)))
+        for note in notes:  # on stderr for csv and json, whose stdout is data
+            say(note, err=fmt != "table")
 
     guarded(go)
 
 
-def _table(rows: list[dict[str, object]], cmp_id: int, significant: float, nan_inf_score: float, rule: str) -> str:
+def _table(
+    rows: list[dict[str, object]],
+    cmp_id: int,
+    significant: float,
+    nan_inf_score: float,
+    rule: str,
+    differ: bool = False,
+) -> str:
     if not rows:
-        return f"comparison {cmp_id}: nothing to rank (no op with a compared output)\n"
+        return "" if differ else f"comparison {cmp_id}: nothing to rank (no op with a compared output)\n"
     heads = ("rank", "token_id", "golden_node", "test_node", "score", "reason")
     cells = [
         [

@@ -310,7 +310,7 @@ def _compare_one(
     )
     from workbench.analysis.token_inputs import token_lines
     from workbench.catalog.store import open_catalog
-    from workbench.compare.report import format_summary, write_msit_csv
+    from workbench.compare.report import format_summary, write_msit_csv, write_msit_stats_csv
 
     con = catalog_guard(catalog, lambda: open_catalog(catalog))
     try:
@@ -321,6 +321,7 @@ def _compare_one(
         tok = None if ranges is None else ranges.among(_run_tokens(con, res.golden_run))
         suffix = "" if rank is None else f"_rank{rank}"
         csv_path = catalog_guard(catalog, lambda: write_msit_csv(con, res.cmp_id, out, tok, suffix))
+        stats_path = catalog_guard(catalog, lambda: write_msit_stats_csv(con, res.cmp_id, out, tok, suffix))
         first_divergent, inputs_differ = token_lines(con, res.cmp_id)
         labels = {}
         for run_id in (res.golden_run, res.test_run):
@@ -332,6 +333,8 @@ def _compare_one(
         res, labels[res.golden_run], labels[res.test_run], csv_path, first_divergent, inputs_differ, show_stale
     ):
         emit(line)
+    if stats_path is not None:
+        emit(f"statistics report (msit's statistics comparison columns): {stats_path}")
     return res
 
 

@@ -79,6 +79,11 @@ def _table(res: ErrcheckResult) -> str:
     widths = [max(len(r[i]) for r in cells) for i in range(len(_COLUMNS) - 1)]
     for r in cells:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    if any(f.kind == "nan?" for f in res.findings):
+        lines.append(
+            "nan?: statistics only: a NaN mean that +inf and -inf in the same tensor explain; whether NaN is there "
+            "too is uncertain (re-dump with tensors to know)"
+        )
     first = res.findings[0]
     made = "produced by" if first.inputs != "abnormal" else "first seen at (its inputs were already abnormal)"
     lines.append(f"anomaly found: {first.kind} {made} {first.op} (token {first.token})")

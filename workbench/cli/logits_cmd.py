@@ -61,13 +61,15 @@ def _records(rows: list[LogitsRow], notes: dict[int, str]) -> list[dict[str, Any
 
 
 def verdict_line(rows: list[LogitsRow]) -> str:
-    from workbench.analysis.logits import describe, first_failing
+    from workbench.analysis.logits import describe, first_failing, from_model_output
 
     first = first_failing(rows)
+    stand_in = from_model_output(rows)
+    said = f" (no LM head in the dumps: judged the model's output, {stand_in})" if stand_in else ""
     if first is not None:
-        return f"first failing token: {first.token_id} ({describe(first)})"
+        return f"first failing token: {first.token_id} ({describe(first)}){said}"
     unjudged = sum(1 for r in rows if r.passed is None)
-    return "no token fails" + (f" ({unjudged} token(s) could not be judged)" if unjudged else "")
+    return "no token fails" + (f" ({unjudged} token(s) could not be judged)" if unjudged else "") + said
 
 
 def _with_catalog(golden: Any, test: Any, th: Any, out: Path) -> tuple[list[LogitsRow], list[TokenInputs]]:
@@ -121,7 +123,7 @@ def run_logits(
     if not rows:
         raise ValueError(
             f"no logits in {golden} or {test}: dump lm_head (msit dump_last_logits=True, or a full dump), "
-            "ATB's LmHead, or the model's output"
+            "ATB's LmHead, or the model's output (one root module; a first module's output is never taken)"
         )
     if out is not None:
         import pandas as pd

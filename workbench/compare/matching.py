@@ -2,7 +2,8 @@
 
 `MATCHERS` holds one matching method per entry, highest priority first, all with one signature
 (`MatchContext -> list[NodeMatch]`). A golden node matched by a method is not matched again by a
-later one; a test node paired by a mapping file is left out of the automatic methods:
+later one (a mapping's pair with a test op of some tokens only, a prefill op, leaves the golden node open to the
+later methods at its other tokens); a test node paired by a mapping file is left out of the automatic methods:
 
 1. `mapping-file`: explicit pairs of a mapping file,
 2. `mapping-rule`: layer-wildcard rules of a mapping file,
@@ -324,14 +325,48 @@ def match_nodes(
     rejected = set(mapping.unpaired) if mapping else set()
     g_name_of = dict(zip(golden.nodes["node_id"], golden.nodes["name"]))
     t_name_of = dict(zip(test.nodes["node_id"], test.nodes["name"]))
+    # a golden node a mapping pairs with a test op of some tokens only (a prefill op) stays open to the later
+    # methods at its other tokens: a pair for one token never changes what another token compares
+    covered: dict[int, set[int]] = {}
+    tokens_of = _TokenSets(golden, test)
     for method, matcher in MATCHERS.items():
-        found = [m for m in matcher(ctx) if m.golden_node_id not in ctx.taken]
+        found = [
+            m
+            for m in matcher(ctx)
+            if m.golden_node_id not in ctx.taken
+            and (m.golden_node_id not in covered or not covered[m.golden_node_id] & tokens_of.test(m.test_node_id))
+        ]
         kept = [m for m in found if (g_name_of[m.golden_node_id], t_name_of[m.test_node_id]) not in rejected]
         ctx.found.extend(kept)
-        ctx.taken |= {m.golden_node_id for m in kept}
         if method in MAPPING_METHODS:
             ctx.taken_test |= {m.test_node_id for m in kept}
+            for m in kept:
+                covered.setdefault(m.golden_node_id, set()).update(tokens_of.test(m.test_node_id))
+            ctx.taken |= {g for g, toks in covered.items() if toks >= tokens_of.golden(g)}
+        else:
+            ctx.taken |= {m.golden_node_id for m in kept}
     return ctx.found
+
+
+class _TokenSets:
+    """The tokens at which a node holds tensors, per side (grouped once, on the first question about a side)."""
+
+    def __init__(self, golden: RunFrames, test: RunFrames) -> None:
+        self._frames = {"g": golden.tensors, "t": test.tensors}
+        self._sets: dict[str, dict[int, frozenset[int]]] = {}
+
+    def _of(self, side: str, node: int) -> frozenset[int]:
+        if side not in self._sets:
+            t = self._frames[side]
+            grouped = t.groupby("node_id")["token_id"].unique() if len(t) else pd.Series(dtype=object)
+            self._sets[side] = {int(n): frozenset(int(x) for x in toks) for n, toks in grouped.items()}
+        return self._sets[side].get(node, frozenset())
+
+    def golden(self, node: int) -> frozenset[int]:
+        return self._of("g", node)
+
+    def test(self, node: int) -> frozenset[int]:
+        return self._of("t", node)
 
 
 def _resolve(m: NodeMatch) -> tuple[str, str | None, int | None, str | None, int | None]:

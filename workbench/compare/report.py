@@ -26,12 +26,7 @@ def write_msit_csv(
 
     The row order is read first (pair ids only), then the rows a slice of tokens at a time: sorting the
     full-width rows at once held every path and name of the comparison in DuckDB (~2 KB per pair)."""
-    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%d%H%M%S")
-    path = out_dir / f"msit_cmp_report{suffix}_{stamp}.csv"
-    n = 1
-    while path.exists():  # a second report in the same second: a new name, never over another file
-        n += 1
-        path = out_dir / f"msit_cmp_report{suffix}_{stamp}_{n}.csv"
+    path = _fresh_path(out_dir, f"msit_cmp_report{suffix}")
     tok = "" if tokens is None else f" AND golden_token_id IN ({','.join(str(int(t)) for t in sorted(tokens))})"
     order = con.execute(
         f"SELECT pair_id, golden_token_id FROM comparison WHERE cmp_id = ?{tok} ORDER BY data_id", [cmp_id]
@@ -56,6 +51,63 @@ def write_msit_csv(
         if not done:  # the header alone
             empty = con.execute(f"SELECT {', '.join(MSIT_CSV_COLUMNS)}, passed FROM comparison LIMIT 0").df()
             _write_rows(fh, empty, 0)
+    return path
+
+
+# msit's statistics comparison report (`CSV_STATISTICS_HEADER` of msit_llm.common.constant), in its order
+MSIT_STAT_CSV_COLUMNS: tuple[str, ...] = (
+    "token_id",
+    "data_id",
+    "golden_data_path",
+    "golden_op_type",
+    "my_data_path",
+    "my_op_type",
+    "max_stat_absolute_error",
+    "max_stat_relative_error",
+    "min_stat_absolute_error",
+    "min_stat_relative_error",
+    "mean_stat_absolute_error",
+    "mean_stat_relative_error",
+    "l2norm_stat_absolute_error",
+    "l2norm_stat_relative_error",
+)
+
+
+def write_msit_stats_csv(
+    con: duckdb.DuckDBPyConnection, cmp_id: int, out_dir: Path, tokens: set[int] | None = None, suffix: str = ""
+) -> Path | None:
+    """The pairs compared on statistics only, as msit writes its statistics comparison
+    (`statstics_cmp_report_*.csv`, msit's spelling; its columns): the max/min/mean/L2-norm differences; None when
+    no pair was. A tensor without a file is named `{node}:{io}{index}` where msit has the statistics' path."""
+    tok = "" if tokens is None else f" AND golden_token_id IN ({','.join(str(int(t)) for t in sorted(tokens))})"
+    cols = []
+    for c in MSIT_STAT_CSV_COLUMNS:
+        if c == "golden_data_path":
+            c = "coalesce(golden_data_path, golden_node || ':' || io || golden_index) AS golden_data_path"
+        elif c == "my_data_path":
+            c = "coalesce(my_data_path, test_node || ':' || io || test_index) AS my_data_path"
+        cols.append(c)
+    df = con.execute(
+        f"SELECT {', '.join(cols)} FROM comparison WHERE cmp_id = ? AND on_statistics{tok} ORDER BY data_id",
+        [cmp_id],
+    ).df()
+    if df.empty:
+        return None
+    path = _fresh_path(out_dir, f"statstics_cmp_report{suffix}")  # msit's own spelling
+    csv_safe_columns(df)  # text cells a spreadsheet would evaluate as formulas get a leading quote
+    with open(path, "x", encoding="utf-8", newline="") as fh:
+        df.to_csv(fh, index=False, na_rep="", float_format="%.10g")
+    return path
+
+
+def _fresh_path(out_dir: Path, stem: str) -> Path:
+    """`OUT/STEM_TIMESTAMP.csv`, or `..._2.csv` and on for a second report in the same second: never another file."""
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%d%H%M%S")
+    path = out_dir / f"{stem}_{stamp}.csv"
+    n = 1
+    while path.exists():
+        n += 1
+        path = out_dir / f"{stem}_{stamp}_{n}.csv"
     return path
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +24,17 @@ TENSOR_ROLES: tuple[TensorRole, TensorRole] = ("in", "out")  # the roles of a ca
 #   data-flow  - reconstructed by matching each module's inputs to earlier outputs
 #   definition - only the module definition order is known (a guess)
 OrderSource = Literal["recorded", "topology", "data-flow", "definition"]
+
+_PARAM_INDEX = {"weight": 0, "bias": 1}
+
+
+def param_index(name: str) -> int:
+    """The index of a module's parameter `name` among its `param` tensors: the same name gets the same index in
+    every dump, so parameters pair by name (a dropped bias leaves the weights paired): `weight` 0, `bias` 1,
+    any other name a stable number from 2 up."""
+    if name in _PARAM_INDEX:
+        return _PARAM_INDEX[name]
+    return 2 + zlib.crc32(name.encode()) % 99_991
 
 
 _DTYPE_ALIASES: dict[str, str] = {

@@ -43,6 +43,7 @@ from workbench.formats.model import (
     TensorStats,
     check_shape,
     checked_stats,
+    param_index,
     token_folder_problem,
     token_number,
 )
@@ -268,7 +269,7 @@ def _scan_tokens(
 
 def _scan_weights(dev_dir: Path, sel: _Selection, out: list[TensorEntry], problems: list[str]) -> None:
     """Parameters saved once per run (`weights/root.x.weight.pth`) as `param` tensors of their module, filed
-    under the first token read (they do not change between tokens); numbered by parameter name."""
+    under the first token read (they do not change between tokens); indexed by parameter name (`param_index`)."""
     folder = dev_dir / WEIGHTS_DIR
     if not folder.is_dir():
         return
@@ -288,7 +289,8 @@ def _scan_weights(dev_dir: Path, sel: _Selection, out: list[TensorEntry], proble
             continue
         by_module[module].append((pname, f.path))
     for module, params in by_module.items():
-        for idx, (_pname, path) in enumerate(sorted(params)):
+        for pname, path in sorted(params):
+            idx = param_index(pname)
             try:
                 dt, shape = pth_header(path)
             except DumpError as exc:

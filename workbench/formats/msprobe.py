@@ -39,6 +39,7 @@ from workbench.formats.model import (
     TensorStats,
     check_shape,
     checked_stats,
+    param_index,
 )
 from workbench.formats.scan import check_link, list_dir, npy_header, pth_header, read_json
 
@@ -337,13 +338,14 @@ def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems:
     e = call.entry
     params = e.get("parameters")
     named = sorted(params.items()) if isinstance(params, dict) else []
-    roles: tuple[tuple[TensorRole, list[Any]], ...] = (
-        ("in", [e.get("input_args", []), e.get("input_kwargs", {})]),
-        ("out", [e.get("output", [])]),
-        ("param", [v for _, v in named]),  # numbered by parameter name, as our weights are
+    roles: tuple[tuple[TensorRole, list[tuple[int, Any]]], ...] = (
+        ("in", list(enumerate(_leaves([e.get("input_args", []), e.get("input_kwargs", {})])))),
+        ("out", list(enumerate(_leaves([e.get("output", [])])))),
+        # indexed by parameter name, as our weights are: a dropped bias leaves the weights paired
+        ("param", [(param_index(str(k)), leaf) for k, v in named for leaf in _leaves([v])[:1]]),
     )
-    for role, parts in roles:
-        for idx, leaf in enumerate(_leaves(parts)):
+    for role, leaves in roles:
+        for idx, leaf in leaves:
             dtype = str(leaf.get("dtype", "")).removeprefix("torch.") or None
             shape_v = leaf.get("shape")
             shape = None
