@@ -70,7 +70,7 @@ def test_precheck_and_reader_on_a_6_gb_sparse_op_param(tmp_path: Path) -> None:
     assert len(lines) == 1 and "over the 256 MiB limit" in lines[0] and d.tensors
     r = wb("precheck", op, "--all", timeout=120)
     out = r.stdout + r.stderr
-    assert "Traceback" not in out and "MemoryError" not in out and r.returncode in (0, 1, 2), out
+    assert "Traceback" not in out and "MemoryError" not in out and r.returncode in (0, 1, 2, 4), out
     assert "op_param.json of 6442450944 bytes is over the 16 MiB limit: not read" in out, out
 
 

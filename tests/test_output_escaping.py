@@ -49,7 +49,7 @@ def test_badcase_escapes_the_terminal_and_neutralises_its_csv(tmp_path: Path) ->
     for f in FORMULAS:
         assert "'" + f in by_prompt, f
     assert {r["key"] for r in rows} >= {"-0.5", EVIL_KEY}  # a number stays a number; the CSV keeps the data
-    assert all(r["first_diff"] == "1" for r in rows)
+    assert all(r["first_diff"] == "1" for r in rows), rows
 
 
 def test_query_advise_and_compare_outputs(tmp_path: Path) -> None:

@@ -68,7 +68,7 @@ def run_badcase(golden: Path, test: Path, out: Path | None, run: list[str] | Non
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp = out.with_name(f".{out.name}.{os.getpid()}.part")
             fh = open(tmp, "w", encoding="utf-8", newline="")
-            writer = csv.writer(fh, lineterminator="\n")
+            writer = csv.writer(fh, lineterminator="\r\n")  # CRLF (RFC 4180): a CR inside a cell is then quoted too
             writer.writerow(COLUMNS_CSV)
         for b in find_bad_cases(golden, test, counts):
             n_bad += 1
