@@ -810,3 +810,23 @@ def _codes(tmp: Path) -> Outcome:
     r1 = wb("compare", "-gp", g, "-mp", t, "-o", tmp / "o")
     r2 = wb("compare", "-gp", tmp / "missing", "-mp", t, "-o", tmp / "o2")
     return Outcome(f"{r1.returncode} / {r2.returncode}", r1.returncode == 1 and r2.returncode == 2)
+
+
+# ---------------------------------------------------------------------------------------------- issue 21, items 10-11
+
+
+@case(11, "stride-0 views 64x their 4 MB storage", "each refused in one problem line; the rest compared")
+def _repeat_budget(tmp: Path) -> Outcome:
+    g, t = pair_pair(tmp)
+    stored = 1 << 20  # 4 MB of float32: the 64x ratio let each show 64 Mi elements (1 GB per worker)
+    names = [f"output_{i}.pth" for i in range(4)]
+    for dump in (g, t):
+        for name in names:
+            crafted_pth(dump / "0" / "root.b" / name, (64, stored), (0, 1), storage_numel=stored)
+    out = tmp / "out"
+    r = wb("compare", "-gp", g, "-mp", t, "-o", out)
+    lines = {n: len(problem_lines(r.stdout, n)) for n in names}
+    n = compared_pairs(out / "catalog.duckdb") if (out / "catalog.duckdb").exists() else 0
+    ok = r.returncode == 0 and all(c == 2 for c in lines.values()) and n >= 2 * len(MODULES) * 2
+    ok = ok and "Traceback" not in r.stderr and all("refused" in ln for ln in problem_lines(r.stdout, "output_"))
+    return Outcome(f"rc {r.returncode}, {n} pairs judged, problem lines per file: {lines}", ok)
