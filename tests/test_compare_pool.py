@@ -179,7 +179,7 @@ def test_early_results_are_not_held_when_the_pairs_are_computed_in_process(
         wait(early.futures)
         assert early.futures and all(f.result() for f in early.futures)  # computed: the results are held
         res = pipeline.run_compare(g, t, tmp_path / "e.duckdb", workers=2, pool=pool, early=early)
-        assert early.taken == 0 and not early.futures
+        assert early.taken == 0 and not early.futures and not early.keys
     finally:
         pool.shutdown()
     plain = pipeline.run_compare(tiny_dumps.golden, tiny_dumps.bf16, tmp_path / "p.duckdb", workers=1)

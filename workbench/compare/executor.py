@@ -221,7 +221,7 @@ def execute_tasks(
     if cluster is not None or workers <= 1 or sum(sizes) < IN_PROCESS_BYTES:
         if early is not None:
             # not taken on these paths: held, the early results (a dict per pair) would pile up until the end
-            early.cancel()
+            early.drop()
         if cluster is not None:
             _run_on_cluster(tasks, sizes, sink, cluster, progress, cancel, stage, t0)
         else:
