@@ -1,10 +1,11 @@
 """Peak memory of the main `wb compare` process on a dump with many tiny tensor files (issue 15, item 11).
 
-    python bench/bench_load.py [--tokens 512] [--modules 48] [--ref /work/main] [--keep DIR]
+    python bench/bench_load.py [--tokens 512] [--modules 48] [--distinct] [--ref /work/main] [--keep DIR]
 
 Writes a golden and a test msit-layout torch dump of `tokens` x `modules` x 3 files each (512 x 48 x 3 x 2 =
 147,456 files by default): the first token's files are written, later tokens hard-link them (as our dumper
-does for repeated tensors), so the dump costs seconds. Then runs `wb compare` (the CLI's code path, in a
+does for repeated tensors), so the dump costs seconds; `--distinct` writes every file (every pair is computed:
+the results the main process receives count too). Then runs `wb compare` (the CLI's code path, in a
 child process) with this checkout and, when `--ref` names another checkout, with that one, and prints each
 one's peak RSS of the main process (workers not counted), its wall time and the ratio.
 """
@@ -34,7 +35,7 @@ print("RESULT", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, wall, res.pa
 """
 
 
-def make_dump(dev: Path, tokens: int, modules: int, seed: int) -> int:
+def make_dump(dev: Path, tokens: int, modules: int, seed: int, distinct: bool = False) -> int:
     """An msit torch dump; returns the number of tensor files."""
     import torch
 
@@ -53,7 +54,10 @@ def make_dump(dev: Path, tokens: int, modules: int, seed: int) -> int:
         for n in names:
             (dev / str(tok) / n).mkdir(parents=True)
             for f in files:
-                os.link(first / n / f, dev / str(tok) / n / f)
+                if distinct:
+                    torch.save(torch.randn(4, 8, generator=gen), dev / str(tok) / n / f)
+                else:
+                    os.link(first / n / f, dev / str(tok) / n / f)
     return tokens * modules * len(files)
 
 
@@ -80,6 +84,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--modules", type=int, default=48)
     ap.add_argument("--ref", type=Path, default=None, help="another checkout to measure the same way (e.g. main)")
+    ap.add_argument("--distinct", action="store_true", help="write every file (no hard links): every pair computed")
     ap.add_argument("--keep", type=Path, default=None, help="build the dumps here and keep them")
     args = ap.parse_args()
     base = args.keep or Path(tempfile.mkdtemp(prefix="wb-load-"))
@@ -87,8 +92,8 @@ def main() -> None:
     t0 = time.perf_counter()
     n = 0
     if not golden.exists():
-        n += make_dump(golden, args.tokens, args.modules, 1)
-        n += make_dump(test, args.tokens, args.modules, 2)
+        n += make_dump(golden, args.tokens, args.modules, 1, args.distinct)
+        n += make_dump(test, args.tokens, args.modules, 2, args.distinct)
     print(
         f"dumps: {args.tokens} tokens x {args.modules} modules x 3 files x 2 = {n or 'existing'} files "
         f"({time.perf_counter() - t0:.1f} s to write)"

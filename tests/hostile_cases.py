@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
 
@@ -31,6 +32,7 @@ from tests.hostile_files import (
     torch_dump,
 )
 
+T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
 WB = [sys.executable, "-m", "workbench.cli"]
 MODULES = ["root.a", "root.b", "root.c"]
@@ -1036,3 +1038,107 @@ def _big_inputs(tmp: Path) -> Outcome:
     shared = m.pair_prints[("root.m0", "t0")] is m.pair_prints[("root.m1", "t1")]
     ok = r.returncode == 0 and rows == n // 10 and "and 9950 more" in r.stdout and len(m.pairs) == n and shared
     return Outcome(f"rc {r.returncode}, {rows} CSV rows; mapping {len(m.pairs)} pairs, prints shared: {shared}", ok)
+
+
+# ---------------------------------------------------------------------------------------------- issue 21, items 10-11
+
+
+@case(11, "stride-0 views 64x their 4 MB storage", "each refused in one problem line; the rest compared")
+def _repeat_budget(tmp: Path) -> Outcome:
+    g, t = pair_pair(tmp)
+    stored = 1 << 20  # 4 MB of float32: the 64x ratio let each show 64 Mi elements (1 GB per worker)
+    names = [f"output_{i}.pth" for i in range(4)]
+    for dump in (g, t):
+        for name in names:
+            crafted_pth(dump / "0" / "root.b" / name, (64, stored), (0, 1), storage_numel=stored)
+    out = tmp / "out"
+    r = wb("compare", "-gp", g, "-mp", t, "-o", out)
+    lines = {n: len(problem_lines(r.stdout, n)) for n in names}
+    n = compared_pairs(out / "catalog.duckdb") if (out / "catalog.duckdb").exists() else 0
+    ok = r.returncode == 0 and all(c == 2 for c in lines.values()) and n >= 2 * len(MODULES) * 2
+    ok = ok and "Traceback" not in r.stderr and all("refused" in ln for ln in problem_lines(r.stdout, "output_"))
+    return Outcome(f"rc {r.returncode}, {n} pairs judged, problem lines per file: {lines}", ok)
+
+
+def proc_stat(pid: int) -> tuple[bytes, int, int] | None:
+    """(state, ppid, session) of a process, None when it is gone (read here, not by the code under test)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[-1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[1]), int(fields[3])
+
+
+def proc_title(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def in_session(sid: int) -> dict[int, str]:
+    """The live processes (not zombies) of session `sid`, with their titles."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            st = proc_stat(int(entry.name))
+            if st is not None and st[2] == sid and st[0] not in (b"Z", b"X"):
+                out[int(entry.name)] = proc_title(int(entry.name))
+    return out
+
+
+def wait_for(what: Callable[[], T | None], timeout: float) -> T | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        time.sleep(0.05)
+    return None
+
+
+def cluster_host(wb_pid: int) -> int | None:
+    """The pid (and session) of the process hosting `wb`'s local cluster: its child running ray_guard."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            st = proc_stat(int(entry.name))
+            if st is not None and st[1] == wb_pid and "workbench.compare.ray_guard" in proc_title(int(entry.name)):
+                return int(entry.name)
+    return None
+
+
+def with_agents(sid: int) -> dict[int, str] | None:
+    """The session's processes once both Ray agents (what a killed wb used to leave running) are among them."""
+    procs = in_session(sid)
+    titles = " ".join(procs.values())
+    return procs if "ray::DashboardAgent" in titles and "ray::RuntimeEnvAgent" in titles else None
+
+
+@case(10, "wb compare --ray local killed with -9", "no process of its cluster left (agents included)")
+def _ray_local_killed(tmp: Path) -> Outcome:
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        return Outcome("skipped: ray is not installed", True)
+    toks = list(range(200))
+    g = torch_dump(tmp / "golden" / "cpu_1", MODULES, toks)
+    t = torch_dump(tmp / "test" / "cpu_1", MODULES, toks, seed=5, noise=1e-4)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
+    args = ["compare", "-gp", str(g), "-mp", str(t), "-o", str(tmp / "out"), "--ray", "local", "-j", "1"]
+    p = subprocess.Popen([*WB, *args], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        sid = wait_for(lambda: cluster_host(p.pid), 120)
+        if sid is None:
+            return Outcome("no cluster host process started", False)
+        seen = wait_for(lambda: with_agents(sid), 240)
+        alive = p.poll() is None
+        p.kill()
+        p.wait()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    gone = wait_for(lambda: not in_session(sid) or None, 60)
+    left = in_session(sid)
+    ok = bool(seen) and alive and bool(gone)
+    return Outcome(f"{len(seen or {})} cluster processes before kill -9, {len(left)} left: {sorted(left.values())}", ok)

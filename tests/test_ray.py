@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -15,8 +16,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.conftest import ROOT, TinyDumps, run_wb
+from tests.conftest import ROOT, WB, TinyDumps, run_wb
 from tests.conftest_peers import PeerDumps
+from tests.hostile_cases import cluster_host, in_session, proc_stat, wait_for, with_agents
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(
@@ -205,3 +207,48 @@ def test_cancel_stops_the_tasks_and_keeps_what_was_committed(
     local = tmp_path / "l" / "catalog.duckdb"
     run_compare(tiny_dumps.golden, tiny_dumps.defect, local, workers=1)
     assert_same_catalog(local, catalog)
+
+
+# ---------------------------------------------------------------------------- the local cluster dies with wb
+
+
+@pytest.fixture(scope="module")
+def long_dumps(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two dumps of 400 tokens x 3 modules (2400 pairs): seconds of tasks after the cluster is up."""
+    from tests.hostile_files import torch_dump
+
+    base = tmp_path_factory.mktemp("long")
+    modules, tokens = ["root.a", "root.b", "root.c"], list(range(400))
+    return torch_dump(base / "g" / "cpu_1", modules, tokens), torch_dump(base / "t" / "cpu_1", modules, tokens, seed=5)
+
+
+@needs_ray
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT, None])
+def test_local_cluster_dies_with_wb(sig: signal.Signals | None, long_dumps: tuple[Path, Path], tmp_path: Path) -> None:
+    """`wb compare --ray local` killed (-9, SIGTERM, Ctrl-C) once its cluster runs, agents included, or left
+    to finish: within a bounded wait no process of the cluster's session is left. The session is found as
+    the child of wb that hosts the cluster; other Ray processes on the machine are not looked at."""
+    golden, test = long_dumps
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    args = ["compare", "-gp", str(golden), "-mp", str(test), "-o", str(tmp_path / "out"), "--ray", "local", "-j", "1"]
+    wb = subprocess.Popen([*WB, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        sid = wait_for(lambda: cluster_host(wb.pid), 120)
+        assert sid is not None, "no cluster host started"
+
+        cluster = wait_for(lambda: with_agents(sid), 240)
+        assert cluster is not None, f"the agents never ran: {in_session(sid)}"
+        assert any("raylet" in t for t in cluster.values()) and any("gcs_server" in t for t in cluster.values())
+        if sig is not None:
+            assert wb.poll() is None, "wb ended before it could be killed mid-run"
+            wb.send_signal(sig)
+        out, err = wb.communicate(timeout=300)
+    finally:
+        if wb.poll() is None:
+            wb.kill()
+            wb.communicate()
+    expected = {signal.SIGKILL: -9, signal.SIGTERM: 143, signal.SIGINT: 130, None: 0}[sig]
+    assert wb.returncode == expected, out[-2000:] + err[-2000:]
+    left = wait_for(lambda: not in_session(sid) or None, 60)
+    assert left, f"left running after wb ended: {in_session(sid)}"
+    assert all(proc_stat(pid) is None or proc_stat(pid)[0] in (b"Z", b"X") for pid in cluster)  # type: ignore[index]

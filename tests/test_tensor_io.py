@@ -67,3 +67,24 @@ def test_truncated_storage_is_a_one_line_error(tmp_path: Path) -> None:
     with pytest.raises(DumpError) as err:
         load_tensor(path)
     assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_view_may_repeat_its_storage_by_a_fixed_budget_not_a_ratio(tmp_path: Path) -> None:
+    """Crafted stride-0 views over a 4 MB storage: up to `REPEAT_BUDGET` elements beyond the storage are read;
+    one more is refused in one line (the 64x ratio it replaces let this file show 64 Mi elements)."""
+    from tests.hostile_files import crafted_pth
+    from workbench.formats.pth_header import REPEAT_BUDGET
+
+    stored = 1 << 20  # a 4 MB float32 storage
+    fits = crafted_pth(tmp_path / "fits.pth", (stored + REPEAT_BUDGET,), (0,), storage_numel=stored)
+    assert pth_header(str(fits)) == ("float32", (stored + REPEAT_BUDGET,))
+    for name, size, stride in (
+        ("one_more.pth", (stored + REPEAT_BUDGET + 1,), (0,)),
+        ("x64.pth", (64, stored), (0, 1)),  # allowed by the old 64x ratio
+    ):
+        path = crafted_pth(tmp_path / name, size, stride, storage_numel=stored)
+        for read in (pth_header, load_tensor):
+            with pytest.raises(DumpError) as err:
+                read(str(path))
+            said = str(err.value)
+            assert name in said and "refused" in said and "\n" not in said

@@ -28,7 +28,9 @@ import math
 import re
 import statistics
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 import duckdb
 
@@ -131,7 +133,7 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
         for n, s in con.execute("SELECT node_id, name FROM nodes WHERE run_id = ?", [test_run]).fetchall()
     )
     per_token: dict[int, dict[int, dict[str, tuple[int | None, float | None, bool, str | None]]]] = defaultdict(dict)
-    for tok, gid, io, tid, err, nan_inf, dtype in con.execute(_ROWS_SQL, [cmp_id]).fetchall():
+    for tok, gid, io, tid, err, nan_inf, dtype in _fetch_slices(con.execute(_ROWS_SQL, [cmp_id])):
         per_token[int(tok)].setdefault(int(gid), {})[str(io)] = (
             None if tid is None else int(tid),
             None if err is None or (isinstance(err, float) and math.isnan(err)) else float(err),
@@ -153,8 +155,9 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
     for tok in sorted(per_token):
         if tok in differ:  # the runs were fed different tokens: nothing compares like with like
             out[tok] = []
+            per_token.pop(tok)
             continue
-        rows = _rows_of_token(per_token[tok], nodes)
+        rows = _rows_of_token(per_token.pop(tok), nodes)  # each token's rows freed once ranked
         ranked = _rank(rows, nodes)
         out[tok] = [
             Advice(
@@ -390,6 +393,13 @@ WHERE m.cmp_id = ? AND m.io = 'in'
 """
 
 
+def _fetch_slices(cur: duckdb.DuckDBPyConnection, size: int = 8192) -> Iterator[tuple[Any, ...]]:
+    """A query's rows, fetched `size` at a time: one Python tuple per row of a whole comparison at once is tens
+    of MB at 100k pairs."""
+    while rows := cur.fetchmany(size):
+        yield from rows
+
+
 def _stat_key(values: tuple[object, ...]) -> tuple[float, ...] | None:
     if any(v is None or not isinstance(v, float | int) or v != v for v in values):
         return None
@@ -405,15 +415,15 @@ def _weight_inputs(
     rounding: a weight cast to the test dtype carries less). ATB graphs take their weights as inputs, so a wrong
     weight arrives as input error; it is the consuming op's own error, not carried in."""
     outs: dict[int, set[tuple[float, ...]]] = defaultdict(set)
-    for tok, *vals in con.execute(
-        "SELECT token_id, max, min, mean, norm FROM tensors WHERE run_id = ? AND io = 'out'", [golden_run]
-    ).fetchall():
+    for tok, *vals in _fetch_slices(
+        con.execute("SELECT token_id, max, min, mean, norm FROM tensors WHERE run_id = ? AND io = 'out'", [golden_run])
+    ):
         key = _stat_key(tuple(vals))
         if key is not None:
             outs[int(tok)].add(key)
     rows = [  # integer inputs (token ids, positions) are data, never weights
         (int(tok), int(gid), None if str(dtype) in INT_DTYPES else _stat_key((mx, mn, mean, norm)), err)
-        for tok, gid, mx, mn, mean, norm, dtype, err in con.execute(_IN_SQL, [cmp_id]).fetchall()
+        for tok, gid, mx, mn, mean, norm, dtype, err in _fetch_slices(con.execute(_IN_SQL, [cmp_id]))
     ]
     seen_at: dict[tuple[float, ...], set[int]] = defaultdict(set)
     for tok, _gid, key, _err in rows:

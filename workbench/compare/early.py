@@ -32,7 +32,8 @@ class EarlyPairs:
     ) -> None:
         self.keys: dict[int, PairKey] = {}  # early id -> the files it compares
         self.ids: dict[PairKey, int] = {}
-        self.batches: list[tuple[Future[list[dict[str, Any]]], list[int]]] = []  # submitted, with their ids
+        # submitted and not yet taken, with their ids (a taken batch is forgotten: its Future holds its results)
+        self.batches: dict[Future[list[dict[str, Any]]], list[int]] = {}
         self._submitted_ids: set[int] = set()
         self.taken = 0  # results handed to the catalog (counted by the pipeline)
         self.twins = 0  # pairs riding along with a pair of equal content digests (checked byte for byte)
@@ -81,7 +82,7 @@ class EarlyPairs:
             if executor is not None:
                 for batch in batches(tasks, sizes):
                     ids = [i for t in batch for i in (t.pair_id, *(tw[0] for tw in t.twins))]
-                    self.batches.append((executor.submit(run_batch, batch), ids))
+                    self.batches[executor.submit(run_batch, batch)] = ids
                     self._submitted_ids.update(ids)
         except RuntimeError:  # the pool was shut down meanwhile: nothing was computed early
             pass
@@ -90,7 +91,7 @@ class EarlyPairs:
 
     @property
     def futures(self) -> list[Future[list[dict[str, Any]]]]:
-        return [f for f, _ in self.batches]
+        return list(self.batches)
 
     def wait_submitted(self) -> None:
         """Wait until the background thread has handed every batch to the pool (or given up)."""
@@ -106,17 +107,32 @@ class EarlyPairs:
         the futures still wanted."""
         wanted_ids = {self.ids[k] for k in claimed if k in self.ids}
         kept = []
-        for future, ids in self.batches:
+        for future, ids in self.batches.items():
             if wanted_ids.intersection(ids):
                 kept.append(future)
             else:
                 future.cancel()
         return kept
 
+    def release(self, future: Future[list[dict[str, Any]]]) -> None:
+        """Forget a batch whose results were taken: kept, every early result (one dict per pair) would stay in
+        memory until the compare ends (~1 KB a pair)."""
+        self.batches.pop(future, None)
+
     def cancel(self) -> None:
+        """Cancel every batch not taken and forget them all (with the results of those already done)."""
         self.wait_submitted()
-        for future, _ in self.batches:
+        for future in self.batches:
             future.cancel()
+        self.batches.clear()
+
+    def drop(self) -> None:
+        """`cancel`, and forget which files each early pair compares: for a compare that takes no early result
+        (one early pair per tensor pair: ~0.6 KB each)."""
+        self.cancel()
+        self.keys.clear()
+        self.ids.clear()
+        self._submitted_ids.clear()
 
 
 def _numel(shape: tuple[int, ...] | None) -> int:

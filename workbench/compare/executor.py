@@ -218,11 +218,14 @@ def execute_tasks(
         progress(Progress(stage, 0, len(tasks)))
     if not tasks:
         return
-    if cluster is not None:
-        _run_on_cluster(tasks, sizes, sink, cluster, progress, cancel, stage, t0)
-        return
-    if workers <= 1 or sum(sizes) < IN_PROCESS_BYTES:
-        _run_in_process(tasks, sizes, sink, progress, cancel, stage, t0)
+    if cluster is not None or workers <= 1 or sum(sizes) < IN_PROCESS_BYTES:
+        if early is not None:
+            # not taken on these paths: held, the early results (a dict per pair) would pile up until the end
+            early.drop()
+        if cluster is not None:
+            _run_on_cluster(tasks, sizes, sink, cluster, progress, cancel, stage, t0)
+        else:
+            _run_in_process(tasks, sizes, sink, progress, cancel, stage, t0)
         return
     try:
         _run_in_pool(tasks, sizes, sink, workers, progress, cancel, stage, t0, pool, early, claims or {})
@@ -341,6 +344,8 @@ def _run_in_pool(
                     early_futures.discard(f)
                     if early is not None and not f.cancelled():
                         n_done += _take_early(f.result(), early, claims, sink)
+                    if early is not None:
+                        early.release(f)
                     if not early_futures:  # whatever the early batches did not deliver is computed now
                         left = [t for t in claims.values() if not sink.is_done(t)]
                         todo.extend(batches(left, [0] * len(left)))

@@ -13,6 +13,9 @@ busy per CPU first. Shared storage mounted everywhere makes every node a holder;
 those nodes holders. Results stream back: at most two batches per holder CPU are in flight, each taken as soon
 as `ray.wait` reports it. Cancelling (the app's event, Ctrl-C) cancels every task in flight.
 
+`--ray local` starts a one-node cluster through `ray_guard.LocalCluster`, in a session of its own that ends
+with `wb` (kill -9 included).
+
 Ray is an optional dependency (`pip install 'workbench[ray]'`): it is imported only when a cluster is used.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
 from collections.abc import Callable, Sequence
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.compare.ray_guard import AUTH_ENV, LocalCluster, LocalClusterError
 from workbench.compare.tasks import PairTask, StatsTask
 from workbench.compare.worker import run_batch
 from workbench.core.progress import CompareCancelled
@@ -118,6 +123,25 @@ def _check_reachable(address: str, timeout: float = 10.0) -> None:
         ) from None
 
 
+def _auth_mode(mode: str) -> None:
+    """Join with Ray's authentication `mode` (read by Ray's C++ config, which is cached: refreshed, as
+    Ray itself does when `ray.init` turns token authentication on)."""
+    os.environ[AUTH_ENV] = mode
+    try:
+        from ray._raylet import Config  # type: ignore[attr-defined]
+
+        Config.initialize("")
+    except (ImportError, AttributeError):
+        pass  # another Ray: it reads the environment when it connects
+
+
+def _restore_sigterm(handler: Any) -> None:
+    """Put back wb's SIGTERM handler, which `ray.init` replaces with `sys.exit(15)` (wb ends a SIGTERM like
+    Ctrl-C: what was computed is committed, exit 143)."""
+    if threading.current_thread() is threading.main_thread() and handler is not None:
+        signal.signal(signal.SIGTERM, handler)
+
+
 @dataclass
 class RayCluster:
     """A connection to a Ray cluster for the compare: `connect` it, hand it to `run_compare(cluster=...)`,
@@ -125,6 +149,7 @@ class RayCluster:
 
     address: str
     started: bool = False
+    _local: LocalCluster | None = field(default=None, repr=False)
     _remote_batch: Any = field(default=None, repr=False)
     _remote_probe: Any = field(default=None, repr=False)
 
@@ -141,14 +166,15 @@ class RayCluster:
         quiet = {"logging_level": logging.ERROR, "log_to_driver": False, "configure_logging": True}
         if address not in (LOCAL, AUTO):
             _check_reachable(address)
+        term = signal.getsignal(signal.SIGTERM)
+        local: LocalCluster | None = None
         try:
             if address == LOCAL:
-                ray.init(
-                    num_cpus=workers or os.cpu_count() or 1,
-                    include_dashboard=False,
-                    object_store_memory=LOCAL_OBJECT_STORE,
-                    **quiet,
-                )
+                # started by a host process in a session of its own, which ends it when wb ends (ray_guard.py)
+                local = LocalCluster.start(workers or os.cpu_count() or 1, LOCAL_OBJECT_STORE)
+                if local.auth and AUTH_ENV not in os.environ:
+                    _auth_mode(local.auth)  # join with the token the host's `ray.init` made
+                ray.init(address=local.address, **quiet)
             else:
                 # tasks run the driver's own wb, whatever the nodes have installed (they need numpy)
                 pkg = str(Path(__file__).resolve().parents[1])
@@ -158,25 +184,39 @@ class RayCluster:
                     **quiet,
                 )
         except BaseException as exc:
-            if ray.is_initialized() or address == LOCAL:
-                ray.shutdown()  # Ctrl-C during start-up: stop what was started, no process left behind
+            if ray.is_initialized():
+                ray.shutdown()
+            if local is not None:
+                local.close()  # Ctrl-C during start-up: stop what was started, no process left behind
+            if isinstance(exc, SystemExit) and exc.code == signal.SIGTERM and callable(term):
+                term(signal.SIGTERM, None)  # SIGTERM met Ray's own handler during start-up: end as wb ends it
+            if isinstance(exc, LocalClusterError):
+                raise RayClusterError(f"ray: the local cluster did not start: {exc}") from None
             if not isinstance(exc, ConnectionError | RuntimeError | ValueError | TimeoutError):
                 raise
             text = str(exc).strip().splitlines()
             first = text[0] if text else type(exc).__name__
             hint = ""
-            if address not in (LOCAL, AUTO) and "RAY_AUTH_MODE" not in os.environ:
+            if address not in (LOCAL, AUTO) and AUTH_ENV not in os.environ:
                 hint = (
                     " (a cluster with token authentication, Ray's default, also needs RAY_AUTH_MODE=token and "
                     "its token in RAY_AUTH_TOKEN or ~/.ray/auth_token)"
                 )
             raise RayClusterError(f"ray: cannot connect to {address!r}: {first}{hint}") from None
-        return cls(address, started=True)
+        finally:
+            _restore_sigterm(term)
+        return cls(address, started=True, _local=local)
 
     def shutdown(self) -> None:
+        """Disconnect; stop the cluster (every process of it) when `connect` started it."""
         if self.started:
-            import_ray().shutdown()
-            self.started = False
+            try:
+                import_ray().shutdown()
+            finally:
+                self.started = False
+                if self._local is not None:
+                    self._local.close()
+                    self._local = None
 
     def nodes(self) -> list[RayNode]:
         """The alive nodes with CPUs."""

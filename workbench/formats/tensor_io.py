@@ -18,7 +18,7 @@ import torch
 
 from workbench.formats.arrays import RawTensor, read_array, read_pth_array
 from workbench.formats.model import DumpError, check_shape, dtype_name  # noqa: F401 - dtype_name re-exported
-from workbench.formats.pth_header import MAX_REPEAT, REPEAT_FREE
+from workbench.formats.pth_header import check_repeat
 
 _WIDEN = {"uint16": np.int32, "uint32": np.int64, "uint64": np.float64}  # torch's unsigned support is partial
 
@@ -56,8 +56,7 @@ def torch_load_pth(path: str, mmap: bool) -> torch.Tensor:
         raise DumpError(path, f"holds a {type(obj).__name__}, not a tensor")
     check_shape(path, tuple(int(d) for d in obj.shape), "tensor shape")
     stored = max(obj.untyped_storage().nbytes() // max(obj.element_size(), 1), 1)
-    if obj.numel() > REPEAT_FREE and obj.numel() > MAX_REPEAT * stored:
-        raise DumpError(path, f"tensor view of {obj.numel()} elements over a storage of {stored}: refused")
+    check_repeat(str(path), tuple(int(d) for d in obj.shape), obj.numel(), stored)
     return obj
 
 
