@@ -8,13 +8,15 @@ later one; a test node paired by a mapping file is left out of the automatic met
 2. `mapping-rule`: layer-wildcard rules of a mapping file,
 3. `type-map`: type maps (msit's `op_mapping_file.json` or the `types` of ours) zipped per layer when
    the counts agree,
-4. `aligned`: two dumps of the same kind. Their call streams are aligned as sequences, scope by
+4. `quant`: a quantized test run's int tensors paired with the golden float tensors they stand for, to be
+   compared dequantized (`workbench.compare.quant_pairs`; the rule is the manifest's `quant` entry),
+5. `aligned`: two dumps of the same kind. Their call streams are aligned as sequences, scope by
    scope (the children of two paired modules, in execution order), on op type (and module name),
    tensor shapes and position (`workbench.compare.align`): an op one run has and the other has not
    (a hook's extra `Tensor.__mul__`, a missing module call) stays unmatched instead of shifting every
    later call counter onto the wrong op. Pairs with identical names are recorded as `name`, pairs
    whose names differ (shifted counters) as `aligned`,
-5. `auto`: torch <-> accelerated-library mapping (`auto-*`, `workbench.compare.automap`), for two
+6. `auto`: torch <-> accelerated-library mapping (`auto-*`, `workbench.compare.automap`), for two
    dumps of different kinds.
 
 Pairs the user rejected (`unpaired` in the mapping file) are dropped whatever produced them.
@@ -33,6 +35,8 @@ import pandas as pd
 from workbench.compare.align import StreamSide, align_scope, shape_tuple
 from workbench.compare.layout import layout_rule, shape_after, with_layout
 from workbench.compare.mapping import MappingFile, TensorSel, expand_rule
+from workbench.compare.quant_pairs import quant_matches, resolve_operands
+from workbench.formats.quant_links import QuantLink
 
 NODE_COLUMNS = ["node_id", "name", "type", "parent_id", "depth", "exec_order", "layer", "phase", "params"]
 
@@ -45,6 +49,7 @@ class RunFrames:
     kind: str
     nodes: pd.DataFrame  # NODE_COLUMNS
     tensors: pd.DataFrame  # tensor_id, token_id, node_id, io, idx, dtype, numel, path, error
+    quant: list[QuantLink] = field(default_factory=list)  # int tensors and their scales (the manifest's `quant`)
 
     def by_name(self) -> dict[str, int]:
         return dict(zip(self.nodes["name"], self.nodes["node_id"]))
@@ -208,6 +213,17 @@ def _aligned_match(g: StreamSide, t: StreamSide, gid: int, tid: int, how: str, w
     return NodeMatch(gid, tid, "aligned", 0.6, why)
 
 
+def _quant(ctx: MatchContext) -> list[NodeMatch]:
+    """A quantized test run's int tensors with the golden float tensors they stand for (`compare.quant_pairs`)."""
+    if not ctx.test.quant:
+        return []
+    found = quant_matches(ctx.golden.by_name(), ctx.test.by_name(), ctx.test.quant, ctx.taken)
+    return [
+        NodeMatch(g, t, method, conf, why, TensorSel(*gs), TensorSel(*ts), tr)
+        for g, t, method, conf, why, gs, ts, tr in found
+    ]
+
+
 def _roles(tensors: pd.DataFrame) -> set[str]:
     return set(tensors["io"].unique()) if "io" in tensors and len(tensors) else set()
 
@@ -224,6 +240,7 @@ MATCHERS: dict[str, Matcher] = {
     "mapping-file": _explicit_pairs,
     "mapping-rule": _layer_rules,
     "type-map": _type_maps,
+    "quant": _quant,
     "aligned": _aligned,
     "auto": _auto,
 }
@@ -243,7 +260,7 @@ def match_nodes(
         kept = [m for m in found if (g_name_of[m.golden_node_id], t_name_of[m.test_node_id]) not in rejected]
         ctx.found.extend(kept)
         ctx.taken |= {m.golden_node_id for m in kept}
-        if method in MAPPING_METHODS:
+        if method in MAPPING_METHODS or method == "quant":
             ctx.taken_test |= {m.test_node_id for m in kept}
     return ctx.found
 
@@ -348,6 +365,8 @@ def pair_tensors(
         }
     )
     out["transform"] = _layout_transforms(out, golden, test)
+    if test.quant:
+        out["transform"] = resolve_operands(out, test.nodes, test.tensors)
     return out.reset_index(drop=True)
 
 

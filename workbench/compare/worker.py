@@ -49,6 +49,8 @@ def apply_transform(golden: RawTensor, test: RawTensor, spec: str | None) -> tup
     """Layout fixes recorded on a pair, `;`-separated, each for one side (`g.` golden, `t.` test):
 
     `t.chunk:DIM:I:N` keeps chunk I of N along DIM (a fused gate-up output holds gate then up);
+    `t.sub:FILE` / `t.mul:FILE` subtract / multiply by the tensor in FILE, broadcast (an int tensor's offset and
+    scales, `compare.quant_pairs`; a FILE of fewer dimensions lies along the last one);
     `t.slice:DIM:START:STOP` keeps a slice; `g.flat` / `t.flat` flattens; `layout:RULE` views the test
     tensor in the golden's shape when that layout rule (`workbench.compare.layout`) relates the two.
     """
@@ -72,6 +74,8 @@ def apply_transform(golden: RawTensor, test: RawTensor, spec: str | None) -> tup
             target = RawTensor(_narrow(target.array, dim, start, stop), target.dtype)
         elif parts[0] == "flat":
             target = RawTensor(target.array.reshape(-1), target.dtype)
+        elif parts[0] in ("mul", "sub"):
+            target = _dequant_step(target, parts[0], op.partition(":")[2])
         else:
             raise ValueError(f"unknown pair transform {step!r}")
         if side == "g":
@@ -79,6 +83,20 @@ def apply_transform(golden: RawTensor, test: RawTensor, spec: str | None) -> tup
         else:
             test = target
     return golden, test
+
+
+def _dequant_step(target: RawTensor, op: str, path: str) -> RawTensor:
+    if path.startswith("#"):
+        raise ValueError("a scale or offset this int tensor needs is not in the dump at this token")
+    operand = read_array(path).array.astype(np.float64)
+    arr = target.array.astype(np.float64)
+    if operand.ndim != arr.ndim:
+        operand = operand.reshape(-1)
+    try:
+        arr = arr * operand if op == "mul" else arr - operand
+    except ValueError:
+        raise ValueError(f"{path}: shape {list(operand.shape)} does not broadcast against {list(arr.shape)}") from None
+    return RawTensor(arr, "float64")
 
 
 def _summary_dict(s: Any) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from typing import Any
 
 from workbench.core.files import MANIFEST_NAME, MODEL_TREE_NAME
 from workbench.formats.layers import inherit_layers, layer_from_name
+from workbench.formats.quant_links import QUANT_KEY, quant_links
 from workbench.formats.model import (
     TENSOR_ROLES,
     Dump,
@@ -88,6 +89,11 @@ def read_msit_torch(
             meta.update(m)
         except DumpError as exc:
             problems.append(str(exc))
+    try:
+        quant_links(meta)
+    except ValueError as exc:  # a malformed `quant` entry: the int tensors are compared as they are
+        problems.append(f"{manifest_path}: {exc}; its int tensors are not dequantized")
+        meta.pop(QUANT_KEY, None)
 
     sel = _Selection(token, module)
     tensors, hashes = _scan_tokens(dev_dir, sel, problems, want_hashes=manifest is None)
