@@ -275,7 +275,8 @@ def _quant_test(
         raise RuntimeError(f"{out / 'test'}: the dumper wrote nothing")
     text = planted.text if planted else "no defect"
     log(
-        f"demo: test run (torch fake-quantized {scheme}, {len(names)} linears in int8, defect: {text}) dumped to {roots[-1]}"
+        f"demo: test run (torch fake-quantized {scheme}, {len(names)} linears in int8, defect: {text}) "
+        f"dumped to {roots[-1]}"
     )
     expected = f"root.{planted.linear}" if planted else ""
     return DemoPlan(golden_root, roots[-1], None, f"{defect or 'none'}: {text}", expected, 0, kept)

@@ -31,8 +31,8 @@ from dataclasses import dataclass, replace
 
 import duckdb
 
-from workbench.catalog.store import first_row, insert_rows
 from workbench.analysis import quant_noise
+from workbench.catalog.store import first_row, insert_rows
 from workbench.core.advice import ROUNDING, STANDS_OUT, cause_in, known_cause
 
 NAN_INF_SCORE = 1.0e9  # new NaN/Inf in an output: ranked before any finite error

@@ -26,7 +26,6 @@ from typing import Any
 
 from workbench.core.files import MANIFEST_NAME, MODEL_TREE_NAME
 from workbench.formats.layers import inherit_layers, layer_from_name
-from workbench.formats.quant_links import QUANT_KEY, quant_links
 from workbench.formats.model import (
     TENSOR_ROLES,
     Dump,
@@ -40,6 +39,7 @@ from workbench.formats.model import (
     token_folder_problem,
     token_number,
 )
+from workbench.formats.quant_links import QUANT_KEY, quant_links
 from workbench.formats.scan import check_link, content_key, link_problem, list_dir, pth_header, read_json
 
 MANIFEST = MANIFEST_NAME
