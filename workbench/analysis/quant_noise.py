@@ -15,8 +15,8 @@ whose added error exceeds the expectation (`STANDS_OUT` times) is a finding, and
   their clipped energy exceeds the grid's rounding;
 - `weight scale`: weight channels pile up at +-127 where a correct symmetric scale puts one element (the
   channel's max): those scales are too small for the data;
-- `offset`: the int8 activations dequantize correctly with their offset, yet the accumulator does not: the
-  offset is applied twice (or not at all);
+- `offset`: the op has an activation offset and its int8 activations dequantize with it to well within
+  what the op adds (less than half): the offset is applied twice (or not at all) in the matmul;
 - otherwise the error is beyond what its scales explain, cause unknown.
 
 An op whose error is what its scales predict but `STANDS_OUT` times what the same op's quantization is
@@ -283,10 +283,13 @@ def judge(e: QuantExpect, own: float, floor: float) -> tuple[float, float, str, 
     score = own / ref if ref > 0 else 0.0
     cause: str | None = None
     if score >= STANDS_OUT:
-        cause = CAUSE_LEAD + _cause(e)
+        cause = CAUSE_LEAD + _cause(e, own)
     elif e.peer_ratio >= STANDS_OUT:
         score = e.peer_ratio
-        label = f"its expected int8 rounding error, itself {e.peer_ratio:.1f}x the same op's in the other layers"
+        label = (
+            f"the int8 rounding the same op is expected to add in the other layers (its own error is what its "
+            f"scales predict, {e.expected:.3g})"
+        )
         cause = (
             f"{CAUSE_LEAD}quantization noise as its scales predict ({e.expected:.3g}), far above its peers': "
             "a few large values stretch its int8 grid; keep it in float"
@@ -294,7 +297,7 @@ def judge(e: QuantExpect, own: float, floor: float) -> tuple[float, float, str, 
     return ref, score, label, cause
 
 
-def _cause(e: QuantExpect) -> str:
+def _cause(e: QuantExpect, own: float) -> str:
     rounding = max(e.act_part, 1e-12)
     if e.clip > rounding:
         return (
@@ -306,9 +309,9 @@ def _cause(e: QuantExpect) -> str:
             f"a weight scale inconsistent with the data: {e.saturated} of {e.channels} weight channels pile up at "
             "+-127 (a symmetric per-channel scale puts only the channel's max there): their scales are too small"
         )
-    if e.has_offset and e.act_err is not None and e.act_err <= 2.0 * max(e.expected, 1e-12):
+    if e.has_offset and e.act_err is not None and e.act_err < 0.5 * own:
         return (
             f"an offset: its int8 activations dequantize with their offset to within {e.act_err:.3g} of the input, "
-            "yet its accumulator does not: the asymmetric offset is applied twice (or not at all)"
+            f"yet it adds {own:.3g}: the asymmetric offset is applied twice (or not at all) in its matmul"
         )
     return "an error beyond the rounding its scales explain (no clipping, scale or offset fault seen)"
