@@ -31,6 +31,7 @@ class Fallback:
     gain: float  # estimated drop of the final output's relative error from keeping it (and those above) in float
     final_before: float
     final_after: float
+    golden_node_id: int = -1  # the linear's golden node
 
 
 _ERR = """
@@ -99,6 +100,13 @@ def fallback(con: duckdb.DuckDBPyConnection, cmp_id: int, k: int) -> list[Fallba
     )
     if last is None:
         raise ValueError(f"comparison {cmp_id}: no compared output to judge the final error by")
+    node_ids = {
+        str(n): int(i)
+        for n, i in con.execute(
+            "SELECT n.name, n.node_id FROM nodes n JOIN comparisons c ON c.golden_run = n.run_id WHERE c.cmp_id = ?",
+            [cmp_id],
+        ).fetchall()
+    }
     err: dict[tuple[int, str, str], float] = {
         (int(t), str(n), str(io)): float(e) for t, n, io, e in con.execute(_ERR, [cmp_id]).fetchall() if e is not None
     }
@@ -124,7 +132,8 @@ def fallback(con: duckdb.DuckDBPyConnection, cmp_id: int, k: int) -> list[Fallba
     for rank, name in enumerate(order, start=1):
         kept.append(name)
         after = sum(_after(e, here, kept) for e, here in zip(finals, per_tok)) / len(finals)
-        out.append(Fallback(rank, name, sum(added[name]) / len(added[name]), prev - after, before, after))
+        mean = sum(added[name]) / len(added[name])
+        out.append(Fallback(rank, name, mean, prev - after, before, after, node_ids.get(name, -1)))
         prev = after
     return out
 
