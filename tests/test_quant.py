@@ -173,3 +173,46 @@ def test_advise_fallback_on_a_float_run_says_why(tmp_path_factory: pytest.TempPa
     r = run_wb("advise", "--catalog", str(catalog), "--fallback", "2")
     assert r.returncode == 2 and "declares no quantized linear" in r.stderr + r.stdout
     assert "Traceback" not in r.stderr
+
+
+def test_int_tensor_without_a_scale_compared_as_integers_and_said_why(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    built, cmp_id = _built(tmp_path_factory, None, "w8a8")
+    con = duckdb.connect(str(built), read_only=True)
+    paths = con.execute(
+        "SELECT g.path, t.path FROM comparisons c JOIN runs g ON g.run_id = c.golden_run "
+        "JOIN runs t ON t.run_id = c.test_run WHERE c.cmp_id = ?",
+        [cmp_id],
+    ).fetchone()
+    con.close()
+    assert paths is not None
+    test = tmp_path / "test"
+    shutil.copytree(paths[1], test)
+    manifest = test / "wb_manifest.json"
+    meta = json.loads(manifest.read_text())
+    act = "root.model.layers.0.self_attn.q_proj.quant_input"
+    for link in meta["quant"]["tensors"]:
+        if link["node"] == act:
+            link["scales"] = []  # a dump that names no scale for this int8 tensor
+    manifest.write_text(json.dumps(meta))
+    run_compare(paths[0], test, tmp_path / "c.duckdb", workers=1)
+    con = duckdb.connect(str(tmp_path / "c.duckdb"), read_only=True)
+    rows = con.execute(
+        "SELECT m.transform, x.cmp_fail_reason, x.max_absolute_error FROM matches m "
+        "JOIN metrics x USING (cmp_id, pair_id) JOIN comparisons c USING (cmp_id) "
+        "JOIN nodes tn ON tn.run_id = c.test_run AND tn.node_id = m.test_node_id WHERE tn.name = ?",
+        [act],
+    ).fetchall()
+    why = con.execute("SELECT evidence FROM node_matches WHERE method = 'quant' AND evidence LIKE '%as integers%'")
+    evidence = why.fetchall()
+    con.close()
+    assert len(rows) == 4  # one per token
+    for transform, reason, max_abs in rows:
+        assert transform == "t.int"
+        assert (
+            reason
+            == "compared as integers: the dump's quant entry gives it no scale, so no float comparison is possible"
+        )
+        assert max_abs > 1  # raw int8 values against a golden of magnitude ~1: integers, not dequantized
+    assert len(evidence) == 1 and act in evidence[0][0]

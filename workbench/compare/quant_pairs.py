@@ -5,15 +5,19 @@ scales (and offset) into which float tensor. Each such tensor is paired with tha
 carrying the transform `t.sub:OFFSET;t.mul:SCALE...` (operands written `@node|io|index` here, resolved per
 token to `#tensor_id` by `resolve_operands`, and to file paths by the executor), so the worker compares
 `(q - offset) * scale` with the golden float tensor. The node pair's evidence says it was compared dequantized.
+An int tensor the entry gives no scale is compared as integers (`t.int`: the golden rounded), its pairs'
+`cmp_fail_reason` saying that no float comparison was possible.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from workbench.formats.quant_links import QuantLink, TensorRef
+
+if TYPE_CHECKING:  # the compare worker imports this module's constants: it stays free of pandas
+    import pandas as pd
 
 QuantMatch = tuple[int, int, str, float, str, tuple[str | None, int | None], tuple[str | None, int | None], str | None]
 _ROLE = {"in": "input", "out": "output"}
@@ -27,8 +31,14 @@ def _name(ref: TensorRef) -> str:
     return f"{_ROLE[ref.io]} {ref.index} of {ref.node}"
 
 
+INT_ONLY = "the dump's quant entry gives it no scale, so no float comparison is possible"
+INT_STEP = "t.int"  # the worker compares the test ints with the golden rounded to integers
+
+
 def dequant_transform(link: QuantLink) -> str:
-    """The pair transform that dequantizes `link`'s int tensor (operands unresolved)."""
+    """The pair transform that dequantizes `link`'s int tensor (operands unresolved); `t.int` without scales."""
+    if not link.scales:
+        return INT_STEP
     steps = [f"t.sub:{_operand(link.offset)}"] if link.offset is not None else []
     steps += [f"t.mul:{_operand(s)}" for s in link.scales]
     return ";".join(steps)
@@ -45,7 +55,7 @@ def quant_matches(
     for link in links:
         g = golden.get(link.float.node)
         t = test.get(link.tensor.node)
-        if g is None or t is None or g in taken or not link.scales:
+        if g is None or t is None or g in taken:
             continue
         own = test.get(link.float.node)
         if own is not None and (g, own) not in paired:
@@ -56,6 +66,9 @@ def quant_matches(
         why = (
             f"quant: {link.dtype} {_name(link.tensor)} compared dequantized, {deq} "
             f"(scales: {', '.join(_name(s) for s in link.scales)}), with the golden {_name(link.float)}"
+            if link.scales
+            else f"quant: {link.dtype} {_name(link.tensor)} compared as integers with the golden {_name(link.float)} "
+            f"rounded: {INT_ONLY}"
         )
         sel_g: tuple[str | None, int | None] = (link.float.io, link.float.index)
         sel_t: tuple[str | None, int | None] = (link.tensor.io, link.tensor.index)

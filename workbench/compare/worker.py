@@ -15,6 +15,7 @@ import numpy as np
 
 from workbench.compare.layout import LAYOUT_PREFIX, layout_rule, not_comparable
 from workbench.compare.metrics import compare_tensors, summarize
+from workbench.compare.quant_pairs import INT_ONLY, INT_STEP
 from workbench.compare.stat_metrics import stat_metrics
 from workbench.compare.tasks import SUMMARY_FIELDS, PairTask, StatsTask
 from workbench.formats.arrays import RawTensor, read_array
@@ -49,6 +50,7 @@ def apply_transform(golden: RawTensor, test: RawTensor, spec: str | None) -> tup
     """Layout fixes recorded on a pair, `;`-separated, each for one side (`g.` golden, `t.` test):
 
     `t.chunk:DIM:I:N` keeps chunk I of N along DIM (a fused gate-up output holds gate then up);
+    `t.int` compares an int tensor that has no scale with the golden rounded to integers;
     `t.sub:FILE` / `t.mul:FILE` subtract / multiply by the tensor in FILE, broadcast (an int tensor's offset and
     scales, `compare.quant_pairs`; a FILE of fewer dimensions lies along the last one);
     `t.slice:DIM:START:STOP` keeps a slice; `g.flat` / `t.flat` flattens; `layout:RULE` views the test
@@ -74,6 +76,9 @@ def apply_transform(golden: RawTensor, test: RawTensor, spec: str | None) -> tup
             target = RawTensor(_narrow(target.array, dim, start, stop), target.dtype)
         elif parts[0] == "flat":
             target = RawTensor(target.array.reshape(-1), target.dtype)
+        elif parts[0] == "int":  # an int tensor without a scale: both sides as integers
+            golden = RawTensor(np.rint(golden.array.astype(np.float64)), "float64")
+            target = RawTensor(target.array.astype(np.float64), "float64")
         elif parts[0] in ("mul", "sub"):
             target = _dequant_step(target, parts[0], op.partition(":")[2])
         else:
@@ -160,6 +165,8 @@ def _pair_result(
     out["values"] = dict(res.values)
     out["finite_only"] = bool(res.finite_only)
     out["reason"] = res.reason
+    if task.transform and INT_STEP in task.transform.split(";"):
+        out["reason"] = "; ".join(r for r in (res.reason, f"compared as integers: {INT_ONLY}") if r)
     if not task.transform:
         out["golden"] = _summary_dict(res.golden)
         out["test"] = _summary_dict(res.test)
