@@ -1,10 +1,11 @@
 """The built-in demo: a small Llama built from a config (fixed seed, nothing downloaded),
 a golden fp32 run and a bf16 test run with one planted defect, both dumped.
 
-Two test stacks: `torch` (the same Hugging Face model cast to bf16, defect planted in one
-module) and `atb` (the ATB-structured stack of `workbench.backends`, bf16, writing real ATB
-dumps). Both runs decode the same tokens (the golden run's greedy choice), so every token
-compares like with like.
+Three test stacks: `torch` (the same Hugging Face model cast to bf16, defect planted in one
+module), `atb` (the ATB-structured stack of `workbench.backends`, bf16, writing real ATB
+dumps) and `quant` (the model's linears fake-quantized to int8, W8A16 or W8A8, `backends/quant.py`,
+with a quantization defect). Both runs decode the same tokens (the golden run's greedy choice), so
+every token compares like with like.
 """
 
 from __future__ import annotations
