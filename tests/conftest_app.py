@@ -113,3 +113,12 @@ def demo_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if "demo" not in _BUILT:
         _BUILT["demo"] = _run_demo(tmp_path_factory.mktemp("wb_app_demo"))
     return _BUILT["demo"]
+
+
+@pytest.fixture(scope="session")
+def rope_demo_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`wb demo --defect rope_base --no-tui` once per session: RoPE angles from a wrong base in layer 1 of the ATB
+    stack; at token 0 compare sees the MLP's outputs fail first and the precheck pins the attention's RoPE op."""
+    if "rope_base" not in _BUILT:
+        _BUILT["rope_base"] = _run_demo(tmp_path_factory.mktemp("wb_app_rope_demo"), "--defect", "rope_base")
+    return _BUILT["rope_base"]

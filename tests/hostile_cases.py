@@ -485,7 +485,7 @@ def _precheck_dims(tmp: Path) -> Outcome:
     (op / "op_param.json").write_text('{"layerType": 1}')
     r = wb("precheck", op, "--all")
     out = r.stdout + r.stderr
-    ok = r.returncode in (0, 1) and "Traceback" not in out and "intensor0.bin" in out and "100 dimensions" in out
+    ok = r.returncode == 4 and "Traceback" not in out and "intensor0.bin" in out and "100 dimensions" in out
     return Outcome(f"rc {r.returncode}: {out.strip().splitlines()[0][:120] if out.strip() else ''}", ok)
 
 
@@ -529,7 +529,7 @@ def _deep_options(tmp: Path) -> Outcome:
     return Outcome(f"{a.got[:60]} | {b.got[:60]}", a.ok and b.ok)
 
 
-@case(6, "1100 nested ATB op folders", "read and precheck: one line, no RecursionError")
+@case(6, "1100 nested ATB op folders", "read and precheck: skipped with one line, no RecursionError")
 def _deep_folders(tmp: Path) -> Outcome:
     from workbench.formats import open_dump
 
@@ -543,7 +543,8 @@ def _deep_folders(tmp: Path) -> Outcome:
         subprocess.run(["rm", "-rf", str(layer / "0_A")], check=False)
     lines = [p for p in d.problems if "nested deeper" in p]
     out = r.stdout + r.stderr
-    ok = len(lines) == 1 and "Traceback" not in out and "nested deeper" in out and r.returncode == 2
+    # the precheck skips the deep folder with its line and checks the rest (issue 21, item 7)
+    ok = len(lines) == 1 and "Traceback" not in out and "nested deeper" in out and r.returncode == 0
     return Outcome(f"reader: {len(lines)} line; precheck rc {r.returncode}", ok)
 
 
@@ -843,3 +844,91 @@ def _demo_victim(tmp: Path) -> Outcome:
     refused = one_line_error(r, str(victim), "not an earlier `wb demo` output")
     intact = tree_state(victim) == before
     return Outcome(f"{refused.got[:90]}; files intact: {intact}", refused.ok and intact)
+
+
+# ---------------------------------------------------------------------------------------------- issue 21: dump readers
+# (items 6-9 of issue 21; the numbers above are issue 15's)
+
+_AR_ONE = "\u0661"  # ARABIC-INDIC DIGIT ONE: str.isdigit() and int() take it for 1
+
+
+@case(6, "issue 21: rank folder npu١_2 beside npu1_3", "npu1_3 is rank 1; npu١_2 refused with one line")
+def _foreign_rank(tmp: Path) -> Outcome:
+    for name in ("npu0_7", "npu1_8"):
+        torch_dump(tmp / "golden" / "torch_tensors" / name, MODULES, [0])
+    for name in ("npu0_1", f"npu{_AR_ONE}_2", "npu1_3"):
+        torch_dump(tmp / "test" / "torch_tensors" / name, MODULES, [0], seed=5, noise=1e-4)
+    r = wb("compare", "-gp", tmp / "golden", "-mp", tmp / "test", "-o", tmp / "out")
+    lines = problem_lines(r.stdout, f"npu{_AR_ONE}_2")
+    paired = "rank 1: golden npu1_8, test npu1_3" in r.stdout and "paired 2 by device/rank id" in r.stdout
+    ok = r.returncode == 0 and paired and len(lines) == 1 and "not ASCII" in lines[0]
+    return Outcome(f"rc {r.returncode}, npu1_3 paired: {paired}, {len(lines)} line(s)", ok)
+
+
+@case(7, "issue 21: ATB op folders nested 70 deep in a failing layer", "compare goes on: skipped with one line")
+def _deep_compare(tmp: Path) -> Outcome:
+    import numpy as np
+
+    from workbench.formats import atb_bin
+
+    g = atb_dump(tmp / "g" / "msit_dump_1")
+    t = atb_dump(tmp / "t" / "msit_dump_1")
+    layer = t / "tensors" / "0_77" / "0" / "0_Prefill_layer"
+    out0 = layer / "0_RmsNormOperation" / "after" / "outtensor0.bin"
+    atb_bin.write_bin(out0, np.full((2, 4), 3, np.float32), "float32")  # a wrong output: its layer is prechecked
+    nested_folders(layer, 70, "1_A")
+    r = wb("compare", "-gp", g, "-mp", t, "-o", tmp / "out")
+    lines = problem_lines(r.stdout, "nested deeper than 64")
+    born = "error born at: 0_Prefill_layer/0_RmsNormOperation" in r.stdout
+    ok = r.returncode == 0 and "pairs compared: 2 " in r.stdout and born and len(lines) == 1
+    return Outcome(f"rc {r.returncode}, born found: {born}, {len(lines)} line(s) {r.stderr.strip()[:60]}", ok)
+
+
+@case(8, "issue 21: msit dump whose model_tree.json is nested 10^5 deep", "as many pairs as with the tree; one line")
+def _broken_tree(tmp: Path) -> Outcome:
+    import re
+    import shutil
+
+    from tests.conftest_peers import HAS_MSIT
+    from tests.peer_dumps import dump
+
+    if not HAS_MSIT:
+        return Outcome("skipped: msit_llm is not installed", True)
+    dump("msit", tmp / "msit")
+    (dev,) = (tmp / "msit").glob("msit_dump_*/torch_tensors/*")
+    golden, broken = tmp / "golden" / dev.name, tmp / "broken" / dev.name
+    shutil.copytree(dev, golden)
+    shutil.copytree(dev, broken)
+    (broken / "model_tree.json").write_text(deep_json(DEEP))
+    counts = []
+    for test in (dev, broken):
+        r = wb("compare", "-gp", golden, "-mp", test, "-o", tmp / f"out-{test.parent.name}")
+        m = re.search(r"^pairs compared: ([0-9]+) ", r.stdout, re.M)
+        counts.append(int(m.group(1)) if m and r.returncode == 0 else -1)
+    lines = problem_lines(r.stdout, "model_tree.json")
+    ok = counts[0] > 100 and counts[0] == counts[1] and len(lines) == 1 and "not used" in lines[0]
+    return Outcome(f"pairs with the tree {counts[0]}, without {counts[1]}; {len(lines)} line(s)", ok)
+
+
+@case(9, "issue 21: statistic.csv rows with norm -2 and min > max", "refused per tensor with a line; not failed")
+def _bad_stats(tmp: Path) -> Outcome:
+    import re
+
+    from workbench.formats import atb_csv
+
+    def row(index: int, mx: str, mn: str, mean: str, norm: str) -> str:
+        op = "Prefill_layer/RmsNormOperation,RmsNormOperation,0_0"
+        return f"0_77,0,{op},output,{index},float,nd,2x4,{mx},{mn},{mean},{norm},N/A"
+
+    good = [row(0, "1", "0", "0.5", "1.5"), row(1, "1", "0", "0.5", "1.5"), row(2, "1", "0", "0.5", "1.5")]
+    bad = [row(0, "1", "0", "0.5", "1.5"), row(1, "1", "0", "0.5", "-2"), row(2, "0", "3", "1", "4")]
+    for side, rows in (("golden", good), ("test", bad)):
+        dev = tmp / side / "atb_dump_data" / "data" / "0_77" / "0"
+        dev.mkdir(parents=True)
+        (dev / atb_csv.STATS_FILE).write_text(",".join(atb_csv.HEADER) + "\n" + "\n".join(rows) + "\n")
+    r = wb("compare", "-gp", tmp / "golden", "-mp", tmp / "test", "-o", tmp / "out")
+    lines = problem_lines(r.stdout, "impossible statistics")
+    m = re.search(r"failed: ([0-9]+); not comparable: ([0-9]+)", r.stdout)
+    failed, uncomparable = (int(m.group(1)), int(m.group(2))) if m else (-1, -1)
+    ok = r.returncode == 0 and len(lines) == 2 and failed == 0 and uncomparable == 2 and "Traceback" not in r.stderr
+    return Outcome(f"rc {r.returncode}, {len(lines)} lines, failed {failed}, not comparable {uncomparable}", ok)

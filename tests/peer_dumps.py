@@ -20,11 +20,18 @@ STEPS = 4
 
 
 def dump(
-    tool: str, out: Path, *, defect: bool = False, bf16: bool = False, forced: list[int] | None = None
+    tool: str,
+    out: Path,
+    *,
+    defect: bool = False,
+    bf16: bool = False,
+    forced: list[int] | None = None,
+    scale_down: float | None = None,
 ) -> list[int]:
     """Run the peer dumper in a subprocess; returns the ids the run generated."""
     args = [sys.executable, "-m", "tests.peer_dumps", tool, str(out)]
     args += ["--defect"] if defect else []
+    args += ["--scale-down", str(scale_down)] if scale_down is not None else []
     args += ["--bf16"] if bf16 else []
     args += ["--forced", ",".join(map(str, forced))] if forced else []
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -34,7 +41,7 @@ def dump(
     return [int(x) for x in json.loads(proc.stdout.strip().splitlines()[-1])]
 
 
-def _model(defect: bool, bf16: bool):  # type: ignore[no-untyped-def]
+def _model(defect: bool, bf16: bool, scale_down: float | None = None):  # type: ignore[no-untyped-def]
     import torch
 
     from tests.conftest import tiny_llama
@@ -42,6 +49,9 @@ def _model(defect: bool, bf16: bool):  # type: ignore[no-untyped-def]
     model = tiny_llama()
     if defect:  # a wrong epsilon that changes the greedy tokens after token 0
         model.model.layers[1].input_layernorm.variance_epsilon = 1.0
+    if scale_down is not None:  # a subtle defect: layer 1's down_proj weight scaled (every output may still pass)
+        with torch.no_grad():
+            model.model.layers[1].mlp.down_proj.weight.mul_(scale_down)
     return model.to(torch.bfloat16) if bf16 else model
 
 
@@ -58,10 +68,11 @@ def main() -> None:
     parser.add_argument("--defect", action="store_true")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--forced", default="")
+    parser.add_argument("--scale-down", type=float, default=None)
     ns = parser.parse_args()
     from workbench.demo import decode
 
-    model = _model(ns.defect, ns.bf16)
+    model = _model(ns.defect, ns.bf16, ns.scale_down)
     forced = [int(x) for x in ns.forced.split(",")] if ns.forced else None
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)

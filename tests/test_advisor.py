@@ -209,9 +209,10 @@ def test_cli_table_csv_json(runs: dict[str, Run]) -> None:
     res = run_wb("advise", "--catalog", cat, "--top", "2")
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
-    assert lines[1].split()[:6] == ["rank", "token_id", "golden_node", "test_node", "score", "reason"]
-    assert lines[2].split()[:3] == ["1", "0", "root.model.layers.2.mlp.down_proj"]
-    assert len(lines) == 2 + 3 * 2
+    assert lines[1].startswith("order: score, highest first")  # the order rule (docs/guide.md)
+    assert lines[2].split()[:6] == ["rank", "token_id", "golden_node", "test_node", "score", "reason"]
+    assert lines[3].split()[:3] == ["1", "0", "root.model.layers.2.mlp.down_proj"]
+    assert len(lines) == 3 + 3 * 2
 
     res = run_wb("advise", "-c", cat, "--token", "1", "--top", "3", "--format", "csv")
     assert res.returncode == 0, res.stderr

@@ -12,8 +12,10 @@ from tests.conftest import run_python
 from tests.conftest_app import DEFECT, DEFECT_ID
 from workbench.analysis.explore import POST, PRE, ExploreError, Explorer
 from workbench.analysis.severity import VERDICT, scale_for, severity, severity_array
+from workbench.analysis.views import BORN_ADVISOR
 from workbench.catalog.schema import SCHEMA_VERSION
 from workbench.compare.thresholds import Thresholds
+from workbench.core.advice import STANDS_OUT
 
 
 def test_comparison_info_and_thresholds(small_catalog: Path) -> None:
@@ -126,7 +128,10 @@ def test_pair_detail_reads_only_the_selected_pair(small_catalog: Path) -> None:
         idx = diff.top[3][0]
         assert len(idx) == 3 and g.reshape(1, 1, 16)[idx] == pytest.approx(diff.top[3][1])
         other = ex.pair_detail(DEFECT_ID, 0)
-        assert not other.born_here and other.born_name is None and other.pairs[0].passed is True
+        assert not other.born_here and other.pairs[0].passed is True
+        # nothing is born at token 0: the verdict is the advisor's first op when it stands out, and says so
+        assert other.born_why == BORN_ADVISOR and other.born_score is not None and other.born_score >= STANDS_OUT
+        assert other.born_name is not None and other.born_name != DEFECT
     finally:
         ex.close()
 

@@ -162,3 +162,15 @@ def test_wb_start_up_imports_no_torch() -> None:
     code = "import sys, workbench.cli; sys.exit(1 if 'torch' in sys.modules else 0)"
     out = run_python(code)
     assert out.returncode == 0, "importing workbench.cli imported torch" + out.stderr
+
+
+def test_app_imports_no_torch() -> None:
+    """The app process never imports torch: importing the app, its main screen and the `p` key's module (with
+    the precheck result types it shows) in a fresh interpreter loads no torch module."""
+    code = (
+        "import sys, workbench.app.app, workbench.app.main_screen, workbench.app.opcause\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'torch')\n"
+        "print(bad[:5]); sys.exit(1 if bad else 0)\n"
+    )
+    out = run_python(code, timeout=300)
+    assert out.returncode == 0, "importing the app imported torch: " + out.stdout + out.stderr

@@ -206,6 +206,6 @@ async def test_pilot_precheck_then_redump_then_precheck(compared: Path, anyio_ba
         detail = screen.query_one("#detail")
         await wait_for(pilot, lambda: PILOT_NODE in _text(detail) and "cosine" in _text(detail), timeout=30)
         await pilot.press("p")
-        await wait_for(pilot, lambda: "precheck PASS" in _text(panel), timeout=60)
+        await wait_for(pilot, lambda: "precheck ok" in _text(panel), timeout=60)
         golden_tree = screen.query_one("#golden-tree", TopologyTree)
         assert golden_tree.badges[(gid, 2)][0] == "✓ precheck"

@@ -160,7 +160,7 @@ def test_statistics_only_dump(tmp_path: Path) -> None:
     header = "NodeName,NodeType,InputOutput,Index,DataType,Shape,Max,Min,Mean,L2Norm\n"
     call = (
         'root.fc,Linear,Input,0,torch.float16,"(1, 4, 8)",1.5,-2.0,0.25,3.0\n'
-        'root.fc,Linear,Output,0,torch.float16,"(1, 4, 16)",{mx},-1.0,0.5,4.0\n'
+        'root.fc,Linear,Output,0,torch.float16,"(1, 4, 16)",{mx},-1.0,0.5,9.0\n'
     )
     # the module ran twice in this token: the last call's rows win
     (dev / "0" / "root.fc" / "statistics.csv").write_text(header + call.format(mx=9.0) + call.format(mx=7.0))
@@ -170,7 +170,7 @@ def test_statistics_only_dump(tmp_path: Path) -> None:
     assert set(by_role) == {"in", "out"}
     out = by_role["out"]
     assert out.path is None and out.dtype == "float16" and out.shape == (1, 4, 16)
-    assert out.stats is not None and out.stats.max == 7.0 and out.stats.norm == 4.0
+    assert out.stats is not None and out.stats.max == 7.0 and out.stats.norm == 9.0
     assert by_role["in"].stats.min == -2.0
 
 

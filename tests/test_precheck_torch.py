@@ -19,7 +19,9 @@ from torch import nn
 from transformers import BertConfig, BertModel
 
 from tests.conftest import ROOT, run_wb
+from tests.conftest_peers import PeerDumps
 from tests.tiny_models import tiny_llama
+from workbench.analysis.precheck_result import NOT_CHECKED, WEIGHTS_NOT_DUMPED
 from workbench.analysis.precheck_torch import STANDARDS, TorchDump, checker_key, precheck_node, precheck_path
 from workbench.dump import DumpConfig, register_hook
 from workbench.formats.detect import open_dump
@@ -290,14 +292,42 @@ def test_cli_precheck_torch_module_folder(tmp_path: Path) -> None:
     good, broken = dumps
     proc = run_wb("precheck", str(good / "1" / "root.model.layers.1.mlp"))
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[-1].startswith("1 ops re-run, 0 disagree")
+    assert proc.stdout.splitlines()[-1].startswith("1 ops ran: 1 ok, 0 disagree, 0 not checked")
     proc = run_wb("precheck", str(broken / "1" / "root.model.layers.1"))
     assert proc.returncode == 1
     assert any(line.startswith("FAIL  root.model.layers.1.mlp  act(gate) * up") for line in proc.stdout.splitlines())
     proc = run_wb("precheck", str(broken), "--token", "0", "--node", "root.model.layers.1.mlp.down_proj")
-    assert proc.returncode == 0 and "1 ops re-run, 0 disagree" in proc.stdout
+    assert proc.returncode == 0 and "1 ops ran: 1 ok, 0 disagree" in proc.stdout
     proc = run_wb("precheck", str(broken), "--node", "root.nope")
     assert proc.returncode == 2 and proc.stderr.startswith("wb: error:") and "root.nope" in proc.stderr
     assert "Traceback" not in proc.stderr
     results = precheck_path(broken / "0" / "root.model.layers.1.mlp")
     assert [r.passed for r in results] == [False]
+
+
+def test_msit_dump_without_weights_is_not_checked_never_ok(peer_dumps: PeerDumps) -> None:
+    """msit's own dumper saves no weights: the MLP's projections cannot be re-run, so the MLP is `not checked`
+    (naming them and why), never `ok`, and the exit code (4) says so; a whole token counts each verdict."""
+    planted = peer_dumps.need_msit()["planted"]  # layer 1's down_proj writes +Inf: only down_proj could tell
+    src = TorchDump.from_dump(open_dump(planted))
+    mlp = precheck_node(src, "root.model.layers.1.mlp", 0)
+    assert mlp.passed is None and mlp.verdict == NOT_CHECKED, (mlp.passed, mlp.reason)
+    assert mlp.not_checked == ["gate_proj", "up_proj", "down_proj"] and mlp.why == WEIGHTS_NOT_DUMPED
+    assert {o.label for o in mlp.outputs if o.passed} >= {"act_fn", "act(gate) * up", "out"}
+
+    proc = run_wb("precheck", str(planted), "--token", "0", "--node", "root.model.layers.1.mlp")
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "ok    " not in proc.stdout
+    line = next(x for x in proc.stdout.splitlines() if "root.model.layers.1.mlp" in x)
+    assert line.startswith("?     root.model.layers.1.mlp  not checked: gate_proj, up_proj, down_proj (weights not")
+    assert "re-dump with --weights or press d" in line and "passed: act_fn" in line
+    assert proc.stdout.splitlines()[-1].startswith("1 ops ran: 0 ok, 0 disagree, 1 not checked; 0 cannot run")
+
+    # every node of token 0: the Linears cannot run (no weight), nothing re-run is no success
+    proc = run_wb("precheck", str(planted), "--token", "0")
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    last = proc.stdout.splitlines()[-1]
+    counts = dict(part.strip().split(" ", 1)[::-1] for part in last.split(":", 1)[1].replace(";", ",").split(","))
+    assert int(counts["cannot run"]) > 0 and int(counts["disagree"]) == 0 and int(counts["have no reference"]) > 0
+    cannot = [x for x in proc.stdout.splitlines() if x.startswith("?     ") and "cannot run: " in x]
+    assert len(cannot) == int(counts["cannot run"]) and all("weight was not dumped" in x for x in cannot if "proj" in x)

@@ -266,6 +266,26 @@ def advice_evidence(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, st
 # ----------------------------------------------------------------------------------------------
 
 
+# The ranks follow the score with three exceptions (`write_advice`, `_rank`, `_children_first`); what `wb advise`
+# and the app print with the list, and docs/guide.md explains.
+ORDER_RULE = (
+    "order: score, highest first, except: an op a precheck pinned down comes first; an op whose error a known "
+    "cause explains comes after those standing out unexplained; an op carrying half or more of a parent's "
+    "added error comes right before that parent (^: ranked above a higher score)"
+)
+
+
+def above_higher(items: list[Advice]) -> set[tuple[int, int]]:
+    """(token, rank) of each op ranked above an op of its token with a higher score (an exception of `ORDER_RULE`)."""
+    out: set[tuple[int, int]] = set()
+    best_below: dict[int, float] = {}
+    for a in sorted(items, key=lambda a: (a.token_id, -a.rank)):
+        if a.score < best_below.get(a.token_id, -math.inf):
+            out.add((a.token_id, a.rank))
+        best_below[a.token_id] = max(best_below.get(a.token_id, -math.inf), a.score)
+    return out
+
+
 def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
     row = first_row(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]))
     return bool(row and row[0])
@@ -526,7 +546,7 @@ def _children_first(order: list[_Row], nodes: dict[int, _Node]) -> list[_Row]:
     return out
 
 
-_LAYER_RE = re.compile(r"(?<=[._/])(\d+)(?=[._/]|$)")
+_LAYER_RE = re.compile(r"(?<=[._/])([0-9]+)(?=[._/]|$)")
 
 
 def _pattern(node: _Node) -> str:

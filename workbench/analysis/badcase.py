@@ -19,7 +19,7 @@ from typing import Any
 
 _TRUE = {"true", "correct", "pass", "passed", "1", "yes"}
 _FALSE = {"false", "wrong", "fail", "failed", "0", "no"}
-_INT_RE = re.compile(r"-?\d+")
+_INT_RE = re.compile(r"-?[0-9]+")
 
 
 class BadCaseError(ValueError):

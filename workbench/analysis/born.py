@@ -226,9 +226,10 @@ def _refine_with_precheck(
         if other is not None:
             other_name, other_gid, other_tid = other
             verdicts[token] = (other_gid if other_gid is not None else gid, other_tid)
+            # the blamed op first: the verdict moved to its group, the op first suspected is only the context
             evidence[token] = (
-                f"precheck: {ok_line}, but {other_name} in the same layer disagrees with its own re-run "
-                "on its dumped inputs"
+                f"precheck: {other_name} disagrees with its own re-run on its dumped inputs (found in the layer of "
+                f"{name}, where the outputs first fail: {ok_line})"
             )
         elif checked:
             tail = " (look at its parameters and inputs)" if leaf else ""

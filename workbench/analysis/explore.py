@@ -26,6 +26,9 @@ from workbench.analysis.severity import VERDICT, colouring, severity, severity_a
 from workbench.analysis.tensor_diff import tensor_diff
 from workbench.analysis.token_view import StripCell, strip_cells
 from workbench.analysis.views import (
+    BORN_ADVISOR,
+    BORN_FAILS,
+    BORN_PRECHECK,
     ComparisonInfo,
     ComparisonSummary,
     ExploreError,
@@ -43,6 +46,7 @@ from workbench.analysis.views import (
     Unmatched,
 )
 from workbench.compare.thresholds import Thresholds
+from workbench.core.advice import STANDS_OUT
 from workbench.core.metrics import ALL_METRICS, BY_NAME
 
 if TYPE_CHECKING:
@@ -510,6 +514,10 @@ class Explorer:
                 )
             )
         born_g, born_t, evidence = self.born_evidence(token)
+        why, score = self._born_why(born_g, token, evidence)
+        if born_g is None and evidence is None:
+            born_g, score, evidence = self._standing_out(token)
+            why = BORN_ADVISOR if born_g is not None else None
         born_name = self._node_name(info.golden_run, born_g)
         born_test = self._node_name(info.test_run, born_t)
         return PairDetail(
@@ -525,7 +533,43 @@ class Explorer:
             born_test,
             evidence,
             None if tid is None else int(tid),
+            why,
+            score,
         )
+
+    def _advice_score(self, golden_node_id: int, token: int) -> float | None:
+        if not self._rows("SELECT 1 FROM duckdb_tables() WHERE table_name = 'advice'"):
+            return None
+        rows = self._rows(
+            "SELECT score FROM advice WHERE cmp_id = ? AND token_id = ? AND golden_node_id = ? ORDER BY rank LIMIT 1",
+            [self.info.cmp_id, token, golden_node_id],
+        )
+        return float(rows[0][0]) if rows and rows[0][0] is not None else None
+
+    def _born_why(self, born_g: int | None, token: int, evidence: str | None) -> tuple[str | None, float | None]:
+        """Why the verdict names `born_g` (`BORN_FAILS` / `BORN_PRECHECK`), and the advisor's score of it."""
+        if born_g is None:
+            return None, None
+        born = self._rows(
+            "SELECT born FROM node_results WHERE cmp_id = ? AND token_id = ? AND golden_node_id = ?",
+            [self.info.cmp_id, token, born_g],
+        )
+        fails = bool(born and born[0][0])
+        why = BORN_PRECHECK if not fails and (evidence or "").startswith("precheck:") else BORN_FAILS
+        return why, self._advice_score(born_g, token)
+
+    def _standing_out(self, token: int) -> tuple[int | None, float | None, str | None]:
+        """The advisor's first op at `token` (node, score, evidence) when it stands out of its peers' noise."""
+        if not self._rows("SELECT 1 FROM duckdb_tables() WHERE table_name = 'advice'"):
+            return None, None, None
+        rows = self._rows(
+            "SELECT golden_node_id, score, evidence FROM advice WHERE cmp_id = ? AND token_id = ? AND rank = 1 "
+            "AND score >= ?",
+            [self.info.cmp_id, token, STANDS_OUT],
+        )
+        if not rows:
+            return None, None, None
+        return int(rows[0][0]), float(rows[0][1]), None if not rows[0][2] else str(rows[0][2])
 
     def ranks(self) -> list[RankEntry]:
         """The ranks of this comparison's multi-rank compare (`analysis/ranks.py`); [] for a single rank."""

@@ -20,18 +20,20 @@ import copy
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from workbench.analysis.precheck_result import OutputCheck, PrecheckResult
 from workbench.compare.judge import judge_pair, nan_inf_mismatch
 from workbench.compare.metrics import compare_tensors
 from workbench.compare.thresholds import Thresholds
 from workbench.formats import atb_bin
 from workbench.formats.atb import (
     OP_PARAM_FILE,
+    TOO_DEEP,
     leaf_op_folders,
     op_tensor_files,
     parse_op_folder,
@@ -48,32 +50,6 @@ ROW_CHUNK = 1 << 14  # cache rows compared at a time for stray in-place writes
 _PLAIN_LAYOUTS = {"ND", "NCHW", "NHWC", "NCDHW", "NDHWC", "HWCN", "UNDEFINED"}
 SHAPE = "shape"  # failed-metric name: the dumped output cannot hold the reference
 STRAY_WRITES = "stray_writes"  # failed-metric name: an in-place op changed what it must not touch
-
-
-@dataclass(slots=True)
-class OutputCheck:
-    """The verdict on one dumped output: `values` are `compare_tensors` metrics (reference = golden)."""
-
-    index: int
-    values: dict[str, float | None]
-    passed: bool | None
-    failed_metrics: list[str]
-    reason: str | None = None
-    label: str = ""  # what was judged when it is not a plain output (torch stages: "q_proj", "attention core")
-
-
-@dataclass(slots=True)
-class PrecheckResult:
-    """The precheck of one op folder; `passed` is None when nothing could be judged (see `reason`)."""
-
-    op_dir: str
-    op_type: str
-    supported: bool
-    passed: bool | None
-    outputs: list[OutputCheck] = field(default_factory=list)
-    reason: str | None = None
-    name: str = ""  # the op path below the token folder, e.g. 3_Prefill_layer/1_Attention/1_RopeOperation
-    param_issues: list[str] = field(default_factory=list)
 
 
 class _Unsupported(Exception):
@@ -677,7 +653,8 @@ def precheck_op(op_dir: str | Path, *, thresholds: Thresholds | None = None) -> 
 
 
 def precheck_group(group_dir: str | Path, *, thresholds: Thresholds | None = None) -> list[PrecheckResult]:
-    """Precheck every leaf op under a group (or token) folder, in execution order (depth first).
+    """Precheck every leaf op under a group (or token) folder, in execution order (depth first); a folder whose
+    op folders nest too deeply comes last, not judged, its line as the reason.
 
     Raises `DumpError` when `group_dir` is not a folder.
     """
@@ -685,7 +662,9 @@ def precheck_group(group_dir: str | Path, *, thresholds: Thresholds | None = Non
     if not folder.is_dir():
         raise DumpError(folder, "missing folder" if not folder.exists() else "not a folder")
     th, peers = thresholds or Thresholds.load(), _Peers()
-    return [_check(leaf, th, peers) for leaf in leaf_op_folders(folder)]
+    too_deep: list[Path] = []
+    results = [_check(leaf, th, peers) for leaf in leaf_op_folders(folder, too_deep)]
+    return results + [PrecheckResult(str(d), "", True, None, reason=TOO_DEEP) for d in too_deep]
 
 
 def _check(op_dir: Path, th: Thresholds, peers: _Peers) -> PrecheckResult:
@@ -756,8 +735,16 @@ def _check(op_dir: Path, th: Thresholds, peers: _Peers) -> PrecheckResult:
     except _Misfit as exc:
         return result(True, None, f"{op_dir}: cannot check: {exc}")
     passed = _summary(outputs)
+    judged = {o.index for o in outputs if o.passed is not None}
+    unchecked = [f"out{i}" for i in range(len(outs)) if i not in judged]
     if issues:
         passed = False
+    elif passed and unchecked:
+        passed = None
     if passed is False and not issues:
         reasons.insert(0, _describe([o for o in outputs if o.passed is False]))
-    return result(True, passed, "; ".join(r for r in reasons if r) or None, outputs, issues)
+    res = result(True, passed, "; ".join(r for r in reasons if r) or None, outputs, issues)
+    if unchecked and outputs:
+        res.not_checked = unchecked
+        res.why = "no reference for these outputs"
+    return res

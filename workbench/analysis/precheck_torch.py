@@ -32,8 +32,10 @@ import duckdb
 import torch
 import torch.nn.functional as F
 
-from workbench.analysis.precheck import SHAPE, OutputCheck, PrecheckResult
-from workbench.formats.model import Dump, DumpError
+from workbench.analysis.precheck import SHAPE
+from workbench.analysis.precheck_result import WEIGHTS_NOT_DUMPED, OutputCheck, PrecheckResult
+from workbench.core.files import MODEL_TREE_NAME
+from workbench.formats.model import Dump, DumpError, token_number
 from workbench.formats.msit_torch import param_name
 from workbench.formats.tensor_io import load_tensor
 
@@ -145,10 +147,11 @@ class TorchDump:
         ).fetchall()
         meta = json.loads(meta_text) if meta_text else {}
         kw = meta.get("kwargs_inputs") if isinstance(meta, dict) else None
+        entries = [Entry(int(r[0]), r[1], r[2], int(r[3]), r[4], r[5]) for r in rows]
         return cls(
             str(kind),
             str(root),
-            [Entry(int(r[0]), r[1], r[2], int(r[3]), r[4], r[5]) for r in rows],
+            entries + _weights_of_redumps(con, run_id, entries),
             {n[0]: n[1] or "" for n in nodes},
             {n[0]: n[2] for n in nodes},
             kw if isinstance(kw, dict) else None,
@@ -209,6 +212,32 @@ class TorchDump:
         return next((kids[a] for a in attrs if a in kids), None)
 
 
+def _weights_of_redumps(con: duckdb.DuckDBPyConnection, run_id: int, entries: list[Entry]) -> list[Entry]:
+    """Weights saved with the files a run's tensors were re-pointed to (`wb redump`, the app's `d`): the param
+    entries, by node name, of the other runs whose folders hold this run's tensor files, for the nodes that have
+    none of their own."""
+    have = {e.node for e in entries if e.io == "param"}
+    runs = con.execute(
+        "SELECT DISTINCT r.run_id FROM runs r JOIN tensors t ON t.run_id = ? AND t.path IS NOT NULL "
+        "AND starts_with(t.path, r.path || '/') WHERE r.run_id <> ?",
+        [run_id, run_id],
+    ).fetchall()
+    if not runs:
+        return []
+    names = {e.node for e in entries} - have
+    out: list[Entry] = []
+    for (other,) in runs:
+        for tok, node, io, idx, path, error in con.execute(
+            "SELECT t.token_id, n.name, t.io, t.idx, t.path, t.error FROM tensors t JOIN nodes n "
+            "ON n.run_id = t.run_id AND n.node_id = t.node_id WHERE t.run_id = ? AND t.io = 'param'",
+            [int(other)],
+        ).fetchall():
+            if node in names:
+                out.append(Entry(int(tok), node, io, int(idx), path, error))
+        names -= {e.node for e in out}
+    return out
+
+
 def attr_name(node: str) -> str:
     """A node's attribute name under its parent: `root.a.q_proj` -> q_proj; msprobe
     `Module.a.q_proj.Linear.forward` -> q_proj."""
@@ -239,6 +268,7 @@ class TorchOp:
     outs: list[Tensor]
     params: dict[str, Tensor]
     source: TorchDump
+    skipped: dict[str, str] = field(default_factory=dict)  # stage -> why it did not run
 
     def named(self, name: str) -> Tensor | None:
         return next((t for n, t in zip(self.in_names, self.ins, strict=True) if n == name), None)
@@ -247,8 +277,8 @@ class TorchOp:
         w = self.params.get(name)
         if w is None:
             raise CannotRun(
-                f"{self.name}: its {name} was not dumped "
-                "(dump with DumpConfig(dump_weight=True), or msprobe's L0/mix level)"
+                f"{self.name}: its {name} was not dumped (re-dump with --weights or press d; "
+                "DumpConfig(dump_weight=True), msprobe's L0/mix level)"
             )
         return w
 
@@ -608,6 +638,8 @@ def _child_linear(op: TorchOp, attrs: tuple[str, ...], x: Tensor, token: int) ->
             checks = [
                 _linear_check(attr_name(node), child.ins[0], child.weight(), child.params.get("bias"), child.outs[0])
             ]
+        else:
+            op.skipped[attr_name(node)] = WEIGHTS_NOT_DUMPED if child.ins else "its input was not dumped"
         return child.outs[0], checks, node
     params = src.op_params(node)
     w = params.get("weight")
@@ -712,6 +744,8 @@ def _attention(op: TorchOp) -> list[Check]:
         checks.append(Check("attention core", core, o.ins[0], note, floor=floor))
         if o.params.get("weight") is not None:
             checks.append(_linear_check(attr_name(o_node), o.ins[0], o.weight(), o.params.get("bias"), o.outs[0]))
+        else:
+            op.skipped[attr_name(o_node)] = WEIGHTS_NOT_DUMPED
         checks.append(Check("out", _d(o.outs[0]), op.outs[0]))
         return checks
     if o_node is None:
@@ -748,6 +782,8 @@ def _gated_mlp(op: TorchOp) -> list[Check]:
         checks.append(Check("act(gate) * up", prod, d.ins[0]))
         if d.params.get("weight") is not None:
             checks.append(_linear_check("down_proj", d.ins[0], d.weight(), d.params.get("bias"), d.outs[0]))
+        else:
+            op.skipped["down_proj"] = WEIGHTS_NOT_DUMPED
         checks.append(Check("out", _d(d.outs[0]), op.outs[0]))
         return checks
     params = src.op_params(down) if down is not None else {}
@@ -835,9 +871,13 @@ def precheck_node(source: TorchDump, node: str, token: int) -> PrecheckResult:
             True, None, f"cannot run: the dumped tensors do not fit a {key} ({str(exc).splitlines()[0][:120]})"
         )
     outputs = [judge(c, i) for i, c in enumerate(checks)]
+    skipped = dict(op.skipped)
+    for o in outputs:
+        if o.passed is None:
+            skipped.setdefault(o.label, o.reason or "nothing to judge")
     if any(o.passed is False for o in outputs):
         passed: bool | None = False
-    elif outputs and all(o.passed for o in outputs):
+    elif outputs and not skipped:
         passed = True
     else:
         passed = None
@@ -852,7 +892,10 @@ def precheck_node(source: TorchDump, node: str, token: int) -> PrecheckResult:
     notes = sorted({c.note for c in checks if c.note})
     if notes:
         reason = "; ".join([*(r for r in (reason,) if r), *notes])
-    return result(True, passed, reason, outputs)
+    res = result(True, passed, reason, outputs)
+    res.not_checked = list(skipped)
+    res.why = "; ".join(dict.fromkeys(skipped.values())) or None
+    return res
 
 
 def precheck_nodes(source: TorchDump, token: int, nodes: list[str] | None = None) -> list[PrecheckResult]:
@@ -874,10 +917,11 @@ class Target:
 def target_of(path: Path) -> Target:
     """`{dev}/{token}/{module}` -> that module and token; `{dev}/{token}` -> that token; else the dump."""
     p = path.resolve()
-    if p.parent.name.isdigit() and (p.parent.parent / "model_tree.json").exists():
-        return Target(p.parent.parent, p.name, int(p.parent.name))
-    if p.name.isdigit() and (p.parent / "model_tree.json").exists():
-        return Target(p.parent, None, int(p.name))
+    tok, parent_tok = token_number(p.name), token_number(p.parent.name)
+    if parent_tok is not None and (p.parent.parent / MODEL_TREE_NAME).exists():
+        return Target(p.parent.parent, p.name, parent_tok)
+    if tok is not None and (p.parent / MODEL_TREE_NAME).exists():
+        return Target(p.parent, None, tok)
     return Target(p)
 
 
@@ -908,9 +952,13 @@ def precheck_path(path: Path, token: int | None = None, node: str | None = None)
 
 def precheck_catalog(
     con: duckdb.DuckDBPyConnection, cmp_id: int, golden_node: int | str, token: int, side: str = "test"
-) -> PrecheckResult:
-    """Precheck the `side` op of a comparison's golden node at `token` (torch module, msprobe call or ATB op)."""
-    from workbench.analysis.precheck import precheck_op
+) -> list[PrecheckResult]:
+    """Precheck the `side` op of a comparison's golden node at `token` (torch module, msprobe call or ATB op).
+
+    A group (an ATB `1_Attention`, a torch container with no reference of its own) yields its leaf ops in
+    execution order, as `wb compare` re-runs them; an op yields itself.
+    """
+    from workbench.analysis.precheck import precheck_group
     from workbench.catalog.lookup import NodeLookupError, compared_node
 
     try:
@@ -929,5 +977,13 @@ def precheck_catalog(
         if paths is None:
             raise CannotRun(f"{name_row[0]}: no tensor file at token {token}")
         folder = Path(paths[0]).parent
-        return precheck_op(folder.parent if folder.name in ("before", "after") else folder)
-    return precheck_node(TorchDump.from_catalog(con, run_id), str(name_row[0]), token)
+        try:
+            return precheck_group(folder.parent if folder.name in ("before", "after") else folder)
+        except DumpError as exc:
+            raise CannotRun(str(exc)) from None
+    source, name = TorchDump.from_catalog(con, run_id), str(name_row[0])
+    if checker_key(source.types.get(name, "")) is None:  # a container: its modules
+        below = [n for n in source.descendants(name) if source.has(n, token)]
+        if below:
+            return precheck_nodes(source, token, below)
+    return [precheck_node(source, name, token)]

@@ -131,6 +131,11 @@ class TensorDiff:
     error: str | None = None
 
 
+BORN_FAILS = "fails"
+BORN_PRECHECK = "precheck"
+BORN_ADVISOR = "advisor"
+
+
 @dataclass(slots=True)
 class PairDetail:
     """Everything the detail pane shows for a golden node at a token."""
@@ -147,6 +152,10 @@ class PairDetail:
     born_test_name: str | None = None  # the test op the verdict pins down (precheck), if any
     evidence: str | None = None  # how that test op was pinned down
     test_node_id: int | None = None
+    # why the verdict names `born_name`: BORN_FAILS (its outputs fail while its inputs pass), BORN_PRECHECK (a
+    # test op of it disagrees with its own re-run) or BORN_ADVISOR (no born op: the advisor's first op stands out)
+    born_why: str | None = None
+    born_score: float | None = None  # the advisor's score of `born_name` at this token, if it ranked it
 
 
 @dataclass(frozen=True, slots=True)

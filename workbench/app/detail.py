@@ -9,7 +9,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from workbench.analysis.views import NodeTensors, PairDetail, PairRow, TensorDiff
+from workbench.analysis.views import BORN_ADVISOR, BORN_PRECHECK, NodeTensors, PairDetail, PairRow, TensorDiff
+from workbench.core.advice import STANDS_OUT
 from workbench.core.metrics import METRICS
 
 BARS = " ▁▂▃▄▅▆▇█"
@@ -84,22 +85,7 @@ def render_detail(detail: PairDetail | None, diff: TensorDiff | None, styles: di
     else:
         head.append("unmatched: no counterpart on the test side", style=styles.get("unmatched", "grey50"))
     parts.append(head)
-    born_style = styles.get("born", "orange1")
-    verdict = Text()
-    if detail.born_here:
-        verdict.append("◆ error born here", style=f"bold {born_style}")
-        verdict.append(f" at token {detail.token}: outputs fail while inputs pass")
-    elif detail.born_name:
-        verdict.append(f"error born at: {detail.born_name} (token {detail.token})", style=born_style)
-    else:
-        verdict.append(f"token {detail.token}: every output passes", style=ok)
-    pinned = detail.born_test_name
-    if pinned and (detail.evidence or pinned != detail.born_name) and (detail.born_here or detail.born_name):
-        verdict.append("\n  test op pinned down: ", style=born_style)
-        verdict.append(pinned, style=f"bold {born_style}")
-        if detail.evidence:
-            verdict.append(f"\n  evidence: {detail.evidence}", style="italic")
-    parts.append(verdict)
+    parts.append(_verdict(detail, styles))
     if not detail.pairs:
         parts.append(Text("no compared tensor pairs for this node at this token", style="dim"))
         return Group(*parts)
@@ -177,6 +163,47 @@ def render_detail(detail: PairDetail | None, diff: TensorDiff | None, styles: di
             top.add_row(str(list(index)), fmt(g), fmt(t), Text(fmt(e), style=bad if not math.isfinite(e) else ""))
         parts.append(top)
     return Group(*parts)
+
+
+def _verdict(detail: PairDetail, styles: dict[str, str]) -> Text:
+    """The verdict line, saying what it rests on so that it never contradicts the table below it: failing
+    outputs, a precheck that pinned a test op down, or the advisor's score (an op standing out of the noise)."""
+    born_style = styles.get("born", "orange1")
+    verdict = Text()
+    score = f"advisor score {detail.born_score:.1f}" if detail.born_score is not None else ""
+    stands = f"{score} (>= {STANDS_OUT:g}: stands out of its peers' noise)" if score else ""
+    if detail.born_why == BORN_ADVISOR:
+        if detail.born_here:
+            verdict.append("◆ most likely origin", style=f"bold {born_style}")
+            verdict.append(f" at token {detail.token}: no output fails, but the error it adds has {stands}")
+        else:
+            verdict.append(f"token {detail.token}: no op where the error is born; ", style=styles.get("ok", "green"))
+            verdict.append(f"most likely origin: {detail.born_name} ({score}, stands out)", style=born_style)
+    elif detail.born_here and detail.born_why == BORN_PRECHECK:
+        verdict.append("◆ error pinned here", style=f"bold {born_style}")
+        passing = not any(p.passed is False for p in detail.pairs)
+        verdict.append(
+            f" at token {detail.token} by the precheck: "
+            + ("its outputs pass the compare, but " if passing else "")
+            + "a test op of it disagrees with its own re-run on its dumped inputs"
+            + (f"; {stands if detail.born_score >= STANDS_OUT else score}" if detail.born_score is not None else "")
+        )
+    elif detail.born_here:
+        verdict.append("◆ error born here", style=f"bold {born_style}")
+        verdict.append(f" at token {detail.token}: outputs fail while inputs pass")
+    elif detail.born_name:
+        verdict.append(f"error born at: {detail.born_name} (token {detail.token})", style=born_style)
+    else:
+        verdict.append(f"token {detail.token}: every output passes", style=styles.get("ok", "green"))
+    pinned = detail.born_test_name
+    if pinned and (detail.evidence or pinned != detail.born_name) and (detail.born_here or detail.born_name):
+        verdict.append("\n  test op pinned down: ", style=born_style)
+        verdict.append(pinned, style=f"bold {born_style}")
+        if detail.evidence:
+            verdict.append(f"\n  evidence: {detail.evidence}", style="italic")
+    elif detail.born_here and detail.evidence:
+        verdict.append(f"\n  evidence: {detail.evidence}", style="italic")
+    return verdict
 
 
 def render_node_tensors(node: NodeTensors, styles: dict[str, str]) -> RenderableType:

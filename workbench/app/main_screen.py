@@ -151,6 +151,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self._layer_rows: Heatmap | None = None  # last layers view, to return to the same row
         self._loaded = {"heatmap": False, "trees": False}
         self._last_row: int | None = None  # heatmap row of the last cursor move (a new layer row selects)
+        self._follow_born = False  # the selection was the born op when the token changed: take the new token's
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
@@ -301,12 +302,17 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
 
     @work(thread=True, exclusive=True, group="advice", exit_on_error=False)
     def load_advice(self) -> None:
+        from workbench.analysis.advisor import above_higher
+
         rows, note = self.explorer.advice()
+        marked = above_higher(rows)
         entries = [
             PickerEntry(
                 f"{a.rank:>3}  token {a.token_id:<4} {a.golden_node}"
                 + (f"  ⇄ {a.test_node}" if a.test_node else "")
-                + f"  score {a.score:.3g}  {a.reason}",
+                + f"  score {a.score:.3g}"
+                + ("^" if (a.token_id, a.rank) in marked else "")
+                + f"  {a.reason}",
                 (a.token_id, a.golden_node_id),
             )
             for a in rows
@@ -364,6 +370,11 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self.evidence = msg.evidence
         self._recolour()
         self._update_titles()
+        if self._follow_born:
+            self._follow_born = False
+            if msg.born is not None and msg.born != self.selected:
+                self.select(msg.born)
+                return
         if self.selected is not None:
             # the test tree follows the counterpart at THIS token (prefill and decode graphs differ)
             self._follow("golden", self.selected)
@@ -425,7 +436,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
                     self.set_token(token)
                 self.select(node)
 
-        title = "Suspects ranked by the advisor (Enter: go there)"
+        title = "Suspects ranked by the advisor, highest score first (^: ranked above a higher score; Enter: go there)"
         self.app.push_screen(PickerScreen(title, msg.entries, empty=msg.note or "no advice"), chosen)
 
     def _mark_loaded(self, what: str) -> None:
@@ -629,7 +640,12 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
             return
         token = data.tokens[event.col]
         if token != self.token:
+            on_born = self.selected is not None and self.selected == self.born_id and self.status_token == self.token
             self.set_token(token)
+            if on_born:  # from the born op, a new token selects its born op (once its status says which)
+                self._follow_born = True
+                self._last_row = event.row
+                return
         # the detail pane and the trees follow the cursor: an op row selects its op, a layer row its worst op
         if data.layer is not None:
             node = data.row_nodes[event.row]

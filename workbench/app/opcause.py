@@ -1,4 +1,6 @@
-"""From op to cause in the app: `p` prechecks the selected op, `d` re-dumps it (a cancellable progress screen).
+"""From op to cause in the app: `p` prechecks the selected op (a group: its leaf ops), `d` re-dumps it.
+
+`d` shows a cancellable progress screen.
 
 `OpCauseActions` is mixed into the main screen: each action runs one headless call in a thread worker
 (`precheck_catalog`, `plan_redump`, `run_redump`) and posts a typed message; the verdict goes to a panel under
@@ -24,8 +26,17 @@ from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import ProgressBar, Static
 
-from workbench.analysis.precheck import PrecheckResult
+from workbench.analysis.precheck_result import (
+    CANNOT_RUN,
+    DISAGREE,
+    NO_REFERENCE,
+    NOT_CHECKED,
+    OK,
+    PrecheckResult,
+    tally,
+)
 from workbench.app.footer import KeysFooter
+from workbench.core.exits import EXIT_NOTHING, EXIT_OK
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -39,7 +50,7 @@ if TYPE_CHECKING:
 class PrecheckReady(Message):
     node_id: int
     token: int
-    result: PrecheckResult | None
+    results: list[PrecheckResult]  # one op, or the leaf ops of a group
     error: str | None = None
 
 
@@ -61,15 +72,29 @@ class RedumpFinished(Message):
     error: bool
 
 
-def render_precheck(result: PrecheckResult | None, error: str | None, token: int) -> RenderableType:
-    """The precheck section: verdict line, one row per judged output or stage, the reason."""
+_STYLE = {OK: "green", DISAGREE: "red", NOT_CHECKED: "yellow", CANNOT_RUN: "yellow", NO_REFERENCE: "dim"}
+_MARK = {OK: "✓", DISAGREE: "✗", NOT_CHECKED: "?", CANNOT_RUN: "?", NO_REFERENCE: "-"}
+
+
+def group_verdict(results: list[PrecheckResult]) -> str:
+    """One verdict for what `p` re-ran: `disagree` if any op does, `ok` if every op with a reference ran every
+    stage and passed, else `not checked`."""
+    code = tally(results).exit_code
+    return DISAGREE if code == EXIT_NOTHING else OK if code == EXIT_OK else NOT_CHECKED
+
+
+def render_precheck(results: list[PrecheckResult] | None, error: str | None, token: int) -> RenderableType:
+    """The precheck section: verdict line, one row per judged output or stage (one op) or per op (a group)."""
     if error is not None:
         return Text(f"precheck: {error}", style="bold")
-    if result is None:
+    if not results:
         return Text("precheck: p re-runs the selected test op alone in float64", style="dim")
-    verdict = {True: ("PASS", "green"), False: ("FAIL", "red"), None: ("?", "yellow")}[result.passed]
+    if len(results) > 1:
+        return _render_group(results, token)
+    result = results[0]
+    verdict = result.verdict
     head = Text.assemble(
-        ("precheck ", "bold"), (verdict[0], f"bold {verdict[1]}"), f"  {result.name} ({result.op_type}) token {token}"
+        ("precheck ", "bold"), (verdict, f"bold {_STYLE[verdict]}"), f"  {result.name} ({result.op_type}) token {token}"
     )
     parts: list[RenderableType] = [head]
     if result.outputs:
@@ -88,8 +113,33 @@ def render_precheck(result: PrecheckResult | None, error: str | None, token: int
                 f"{cos:.6f}" if cos is not None else "-",
             )
         parts.append(table)
+    if result.not_checked:
+        parts.append(Text(result.unchecked_text, style="yellow"))
     if result.reason:
         parts.append(Text(result.reason, style="dim"))
+    return Group(*parts)
+
+
+def _render_group(results: list[PrecheckResult], token: int) -> RenderableType:
+    verdict = group_verdict(results)
+    counts = tally(results)
+    first = next((r for r in results if r.verdict == DISAGREE), None)
+    head = Text.assemble(
+        ("precheck ", "bold"),
+        (verdict, f"bold {_STYLE[verdict]}"),
+        f"  {len(results)} ops re-run alone, token {token}: {counts.line()}",
+    )
+    parts: list[RenderableType] = [head]
+    if first is not None:
+        parts.append(Text(f"first to disagree: {first.name}", style="bold red"))
+    table = Table(box=None, pad_edge=False, show_header=False)
+    table.add_column("")
+    table.add_column("")
+    for r in results:
+        v = r.verdict
+        why = r.unchecked_text if v == NOT_CHECKED else (r.reason or "") if v != OK else ""
+        table.add_row(Text(f"{_MARK[v]} {r.name or r.op_dir}", style=_STYLE[v]), Text(f"{v}  {why}".strip()))
+    parts.append(table)
     return Group(*parts)
 
 
@@ -98,9 +148,9 @@ class PrecheckPanel(Static):
 
     DEFAULT_CSS = "PrecheckPanel { margin-top: 1; display: none; }"  # shown by the first precheck
 
-    def show(self, result: PrecheckResult | None, error: str | None, token: int) -> None:
+    def show(self, results: list[PrecheckResult] | None, error: str | None, token: int) -> None:
         self.display = True
-        self.update(render_precheck(result, error, token))
+        self.update(render_precheck(results, error, token))
 
 
 class ConfirmRedumpScreen(ModalScreen[bool]):
@@ -215,18 +265,19 @@ class OpCauseActions(_MixinBase):
         try:
             con = connect_read_only(self.explorer.catalog)
             try:
-                result = precheck_catalog(con, self.explorer.info.cmp_id, node_id, token)
+                results = precheck_catalog(con, self.explorer.info.cmp_id, node_id, token)
             finally:
                 con.close()
         except CannotRun as exc:
-            self.post_message(PrecheckReady(node_id, token, None, str(exc)))
+            self.post_message(PrecheckReady(node_id, token, [], str(exc)))
             return
-        self.post_message(PrecheckReady(node_id, token, result))
+        self.post_message(PrecheckReady(node_id, token, results))
 
     def on_precheck_ready(self, msg: PrecheckReady) -> None:
-        self.query_one(PrecheckPanel).show(msg.result, msg.error, msg.token)
-        mark = {True: ("✓ precheck", "ok"), False: ("✗ precheck fails", "fail"), None: ("? precheck", "unmatched")}
-        badge = mark[msg.result.passed if msg.result is not None else None]
+        self.query_one(PrecheckPanel).show(msg.results, msg.error, msg.token)
+        mark = {OK: ("✓ precheck", "ok"), DISAGREE: ("✗ precheck fails", "fail")}
+        verdict = group_verdict(msg.results) if msg.results and msg.error is None else NOT_CHECKED
+        badge = mark.get(verdict, ("? precheck", "unmatched"))
         from workbench.app.trees import TopologyTree
 
         for tree in self.query(TopologyTree):

@@ -47,7 +47,7 @@ def advise(
 
         print_fallback(catalog, guarded(pick), fallback)
         return
-    from workbench.analysis.advisor import NAN_INF_SCORE, SIGNIFICANT
+    from workbench.analysis.advisor import NAN_INF_SCORE, ORDER_RULE, SIGNIFICANT, above_higher
     from workbench.analysis.advisor import advise as run_advise
     from workbench.catalog.lookup import comparison_id
     from workbench.catalog.store import first_row, open_catalog
@@ -76,12 +76,15 @@ def advise(
         elif fmt == "csv":
             typer.echo(csv_text(rows, COLUMNS), nl=False)
         else:
-            typer.echo(_table(rows, cid, SIGNIFICANT, NAN_INF_SCORE), nl=False)
+            marked = above_higher(items)
+            for row in rows:
+                row["above_higher"] = (row["token_id"], row["rank"]) in marked
+            typer.echo(_table(rows, cid, SIGNIFICANT, NAN_INF_SCORE, ORDER_RULE), nl=False)
 
     guarded(go)
 
 
-def _table(rows: list[dict[str, object]], cmp_id: int, significant: float, nan_inf_score: float) -> str:
+def _table(rows: list[dict[str, object]], cmp_id: int, significant: float, nan_inf_score: float, rule: str) -> str:
     if not rows:
         return f"comparison {cmp_id}: nothing to rank (no op with a compared output)\n"
     heads = ("rank", "token_id", "golden_node", "test_node", "score", "reason")
@@ -91,13 +94,14 @@ def _table(rows: list[dict[str, object]], cmp_id: int, significant: float, nan_i
             str(r["token_id"]),
             str(r["golden_node"]),
             "" if r["test_node"] is None else str(r["test_node"]),
-            f"{float(str(r['score'])):.1f}" if float(str(r["score"])) < nan_inf_score else "NaN/Inf",
+            (f"{float(str(r['score'])):.1f}" if float(str(r["score"])) < nan_inf_score else "NaN/Inf")
+            + ("^" if r.get("above_higher") else ""),
             str(r["reason"]),
         ]
         for r in rows
     ]
     head = f"comparison {cmp_id}; score = error an op adds / what its peers add (>= {significant:g}: stands out)"
-    return "\n".join([head, *text_table(heads, cells)]) + "\n"
+    return "\n".join([head, rule, *text_table(heads, cells)]) + "\n"
 
 
 def print_fallback(catalog: Path, cmp_id: int, k: int) -> None:

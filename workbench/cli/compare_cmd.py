@@ -76,7 +76,10 @@ def _compare_ranks(
 ) -> Any:
     from workbench.formats.detect import find_ranks, pair_ranks
 
-    g_ranks, t_ranks = find_ranks(golden), find_ranks(test)
+    refused: list[str] = []
+    g_ranks, t_ranks = find_ranks(golden, refused), find_ranks(test, refused)
+    for line in refused:
+        say(f"problem: {line}")
     if not (g_ranks or t_ranks):
         return _compare_one(
             golden,

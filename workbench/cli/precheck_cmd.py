@@ -10,8 +10,8 @@ import typer
 
 from workbench.cli.common import app, guarded, say
 
-if TYPE_CHECKING:  # torch: imported only by the command that runs a precheck, never at `wb` start-up
-    from workbench.analysis.precheck import PrecheckResult
+if TYPE_CHECKING:
+    from workbench.analysis.precheck_result import PrecheckResult
 
 
 @app.command()
@@ -41,41 +41,47 @@ def precheck(
 
     Torch modules and API calls are judged with msit opcheck's standard (share of elements within a relative
     error: bf16 2^-8 / fp16 2^-10 over 99.9%, fp32 2^-20 over 99.99%); ATB ops with the compare thresholds.
+    `ok` only when every stage ran. Exit 0: every op with a reference ran fully and passed; 1: an op disagrees;
+    4: nothing disagrees but something was not checked or could not run (or nothing ran).
     """
 
     def go() -> int:
+        from workbench.analysis.precheck_result import CANNOT_RUN, DISAGREE, NO_REFERENCE, OK, tally
+
         results = _results()
-        failed = 0
         for r in results:
             label = r.name or r.op_dir
-            if not r.supported:
+            verdict = r.verdict
+            unchecked = f"  {r.unchecked_text}" if r.not_checked else ""
+            if verdict == NO_REFERENCE:
                 if show_all or len(results) == 1:
                     say(f"skip  {label}  ({r.reason})")
-                continue
-            if r.passed is False:
-                failed += 1
+            elif verdict == DISAGREE:
                 worst = ", ".join(
                     f"{o.label or f'out{o.index}'}: {','.join(o.failed_metrics) or o.reason}"
                     for o in r.outputs
                     if o.passed is False
                 )
-                say(f"FAIL  {label}  {worst}" + (f"  ({r.reason})" if r.reason else ""))
-            elif r.passed is None:
-                say(f"?     {label}  ({r.reason})")
-            elif show_all or len(results) == 1:
-                say(f"ok    {label}" + (f"  ({r.reason})" if r.reason else ""))
-        checked = sum(1 for r in results if r.supported)
-        say(
-            f"{checked} ops re-run, {failed} disagree with their dumped outputs, {len(results) - checked} not supported"
-        )
-        return 1 if failed else 0
+                say(f"FAIL  {label}  {worst}{unchecked}" + (f"  ({r.reason})" if r.reason else ""))
+            elif verdict == CANNOT_RUN:
+                why = r.reason or ""
+                say(f"?     {label}  " + (why if why.startswith(CANNOT_RUN) else f"{CANNOT_RUN}: {why}"))
+            elif verdict == OK:
+                if show_all or len(results) == 1:
+                    say(f"ok    {label}" + (f"  ({r.reason})" if r.reason else ""))
+            else:  # not checked: some stages ran and passed, others did not run
+                passed = ", ".join(o.label or f"out{o.index}" for o in r.outputs if o.passed)
+                say(f"?     {label}{unchecked}" + (f"  (passed: {passed})" if passed else ""))
+        counts = tally(results)
+        say(counts.line())
+        return counts.exit_code
 
     def _results() -> list[PrecheckResult]:
         from workbench.analysis import precheck_torch as pt
 
         try:
             if catalog is not None:
-                return [_catalog_result(catalog)]
+                return _catalog_results(catalog)
             if path is None:
                 raise ValueError("give a dump folder, or --catalog with --node")
             if not path.is_dir():
@@ -105,7 +111,7 @@ def precheck(
         except pt.CannotRun as exc:
             raise ValueError(str(exc)) from None
 
-    def _catalog_result(cat: Path) -> PrecheckResult:
+    def _catalog_results(cat: Path) -> list[PrecheckResult]:
         from workbench.analysis.precheck_torch import precheck_catalog
         from workbench.catalog.lookup import comparison_id
         from workbench.catalog.store import open_catalog
@@ -145,7 +151,7 @@ def _is_atb(path: Path) -> bool:
     """An ATB op/group/token folder (`{index}_{OpType}` folders, or `before`/`after` below)."""
     import re
 
-    op = re.compile(r"^\d+_\w+$")
+    op = re.compile(r"^[0-9]+_\w+$", re.ASCII)
     if op.match(path.name) or (path / "after").is_dir() or (path / "before").is_dir():
         return True
     try:

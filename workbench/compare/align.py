@@ -35,8 +35,8 @@ _MAX_RUN_CELLS = 250_000  # size bound of the statistics re-alignment of one run
 
 Shapes = tuple[tuple[str, int, tuple[int, ...] | None], ...]
 Key = tuple[str, str | None, Shapes]  # type, own module name, tensor shapes at the first token
-_MSPROBE_MODULE = re.compile(r"^(?:Module|Cell)\.(.+)\.[^.]+\.forward(?:#\d+)?$")
-_INDEXED = re.compile(r"^\d+_")
+_MSPROBE_MODULE = re.compile(r"^(?:Module|Cell)\.(.+)\.[^.]+\.forward(?:#[0-9]+)?$")
+_INDEXED = re.compile(r"^[0-9]+_")
 
 
 def leaf_name(name: str, kind: str) -> str | None:
@@ -50,8 +50,8 @@ def leaf_name(name: str, kind: str) -> str | None:
         leaf = _INDEXED.sub("", name.rsplit("/", 1)[-1])
     else:
         leaf = name.rsplit(".", 1)[-1]
-        leaf = re.sub(r"\.\d+$", "", leaf)
-    return None if leaf.isdigit() else leaf
+        leaf = re.sub(r"\.[0-9]+$", "", leaf)
+    return None if leaf.isascii() and leaf.isdigit() else leaf
 
 
 @dataclass(slots=True)

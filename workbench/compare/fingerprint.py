@@ -22,7 +22,7 @@ import duckdb
 from workbench.compare.mapping import MappingFile, PairSpec, RuleSpec, TensorSel
 
 FINGERPRINT_VERSION = 1
-_INT_DTYPE = re.compile(r"^(u?int\d*|long|short|bool|char)$")
+_INT_DTYPE = re.compile(r"^(u?int[0-9]*|long|short|bool|char)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +236,7 @@ def node_changes(name: str, saved: NodePrint, now: CurrentNode, sel: TensorSel) 
         out = {}
         for key, val in d.items():
             role, _, idx = key.partition(":")
-            if idx.isdigit() and sel.accepts(role, int(idx)):
+            if idx.isascii() and idx.isdigit() and sel.accepts(role, int(idx)):
                 out[key] = val
         return out
 

@@ -66,7 +66,7 @@ class TensorSel:
             raise ValueError(f"tensor selector {text!r}: expected in[:N], out[:N] or *")
         if idx in ("", "*"):
             return cls(role, None)
-        if not idx.isdigit():
+        if not (idx.isascii() and idx.isdigit()):
             raise ValueError(f"tensor selector {text!r}: index must be a number")
         return cls(role, int(idx))
 
@@ -124,7 +124,7 @@ class RuleSpec:
         return out
 
 
-_NUMBER = re.compile(r"\d+")
+_NUMBER = re.compile(r"[0-9]+")
 
 
 def rule_across_layers(
@@ -192,7 +192,7 @@ class TypeRule:
 
 def _file_sel(file_part: str) -> TensorSel:
     """msit's tensor-file suffix (`outtensor0`, `output_0`, `intensor1`, `input_0`, `output`) as a selector."""
-    m = re.fullmatch(r"(outtensor|intensor|output|input)_?(\d*)", file_part)
+    m = re.fullmatch(r"(outtensor|intensor|output|input)_?([0-9]*)", file_part)
     if not m:
         return TensorSel()
     role = "out" if m.group(1) in ("outtensor", "output") else "in"

@@ -101,7 +101,7 @@ def _host_port(address: str) -> tuple[str, int]:
     """`HOST:PORT` or `ray://HOST:PORT` -> (host, port); anything else is refused in one line."""
     hostport = address.removeprefix("ray://").split("/", 1)[0]
     host, sep, port = hostport.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not (port.isascii() and port.isdigit()):
         raise RayClusterError(
             f"ray: {address!r} is not a cluster address: use HOST:PORT, ray://HOST:PORT, auto or local"
         )

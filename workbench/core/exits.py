@@ -4,6 +4,8 @@ EXIT_OK = 0
 EXIT_NOTHING = 1  # ran, but nothing could be compared / precheck found ops that disagree
 EXIT_INPUT = 2  # bad input, bad option, unusable file or catalog: one line names it
 EXIT_CRASH = 3  # a bug in wb: one line (the traceback with --debug), please report it
-EXIT_NOT_CONFIRMED = 4  # a recorded command was shown but not run: no --yes, no terminal to ask, or the answer was no
+# 4 means one thing per command (no command can end both ways):
+EXIT_NOT_CONFIRMED = 4  # wb redump, d: the recorded command was shown but not run (no --yes, no terminal, or no)
+EXIT_UNCHECKED = 4  # wb precheck: nothing disagrees, but some op or stage was not checked (or nothing ran)
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT)
 EXIT_TERMINATED = 143  # SIGTERM

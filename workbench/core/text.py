@@ -37,3 +37,20 @@ def storable(text: str) -> str:
         return text
     except UnicodeEncodeError:
         return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+_ASCII_INT = re.compile(r"-?[0-9]+")
+
+
+def ascii_int(text: object) -> int | None:
+    """The integer a name or field from disk spells in ASCII digits (a leading `-` allowed), else None.
+
+    `int()` alone also reads `٣` or `３` as 3, and accepts spaces and `1_0`: a crafted folder name would pass
+    for another one (`npu١_2` for device 1)."""
+    s = str(text)
+    return int(s) if _ASCII_INT.fullmatch(s) else None
+
+
+def has_foreign_digit(name: str) -> bool:
+    """Whether a name holds a digit that is not ASCII (`١`, `²`, `３`): such a name never passes for a number."""
+    return any(c.isdigit() and not c.isascii() for c in name)

@@ -29,15 +29,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.core.text import has_foreign_digit
 from workbench.formats import atb_bin
 from workbench.formats.layers import is_layer_folder
-from workbench.formats.model import Dump, DumpError, Node, TensorEntry, TensorRole, token_folder_problem, token_number
+from workbench.formats.model import (
+    Dump,
+    DumpError,
+    Node,
+    TensorEntry,
+    TensorRole,
+    checked_stats,
+    token_folder_problem,
+    token_number,
+)
 from workbench.formats.scan import check_link, link_problem, list_dir, read_json
 
 _OP_RE = re.compile(r"^([0-9]{1,9})_(.+)$", re.DOTALL)
-_TOKEN_RE = re.compile(r"^[0-9]{1,9}$")
-_TENSOR_RE = re.compile(r"^(intensor|outtensor)([0-9]{1,6})\.bin$")
+_TOKEN_RE = re.compile(r"[0-9]{1,9}")
+_TENSOR_RE = re.compile(r"(intensor|outtensor)([0-9]{1,6})\.bin")
 MAX_OP_DEPTH = 64  # op folders nest a few levels; deeper is a crafted dump
+TOO_DEEP = f"op folders nested deeper than {MAX_OP_DEPTH}: the deeper ones are not read"
 _PREFILL_WORDS = ("prefill", "encoder", "encode", "context", "full")
 _DECODE_WORDS = ("decoder", "decode", "incre")
 
@@ -52,11 +63,11 @@ def token_folders(path: Path, depth: int = 4) -> list[Path]:
     a token folder), in device then token order; [] when there are none within `depth` levels."""
     if is_atb_device_dir(path):
         try:
-            kids = [c for c in path.iterdir() if c.is_dir() and c.name.isdigit()]
+            kids = [c for c in path.iterdir() if c.is_dir() and token_number(c.name) is not None]
         except OSError:
             return []
         return sorted(kids, key=lambda c: int(c.name))
-    if path.name.isdigit() and is_atb_device_dir(path.parent):
+    if token_number(path.name) is not None and is_atb_device_dir(path.parent):
         return [path]
     if depth <= 0 or not path.is_dir():
         return []
@@ -82,7 +93,7 @@ def parse_op_folder(name: str) -> tuple[int, str] | None:
 
 def is_token_folder(name: str) -> bool:
     """Whether a folder name is an execute-count folder (`{count}`, below `tensors/{dev}_{pid}`)."""
-    return _TOKEN_RE.match(name) is not None
+    return _TOKEN_RE.fullmatch(name) is not None
 
 
 def op_folder_of(tensor_path: str | Path) -> Path:
@@ -100,20 +111,23 @@ def token_folder_of(op_dir: Path) -> Path | None:
     return None
 
 
-def leaf_op_folders(folder: Path, _depth: int = 0) -> list[Path]:
-    """Leaf op folders below `folder` (itself when it is a leaf op), depth first in execution order;
-    `DumpError` when they nest deeper than `MAX_OP_DEPTH` (a crafted dump)."""
-    if _depth >= MAX_OP_DEPTH:
-        raise DumpError(folder, f"op folders nested deeper than {MAX_OP_DEPTH}: not read")
+def leaf_op_folders(folder: Path, too_deep: list[Path] | None = None, _depth: int = 0) -> list[Path]:
+    """Leaf op folders below `folder` (itself when it is a leaf op), depth first in execution order. A folder
+    whose op folders nest deeper than `MAX_OP_DEPTH` (a crafted dump) is not read further: it goes to
+    `too_deep` (its problem: `TOO_DEEP`) and the others are still listed."""
     try:
         entries = [e for e in os.scandir(folder) if e.is_dir(follow_symlinks=False) and _OP_RE.match(e.name)]
     except OSError:
         return []
     if not entries:
         return [folder] if _OP_RE.match(folder.name) else []
+    if _depth >= MAX_OP_DEPTH:
+        if too_deep is not None:
+            too_deep.append(folder)
+        return []
     out: list[Path] = []
     for e in sorted(entries, key=lambda e: int(e.name.split("_", 1)[0])):
-        out += leaf_op_folders(Path(e.path), _depth + 1)
+        out += leaf_op_folders(Path(e.path), too_deep, _depth + 1)
     return out
 
 
@@ -123,7 +137,7 @@ def numbered_tensor_files(folder: Path, prefix: str) -> list[Path]:
         return []
     found: dict[int, Path] = {}
     for entry in os.scandir(folder):
-        m = _TENSOR_RE.match(entry.name)
+        m = _TENSOR_RE.fullmatch(entry.name)
         if m and m.group(1) == prefix:
             found[int(m.group(2))] = Path(entry.path)
     if found and sorted(found) != list(range(len(found))):
@@ -385,7 +399,7 @@ def _walk_ops(
         return
     if len(index_path) >= MAX_OP_DEPTH:
         if any(e.is_dir and _OP_RE.match(e.name) for e in entries):
-            problems.append(f"{folder}: op folders nested deeper than {MAX_OP_DEPTH}: the deeper ones are not read")
+            problems.append(f"{folder}: {TOO_DEEP}")
         return
     op_dirs = []
     for e in entries:
@@ -396,6 +410,8 @@ def _walk_ops(
             bad = link_problem(e)
             if bad is not None:
                 problems.append(bad)
+        elif e.is_dir and has_foreign_digit(e.name.split("_", 1)[0]):
+            problems.append(f"{e.path}: folder name holds a digit that is not ASCII: not read as an op")
     op_dirs.sort(key=lambda x: x[0])
     for idx, suffix, e in op_dirs:
         rel = f"{prefix}/{e.name}" if prefix else e.name
@@ -509,7 +525,7 @@ def _scan_op_tensors(token: int, node: str, folder: Path, out: list[TensorEntry]
             problems.append(str(exc))
             continue
         for f in files:
-            m = _TENSOR_RE.match(f.name)
+            m = _TENSOR_RE.fullmatch(f.name)
             if m and f.is_link:
                 try:
                     check_link(f.path)
@@ -518,6 +534,8 @@ def _scan_op_tensors(token: int, node: str, folder: Path, out: list[TensorEntry]
                     continue
             if m:  # a folder named like a tensor file fails to read below: a problem line, not a silent drop
                 found.setdefault((when, m.group(1)), {})[int(m.group(2))] = f.path
+            elif f.name.startswith(("intensor", "outtensor")) and has_foreign_digit(f.name):
+                problems.append(f"{f.path}: file name holds a digit that is not ASCII: not read as a tensor")
     inputs = dict(found.get(("after", "intensor"), {}))
     inputs.update(found.get(("before", "intensor"), {}))
     outputs = found.get(("after", "outtensor"), {})
@@ -532,19 +550,10 @@ def _scan_op_tensors(token: int, node: str, folder: Path, out: list[TensorEntry]
                 out.append(TensorEntry(token, node, role, k, path, error=exc.reason))
                 continue
             if h.stats is not None and h.payload_length == 0:
-                out.append(
-                    TensorEntry(
-                        token,
-                        node,
-                        role,
-                        k,
-                        None,
-                        dtype=h.dtype,
-                        shape=h.shape,
-                        layout=h.layout,
-                        stats=h.stats,
-                    )
+                entry = TensorEntry(
+                    token, node, role, k, None, dtype=h.dtype, shape=h.shape, layout=h.layout, stats=h.stats
                 )
+                out.append(checked_stats(entry, path, problems, label=""))
             else:
                 out.append(
                     TensorEntry(

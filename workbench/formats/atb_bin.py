@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.core.text import quote_bytes
+from workbench.core.text import ascii_int, quote_bytes
 from workbench.formats.model import DumpError, TensorStats, check_shape
 
 MAX_HEADER_BYTES = 64 * 1024
@@ -84,8 +84,12 @@ class BinHeader:
         return self.payload_length > 0 or (self.stats is None and 0 in self.shape)
 
 
+def _header_int(text: str) -> int | None:
+    return ascii_int(text.strip())
+
+
 def _parse_stat(value: str | None) -> float | None:
-    if value is None or value.strip().upper() in {"N/A", "NA", ""}:
+    if value is None or value.strip().upper() in {"N/A", "NA", ""} or not value.isascii():
         return None
     try:
         return float(value)
@@ -128,23 +132,22 @@ def read_header(path: str | Path) -> BinHeader:
     payload_start = pos
     if "dtype" not in attrs:
         raise DumpError(p, "header has no dtype")
-    try:
-        acl = int(attrs["dtype"])
-    except ValueError:
-        raise DumpError(p, f"header dtype {quote_bytes(attrs['dtype'])} is not an integer") from None
+    acl_or_none = _header_int(attrs["dtype"])
+    if acl_or_none is None:
+        raise DumpError(p, f"header dtype {quote_bytes(attrs['dtype'])} is not an integer")
+    acl = acl_or_none
     if acl not in ACL_DTYPES:
         raise DumpError(p, f"unsupported ATB dtype code {acl}")
     dtype, _np, itemsize = ACL_DTYPES[acl]
     dims_text = attrs.get("dims", "")
-    try:
-        shape = tuple(int(d) for d in dims_text.split(",") if d.strip() != "")
-    except ValueError:
-        raise DumpError(p, f"header dims {quote_bytes(dims_text, 24)} are not integers") from None
-    shape = check_shape(p, shape, "header dims")
-    try:
-        fmt_code = int(attrs.get("format", str(FORMAT_ND)))
-    except ValueError:
-        raise DumpError(p, f"header format {quote_bytes(attrs.get('format', ''))} is not an integer") from None
+    dims = [_header_int(d) for d in dims_text.split(",") if d.strip() != ""]
+    if any(d is None for d in dims):
+        raise DumpError(p, f"header dims {quote_bytes(dims_text, 24)} are not integers")
+    shape = check_shape(p, [d for d in dims if d is not None], "header dims")
+    fmt_or_none = _header_int(attrs.get("format", str(FORMAT_ND)))
+    if fmt_or_none is None:
+        raise DumpError(p, f"header format {quote_bytes(attrs.get('format', ''))} is not an integer")
+    fmt_code = fmt_or_none
     layout = ACL_FORMATS.get(fmt_code, f"format{fmt_code}")
     numel = 1
     for d in shape:
@@ -165,11 +168,10 @@ def read_header(path: str | Path) -> BinHeader:
         return BinHeader(p, dtype, acl, shape, layout, payload_start, 0, stats, attrs)
     offset, length = 0, available
     if "$Object.data" in attrs:
-        try:
-            off_s, len_s = attrs["$Object.data"].split(",")
-            offset, length = int(off_s), int(len_s)
-        except ValueError:
-            raise DumpError(p, f"malformed $Object.data {quote_bytes(attrs['$Object.data'], 24)}") from None
+        parts = [_header_int(x) for x in attrs["$Object.data"].split(",")]
+        if len(parts) != 2 or parts[0] is None or parts[1] is None:
+            raise DumpError(p, f"malformed $Object.data {quote_bytes(attrs['$Object.data'], 24)}")
+        offset, length = parts[0], parts[1]
         if offset < 0 or length < 0:
             raise DumpError(p, "negative $Object.data offset or length")
         if offset + length > available:

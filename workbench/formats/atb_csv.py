@@ -34,6 +34,7 @@ from workbench.formats.model import (
     TensorRole,
     TensorStats,
     check_shape,
+    checked_stats,
     token_folder_problem,
     token_number,
 )
@@ -69,13 +70,13 @@ _DTYPES = {
     "float8_e5m2": "float8_e5m2",
     "float8_e4m3fn": "float8_e4m3fn",
 }
-_DEV_RE = re.compile(r"^[0-9]+_[0-9]+$|^-?[0-9]+_[0-9]+$")
+_DEV_RE = re.compile(r"-?[0-9]+_[0-9]+")
 _ROLES: dict[str, TensorRole] = {"input": "in", "output": "out"}
 
 
 def is_device_dir(path: Path) -> bool:
     """A `data/{dev}_{pid}` folder of msprobe's ATB dump (one execution-count folder below holds a statistic.csv)."""
-    if path.parent.name != DATA_DIR or not _DEV_RE.match(path.name):
+    if path.parent.name != DATA_DIR or not _DEV_RE.fullmatch(path.name):
         return False
     try:
         return any(e.is_dir and (Path(e.path) / STATS_FILE).is_file() for e in list_dir(path))
@@ -99,7 +100,7 @@ def device_dirs(path: Path) -> list[Path]:
 def _num(text: str) -> float | None:
     """A statistic as the probe prints it (`0.060616`, `246`, `nan`, `-inf`); None for `N/A` or a complex pair."""
     t = text.strip()
-    if not t or t == "N/A" or t.startswith("("):
+    if not t or t == "N/A" or t.startswith("(") or not t.isascii():  # float() also reads '٣'
         return None
     try:
         return float(t)  # accepts nan, -nan, inf, -inf as std::to_string prints them
@@ -253,7 +254,7 @@ def _read_csv(c: _Count, ops: dict[str, atb._OpInfo], problems: list[str]) -> No
                 problems.append(f"{path}: not msprobe's ATB statistic.csv (header {','.join(head)[:120]!r}): not read")
                 return
             for line_no, row in enumerate(reader, start=2):
-                bad = _read_row(c, row, ops)
+                bad = _read_row(c, row, ops, f"{path}:{line_no}", problems)
                 if bad:
                     problems.append(f"{path}:{line_no}: {bad}: row skipped")
     except UnicodeDecodeError:
@@ -262,8 +263,9 @@ def _read_csv(c: _Count, ops: dict[str, atb._OpInfo], problems: list[str]) -> No
         problems.append(f"{path}: cannot read: {exc}")
 
 
-def _read_row(c: _Count, row: list[str], ops: dict[str, atb._OpInfo]) -> str | None:
-    """Add one row to `c.rows`; the problem (without the file) when it cannot be read."""
+def _read_row(c: _Count, row: list[str], ops: dict[str, atb._OpInfo], where: str, problems: list[str]) -> str | None:
+    """Add one row to `c.rows`; the problem (without the file) when it cannot be read. Impossible statistics are
+    dropped from the row with their own line (`checked_stats`), the row is kept."""
     if not any(x.strip() for x in row):
         return None
     if len(row) != len(HEADER):
@@ -303,7 +305,7 @@ def _read_row(c: _Count, row: list[str], ops: dict[str, atb._OpInfo]) -> str | N
         entry = TensorEntry(
             0, rel, role, int(index), None, entry.dtype, shape, layout, None, "no statistics and no tensor"
         )
-    c.rows[key] = entry
+    c.rows[key] = checked_stats(entry, where, problems, label=f"{rel} {io.strip()} {index}")
     return None
 
 

@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workbench.core.files import MANIFEST_NAME, MODEL_TREE_NAME
-from workbench.core.text import storable
+from workbench.core.text import ascii_int, has_foreign_digit, storable
 from workbench.formats import atb, atb_csv, msit_torch, msprobe
 from workbench.formats.model import Dump, DumpError, token_number
 from workbench.formats.scan import confined, list_dir
 
 _DUMP_DIR_RE = re.compile(r"^(msit_dump|ait_dump)")
-_ATB_DEV_RE = re.compile(r"^[0-9]+_[0-9]+$")
+_ATB_DEV_RE = re.compile(r"[0-9]+_[0-9]+")
 _MAX_UP = 32
 
 
@@ -116,7 +116,20 @@ def _note_others(dump: Dump, chosen: Path, candidates: list[Path]) -> Dump:
     others = [str(c) for c in candidates if c != chosen]
     if others:
         dump.meta["other_candidates"] = others
+    return _refuse_foreign(dump, {c.parent for c in candidates})
+
+
+def _refuse_foreign(dump: Dump, parents: set[Path]) -> Dump:
+    """One problem line per folder beside the device, rank or step folders whose name holds a digit that is not
+    ASCII (`npu١_2`, `step٣`): it is not read, and never passes for the number it looks like."""
+    for parent in sorted(parents):
+        for d in _subdirs(parent):
+            if has_foreign_digit(d.name):
+                dump.problems.append(_FOREIGN.format(d))
     return dump
+
+
+_FOREIGN = "{}: folder name holds a digit that is not ASCII: not read"
 
 
 # ---------------------------------------------------------------------------------------------- msprobe
@@ -128,14 +141,15 @@ def _open_msprobe(p: Path) -> Dump | None:
     ranks = msprobe.find_rank_dirs(p)
     if not ranks:
         return None
-    return msprobe.read_msprobe(ranks, root=p)
+    steps = {d.parent for _s, d in ranks if re.fullmatch(r"step[0-9]+", d.parent.name)}
+    return _refuse_foreign(msprobe.read_msprobe(ranks, root=p), steps | {s.parent for s in steps})
 
 
 # ---------------------------------------------------------------------------------------------- torch
 
 
 def _torch_dev_dirs(p: Path) -> list[Path]:
-    return [d for d in _subdirs(p) if msit_torch.is_torch_device_dir(d)]
+    return [d for d in _subdirs(p) if not has_foreign_digit(d.name) and msit_torch.is_torch_device_dir(d)]
 
 
 def _open_torch(p: Path) -> Dump | None:
@@ -181,7 +195,7 @@ def _open_atb_csv(p: Path) -> Dump | None:
 
 
 def _atb_dev_dirs(tensors: Path) -> list[Path]:
-    return [d for d in _subdirs(tensors) if _ATB_DEV_RE.match(d.name)]
+    return [d for d in _subdirs(tensors) if _ATB_DEV_RE.fullmatch(d.name)]
 
 
 def _open_atb(p: Path) -> Dump | None:
@@ -220,7 +234,7 @@ def _open_atb(p: Path) -> Dump | None:
 
 # ---------------------------------------------------------------------------------------------- ranks
 
-_DEV_ID_RE = re.compile(r"^(?:[a-z]+)?(\d+)_\d+$")  # npu3_1234, cuda0_77, 3_1234 (ATB); cpu_123 has none
+_DEV_ID_RE = re.compile(r"(?:[a-z]+)?([0-9]+)_[0-9]+")  # npu3_1234, cuda0_77, 3_1234 (ATB); cpu_123 has none
 
 
 @dataclass(frozen=True)
@@ -233,20 +247,27 @@ class RankDump:
     open: Callable[[], Dump]
 
 
-def find_ranks(path: str | Path) -> list[RankDump]:
+def find_ranks(path: str | Path, problems: list[str] | None = None) -> list[RankDump]:
     """The ranks below a dump path that holds several (tensor parallelism writes one folder per process):
     msit `torch_tensors/{dev}_{pid}`, ATB `tensors/{dev}_{pid}`, msprobe `step*/rank{N}`, msprobe's ATB probe
-    `atb_dump_data/data/{dev}_{pid}`; [] for one rank."""
+    `atb_dump_data/data/{dev}_{pid}`; [] for one rank. A folder beside them whose name holds a digit that is not
+    ASCII (`npu١_2`) is no rank: one line each in `problems` (where there are several ranks)."""
     p = Path(path).expanduser()
     if not p.is_dir():
         return []
     p = p.resolve()
     found = _msprobe_ranks(p) or _torch_ranks(p) or _atb_csv_ranks(p) or _atb_ranks(p)
-    return found if len(found) >= 2 else []
+    refused = sorted({d for r in found for d in _subdirs(r.path.parent) if has_foreign_digit(d.name)})
+    found = [r for r in found if r.path not in refused]
+    if len(found) < 2:
+        return []  # one rank: `open_dump` reads it and says what it refused
+    if problems is not None:
+        problems += [_FOREIGN.format(d) for d in refused]
+    return found
 
 
 def _dev_id(name: str) -> int | None:
-    m = _DEV_ID_RE.match(name)
+    m = _DEV_ID_RE.fullmatch(name)
     return int(m.group(1)) if m else None
 
 
@@ -259,7 +280,7 @@ def _msprobe_ranks(p: Path) -> list[RankDump]:
         digits = name.removeprefix("rank")
         out.append(
             RankDump(
-                int(digits) if digits.isdigit() else None,
+                ascii_int(digits),
                 name,
                 dirs[0][1],
                 functools.partial(msprobe.read_msprobe, dirs, root=dirs[0][1]),
@@ -311,6 +332,6 @@ def pair_ranks(golden: list[RankDump], test: list[RankDump]) -> list[tuple[RankD
 
     def order(r: RankDump) -> tuple[bool, int, int, str]:  # cpu_{pid}: processes by pid (rank 0 starts first)
         tail = r.label.rsplit("_", 1)[-1]
-        return (r.rank is None, r.rank or 0, int(tail) if tail.isdigit() else 0, r.label)
+        return (r.rank is None, r.rank or 0, ascii_int(tail) or 0, r.label)
 
     return list(zip(sorted(golden, key=order), sorted(test, key=order)))

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from workbench.formats.model import Node
 
 # a container segment followed by an integer segment, separated by dots (or slashes)
-_LAYER_RE = re.compile(r"(?:^|[./])(?:layers|layer|h|blocks|block)[./](\d+)(?=$|[./])")
+_LAYER_RE = re.compile(r"(?:^|[./])(?:layers|layer|h|blocks|block)[./]([0-9]+)(?=$|[./])")
 
 
 def layer_from_name(name: str) -> int | None:

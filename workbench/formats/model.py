@@ -8,6 +8,8 @@ by `workbench.formats.tensor_io.load_tensor`.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -114,6 +116,71 @@ class TensorStats:
     min: float | None = None
     mean: float | None = None
     norm: float | None = None
+
+
+STATS_SLACK = 1 / 32  # recorded statistics are rounded (printed digits, half-precision sums): bounds get this much room
+_ROLE_WORDS = {"in": "input", "out": "output", "param": "param"}
+
+
+def stats_problem(stats: TensorStats, shape: tuple[int, ...] | None) -> str | None:
+    """Why no tensor of `shape` can have these statistics, else None.
+
+    A tensor holding inf or NaN legitimately has an infinite max or min and a NaN mean or norm (max=inf, min=-inf,
+    mean=NaN is real), and a half-precision sum may overflow to an infinite mean or norm. Impossible: a negative
+    norm, min above max, a finite mean outside [min, max], a norm below the largest magnitude, and for n elements a
+    norm above sqrt(n) times the largest magnitude, a mean magnitude above norm / sqrt(n), a non-zero norm of an
+    empty tensor."""
+    mx, mn, mean, norm = stats.max, stats.min, stats.mean, stats.norm
+
+    def known(v: float | None) -> bool:
+        return v is not None and not math.isnan(v)
+
+    if norm is not None and norm < 0:
+        return f"negative norm {norm:g}"
+    if known(mx) and known(mn) and mn > mx:  # type: ignore[operator]
+        return f"min {mn:g} above max {mx:g}"
+    mags = [abs(v) for v in (mx, mn) if v is not None and known(v)]
+    amax = max(mags) if mags else None
+    finite = [abs(v) for v in (mx, mn) if v is not None and math.isfinite(v)]
+    room = STATS_SLACK * max(finite, default=0.0) + 1e-30
+    if mean is not None and math.isfinite(mean):
+        if (known(mn) and mean < mn - room) or (known(mx) and mean > mx + room):  # type: ignore[operator]
+            return f"mean {mean:g} outside [min {_g(mn)}, max {_g(mx)}]"
+    if norm is None or not math.isfinite(norm):
+        return None
+    if amax is not None and norm < amax * (1 - STATS_SLACK) - 1e-30:
+        return f"norm {norm:g} below the largest magnitude {amax:g}"
+    if shape is None:
+        return None
+    n = math.prod(shape)
+    if n == 0:
+        return f"norm {norm:g} of an empty tensor (shape {list(shape)})" if norm > 0 else None
+    root_n = math.sqrt(n)
+    if amax is not None and math.isfinite(amax) and norm > root_n * amax * (1 + STATS_SLACK) + 1e-30:
+        return f"norm {norm:g} above sqrt({n}) x the largest magnitude {amax:g}"
+    if mean is not None and math.isfinite(mean) and abs(mean) > norm / root_n * (1 + STATS_SLACK) + 1e-30:
+        return f"mean {mean:g} above norm / sqrt({n}) for {n} elements"
+    return None
+
+
+def _g(v: float | None) -> str:
+    return "?" if v is None else f"{v:g}"
+
+
+def checked_stats(entry: TensorEntry, where: str | Path, problems: list[str], label: str | None = None) -> TensorEntry:
+    """`entry` as read, or without its statistics (one line in `problems` naming `where`) when no tensor of its shape
+    can have them (`stats_problem`): a statistics-only entry is then not judged at all, one with a tensor file on
+    its payload only."""
+    why = None if entry.stats is None else stats_problem(entry.stats, entry.shape)
+    if why is None:
+        return entry
+    what = label if label is not None else f"token {entry.token} {entry.node} {_ROLE_WORDS[entry.role]} {entry.index}"
+    head = f"{where}: {what}: " if what else f"{where}: "
+    if entry.path is None:
+        problems.append(f"{head}impossible statistics ({why}): refused; the tensor is not judged")
+        return dataclasses.replace(entry, stats=None, error=f"impossible statistics ({why})")
+    problems.append(f"{head}impossible statistics ({why}): refused; the tensor is judged on its file only")
+    return dataclasses.replace(entry, stats=None)
 
 
 @dataclass(slots=True)

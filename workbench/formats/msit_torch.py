@@ -10,6 +10,11 @@ Execution order: our dumper's `wb_manifest.json` when present (`recorded`), else
 flow on the first token (`data-flow`): a module that consumes a tensor another module produced
 runs after it; siblings are ordered topologically with the definition order as tie-breaker and a
 parent precedes its children. Without any dumped input the definition order is all we have.
+
+Without a usable `model_tree.json` (missing, unreadable, malformed, nested too deeply) the tree comes from
+the folder names, with one problem line: every dotted prefix of a `root.` module is a module too (dumped or
+not, like `root.model.layers`), so the hierarchy is the one the tree gives; a module's type is then its
+last name segment.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from workbench.formats.model import (
     TensorRole,
     TensorStats,
     check_shape,
+    checked_stats,
     token_folder_problem,
     token_number,
 )
@@ -77,6 +83,7 @@ def read_msit_torch(
     """Read one `{device}_{pid}` folder; `token`/`module` restrict the tensors to one token / module subtree."""
     problems: list[str] = []
     nodes, model_name = _read_tree(dev_dir, problems)
+    tree_used = bool(nodes)
     meta: dict[str, Any] = {}
     manifest_path = dev_dir / MANIFEST
     manifest: dict[str, Any] | None = None
@@ -102,7 +109,7 @@ def read_msit_torch(
     # modules seen on disk but absent from the tree (API-mode folders, missing tree)
     by_name = {n.name: n for n in nodes}
     for name in sorted({t.node for t in tensors} - by_name.keys(), key=_name_key):
-        _add_folder_node(name, nodes, by_name)
+        _add_folder_node(name, nodes, by_name, from_folders=not tree_used)
 
     order_source: OrderSource
     if manifest is not None:
@@ -146,14 +153,14 @@ def read_msit_torch(
 def _read_tree(dev_dir: Path, problems: list[str]) -> tuple[list[Node], str | None]:
     path = dev_dir / MODEL_TREE
     if not path.exists():
-        problems.append(f"{path}: missing; module tree rebuilt from folder names")
+        problems.append(f"{path}: missing; the module tree is rebuilt from the folder names")
         return [], None
     try:
         data = read_json(path)
         nodes: list[Node] = []
         _walk_tree(data, None, 0, nodes, path)
     except DumpError as exc:
-        problems.append(f"{exc}; module tree rebuilt from folder names")
+        problems.append(f"{exc}; not used: the module tree is rebuilt from the folder names")
         return [], None
     return nodes, (nodes[0].type if nodes else None)
 
@@ -182,15 +189,22 @@ def _name_key(name: str) -> tuple[Any, ...]:
     return tuple((0, int(p)) if p.isascii() and p.isdigit() else (1, p) for p in name.split("."))
 
 
-def _add_folder_node(name: str, nodes: list[Node], by_name: dict[str, Node]) -> None:
-    """Add a module folder that the tree does not list, under its longest listed prefix."""
+def _add_folder_node(name: str, nodes: list[Node], by_name: dict[str, Node], *, from_folders: bool = False) -> None:
+    """Add a module folder that the tree does not list, under its longest listed prefix. `from_folders` (no
+    usable tree): every dotted prefix of a `root.` name is a module, dumped or not (`root.model.layers`), so the
+    hierarchy is the one a tree gives."""
     parent = None
     parts = name.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        cand = ".".join(parts[:i])
-        if cand in by_name:
-            parent = cand
-            break
+    if from_folders and name.startswith("root."):
+        parent = ".".join(parts[:-1])
+        if parent not in by_name:
+            _add_folder_node(parent, nodes, by_name, from_folders=True)
+    else:
+        for i in range(len(parts) - 1, 0, -1):
+            cand = ".".join(parts[:i])
+            if cand in by_name:
+                parent = cand
+                break
     if parent is None and name != "root" and "root" not in by_name and name.startswith("root."):
         _add_folder_node("root", nodes, by_name)
         parent = "root"
@@ -342,6 +356,7 @@ def _scan_module(
             stats = _read_stats_csv(stats_file)
         except DumpError as exc:
             problems.append(str(exc))
+    first = len(out)
     for role in TENSOR_ROLES:
         for idx, (_nums, path) in enumerate(sorted(by_role[role])):
             st = stats.pop((role, idx), None)
@@ -388,6 +403,8 @@ def _scan_module(
                     hashes.has_inputs = True
     for (role, idx), (st_dtype, st_shape, st_) in sorted(stats.items()):
         out.append(TensorEntry(tok, module, role, idx, None, dtype=st_dtype, shape=st_shape, stats=st_))
+    if stats_file is not None:  # impossible statistics refused, with their line naming the CSV
+        out[first:] = [checked_stats(e, stats_file, problems) for e in out[first:]]
 
 
 def _csv_role(row: dict[str, str]) -> TensorRole:
@@ -395,7 +412,7 @@ def _csv_role(row: dict[str, str]) -> TensorRole:
 
 
 def _float(text: str | None) -> float | None:
-    if text is None:
+    if text is None or not text.isascii():  # float() also reads '٣'
         return None
     try:
         return float(text)

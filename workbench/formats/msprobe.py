@@ -30,13 +30,22 @@ from pathlib import Path
 from typing import Any
 
 from workbench.formats.layers import inherit_layers, layer_from_name
-from workbench.formats.model import Dump, DumpError, Node, TensorEntry, TensorRole, TensorStats, check_shape
+from workbench.formats.model import (
+    Dump,
+    DumpError,
+    Node,
+    TensorEntry,
+    TensorRole,
+    TensorStats,
+    check_shape,
+    checked_stats,
+)
 from workbench.formats.scan import check_link, list_dir, npy_header, pth_header, read_json
 
 _MODULE_RE = re.compile(r"^(Module|Cell)\.(.+)\.([^.]+)\.(forward|backward)\.([0-9]{1,9})$", re.DOTALL)
 _API_RE = re.compile(r"^([A-Za-z]\w*)\.(.+)\.([0-9]{1,9})\.(forward|backward)$", re.DOTALL)
-_STEP_RE = re.compile(r"^step([0-9]{1,9})$")
-_RANK_RE = re.compile(r"^(rank\d*|proc\d+)$")
+_STEP_RE = re.compile(r"step([0-9]{1,9})")
+_RANK_RE = re.compile(r"rank[0-9]*|proc[0-9]+")
 
 
 def is_msprobe_rank_dir(path: Path) -> bool:
@@ -64,16 +73,16 @@ class _Call:
 def find_rank_dirs(path: Path) -> list[tuple[int, Path]]:
     """(step, rank folder) pairs under a dump path, a step folder or a rank folder; one rank (the first)."""
     if is_msprobe_rank_dir(path):
-        m = _STEP_RE.match(path.parent.name)
+        m = _STEP_RE.fullmatch(path.parent.name)
         return [(int(m.group(1)) if m else 0, path)]
     steps: list[tuple[int, Path]] = []
-    own_step = _STEP_RE.match(path.name)
+    own_step = _STEP_RE.fullmatch(path.name)
     if own_step:
         steps = [(int(own_step.group(1)), path)]
     else:
         try:
             for e in list_dir(path):
-                m = _STEP_RE.match(e.name)
+                m = _STEP_RE.fullmatch(e.name)
                 if e.is_dir and m:
                     steps.append((int(m.group(1)), Path(e.path)))
         except DumpError:
@@ -83,7 +92,7 @@ def find_rank_dirs(path: Path) -> list[tuple[int, Path]]:
     for step, sp in steps:
         try:
             for e in list_dir(sp):
-                if e.is_dir and _RANK_RE.match(e.name) and (Path(e.path) / "dump.json").is_file():
+                if e.is_dir and _RANK_RE.fullmatch(e.name) and (Path(e.path) / "dump.json").is_file():
                     ranks[e.name].append((step, Path(e.path)))
         except DumpError:
             continue
@@ -96,20 +105,20 @@ def find_rank_dirs(path: Path) -> list[tuple[int, Path]]:
 def find_all_rank_dirs(path: Path) -> dict[str, list[tuple[int, Path]]]:
     """Every rank folder name below a dump path or a step folder -> its (step, folder) pairs."""
     steps: list[tuple[int, Path]] = []
-    m = _STEP_RE.match(path.name)
+    m = _STEP_RE.fullmatch(path.name)
     if m:
         steps = [(int(m.group(1)), path)]
     else:
         try:
             entries = list_dir(path)
-            steps = [(int(x.group(1)), Path(e.path)) for e in entries if e.is_dir and (x := _STEP_RE.match(e.name))]
+            steps = [(int(x.group(1)), Path(e.path)) for e in entries if e.is_dir and (x := _STEP_RE.fullmatch(e.name))]
         except DumpError:
             return {}
     ranks: dict[str, list[tuple[int, Path]]] = defaultdict(list)
     for step, sp in sorted(steps):
         try:
             for e in list_dir(sp):
-                if e.is_dir and _RANK_RE.match(e.name) and (Path(e.path) / "dump.json").is_file():
+                if e.is_dir and _RANK_RE.fullmatch(e.name) and (Path(e.path) / "dump.json").is_file():
                     ranks[e.name].append((step, Path(e.path)))
         except DumpError:
             continue
@@ -368,6 +377,7 @@ def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems:
                     bad = err if os.path.exists(path) else DumpError(path, "missing file")
                     problems.append(str(bad))
                     error = bad.reason
-            out.append(
-                TensorEntry(call.token, call.node, role, idx, path, dtype=dtype, shape=shape, stats=stats, error=error)
+            entry = TensorEntry(
+                call.token, call.node, role, idx, path, dtype=dtype, shape=shape, stats=stats, error=error
             )
+            out.append(checked_stats(entry, data_dir.parent / "dump.json", problems))

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.core.files import MANIFEST_NAME
-from workbench.formats.model import DumpError
+from workbench.core.text import ascii_int
+from workbench.formats.model import DumpError, token_number
 from workbench.formats.scan import read_json
 
 _EMBED_RE = re.compile(r"word_?embed|embed_tokens|tok_embeddings|\bwte\b|embedding", re.IGNORECASE)
@@ -49,8 +50,9 @@ def recorded_input_ids(meta: dict[str, Any]) -> dict[int, list[int]]:
     if isinstance(per_call, dict):
         for key, ids in per_call.items():
             flat = _int_list(ids)
-            if str(key).isdigit() and flat is not None:
-                out[int(key)] = flat
+            tok = ascii_int(key)
+            if tok is not None and tok >= 0 and flat is not None:
+                out[tok] = flat
         return out
     atb = meta.get("wb_manifest")
     if isinstance(atb, dict):
@@ -122,7 +124,7 @@ def _below(p: Path, depth: int) -> Iterable[Path]:
     for child in children:
         if child.name == MANIFEST_NAME and child.is_file():
             yield child
-        elif child.is_dir() and not child.name.isdigit():  # token folders hold no manifest
+        elif child.is_dir() and token_number(child.name) is None:  # token folders hold no manifest
             yield from _below(child, depth - 1)
 
 
