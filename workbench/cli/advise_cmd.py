@@ -12,6 +12,7 @@ import typer
 from workbench.cli.common import app, check_format, csv_text, guarded, text_table
 from workbench.core.files import DEFAULT_CATALOG
 
+QUANT_NOTE = "; a quantized linear's score is its error / the int8 rounding its own scales predict"
 COLUMNS = ("rank", "token_id", "golden_node", "test_node", "score", "reason", "golden_node_id", "test_node_id")
 
 
@@ -49,6 +50,7 @@ def advise(
         return
     from workbench.analysis.advisor import NAN_INF_SCORE, ORDER_RULE, SIGNIFICANT, above_higher
     from workbench.analysis.advisor import advise as run_advise
+    from workbench.analysis.fallback import quantized_linears
     from workbench.catalog.lookup import comparison_id
     from workbench.catalog.store import first_row, open_catalog
 
@@ -68,6 +70,7 @@ def advise(
                 if has is None:
                     raise ValueError(f"{catalog}: comparison {cid} has no token {token}")
             items = run_advise(con, cid, token=token, top=top or None)
+            quantized = bool(quantized_linears(con, cid))
         finally:
             con.close()
         rows = [{k: asdict(a)[k] for k in COLUMNS} for a in items]
@@ -79,7 +82,8 @@ def advise(
             marked = above_higher(items)
             for row in rows:
                 row["above_higher"] = (row["token_id"], row["rank"]) in marked
-            typer.echo(_table(rows, cid, SIGNIFICANT, NAN_INF_SCORE, ORDER_RULE), nl=False)
+            rule = ORDER_RULE + (QUANT_NOTE if quantized else "")
+            typer.echo(_table(rows, cid, SIGNIFICANT, NAN_INF_SCORE, rule), nl=False)
 
     guarded(go)
 
