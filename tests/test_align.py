@@ -28,7 +28,7 @@ from workbench.compare.worker import run_pair
 
 
 def test_registry_order() -> None:
-    assert list(MATCHERS) == ["mapping-file", "mapping-rule", "type-map", "torchair", "aligned", "auto"]
+    assert list(MATCHERS) == ["mapping-file", "mapping-rule", "type-map", "torchair", "quant", "aligned", "auto"]
 
 
 def _lcs_len(a: list[int], b: list[int]) -> int:

@@ -1,10 +1,11 @@
 """The built-in demo: a small Llama built from a config (fixed seed, nothing downloaded),
 a golden fp32 run and a bf16 test run with one planted defect, both dumped.
 
-Two test stacks: `torch` (the same Hugging Face model cast to bf16, defect planted in one
-module) and `atb` (the ATB-structured stack of `workbench.backends`, bf16, writing real ATB
-dumps). Both runs decode the same tokens (the golden run's greedy choice), so every token
-compares like with like.
+Three test stacks: `torch` (the same Hugging Face model cast to bf16, defect planted in one
+module), `atb` (the ATB-structured stack of `workbench.backends`, bf16, writing real ATB
+dumps) and `quant` (the model's linears fake-quantized to int8, W8A16 or W8A8, `backends/quant.py`,
+with a quantization defect). Both runs decode the same tokens (the golden run's greedy choice), so
+every token compares like with like.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from workbench.core.files import CATALOG_NAME
 
 DEMO_SEED = 1234
+DEFAULT_SCHEME = "w8a8"
 PROMPT_TOKENS = 24
 NEW_TOKENS = 4
 
@@ -106,7 +108,7 @@ TORCH_DEFECTS: dict[str, tuple[str, Callable[[Any], str]]] = {
 }
 
 
-STACKS = ("atb", "torch", "torchair")
+STACKS = ("atb", "torch", "torchair", "quant")
 
 
 # ---------------------------------------------------------------- torchair test stack: defects
@@ -126,15 +128,28 @@ def available_defects(stack: str) -> dict[str, str]:
         return {k: v[0] for k, v in TORCH_DEFECTS.items()}
     if stack == "torchair":
         return {k: v[0] for k, v in TORCHAIR_DEFECTS.items()}
+    if stack == "quant":
+        from workbench.backends.quant import QUANT_DEFECTS
+
+        return {k: d.text + ("" if len(d.schemes) > 1 else f" ({d.schemes[0]} only)") for k, d in QUANT_DEFECTS.items()}
     from workbench.backends.defects import DEFECT_KINDS
 
     return dict(DEFECT_KINDS)
 
 
-def check_choice(stack: str, defect: str | None, tp: int = 1) -> None:
+def check_choice(stack: str, defect: str | None, tp: int = 1, scheme: str | None = None) -> None:
     """Refuse an unknown stack or a defect the stack cannot plant (before any work); ValueError says which."""
     if stack not in STACKS:
         raise ValueError(f"--stack {stack!r}: expected one of {', '.join(STACKS)}")
+    if scheme is not None and stack != "quant":
+        raise ValueError("--scheme: a quantization scheme is a mode of the quantized stack (--stack quant)")
+    if stack == "quant":
+        from workbench.backends.quant import check_defect
+
+        if tp > 1:
+            raise ValueError("--tp: tensor parallelism is a mode of the ATB stack (--stack atb)")
+        check_defect(defect, scheme or DEFAULT_SCHEME)
+        return
     if tp < 1:
         raise ValueError(f"--tp {tp}: the number of tensor-parallel ranks is 1 or more")
     if tp > 1:
@@ -172,18 +187,28 @@ def _dump_torch(model: Any, dump_path: Path, prompt: torch.Tensor, follow: Path 
 
 
 def make_demo(
-    out: Path, *, stack: str = "atb", defect: str | None = None, log: Callable[[str], None] = print, tp: int = 1
+    out: Path,
+    *,
+    stack: str = "atb",
+    defect: str | None = None,
+    log: Callable[[str], None] = print,
+    tp: int = 1,
+    scheme: str | None = None,
 ) -> DemoPlan:
     """Build, run and dump the demo into `out` (replacing only what an earlier demo created there; a folder
     holding anything else is refused, `core.owned`); returns what to compare. `finish_demo` ends it."""
     from workbench.core.owned import claim
     from workbench.dump import seed_all
 
-    check_choice(stack, defect, tp)
+    check_choice(stack, defect, tp, scheme)
     out = Path(out)
     kept = claim(out, "demo", ["golden", "test", CATALOG_NAME])
     seed_all(DEMO_SEED)
     model = build_model()
+    if stack == "quant":
+        from workbench.backends.quant import add_outliers
+
+        add_outliers(model)
     prompt = demo_prompt()
     log(
         f"demo: Llama {model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, "
@@ -203,6 +228,8 @@ def make_demo(
         test_root, _ = _dump_torch(test_model, out / "test", prompt, golden_root)
         log(f"demo: test run (torch bf16, defect: {text}) dumped to {test_root}")
         return DemoPlan(golden_root, test_root, None, f"{name}: {text}", expected, 0, kept)
+    if stack == "quant":
+        return _quant_test(model, prompt, out, defect, scheme or DEFAULT_SCHEME, golden_root, kept, log)
     from workbench.backends.defects import Defect
     from workbench.backends.demo import DEFAULT_DEFECT, DEFAULT_TP_DEFECT, run_atb_demo
 
@@ -211,6 +238,81 @@ def make_demo(
     log(f"demo: test run (ATB-structured stack, bf16{ranks}, defect: {text}) dumped to {test_root}")
     name = defect or (DEFAULT_TP_DEFECT if tp > 1 else DEFAULT_DEFECT)
     return DemoPlan(golden_root, test_root, None, text, expected, Defect(name).start, kept)
+
+
+def quant_model(scheme: str, defect: str | None, keep_float: tuple[str, ...] = ()) -> tuple[Any, Any, list[str]]:
+    """(the demo's fp32 model, its quantized copy, the quantized linears' names): the quant stack's two models."""
+    from workbench.backends.quant import add_outliers, check_defect, quantize
+
+    planted = check_defect(defect, scheme)
+    seed_all_demo()
+    model = build_model()
+    add_outliers(model)
+    test = copy.deepcopy(model)
+    names = quantize(test, scheme, planted, keep_float)
+    return model, test, names
+
+
+def seed_all_demo() -> None:
+    from workbench.dump import seed_all
+
+    seed_all(DEMO_SEED)
+
+
+def _quant_test(
+    model: Any,
+    prompt: torch.Tensor,
+    out: Path,
+    defect: str | None,
+    scheme: str,
+    golden_root: Path,
+    kept: set[str],
+    log: Callable[[str], None],
+) -> DemoPlan:
+    from workbench.backends.quant import check_defect, quant_manifest, quantize
+    from workbench.dump import DumpConfig, register_hook
+
+    planted = check_defect(defect, scheme)
+    test_model = copy.deepcopy(model)
+    names = quantize(test_model, scheme, planted)
+    cfg = DumpConfig(dump_path=str(out / "test"), token_range=list(range(NEW_TOKENS)), follow_tokens=golden_root)
+    handle = register_hook(test_model, cfg)
+    try:
+        if handle.manifest is not None:
+            handle.manifest.meta["quant"] = {
+                **quant_manifest(test_model, scheme),
+                "demo": {"scheme": scheme, "defect": defect},
+            }
+        decode(test_model, prompt, NEW_TOKENS)
+    finally:
+        handle.remove()
+    roots = sorted((out / "test").glob("msit_dump_*"))
+    if not roots:
+        raise RuntimeError(f"{out / 'test'}: the dumper wrote nothing")
+    text = planted.text if planted else "no defect"
+    log(
+        f"demo: test run (torch fake-quantized {scheme}, {len(names)} linears in int8, defect: {text}) "
+        f"dumped to {roots[-1]}"
+    )
+    expected = f"root.{planted.linear}" if planted else ""
+    return DemoPlan(golden_root, roots[-1], None, f"{defect or 'none'}: {text}", expected, 0, kept)
+
+
+def measure_fallback(
+    scheme: str, defect: str | None, fallback: list[str]
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """The quant demo's logits KL and top-1 agreement against the fp32 model, as dumped and with the `fallback`
+    linears (module paths, `root.` prefix allowed) kept in float: ((kl, top1) before, (kl, top1) after)."""
+    from workbench.backends.quant import logits_agreement
+
+    keep = tuple(n.removeprefix("root.") for n in fallback)
+    golden, before_model, _ = quant_model(scheme, defect)
+    _, after_model, _ = quant_model(scheme, defect, keep)
+    prompt = demo_prompt()
+    tokens = decode(golden, prompt, NEW_TOKENS)
+    ids = torch.cat([prompt, torch.tensor([tokens[:-1]])], dim=1)
+    first = prompt.shape[1]
+    return logits_agreement(golden, before_model, ids, first), logits_agreement(golden, after_model, ids, first)
 
 
 def finish_demo(out: Path, plan: DemoPlan) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 
 import duckdb
 
+from workbench.analysis import quant_noise
 from workbench.catalog.store import first_row, insert_rows
 from workbench.core.advice import ROUNDING, STANDS_OUT, cause_in, known_cause
 from workbench.formats.token_ids import INT_DTYPES
@@ -88,6 +89,7 @@ class _Row:
     score: float = 0.0
     reason: str = ""
     cause: str | None = None
+    quant: bool = False  # judged against its expected quantization noise (`quant_noise`)
 
 
 @dataclass(slots=True)
@@ -116,7 +118,7 @@ JOIN comparisons c ON c.cmp_id = m.cmp_id
 LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
 LEFT JOIN stat_metrics s ON s.cmp_id = m.cmp_id AND s.pair_id = m.pair_id
 LEFT JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id
-WHERE m.cmp_id = ?
+WHERE m.cmp_id = ? AND m.method <> 'quant'  -- dequantized int tensors: the quantization noise model reads them
 GROUP BY m.token_id, m.golden_node_id, m.io
 """
 
@@ -151,6 +153,7 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
             if w_err is not None:
                 ios["weight"] = (tid, w_err, False, dtype)
     differ = inputs_differ(con, cmp_id)
+    expect = quant_noise.quant_expectations(con, cmp_id)  # {} unless the test run is quantized
     out: dict[int, list[Advice]] = {}
     for tok in sorted(per_token):
         if tok in differ:  # the runs were fed different tokens: nothing compares like with like
@@ -158,7 +161,7 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
             per_token.pop(tok)
             continue
         rows = _rows_of_token(per_token.pop(tok), nodes)  # each token's rows freed once ranked
-        ranked = _rank(rows, nodes)
+        ranked = _rank(rows, nodes, {g: e for (t, g), e in expect.items() if t == tok})
         out[tok] = [
             Advice(
                 rank=i + 1,
@@ -389,7 +392,7 @@ JOIN comparisons c ON c.cmp_id = m.cmp_id
 JOIN tensors gt ON gt.run_id = c.golden_run AND gt.tensor_id = m.golden_tensor_id
 LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
 LEFT JOIN stat_metrics s ON s.cmp_id = m.cmp_id AND s.pair_id = m.pair_id
-WHERE m.cmp_id = ? AND m.io = 'in'
+WHERE m.cmp_id = ? AND m.io = 'in' AND m.method <> 'quant'
 """
 
 
@@ -454,7 +457,9 @@ def _short(name: str) -> str:
     return name[5:] if name.startswith("root.") else name
 
 
-def _rank(rows: dict[int, _Row], nodes: dict[int, _Node]) -> list[_Row]:
+def _rank(
+    rows: dict[int, _Row], nodes: dict[int, _Node], quant: dict[int, quant_noise.QuantExpect] | None = None
+) -> list[_Row]:
     for r in rows.values():
         i = r.in_err or 0.0
         r.added = math.sqrt(max(r.out_err * r.out_err - i * i, 0.0))
@@ -470,6 +475,7 @@ def _rank(rows: dict[int, _Row], nodes: dict[int, _Node]) -> list[_Row]:
             seen += 1
     for gid, r in rows.items():
         r.own = math.sqrt(max(r.added * r.added - below[gid] ** 2, 0.0))
+    q_below = quant_noise.expected_below(quant or {}, {g: n.parent_id for g, n in nodes.items()})
     # a module whose NaN/Inf a descendant produced is not where they appear
     nan_inf_below: set[int] = set()
     for gid, r in rows.items():
@@ -503,6 +509,9 @@ def _rank(rows: dict[int, _Row], nodes: dict[int, _Node]) -> list[_Row]:
         else:
             ref = 2.0 * floor  # nothing to compare with: twice the rounding, to stay cautious
             label = f"the {r.dtype or 'test dtype'} rounding ({_pow2(floor)})"
+        if q_below.get(gid, 0.0) > ref:  # a module holding quantized ops: their noise adds up in it
+            ref = q_below[gid]
+            label = f"the int8 rounding its quantized ops are expected to add ({ref:.3g})"
         carried = GAIN_NOISE * (r.in_err or 0.0)
         if carried > ref:
             label = (
@@ -517,13 +526,18 @@ def _rank(rows: dict[int, _Row], nodes: dict[int, _Node]) -> list[_Row]:
         if r.nan_inf_born:
             r.score = NAN_INF_SCORE
         r.cause = known_cause(node.type, r.dtype) if _stands_out_alone(r) else None
+        if quant and gid in quant and not r.nan_inf_born:  # a quantized op: its own noise is the reference
+            r.quant = True
+            r.ref, score, r.peer_label, r.cause = quant_noise.judge(quant[gid], r.own, max(floor, carried))
+            r.score = min(score, MAX_SCORE)
         r.reason = _reason(r, nodes)
 
     # an op whose error a known cause explains (a rotary table from a rounded inv_freq) yields the first places to
     # the ops that stand out unexplained: a defect elsewhere is what the user is after; it stays listed, with
     # its cause, and comes first when nothing else stands out
     def rank_key(r: _Row) -> tuple[float, int, int]:
-        return (-(min(r.score, _EXPLAINED_RANK) if r.cause else r.score), nodes[r.node_id].exec_order, r.node_id)
+        capped = r.cause is not None and not r.quant  # a quantization fault is what the user is after
+        return (-(min(r.score, _EXPLAINED_RANK) if capped else r.score), nodes[r.node_id].exec_order, r.node_id)
 
     order = sorted(rows.values(), key=rank_key)
     return _children_first(order, nodes)

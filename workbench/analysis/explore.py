@@ -644,6 +644,40 @@ class Explorer:
             cur.close()
         return rows, "" if rows else "the advisor found nothing to suspect: every compared output passes"
 
+    # ------------------------------------------------------------------ quantized runs
+    def quantized(self) -> bool:
+        """Whether the comparison's test run declares quantized linears (`formats/quant_links.py`)."""
+        from workbench.analysis.fallback import quantized_linears
+
+        cur = self._cur()
+        try:
+            return bool(quantized_linears(cur, self.info.cmp_id))
+        finally:
+            cur.close()
+
+    def beyond_noise(self, token: int) -> dict[int, float]:
+        """golden node -> the advisor's score at `token`: for a quantized op, its error over the int8 rounding its
+        scales predict (`analysis/quant_noise.py`); for the others, over what their peers add."""
+        return {
+            int(g): float(s)
+            for g, s in self._rows(
+                "SELECT golden_node_id, score FROM advice WHERE cmp_id = ? AND token_id = ?", [self.info.cmp_id, token]
+            )
+            if s is not None
+        }
+
+    def fallback(self, k: int = 5) -> list[Any]:
+        """The quantized linears worth keeping in float, best first (`analysis.fallback`; [] for a float run)."""
+        from workbench.analysis.fallback import fallback
+
+        cur = self._cur()
+        try:
+            return list(fallback(cur, self.info.cmp_id, k))
+        except ValueError:
+            return []
+        finally:
+            cur.close()
+
     # ------------------------------------------------------------------ comparisons
     def comparisons(self) -> list[ComparisonSummary]:
         """Every comparison of the catalog, newest last."""

@@ -48,7 +48,7 @@ ACTIONS: tuple[ActionSpec, ...] = (
         "toggle_color",
         "a",
         "a",
-        "Colour the trees by the heatmap's colouring / added error",
+        "Colour the trees by the heatmap's colouring / added error / beyond int8 noise (quantized)",
         "main",
         footer="Added error",
     ),

@@ -7,7 +7,7 @@ trees, under the heatmap cursor and in the detail pane, whichever pane or key as
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rich.text import Text
 from textual import on, work
@@ -37,6 +37,7 @@ from workbench.app.rank_bar import RankBar
 from workbench.app.screens import ComparisonChosen, PickerEntry, PickerScreen, Session, WorkbenchScreen
 from workbench.app.themes import DOMAIN_DEFAULTS, HEAT_LEVELS
 from workbench.app.trees import TopologyTree
+from workbench.core.advice import STANDS_OUT
 
 MIN_TREES_H = 6  # rows the trees keep whatever the terminal
 LEGEND_W = 30  # the heatmap pane is at least this wide, for the legend
@@ -132,6 +133,8 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self.token = token if token is not None and token in info.tokens else (info.tokens[0] if info.tokens else 0)
         self.metric = VERDICT  # the heatmap's (and the trees') colouring
         self.color_by_added = False
+        self.color_by_quant = False  # a quantized comparison: the trees by the error beyond the expected int8 noise
+        self._quantized: bool | None = None
         self.drill_layer: int | None = None  # drilled-down row group (a layer, PRE or POST), None = layers view
         self.selected: int | None = None  # golden node id
         self.born_id: int | None = None
@@ -241,6 +244,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
     def set_explorer(self, explorer: Explorer) -> None:
         """Switch to a reopened catalog (after an edit): reload everything shown."""
         super().set_explorer(explorer)
+        self._quantized = None
         self.load_heatmap(self.metric, self.drill_layer, self.query_one(HeatmapView).cursor)
         self.load_trees()
         self.load_status(self.token)
@@ -259,7 +263,11 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
 
     @work(thread=True, exclusive=True, group="status", exit_on_error=False)
     def load_status(self, token: int) -> None:
-        status = self.explorer.node_status(token, ADDED_ERROR if self.color_by_added else self.metric)
+        by_added = self.color_by_added or self.color_by_quant
+        status = self.explorer.node_status(token, ADDED_ERROR if by_added else self.metric)
+        if self.color_by_quant:  # the advisor's score against the expected quantization noise, bound STANDS_OUT
+            score = self.explorer.beyond_noise(token)
+            status = {g: replace(st, added_error=score.get(g)) for g, st in status.items()}
         born, born_test, evidence = self.explorer.born_evidence(token)
         self.post_message(StatusReady(token, status, born, born_test, evidence))
 
@@ -309,6 +317,15 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
             )
             for a in rows
         ]
+        first_token = rows[0].token_id if rows else self.token
+        for f in self.explorer.fallback():  # a quantized run: the linears worth keeping in float
+            entries.append(
+                PickerEntry(
+                    f"keep in float #{f.rank}: {f.linear}  adds {f.added:.3g}, est. gain {f.gain:.3g} "
+                    f"(final error {f.final_before:.3g} -> {f.final_after:.3g})",
+                    (first_token, f.golden_node_id),
+                )
+            )
         self.post_message(AdviceReady(entries, note))
 
     # ------------------------------------------------------------------ results
@@ -454,8 +471,8 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
                 self.status,
                 self.metric,
                 self._scale(self.metric).bound,
-                self._scale(ADDED_ERROR).bound,
-                self.color_by_added,
+                STANDS_OUT if self.color_by_quant else self._scale(ADDED_ERROR).bound,
+                self.color_by_added or self.color_by_quant,
                 self.born_id if side == "golden" else self.born_test_id,
             )
 
@@ -482,7 +499,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         else:
             where = f"ops of {_group_name(self.drill_layer)} (u: back)"
         self.query_one("#heat-pane").border_title = f"{label} by token x {where}"
-        colour = "added error" if self.color_by_added else label
+        colour = "added error" if self.color_by_added else "beyond int8 noise" if self.color_by_quant else label
         # the verdict first: it is what a narrow terminal must still show
         status = Text.assemble(
             ("◆ " if self.born_id is not None else "", self._domain_colours()["born"]),
@@ -711,7 +728,15 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self.select(self.born_id)
 
     def action_toggle_color(self) -> None:
-        self.color_by_added = not self.color_by_added
+        if self._quantized is None:
+            self._quantized = self.explorer.quantized()
+        if self._quantized:  # heatmap colouring -> added error -> beyond the expected int8 noise -> ...
+            self.color_by_added, self.color_by_quant = (
+                not self.color_by_added and not self.color_by_quant,
+                self.color_by_added,
+            )
+        else:
+            self.color_by_added = not self.color_by_added
         self.load_status(self.token)
         self._update_titles()
 

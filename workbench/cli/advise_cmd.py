@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from workbench.cli.common import app, check_format, csv_text, guarded, say, say_lines, text_table
 from workbench.core.files import DEFAULT_CATALOG
 
+QUANT_NOTE = "; a quantized linear's score is its error / the int8 rounding its own scales predict"
 COLUMNS = ("rank", "token_id", "golden_node", "test_node", "score", "reason", "golden_node_id", "test_node_id")
 
 
@@ -22,10 +23,34 @@ def advise(
     token: Annotated[int | None, typer.Option("--token", "-t", help="Only this token (golden token id).")] = None,
     top: Annotated[int, typer.Option("--top", "-k", help="Ops per token (0: all).")] = 5,
     fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv or json.")] = "table",
+    fallback: Annotated[
+        int | None,
+        typer.Option(
+            "--fallback",
+            metavar="K",
+            help="Quantized run: the K linears whose keeping in float gains most (estimated; measured on the demo).",
+        ),
+    ] = None,
 ) -> None:
     """Rank the ops by the error they add beyond their inputs and their peers' noise (most likely origin first)."""
+    if fallback is not None:
+        from workbench.catalog.lookup import comparison_id
+        from workbench.catalog.store import open_catalog
+
+        def pick() -> int:
+            if not catalog.is_file():
+                raise ValueError(f"{catalog}: no such catalog (run `wb compare -o DIR` first, or pass --catalog FILE)")
+            con = open_catalog(catalog, read_only=True)
+            try:
+                return comparison_id(con, cmp_id, catalog)
+            finally:
+                con.close()
+
+        print_fallback(catalog, guarded(pick), fallback)
+        return
     from workbench.analysis.advisor import NAN_INF_SCORE, ORDER_RULE, SIGNIFICANT, above_higher, inputs_differ
     from workbench.analysis.advisor import advise as run_advise
+    from workbench.analysis.fallback import quantized_linears
     from workbench.catalog.lookup import comparison_id
     from workbench.catalog.store import first_row, open_catalog
 
@@ -46,6 +71,7 @@ def advise(
                     raise ValueError(f"{catalog}: comparison {cid} has no token {token}")
             items = run_advise(con, cid, token=token, top=top or None)
             differ = {t: why for t, why in inputs_differ(con, cid).items() if token is None or t == token}
+            quantized = bool(quantized_linears(con, cid))
         finally:
             con.close()
         rows = [{k: asdict(a)[k] for k in COLUMNS} for a in items]
@@ -58,7 +84,8 @@ def advise(
             marked = above_higher(items)
             for row in rows:
                 row["above_higher"] = (row["token_id"], row["rank"]) in marked
-            say_lines(_table(rows, cid, SIGNIFICANT, NAN_INF_SCORE, ORDER_RULE, bool(notes)))
+            rule = ORDER_RULE + (QUANT_NOTE if quantized else "")
+            say_lines(_table(rows, cid, SIGNIFICANT, NAN_INF_SCORE, rule, bool(notes)))
         for note in notes:  # on stderr for csv and json, whose stdout is data
             say(note, err=fmt != "table")
 
@@ -90,3 +117,44 @@ def _table(
     ]
     head = f"comparison {cmp_id}; score = error an op adds / what its peers add (>= {significant:g}: stands out)"
     return "\n".join([head, rule, *text_table(heads, cells)]) + "\n"
+
+
+def print_fallback(catalog: Path, cmp_id: int, k: int) -> None:
+    """Print the fallback list of a quantized comparison; on `wb demo --stack quant`'s runs, measure its gain
+    (the demo re-run with those linears in float: logits KL and top-1 agreement against fp32, before and after)."""
+    from workbench.analysis.fallback import demo_recipe
+    from workbench.analysis.fallback import fallback as rank_fallback
+    from workbench.catalog.store import open_catalog
+
+    def ranked() -> tuple[list[Any], tuple[str, str | None] | None]:
+        con = open_catalog(catalog, read_only=True)
+        try:
+            return rank_fallback(con, cmp_id, k), demo_recipe(con, cmp_id)
+        finally:
+            con.close()
+
+    items, recipe = guarded(ranked)
+    if not items:
+        typer.echo(f"comparison {cmp_id}: no quantized linear with a compared output")
+        return
+    typer.echo(
+        f"fallback (comparison {cmp_id}): keep in float, best first; final output rel. error "
+        f"{items[0].final_before:.3g} (estimated after each)"
+    )
+    cells = [[str(f.rank), f.linear, f"{f.added:.3g}", f"{f.gain:.3g}", f"{f.final_after:.3g}"] for f in items]
+    for line in text_table(("rank", "linear", "adds", "est. gain", "est. final error"), cells):
+        typer.echo(line)
+    if recipe is None:
+        typer.echo("measured gain: only on `wb demo --stack quant` runs (re-run your model with these in float)")
+        return
+    from workbench import demo as demo_mod
+
+    def measure() -> tuple[tuple[float, float], tuple[float, float]]:
+        demo_mod.check_choice("quant", recipe[1], 1, recipe[0])  # the recorded names must be the demo's own
+        return demo_mod.measure_fallback(recipe[0], recipe[1], [f.linear for f in items])
+
+    (kl0, top0), (kl1, top1) = guarded(measure)
+    typer.echo(
+        f"measured gain (the demo re-run with these {len(items)} in float, against fp32): logits KL "
+        f"{kl0:.3g} -> {kl1:.3g}, top-1 agreement {top0:.0%} -> {top1:.0%}"
+    )

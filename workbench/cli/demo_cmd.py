@@ -28,8 +28,8 @@ def demo(
         typer.Option(
             "--stack",
             metavar="STACK",
-            help="Test stack: atb (ATB-structured, bf16), torch (HF bf16) or torchair (GE dumps of the compiled graph, "
-            "bf16, against its FX dump).",
+            help="Test stack: atb (ATB-structured, bf16), torch (HF bf16), torchair (GE dumps of the compiled graph, "
+            "bf16, against its FX dump) or quant (int8 fake-quantized, fp32).",
         ),
     ] = "atb",
     list_defects: Annotated[
@@ -46,6 +46,10 @@ def demo(
             "allreduce_scale).",
         ),
     ] = 1,
+    scheme: Annotated[
+        str | None,
+        typer.Option("--scheme", metavar="SCHEME", help="--stack quant: w8a16 or w8a8 (the default)."),
+    ] = None,
 ) -> None:
     """Build a small Llama, dump a golden (fp32) and a test run (bf16, one planted defect), compare, open the app."""
     from workbench import demo as demo_mod
@@ -57,19 +61,27 @@ def demo(
             for name, text in demo_mod.available_defects(st).items():
                 typer.echo(f"  {name:16s} {text}")
         return
-    guarded(lambda: demo_mod.check_choice(stack, defect, tp))  # before anything is built or replaced
+    from workbench.core.files import CATALOG_NAME
+
+    guarded(lambda: demo_mod.check_choice(stack, defect, tp, scheme))  # before anything is built or replaced
 
     def go() -> Any:
-        plan = demo_mod.make_demo(out, stack=stack, defect=defect, log=typer.echo, tp=tp)
+        plan = demo_mod.make_demo(out, stack=stack, defect=defect, log=typer.echo, tp=tp, scheme=scheme)
         res = run_compare_cli(plan.golden, plan.test, out, plan.mapping, None, None, None)
         demo_mod.finish_demo(out, plan)
         typer.echo(f"planted defect: {plan.description}")
-        typer.echo(f"expected: error born at {plan.expected} (token {plan.expected_token})")
+        if stack == "quant":
+            from workbench.cli.advise_cmd import print_fallback
+
+            if plan.expected:
+                typer.echo(f"expected: the advisor names {plan.expected} at every token")
+            print_fallback(out / CATALOG_NAME, res.cmp_id, 3)
+        else:
+            typer.echo(f"expected: error born at {plan.expected} (token {plan.expected_token})")
         return res
 
     res = guarded(go)
     interactive = sys.stdin.isatty() and sys.stdout.isatty() and not os.environ.get("CI")
-    from workbench.core.files import CATALOG_NAME
 
     if no_tui or not interactive:
         typer.echo(f"open the app on it: wb open {out / CATALOG_NAME}")

@@ -409,6 +409,21 @@ class _PairFacts:
         return int(self.node[i]), self.dtype_names[c] if c >= 0 else None, self.io_names[self.io_codes[i]]
 
 
+def operand_paths(con: duckdb.DuckDBPyConnection, run_id: int, transform: str) -> str:
+    """A transform's `#tensor_id` operands (`compare.quant_pairs`) replaced by their files (`#missing` kept)."""
+    steps = []
+    for step in transform.split(";"):
+        head, sep, ref = step.partition(":#")
+        if sep and ref.isdigit():
+            row = first_row(
+                con.execute("SELECT path FROM tensors WHERE run_id = ? AND tensor_id = ?", [run_id, int(ref)])
+            )
+            path = None if row is None else row[0]
+            step = f"{head}:{path}" if path and ";" not in str(path) else f"{head}:#missing"
+        steps.append(step)
+    return ";".join(steps)
+
+
 # the pending pairs with their files, in token then golden execution order (partial results are the useful ones)
 _PLAN_SQL = """
 SELECT p.pair_id, p.golden_tensor_id, p.test_tensor_id, p.transform, g.path, g.dtype, g.numel, t.path, t.dtype, t.numel
@@ -459,6 +474,8 @@ def compute_pending(
         cur = con.execute(_PLAN_SQL, {"golden": golden.run_id, "test": test.run_id})
         while rows := cur.fetchmany(PLAN_SLICE):
             for pair_id, g_tid, t_tid, transform, g_path, g_dtype, g_numel, t_path, t_dtype, t_numel in rows:
+                if transform is not None and "#" in transform:  # a dequantized int tensor's operands
+                    transform = operand_paths(con, test.run_id, transform)
                 g_file, t_file = file_identity(g_path), file_identity(t_path)
                 key: PairKey | None = None
                 if g_file is not None and t_file is not None:

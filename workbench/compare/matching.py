@@ -9,18 +9,20 @@ later methods at its other tokens); a test node paired by a mapping file is left
 2. `mapping-rule`: layer-wildcard rules of a mapping file,
 3. `type-map`: type maps (msit's `op_mapping_file.json` or the `types` of ours) zipped per layer when
    the counts agree,
-4. `aligned`: two dumps of the same kind. Their call streams are aligned as sequences, scope by
+4. `torchair`: a TorchAir GE dump against its FX dump: each GE op to the FX node its graph's `_fx_tensor_name`
+   names (a fused `AutomaticBufferFusionOp`: its inputs to the first folded op's, its outputs to the last
+   one's); against an unfused GE dump, a fused op's inputs and outputs to its first and last ops by name
+   (`workbench.formats.ge_run`); a `Cast`/`TransData` no FX node names: its input and output against the FX
+   output that feeds it (`cast`),
+5. `quant`: a quantized test run's int tensors paired with the golden float tensors they stand for, to be
+   compared dequantized (`workbench.compare.quant_pairs`; the rule is the manifest's `quant` entry),
+6. `aligned`: two dumps of the same kind. Their call streams are aligned as sequences, scope by
    scope (the children of two paired modules, in execution order), on op type (and module name),
    tensor shapes and position (`workbench.compare.align`): an op one run has and the other has not
    (a hook's extra `Tensor.__mul__`, a missing module call) stays unmatched instead of shifting every
    later call counter onto the wrong op. Pairs with identical names are recorded as `name`, pairs
    whose names differ (shifted counters) as `aligned`,
-4a. `torchair`: a TorchAir GE dump against its FX dump: each GE op to the FX node its graph's `_fx_tensor_name`
-   names (a fused `AutomaticBufferFusionOp`: its inputs to the first folded op's, its outputs to the last
-   one's); against an unfused GE dump, a fused op's inputs and outputs to its first and last ops by name
-   (`workbench.formats.ge_run`); a `Cast`/`TransData` no FX node names: its input and output against the FX
-   output that feeds it (`cast`),
-5. `auto`: torch <-> accelerated-library mapping (`auto-*`, `workbench.compare.automap`), for two
+7. `auto`: torch <-> accelerated-library mapping (`auto-*`, `workbench.compare.automap`), for two
    dumps of different kinds.
 
 Pairs the user rejected (`unpaired` in the mapping file) are dropped whatever produced them.
@@ -40,8 +42,10 @@ import pandas as pd
 from workbench.compare.align import StreamSide, align_scope, shape_tuple
 from workbench.compare.layout import layout_rule, shape_after, with_layout
 from workbench.compare.mapping import MappingFile, TensorSel, expand_rule
+from workbench.compare.quant_pairs import quant_matches, resolve_operands
 from workbench.formats.fx_dump import FX_KIND
 from workbench.formats.ge_run import GE_KIND
+from workbench.formats.quant_links import QuantLink
 from workbench.formats.torchair import GRAPH_ROOT
 
 NODE_COLUMNS = ["node_id", "name", "type", "parent_id", "depth", "exec_order", "layer", "phase", "params"]
@@ -55,6 +59,7 @@ class RunFrames:
     kind: str
     nodes: pd.DataFrame  # NODE_COLUMNS
     tensors: pd.DataFrame  # tensor_id, token_id, node_id, io, idx, dtype, numel, path, error
+    quant: list[QuantLink] = field(default_factory=list)  # int tensors and their scales (the manifest's `quant`)
 
     def by_name(self) -> dict[str, int]:
         return dict(zip(self.nodes["name"], self.nodes["node_id"]))
@@ -218,6 +223,17 @@ def _aligned_match(g: StreamSide, t: StreamSide, gid: int, tid: int, how: str, w
     return NodeMatch(gid, tid, "aligned", 0.6, why)
 
 
+def _quant(ctx: MatchContext) -> list[NodeMatch]:
+    """A quantized test run's int tensors with the golden float tensors they stand for (`compare.quant_pairs`)."""
+    if not ctx.test.quant:
+        return []
+    found = quant_matches(ctx.golden.by_name(), ctx.test.by_name(), ctx.test.quant, ctx.taken)
+    return [
+        NodeMatch(g, t, method, conf, why, TensorSel(*gs), TensorSel(*ts), tr)
+        for g, t, method, conf, why, gs, ts, tr in found
+    ]
+
+
 def _roles(tensors: pd.DataFrame) -> set[str]:
     return set(tensors["io"].unique()) if "io" in tensors and len(tensors) else set()
 
@@ -311,6 +327,7 @@ MATCHERS: dict[str, Matcher] = {
     "mapping-rule": _layer_rules,
     "type-map": _type_maps,
     "torchair": _torchair,
+    "quant": _quant,
     "aligned": _aligned,
     "auto": _auto,
 }
@@ -338,7 +355,7 @@ def match_nodes(
         ]
         kept = [m for m in found if (g_name_of[m.golden_node_id], t_name_of[m.test_node_id]) not in rejected]
         ctx.found.extend(kept)
-        if method in MAPPING_METHODS:
+        if method in MAPPING_METHODS or method == "quant":
             ctx.taken_test |= {m.test_node_id for m in kept}
             for m in kept:
                 covered.setdefault(m.golden_node_id, set()).update(tokens_of.test(m.test_node_id))
@@ -469,6 +486,8 @@ def pair_tensors(
         }
     )
     out["transform"] = _layout_transforms(out, golden, test)
+    if test.quant:
+        out["transform"] = resolve_operands(out, test.nodes, test.tensors)
     return out.reset_index(drop=True)
 
 

@@ -17,6 +17,7 @@ from workbench.catalog import first_row
 from workbench.compare.mapping import MappingFile, PairSpec
 from workbench.compare.matching import NodeMatch, RunFrames, pair_tensors
 from workbench.compare.thresholds import Thresholds
+from workbench.formats.quant_links import QuantLink, quant_links
 
 
 def none_if_na(v: Any) -> Any:
@@ -49,7 +50,7 @@ def load_frames(con: duckdb.DuckDBPyConnection, run_id: int) -> RunFrames:
 
     Only what matching and planning read: no paths (`compare.executor` reads them from the catalog as it plans),
     and `io`, `dtype` and `shape` (as text) as categoricals."""
-    kind_row = first_row(con.execute("SELECT kind FROM runs WHERE run_id = ?", [run_id]))
+    kind_row = first_row(con.execute("SELECT kind, meta FROM runs WHERE run_id = ?", [run_id]))
     assert kind_row is not None
     nodes = con.execute(
         "SELECT node_id, name, type, parent_id, depth, exec_order, layer, phase, params FROM nodes "
@@ -71,7 +72,16 @@ def load_frames(con: duckdb.DuckDBPyConnection, run_id: int) -> RunFrames:
     ).df()
     for col in CODED_COLUMNS:
         tensors[col] = pd.Categorical.from_codes(tensors[col].to_numpy(), categories=categories.get(col, []))
-    return RunFrames(run_id, str(kind_row[0]), nodes, tensors)
+    return RunFrames(run_id, str(kind_row[0]), nodes, tensors, quant=_quant_of(kind_row[1]))
+
+
+def _quant_of(meta: object) -> list[QuantLink]:
+    """The int tensors a run's manifest declares with their scales (`formats/quant_links.py`); [] if none."""
+    try:
+        parsed = json.loads(meta) if isinstance(meta, str) else meta
+        return quant_links(parsed)[0] if isinstance(parsed, dict) else []
+    except ValueError:  # reported when the dump was read
+        return []
 
 
 def comparison_id(

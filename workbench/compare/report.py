@@ -186,7 +186,7 @@ def format_summary(
         origin = res.origins.get(tok)
         if tok in inputs_differ:
             lines.append(inputs_differ[tok])
-        elif name is None and origin is not None and origin.stands_out:
+        elif (name is None or res.quantized) and origin is not None and origin.stands_out:
             test_name = origin.test_node
             suffix = f"  [test op: {test_name}]" if test_name and test_name != origin.golden_node else ""
             lines.append(f"most likely origin: {origin.golden_node} (token {tok}): {origin.reason}{suffix}")
@@ -194,6 +194,11 @@ def format_summary(
                 explained.add(origin.golden_node)
             if origin.evidence:
                 lines.append(f"  {origin.evidence}")
+        elif res.quantized:  # every quantized op fails the float thresholds: its expected noise is the measure
+            lines.append(
+                f"token {tok}: no quantized op adds more than its int8 rounding predicts "
+                "(`wb advise --fallback K`: the linears worth keeping in float)"
+            )
         elif name is None:
             quiet = (
                 f"; nothing stands out of the noise (largest: {origin.golden_node}, {origin.score:.1f}x its peers)"

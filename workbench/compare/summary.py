@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,7 @@ from workbench.catalog import first_row
 from workbench.compare.fingerprint import MappingCheck
 from workbench.compare.matching import NodeMatch, RunFrames
 from workbench.core.advice import CAUSE_LEAD, STANDS_OUT, cause_in
+from workbench.formats.quant_links import quant_links
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,7 @@ class CompareResult:
     problems: list[str] = field(default_factory=list)
     coverage: dict[str, Any] = field(default_factory=dict)
     mapping_check: MappingCheck | None = None  # the mapping file's pairs held against these dumps
+    quantized: bool = False  # the test run declares quantized linears (`formats/quant_links.py`)
 
 
 def _category(op_type: str) -> str | None:
@@ -185,4 +188,18 @@ def summarize_comparison(
             res.explained.setdefault(str(gname), (cause, []))[1].append(int(tok))
     first = next((t for t, n in sorted(res.born.items()) if n is not None), None)
     res.first_failing_token = first
+    meta = first_row(
+        con.execute(
+            "SELECT r.meta FROM comparisons c JOIN runs r ON r.run_id = c.test_run WHERE c.cmp_id = ?", [cmp_id]
+        )
+    )
+    res.quantized = _is_quantized(None if meta is None else meta[0])
     return res
+
+
+def _is_quantized(meta: object) -> bool:
+    try:
+        parsed = json.loads(meta) if isinstance(meta, str) else meta
+        return isinstance(parsed, dict) and bool(quant_links(parsed)[1])
+    except ValueError:
+        return False

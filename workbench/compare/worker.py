@@ -15,6 +15,7 @@ import numpy as np
 
 from workbench.compare.layout import LAYOUT_PREFIX, layout_rule, not_comparable
 from workbench.compare.metrics import compare_tensors, summarize
+from workbench.compare.quant_pairs import INT_ONLY, INT_STEP
 from workbench.compare.stat_metrics import stat_metrics
 from workbench.compare.tasks import SUMMARY_FIELDS, PairTask, StatsTask
 from workbench.formats.arrays import RawTensor, read_array
@@ -49,6 +50,9 @@ def apply_transform(golden: RawTensor, test: RawTensor, spec: str | None) -> tup
     """Layout fixes recorded on a pair, `;`-separated, each for one side (`g.` golden, `t.` test):
 
     `t.chunk:DIM:I:N` keeps chunk I of N along DIM (a fused gate-up output holds gate then up);
+    `t.int` compares an int tensor that has no scale with the golden rounded to integers;
+    `t.sub:FILE` / `t.mul:FILE` subtract / multiply by the tensor in FILE, broadcast (an int tensor's offset and
+    scales, `compare.quant_pairs`; a FILE of fewer dimensions lies along the last one);
     `t.slice:DIM:START:STOP` keeps a slice; `g.flat` / `t.flat` flattens; `layout:RULE` views the test
     tensor in the golden's shape when that layout rule (`workbench.compare.layout`) relates the two.
     """
@@ -72,6 +76,11 @@ def apply_transform(golden: RawTensor, test: RawTensor, spec: str | None) -> tup
             target = RawTensor(_narrow(target.array, dim, start, stop), target.dtype)
         elif parts[0] == "flat":
             target = RawTensor(target.array.reshape(-1), target.dtype)
+        elif parts[0] == "int":  # an int tensor without a scale: both sides as integers
+            golden = RawTensor(np.rint(golden.array.astype(np.float64)), "float64")
+            target = RawTensor(target.array.astype(np.float64), "float64")
+        elif parts[0] in ("mul", "sub"):
+            target = _dequant_step(target, parts[0], op.partition(":")[2])
         else:
             raise ValueError(f"unknown pair transform {step!r}")
         if side == "g":
@@ -79,6 +88,20 @@ def apply_transform(golden: RawTensor, test: RawTensor, spec: str | None) -> tup
         else:
             test = target
     return golden, test
+
+
+def _dequant_step(target: RawTensor, op: str, path: str) -> RawTensor:
+    if path.startswith("#"):
+        raise ValueError("a scale or offset this int tensor needs is not in the dump at this token")
+    operand = read_array(path).array.astype(np.float64)
+    arr = target.array.astype(np.float64)
+    if operand.ndim != arr.ndim:
+        operand = operand.reshape(-1)
+    try:
+        arr = arr * operand if op == "mul" else arr - operand
+    except ValueError:
+        raise ValueError(f"{path}: shape {list(operand.shape)} does not broadcast against {list(arr.shape)}") from None
+    return RawTensor(arr, "float64")
 
 
 def _summary_dict(s: Any) -> dict[str, Any]:
@@ -142,6 +165,8 @@ def _pair_result(
     out["values"] = dict(res.values)
     out["finite_only"] = bool(res.finite_only)
     out["reason"] = res.reason
+    if task.transform and INT_STEP in task.transform.split(";"):
+        out["reason"] = "; ".join(r for r in (res.reason, f"compared as integers: {INT_ONLY}") if r)
     if not task.transform:
         out["golden"] = _summary_dict(res.golden)
         out["test"] = _summary_dict(res.test)

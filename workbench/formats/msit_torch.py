@@ -47,6 +47,7 @@ from workbench.formats.model import (
     token_folder_problem,
     token_number,
 )
+from workbench.formats.quant_links import QUANT_KEY, quant_links
 from workbench.formats.scan import check_link, content_key, link_problem, list_dir, pth_header, read_json
 
 MANIFEST = MANIFEST_NAME
@@ -97,6 +98,11 @@ def read_msit_torch(
             meta.update(m)
         except DumpError as exc:
             problems.append(str(exc))
+    try:
+        quant_links(meta)
+    except ValueError as exc:  # a malformed `quant` entry: the int tensors are compared as they are
+        problems.append(f"{manifest_path}: {exc}; its int tensors are not dequantized")
+        meta.pop(QUANT_KEY, None)
 
     sel = _Selection(token, module)
     tensors, hashes = _scan_tokens(dev_dir, sel, problems, want_hashes=manifest is None)
