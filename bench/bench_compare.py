@@ -1,12 +1,17 @@
 """Compare speed: `wb compare` vs `msit llm compare` on the same pairs of dumps, in one interleaved run.
 
-The dumps: an 8-layer, 1024-hidden Llama (fp32 golden, bf16 test, vocab 8000), 384-token prompt + 3 decode
-steps (tokens 0-3). The headline pair is dumped by msit's own `register_hook` (no manifest, no hard links: the
-dumps users have); the second pair by our dumper. Each round runs both tools on both pairs; prints wall time,
-pairs/s, MB/s and peak memory (max RSS of the process tree), the load average, and the msit/wb wall-time ratio
-of the medians and per round.
+The dumps (`--size`, repeatable): `620mb`, an 8-layer, 1024-hidden Llama (fp32 golden, bf16 test, vocab 8000),
+384-token prompt + 3 decode steps (tokens 0-3); `1.6gb`, the same with hidden 2048 and a 512-token prompt.
+The headline pair is dumped by msit's own `register_hook` (no manifest, no hard links: the dumps users have);
+the second pair by our dumper. Each round runs both tools on both pairs; prints wall time, pairs/s, MB/s and
+peak memory (max RSS of the process tree), the load average, and the msit/wb wall-time ratio of the medians
+and per round.
 
-    .venv/bin/python bench/bench_compare.py [--quick] [--keep DIR] [--workers N] [--repeat R] [--no-ours]
+    .venv/bin/python bench/bench_compare.py [--quick] [--size 620mb|1.6gb ...] [--keep DIR] [--workers N]
+        [--repeat R] [--no-ours]
+
+Besides the ratios it prints, per dump: the metric pass's speed (GB of golden + test per CPU second), and the
+machine's floor: every byte read once from the page cache on all cores, plus a Python start.
 """
 
 from __future__ import annotations
@@ -32,30 +37,51 @@ sys.path.insert(0, str(ROOT))
 DECODE_CALLS = 4  # prefill + 3 decode steps: tokens 0-3
 
 
-def model_config(quick: bool) -> tuple[dict[str, int], int]:
-    """The benchmark model (issue 13: 8 layers, hidden 1024, vocab 8000, 384-token prompt) and prompt length."""
-    if quick:
-        cfg = dict(
+SIZES: dict[str, tuple[dict[str, int], int]] = {
+    # issue 13/23: 8 layers, hidden 1024, vocab 8000, 384-token prompt (~620 MB of msit-made dumps)
+    "620mb": (
+        dict(
+            hidden_size=1024,
+            intermediate_size=2816,
+            num_hidden_layers=8,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            vocab_size=8000,
+        ),
+        384,
+    ),
+    # issue 23: hidden 2048, 512-token prompt (~1.6 GB)
+    "1.6gb": (
+        dict(
+            hidden_size=2048,
+            intermediate_size=5632,
+            num_hidden_layers=8,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            vocab_size=8000,
+        ),
+        512,
+    ),
+    "quick": (
+        dict(
             hidden_size=256,
             intermediate_size=688,
             num_hidden_layers=4,
             num_attention_heads=8,
             num_key_value_heads=8,
             vocab_size=4000,
-        )
-        return cfg, 96
-    cfg = dict(
-        hidden_size=1024,
-        intermediate_size=2816,
-        num_hidden_layers=8,
-        num_attention_heads=16,
-        num_key_value_heads=16,
-        vocab_size=8000,
-    )
-    return cfg, 384
+        ),
+        96,
+    ),
+}
 
 
-def dump_one(base: Path, dumper: str, side: str, quick: bool) -> None:
+def model_config(size: str) -> tuple[dict[str, int], int]:
+    """The benchmark model's config and prompt length for a `--size`."""
+    return SIZES[size]
+
+
+def dump_one(base: Path, dumper: str, side: str, size: str) -> None:
     """Dump one side (fp32 golden or bf16 test) with `dumper` (`wb` or `msit`), in this process.
 
     msit's DumpConfig is a process-wide singleton and its hooks stay installed, so every side runs in a
@@ -65,7 +91,7 @@ def dump_one(base: Path, dumper: str, side: str, quick: bool) -> None:
 
     from workbench.demo import decode
 
-    cfg_kw, prompt_len = model_config(quick)
+    cfg_kw, prompt_len = model_config(size)
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**cfg_kw)).eval()
     if side == "test":
@@ -96,11 +122,11 @@ def dump_one(base: Path, dumper: str, side: str, quick: bool) -> None:
         token_file.write_text(json.dumps(chosen))
 
 
-def build_dumps(base: Path, dumper: str, quick: bool) -> tuple[Path, Path]:
+def build_dumps(base: Path, dumper: str, size: str) -> tuple[Path, Path]:
     """Golden and test dumps by `dumper`, each side in a fresh process; returns their `{device}_{pid}` folders."""
     base.mkdir(parents=True, exist_ok=True)
     for side in ("golden", "test"):
-        cmd = [sys.executable, __file__, "--dump-one", dumper, side, str(base)] + (["--quick"] if quick else [])
+        cmd = [sys.executable, __file__, "--dump-one", dumper, side, str(base), "--size", size]
         subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     return dump_dirs(base)
 
@@ -222,6 +248,43 @@ def measure_floor(golden: Path, test: Path, distinct_only: bool = False) -> tupl
     return time.perf_counter() - t0, time.process_time() - c0, len(pairs)
 
 
+def pair_bytes(golden: Path, test: Path) -> int:
+    """Bytes of every same-place pair's two files (what a compare reads)."""
+    total = 0
+    for g in golden.rglob("*.pth"):
+        t = test / g.relative_to(golden)
+        if t.exists():
+            total += g.stat().st_size + t.stat().st_size
+    return total
+
+
+def read_floor(golden: Path, test: Path, cores: int) -> float:
+    """Wall seconds to read every file of both dumps once from the page cache on `cores` threads (`readinto` a
+    reused buffer releases the GIL): the machine's floor for any tool that looks at every byte (best of 3)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    files = sorted([*golden.rglob("*.pth"), *test.rglob("*.pth")], key=lambda p: -p.stat().st_size)
+    shards = [files[k::cores] for k in range(cores)]
+
+    def read_all(paths: list[Path]) -> int:
+        buf = bytearray(1 << 22)
+        view = memoryview(buf)
+        n = 0
+        for p in paths:
+            with open(p, "rb", buffering=0) as f:
+                while k := f.readinto(view):
+                    n += k
+        return n
+
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(cores) as ex:
+            list(ex.map(read_all, shards))
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def _payload_digest(path: Path) -> bytes:
     from workbench.formats.arrays import read_array
 
@@ -316,7 +379,10 @@ def summarise(runs: Runs) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="a small model, for a smoke run")
+    ap.add_argument("--quick", action="store_true", help="a small model, for a smoke run (= --size quick)")
+    ap.add_argument(
+        "--size", action="append", choices=sorted(SIZES), help="dump size(s) to measure (default 620mb; repeatable)"
+    )
     ap.add_argument("--keep", type=Path, help="keep (or reuse) the dumps in this folder")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--repeat", type=int, default=5, help="interleaved runs of each tool (medians are reported)")
@@ -325,20 +391,22 @@ def main() -> None:
     args = ap.parse_args()
     if args.dump_one:
         dumper, side, base_dir = args.dump_one
-        dump_one(Path(base_dir), dumper, side, args.quick)
+        dump_one(Path(base_dir), dumper, side, (args.size or ["620mb"])[0])
         return
+    sizes = ["quick"] if args.quick else (args.size or ["620mb"])
     base = args.keep or Path(tempfile.mkdtemp(prefix="wb_bench_compare_"))
     base.mkdir(parents=True, exist_ok=True)
     msit = shutil.which("msit") or str(Path(sys.executable).with_name("msit"))
     has_msit = Path(msit).exists()
     dumpers = (["msit"] if has_msit else []) + ([] if args.no_ours else ["wb"])
     all_runs: list[Runs] = []
-    for dumper in dumpers:
-        where = base / f"{dumper}_made"
+    for size, dumper in [(z, d) for z in sizes for d in dumpers]:
+        # 620mb keeps the folder name earlier runs used, so a --keep folder is reused
+        where = base / (f"{dumper}_made" if size in ("620mb", "quick") else f"{dumper}_made_{size}")
         if not (where / "test").exists():
             t0 = time.perf_counter()
-            build_dumps(where, dumper, args.quick)
-            print(f"{dumper}-made dumps built in {time.perf_counter() - t0:.1f} s")
+            build_dumps(where, dumper, size)
+            print(f"{dumper}-made dumps ({size}) built in {time.perf_counter() - t0:.1f} s")
         golden, test = dump_dirs(where)
         size_mb = (du(golden) + du(test)) / 1e6
         n_files = sum(1 for _ in golden.rglob("*.pth"))
@@ -346,7 +414,7 @@ def main() -> None:
             f"{dumper}-made dumps: {size_mb:.0f} MB (golden {du(golden) / 1e6:.0f} MB, test {du(test) / 1e6:.0f} MB), "
             f"{n_files} golden files"
         )
-        all_runs.append(Runs(f"{dumper}-made", golden, test))
+        all_runs.append(Runs(f"{dumper}-made {size}", golden, test))
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for i in range(args.repeat):  # interleaved, so both tools see the same machine load
         for runs in all_runs:
@@ -376,6 +444,18 @@ def main() -> None:
             f"[{runs.label}] start of a Python process importing numpy, DuckDB and typer: {start:.2f} s; "
             f"with the distinct-content metric pass on {cores} cores: {floor_wall:.2f} s, the least wall time "
             f"of a compare in this stack = msit/{(ms_wall or 0) / floor_wall:.1f}; wb is {wb_wall / floor_wall:.1f}x it"
+        )
+        _wall, all_cpu, _n = min((f for d, f in rounds if not d), key=lambda f: f[1])
+        gb = pair_bytes(runs.golden, runs.test) / 1e9
+        print(
+            f"[{runs.label}] metric pass: {gb:.2f} GB of pairs in {all_cpu:.2f} s of CPU = {gb / all_cpu:.2f} GB/s per "
+            f"core (golden + test bytes, read from the page cache)"
+        )
+        rd = read_floor(runs.golden, runs.test, cores)
+        print(
+            f"[{runs.label}] machine floor: every byte read once from the page cache on {cores} cores {rd:.2f} s "
+            f"({gb / rd:.1f} GB/s) + a Python start {start:.2f} s = {rd + start:.2f} s = msit/"
+            f"{(ms_wall or 0) / (rd + start):.1f}; wb is {wb_wall / (rd + start):.1f}x it"
         )
     if not args.keep:
         shutil.rmtree(base, ignore_errors=True)

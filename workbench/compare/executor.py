@@ -313,6 +313,8 @@ def _run_in_pool(
     reporter = _Reporter(sink, progress, stage, len(tasks), t0)
     claimed = {t.pair_id for t in claims.values()}
     rest = [(t, n) for t, n in zip(tasks, sizes) if not (isinstance(t, PairTask) and t.pair_id in claimed)]
+    # largest first: the workers then finish together instead of one computing a big pair while the others idle
+    rest.sort(key=lambda tn: tn[1], reverse=True)
     todo: deque[list[PairTask | StatsTask]] = deque(batches([t for t, _ in rest], [n for _, n in rest]))
     if isinstance(pool, PoolStarter):
         pool = pool.get()  # started in the background at the very beginning
