@@ -80,8 +80,23 @@ def restore_read_write(con: duckdb.DuckDBPyConnection) -> bool:
     return removed
 
 
-def _view_differs(con: duckdb.DuckDBPyConnection, name: str, ddl: str) -> bool:
-    """Whether the file's view `name` is not wb's `ddl` (compared as DuckDB normalises both)."""
+def view_is_ours(con: duckdb.DuckDBPyConnection, name: str, ddl: str) -> bool:
+    """Whether the file holds view `name` exactly as wb's `ddl` makes it (missing: False)."""
+    return _has_view(con, name) and not view_differs(con, name, ddl)
+
+
+def _has_view(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    return bool(
+        con.execute(
+            "SELECT 1 FROM duckdb_views() WHERE NOT internal AND NOT temporary AND view_name = ? "
+            "AND database_name = current_database() AND schema_name = 'main'",
+            [name],
+        ).fetchall()
+    )
+
+
+def view_differs(con: duckdb.DuckDBPyConnection, name: str, ddl: str) -> bool:
+    """Whether the file's view `name` is not wb's `ddl` (compared as DuckDB normalises both; missing: False)."""
     stored = con.execute(
         "SELECT sql FROM duckdb_views() WHERE NOT internal AND NOT temporary AND view_name = ? "
         "AND database_name = current_database() AND schema_name = 'main'",
@@ -107,7 +122,7 @@ def check_read_only(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     bad = [f"macro {n}" for n, _ in _shadowing_macros(con)]
     bad += [f"view {n} in place of the table" for n in _not_tables(con)]
     bad += [f"table {n} in place of the view" for n in _our_names_as_tables(con)]
-    bad += [f"view {n}" for n, ddl in OUR_VIEWS.items() if _view_differs(con, n, ddl)]
+    bad += [f"view {n}" for n, ddl in OUR_VIEWS.items() if view_differs(con, n, ddl)]
     if bad:
         raise CatalogError(
             f"{path}: holds SQL objects that are not wb's ({', '.join(bad[:4])}; planted, or made by another wb "

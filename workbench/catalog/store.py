@@ -18,7 +18,7 @@ import duckdb
 import pandas as pd
 
 from workbench.catalog import CATALOG_NAME, CatalogError, first_row, storage_message
-from workbench.catalog.lockdown import connect, restore_read_write
+from workbench.catalog.lockdown import connect, restore_read_write, view_is_ours
 from workbench.catalog.readonly import connect_read_only, schema_version_of
 from workbench.catalog.schema import COMPARISON_VIEW, OUR_VIEWS, RANK_VIEW, SCHEMA_VERSION, TABLES_DDL
 from workbench.core.capped import FileRefused, check_regular
@@ -92,8 +92,10 @@ def open_catalog(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBP
             if version is None:
                 con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
             con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_digest', ?)", [_SCHEMA_DIGEST])
-        for ddl in OUR_VIEWS.values():  # always: a view in the file is never trusted (~4 ms)
-            con.execute(ddl)
+        for name, ddl in OUR_VIEWS.items():  # a view in the file is never trusted: replaced unless it is ours
+            # (only then: ranks compared at once open one catalog, and two replacing a view conflict in DuckDB)
+            if not view_is_ours(con, name, ddl):
+                con.execute(ddl)
     except duckdb.Error as exc:
         con.close()
         _remove_new(p, created)
