@@ -539,6 +539,15 @@ class Explorer:
         )
         return int(rows[0][0]) if rows else None
 
+    def node_name(self, side: Side, node_id: int | None) -> str | None:
+        """The name of a node of one side (None for None or an unknown id)."""
+        return self._node_name(self.run_id(side), node_id)
+
+    def run_meta(self, side: Side) -> str | None:
+        """The manifest a side's run was ingested with (`runs.meta`, JSON text), as stored."""
+        rows = self._rows("SELECT CAST(meta AS VARCHAR) FROM runs WHERE run_id = ?", [self.run_id(side)])
+        return None if not rows or rows[0][0] is None else str(rows[0][0])
+
     def _node_name(self, run: int, node_id: int | None) -> str | None:
         if node_id is None:
             return None

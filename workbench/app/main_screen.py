@@ -21,7 +21,9 @@ from workbench.analysis.ranks import RankEntry, step
 from workbench.analysis.severity import (
     ADDED_ERROR,
     COLOURINGS,
+    HEAT_LEVELS,
     HEATMAP_COLOURINGS,
+    LEVEL_EDGES,
     VERDICT,
     Scale,
     value_at,
@@ -30,12 +32,12 @@ from workbench.analysis.views import Heatmap, NodeStatus, NodeTensors, PairDetai
 from workbench.app.actions import bindings
 from workbench.app.detail import render_detail, render_node_tensors
 from workbench.app.footer import KeysFooter
-from workbench.app.heatmap import GLYPH_FAIL, GLYPH_NAN, GLYPH_NONE, LEVEL_EDGES, HeatmapView
+from workbench.app.heatmap import GLYPH_FAIL, GLYPH_NAN, GLYPH_NONE, HeatmapView
 from workbench.app.logits_strip import LogitsStrip
 from workbench.app.opcause import OpCauseActions, PrecheckPanel
 from workbench.app.rank_bar import RankBar
 from workbench.app.screens import ComparisonChosen, PickerEntry, PickerScreen, Session, WorkbenchScreen
-from workbench.app.themes import DOMAIN_DEFAULTS, HEAT_LEVELS
+from workbench.app.themes import DOMAIN_DEFAULTS
 from workbench.app.trees import TopologyTree
 
 MIN_TREES_H = 6  # rows the trees keep whatever the terminal

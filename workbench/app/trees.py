@@ -10,10 +10,9 @@ from rich.text import Text
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
-from workbench.analysis.severity import ADDED_ERROR, VERDICT, severity
+from workbench.analysis.severity import ADDED_ERROR, HEAT_LEVELS, LEVEL_EDGES, VERDICT, severity
 from workbench.analysis.views import NodeStatus, Side, TreeRow
-from workbench.app.heatmap import LEVEL_EDGES
-from workbench.app.themes import DOMAIN_DEFAULTS, HEAT_LEVELS
+from workbench.app.themes import DOMAIN_DEFAULTS
 
 
 class TopologyTree(Tree[TreeRow]):
