@@ -52,9 +52,7 @@ ACTIONS: tuple[ActionSpec, ...] = (
         "main",
         footer="Added err",
     ),
-    ActionSpec(
-        "next_metric", "m", "m", "Next heatmap colouring (verdict, then each metric)", "main", footer="Colour"
-    ),
+    ActionSpec("next_metric", "m", "m", "Next heatmap colouring (verdict, then each metric)", "main", footer="Colour"),
     ActionSpec("open_advice", "v", "v", "Suspects ranked by the advisor", "main", footer="Advisor"),
     ActionSpec("pick_comparison", "c", "c", "Choose the comparison shown", "main", footer="Runs"),
     ActionSpec("next_rank", "r", "r", "Next rank of a multi-rank comparison", "main", footer="Rank"),

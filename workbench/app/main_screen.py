@@ -141,6 +141,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self.evidence: str | None = None
         self.status: dict[int, NodeStatus] = {}
         self.status_token: int | None = None  # token the trees are coloured for
+        self._detail_shown: DetailReady | NodeTensorsReady | None = None  # drawn again on a theme change
         self._legend_key: tuple[object, ...] = ()
         self._vars: dict[str, str] = {}
         self.first_paint_at: float | None = None
@@ -175,7 +176,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
     def on_mount(self) -> None:
         self.query_one("#detail-pane").border_title = "detail"
         self.query_one(HeatmapView).focus()
-        self.watch(self.app, "theme", lambda _theme: self._update_titles(), init=False)
+        self.watch(self.app, "theme", lambda _theme: self._on_theme(), init=False)
         self._update_titles()
         self.load_heatmap(self.metric, self.drill_layer, None)
         self.load_trees()
@@ -354,11 +355,22 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
             self._follow("golden", self.selected)
 
     def on_detail_ready(self, msg: DetailReady) -> None:
+        self._detail_shown = msg
         styles = self._domain_colours()
         self.query_one("#detail", Static).update(render_detail(msg.detail, msg.diff, styles))
 
     def on_node_tensors_ready(self, msg: NodeTensorsReady) -> None:
+        self._detail_shown = msg
         self.query_one("#detail", Static).update(render_node_tensors(msg.node, self._domain_colours()))
+
+    def _on_theme(self) -> None:
+        """A new theme: titles and the detail pane are drawn again in its colours (they hold colours as text)."""
+        self._update_titles()
+        shown = self._detail_shown
+        if isinstance(shown, DetailReady):
+            self.on_detail_ready(shown)
+        elif isinstance(shown, NodeTensorsReady):
+            self.on_node_tensors_ready(shown)
 
     def on_select_node(self, msg: SelectNode) -> None:
         if msg.node_id is not None:
