@@ -21,6 +21,12 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+def _plain(widget: Static) -> str:
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(widget.content)
+    return console.export_text()
+
+
 def _html(widget: Static) -> str:
     """The widget's content with its colours (inline styles), as drawn."""
     console = Console(width=200, record=True, file=io.StringIO(), color_system="truecolor")
@@ -45,3 +51,39 @@ async def test_theme_change_redraws_the_detail_pane(small_catalog: Path) -> None
         # no selection change: the pane is drawn again in the new theme's colours
         await wait_for(pilot, lambda: light_born in _html(detail), timeout=10)
         assert dark_born not in _html(detail)
+
+
+def _screen_text(app: object) -> str:
+    svg = app.export_screenshot()  # type: ignore[attr-defined]
+    return svg.replace("&#160;", " ").replace("\u00a0", " ")
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 50)])
+async def test_precheck_result_is_seen_at_once(demo_catalog: Path, size: tuple[int, int]) -> None:
+    from textual.containers import VerticalScroll
+
+    from workbench.app.opcause import PrecheckPanel
+    from workbench.app.trees import TopologyTree
+
+    app = make_app(catalog=demo_catalog)
+    async with app.run_test(size=size) as pilot:
+        screen = await ready(pilot, app)
+        await pilot.press("b")
+        await wait_for(pilot, lambda: screen.selected is not None and screen.selected == screen.born_id, timeout=30)
+        await wait_for(pilot, lambda: "error born" in _plain(screen.query_one("#detail", Static)), timeout=30)
+        await pilot.press("p")
+        panel = screen.query_one(PrecheckPanel)
+        await wait_for(pilot, lambda: "precheck FAIL" in _plain(panel), timeout=120)
+        await pilot.pause(0.3)
+        # the panel is scrolled into the detail pane's view
+        pane = screen.query_one("#detail-pane", VerticalScroll)
+        assert panel.region.overlaps(pane.content_region), (panel.region, pane.content_region)
+        # each judged output says whether it is within tolerance (no bare `-` for an ATB op's metrics)
+        text = _plain(panel)
+        assert "no: " in text or "yes" in text or "%" in text
+        # the verdict is said where it is seen at once, and the trees show the badge without a cursor move
+        assert any("precheck FAILS" in n.message for n in app._notifications)
+        golden = screen.query_one("#golden-tree", TopologyTree)
+        assert golden.badges and golden.token == screen.token
+        if size[0] >= 200:  # at 80 columns the trees are too narrow for a badge after the op's name
+            assert "precheck fails" in _screen_text(app)

@@ -83,7 +83,7 @@ def render_precheck(result: PrecheckResult | None, error: str | None, token: int
             mark = ("✓ " if o.passed else "✗ " if o.passed is False else "? ") + (o.label or f"out{o.index}")
             table.add_row(
                 Text(mark, style="green" if o.passed else "red" if o.passed is False else "yellow"),
-                f"{rate:.3f}%" if rate is not None else ",".join(o.failed_metrics) or "-",
+                _within(rate, o.passed, o.failed_metrics),
                 f"{rel:.3g}" if rel is not None else "-",
                 f"{cos:.6f}" if cos is not None else "-",
             )
@@ -91,6 +91,15 @@ def render_precheck(result: PrecheckResult | None, error: str | None, token: int
     if result.reason:
         parts.append(Text(result.reason, style="dim"))
     return Group(*parts)
+
+
+def _within(rate: float | None, passed: bool | None, failed: list[str]) -> str:
+    """The `within tol.` cell: the share of elements within tolerance, else whether the judged metrics pass."""
+    if rate is not None:
+        return f"{rate:.3f}%"
+    if passed is None:
+        return "-"
+    return "yes" if passed else "no: " + (", ".join(failed) or "fails")
 
 
 class PrecheckPanel(Static):
@@ -224,15 +233,22 @@ class OpCauseActions(_MixinBase):
         self.post_message(PrecheckReady(node_id, token, result))
 
     def on_precheck_ready(self, msg: PrecheckReady) -> None:
-        self.query_one(PrecheckPanel).show(msg.result, msg.error, msg.token)
+        panel = self.query_one(PrecheckPanel)
+        panel.show(msg.result, msg.error, msg.token)
+        # the panel sits under the detail: bring it into view, and say the verdict where it is seen at once
+        self.call_after_refresh(lambda: self.query_one("#detail-pane").scroll_to_widget(panel, animate=False))
+        passed = msg.result.passed if msg.result is not None else None
+        if msg.error is not None:
+            self.notify(f"precheck: {msg.error}", severity="warning", markup=False)
+        else:
+            assert msg.result is not None
+            word = {True: "passes", False: "FAILS", None: "could not judge"}[passed]
+            self.notify(f"precheck {word}: {msg.result.name} (token {msg.token})", markup=False)
         mark = {True: ("✓ precheck", "ok"), False: ("✗ precheck fails", "fail"), None: ("? precheck", "unmatched")}
-        badge = mark[msg.result.passed if msg.result is not None else None]
         from workbench.app.trees import TopologyTree
 
         for tree in self.query(TopologyTree):
-            tree.badges[(msg.node_id, msg.token)] = badge
-            tree.token = msg.token
-            tree.refresh()
+            tree.set_badge(msg.node_id, msg.token, mark[passed])
 
     def action_redump(self) -> None:
         target = self._target()

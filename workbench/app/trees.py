@@ -184,6 +184,12 @@ class TopologyTree(Tree[TreeRow]):
                 return nid
         return None
 
+    def set_badge(self, golden_id: int, token: int, badge: tuple[str, str]) -> None:
+        """Show `badge` (text, style key) on a node at `token`, drawn now (not at the next cursor move)."""
+        self.badges[(golden_id, token)] = badge
+        self.token = token
+        self._invalidate()
+
     # ------------------------------------------------------------------ rendering
     def on_mount(self) -> None:
         self._load_styles()
