@@ -87,3 +87,20 @@ async def test_precheck_result_is_seen_at_once(demo_catalog: Path, size: tuple[i
         assert golden.badges and golden.token == screen.token
         if size[0] >= 200:  # at 80 columns the trees are too narrow for a badge after the op's name
             assert "precheck fails" in _screen_text(app)
+
+
+async def test_a_wide_terminal_gives_the_heatmap_pane_its_width(demo_catalog: Path) -> None:
+    from workbench.app.logits_strip import LogitsStrip
+    from workbench.app.main_screen import WIDE_HEAT_SHARE
+
+    app = make_app(catalog=demo_catalog)
+    async with app.run_test(size=(200, 50)) as pilot:
+        screen = await ready(pilot, app)
+        pane = screen.query_one("#heat-pane")
+        await wait_for(pilot, lambda: pane.size.width >= int(200 * WIDE_HEAT_SHARE) - 2, timeout=30)
+        strip = screen.query_one(LogitsStrip)
+        await wait_for(pilot, lambda: "top-1" in str(strip.render()), timeout=30)
+        line = str(strip.render())
+        assert "KL" in line and "cosine" in line, line
+        title = str(pane.border_title or "")
+        assert "…" not in title, title

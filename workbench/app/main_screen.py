@@ -42,6 +42,8 @@ from workbench.app.trees import TopologyTree
 
 MIN_TREES_H = 6  # rows the trees keep whatever the terminal
 LEGEND_W = 30  # the heatmap pane is at least this wide, for the legend
+WIDE_FROM = 160  # columns from which the heatmap pane takes at least WIDE_HEAT_SHARE of the width
+WIDE_HEAT_SHARE = 0.45
 TOP_SHARE = 0.6  # of the rows below the status line: heatmap and detail pane
 
 
@@ -226,7 +228,9 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         body = max(height - 2 - (1 if self.query_one(RankBar).display else 0), 1)  # status, ranks, footer
         view = self.query_one(HeatmapView)
         pane_w = view.preferred_width(max(int(width * 0.5), 24)) + 2  # + border
-        pane_w = min(max(pane_w, LEGEND_W + 4), max(width - 36, 24))
+        # a wide terminal gives the heatmap pane room for its titles and the logits strip's whole line
+        floor = int(width * WIDE_HEAT_SHARE) if width >= WIDE_FROM else LEGEND_W + 4
+        pane_w = min(max(pane_w, floor, LEGEND_W + 4), max(width - 36, 24))
         self.query_one("#heat-pane").styles.width = pane_w
         legend = self.query_one("#legend", Static)
         legend_lines = len(self._legend(view).wrap(self.app.console, max(pane_w - 4, 10)))
