@@ -104,3 +104,33 @@ async def test_a_wide_terminal_gives_the_heatmap_pane_its_width(demo_catalog: Pa
         assert "KL" in line and "cosine" in line, line
         title = str(pane.border_title or "")
         assert "…" not in title, title
+
+
+async def test_trees_show_the_shapes_of_the_token_shown(demo_catalog: Path) -> None:
+
+    from workbench.analysis.explore import Explorer
+    from workbench.app.trees import TopologyTree
+
+    ex = Explorer(demo_catalog)
+    try:
+        born = ex.born(0)[0]
+        assert born is not None
+        first, second = ex.shapes_at("golden", 0)[born], ex.shapes_at("golden", 1)[born]
+    finally:
+        ex.close()
+    assert first != second  # the prompt's 24 positions, then one
+    app = make_app(catalog=demo_catalog)
+    async with app.run_test(size=(200, 50)) as pilot:
+        screen = await ready(pilot, app)
+        await pilot.press("b")
+        await wait_for(pilot, lambda: screen.selected == born, timeout=30)
+        golden = screen.query_one("#golden-tree", TopologyTree)
+
+        def label() -> str:
+            node = golden.tree_nodes[born]
+            return golden.render_label(node, golden.rich_style, golden.rich_style).plain
+
+        await wait_for(pilot, lambda: first in label(), timeout=30)
+        await pilot.press("right_square_bracket")
+        await wait_for(pilot, lambda: screen.token == 1 and second in label(), timeout=30)
+        assert first not in label()

@@ -109,6 +109,7 @@ class Explorer:
         self.catalog = Path(catalog)
         self._con = connect_read_only(self.catalog)
         self._lock = threading.Lock()
+        self._shapes: dict[tuple[str, int], dict[int, str]] = {}
         try:
             self.info = self._load_info(cmp_id)
         except duckdb.Error as exc:
@@ -261,6 +262,21 @@ class Explorer:
             )
             for r in rows
         ]
+
+    def shapes_at(self, side: Side, token: int) -> dict[int, str]:
+        """node id -> its first output's shape at `token` (a prefill and a decode step differ); cached per token."""
+        key = (side, token)
+        cached = self._shapes.get(key)
+        if cached is not None:
+            return cached
+        rows = self._rows(
+            "SELECT node_id, arg_min(shape, idx) FROM tensors WHERE run_id = ? AND token_id = ? AND io = 'out' "
+            "GROUP BY node_id",
+            [self.run_id(side), token],
+        )
+        shapes = {int(r[0]): _shape_text(r[1]) for r in rows}
+        self._shapes[key] = shapes
+        return shapes
 
     def node_status(self, token: int, colour_by: str = VERDICT) -> dict[int, NodeStatus]:
         """Per golden node roll-up at one token; `worst` is the value of a colouring (see `severity`)."""

@@ -66,6 +66,7 @@ class StatusReady(Message):
     born: int | None
     born_test: int | None
     evidence: str | None
+    shapes: dict[str, dict[int, str]]  # side -> node id -> output shape at this token
 
 
 @dataclass
@@ -267,7 +268,8 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
     def load_status(self, token: int) -> None:
         status = self.explorer.node_status(token, ADDED_ERROR if self.color_by_added else self.metric)
         born, born_test, evidence = self.explorer.born_evidence(token)
-        self.post_message(StatusReady(token, status, born, born_test, evidence))
+        shapes = {side: self.explorer.shapes_at(side, token) for side in ("golden", "test")}
+        self.post_message(StatusReady(token, status, born, born_test, evidence, shapes))
 
     @work(thread=True, exclusive=True, group="detail", exit_on_error=False)
     def load_detail(self, node_id: int, token: int) -> None:
@@ -352,6 +354,8 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self.born_id = msg.born
         self.born_test_id = msg.born_test
         self.evidence = msg.evidence
+        for side in ("golden", "test"):
+            self._tree(side).set_shapes(msg.shapes.get(side, {}))
         self._recolour()
         self._update_titles()
         if self.selected is not None:
