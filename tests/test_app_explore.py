@@ -286,3 +286,25 @@ def test_detail_pane_reads_tensors_without_torch(small_catalog: Path) -> None:
     )
     out = run_python(code)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_per_token_views_are_cached_and_agree_with_a_fresh_read(small_catalog: Path) -> None:
+    """Going back to a token reuses its roll-up, verdict and shapes (issue 26 item 10); they equal a fresh read."""
+    ex = Explorer(small_catalog)
+    try:
+        tokens = ex.info.tokens
+        first = {t: (ex.node_status(t), ex.born_evidence(t), ex.shapes_at("golden", t)) for t in tokens}
+        for t in tokens:
+            again = (ex.node_status(t), ex.born_evidence(t), ex.shapes_at("golden", t))
+            assert again[0] is first[t][0] and again[2] is first[t][2]
+    finally:
+        ex.close()
+    fresh = Explorer(small_catalog)
+    try:
+        for t in tokens:
+            assert fresh.node_status(t) == first[t][0]
+            assert fresh.born_evidence(t) == first[t][1]
+            assert fresh.shapes_at("golden", t) == first[t][2]
+        assert fresh.node_status(tokens[0], "cosine_similarity") != fresh.node_status(tokens[0])  # keyed by colouring
+    finally:
+        fresh.close()

@@ -294,7 +294,9 @@ async def test_sql_console_results_errors_saved_queries_history(small_catalog: P
         await pilot.press("ctrl+r")
         error = sql.query_one("#sql-error", Static)
         await wait_for(pilot, lambda: "read-only" in str(error.render()))
-        assert table.row_count > 0  # the last good result stays
+        # no earlier result under the error: it would read as this query's (issue 26 item 5)
+        assert table.row_count == 0 and not table.columns
+        assert "the query failed" in str(sql.query_one("#sql-info", Static).render())
         saved = sql.query_one("#saved", OptionList)
         await wait_for(pilot, lambda: saved.option_count > 0)
         names = sorted(p.stem for p in (REPO / "queries").glob("*.sql"))

@@ -71,16 +71,20 @@ def demo_prompt(seed: int = DEMO_SEED, length: int = PROMPT_TOKENS, vocab: int =
 @torch.no_grad()
 def decode(model: Any, prompt: torch.Tensor, steps: int, forced: list[int] | None = None) -> list[int]:
     """Greedy decoding with the KV cache, one forward call per token; `forced` replays given tokens."""
+    import inspect
+
+    # transformers 5.x renamed `past_key_values` to `cache` (the old name warns on every call); older: the old name
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     out = model(input_ids=prompt, use_cache=True)
-    past = out.past_key_values
+    past = getattr(out, key)
     chosen: list[int] = []
     for step in range(steps):
         nxt = int(out.logits[0, -1].float().argmax()) if forced is None else forced[step]
         chosen.append(nxt)
         if step == steps - 1:
             break
-        out = model(input_ids=torch.tensor([[nxt]]), past_key_values=past, use_cache=True)
-        past = out.past_key_values
+        out = model(input_ids=torch.tensor([[nxt]]), use_cache=True, **{key: past})
+        past = getattr(out, key)
     return chosen
 
 

@@ -14,6 +14,7 @@ import json
 import math
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,6 +61,7 @@ __all__ = ["POST", "PRE", "ExploreError", "Explorer", "connect_read_only"]
 PRE = -1  # ops before the first layer
 POST = 1_000_000_000  # ops after the last layer
 DUCKDB_MAGIC = b"DUCK"  # bytes 8-11 of every DuckDB database file
+STATUS_CACHE = 64  # per-token roll-ups kept (a token's is one dict of its nodes' NodeStatus)
 STAT_COLUMNS = ("dtype", "shape", "min", "max", "mean", "std", "norm", "nan_count", "inf_count", "path")
 
 
@@ -117,6 +119,9 @@ class Explorer:
         self.catalog = Path(catalog)
         self._con = connect_read_only(self.catalog)
         self._lock = threading.Lock()
+        self._shapes: dict[tuple[str, int], dict[int, str]] = {}
+        self._status: OrderedDict[tuple[int, str], dict[int, NodeStatus]] = OrderedDict()
+        self._born: dict[int, tuple[int | None, int | None, str | None]] = {}
         try:
             self.info = self._load_info(cmp_id)
         except duckdb.Error as exc:
@@ -270,8 +275,38 @@ class Explorer:
             for r in rows
         ]
 
+    def shapes_at(self, side: Side, token: int) -> dict[int, str]:
+        """node id -> its first output's shape at `token` (a prefill and a decode step differ); cached per token."""
+        key = (side, token)
+        cached = self._shapes.get(key)
+        if cached is not None:
+            return cached
+        rows = self._rows(
+            "SELECT node_id, arg_min(shape, idx) FROM tensors WHERE run_id = ? AND token_id = ? AND io = 'out' "
+            "GROUP BY node_id",
+            [self.run_id(side), token],
+        )
+        shapes = {int(r[0]): _shape_text(r[1]) for r in rows}
+        self._shapes[key] = shapes
+        return shapes
+
     def node_status(self, token: int, colour_by: str = VERDICT) -> dict[int, NodeStatus]:
-        """Per golden node roll-up at one token; `worst` is the value of a colouring (see `severity`)."""
+        """Per golden node roll-up at one token; `worst` is the value of a colouring (see `severity`).
+
+        Cached per (token, colouring) for this connection's life (the catalog is read-only here; an edit
+        reopens a new Explorer): going back to a token costs nothing. Callers must not modify the dict."""
+        key = (token, colour_by)
+        cached = self._status.get(key)
+        if cached is not None:
+            self._status.move_to_end(key)
+            return cached
+        out = self._node_status(token, colour_by)
+        self._status[key] = out
+        while len(self._status) > STATUS_CACHE:
+            self._status.popitem(last=False)
+        return out
+
+    def _node_status(self, token: int, colour_by: str) -> dict[int, NodeStatus]:
         info = self.info
         if colour_by == VERDICT:
             cols = info_verdict_columns(info)
@@ -302,7 +337,13 @@ class Explorer:
         return g, t
 
     def born_evidence(self, token: int) -> tuple[int | None, int | None, str | None]:
-        """The verdict at `token`: golden node, the test op pinned down (precheck), and the evidence."""
+        """The verdict at `token`: golden node, the test op pinned down (precheck), and the evidence (cached)."""
+        cached = self._born.get(token)
+        if cached is None:
+            cached = self._born[token] = self._born_evidence(token)
+        return cached
+
+    def _born_evidence(self, token: int) -> tuple[int | None, int | None, str | None]:
         rows = self._rows(
             "SELECT golden_node_id, test_node_id, evidence FROM error_born WHERE cmp_id = ? AND token_id = ?",
             [self.info.cmp_id, token],
@@ -586,6 +627,15 @@ class Explorer:
             [self.run_id("golden"), name],
         )
         return int(rows[0][0]) if rows else None
+
+    def node_name(self, side: Side, node_id: int | None) -> str | None:
+        """The name of a node of one side (None for None or an unknown id)."""
+        return self._node_name(self.run_id(side), node_id)
+
+    def run_meta(self, side: Side) -> str | None:
+        """The manifest a side's run was ingested with (`runs.meta`, JSON text), as stored."""
+        rows = self._rows("SELECT CAST(meta AS VARCHAR) FROM runs WHERE run_id = ?", [self.run_id(side)])
+        return None if not rows or rows[0][0] is None else str(rows[0][0])
 
     def _node_name(self, run: int, node_id: int | None) -> str | None:
         if node_id is None:

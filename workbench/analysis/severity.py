@@ -93,6 +93,23 @@ def _higher_is_better(name: str) -> bool:
     return spec is not None and spec.higher_is_better
 
 
+# severity bins of the heatmap palette (the app's and the HTML report's): the bound is at 1.0, the four
+# first levels pass, the last three fail
+LEVEL_EDGES = (0.25, 0.5, 0.75, 1.0, 2.0, 5.0)
+HEAT_LEVELS = len(LEVEL_EDGES) + 1
+PASS_LEVELS = 4  # levels 0-3 lie within the bound
+
+
+def level_of(sev: float) -> int:
+    """Palette level (0..HEAT_LEVELS-1) of a severity; -1 for no data."""
+    if math.isnan(sev):
+        return -1
+    for i, edge in enumerate(LEVEL_EDGES):
+        if sev < edge:
+            return i
+    return HEAT_LEVELS - 1
+
+
 def severity(value: float | None, metric: str, bound: float) -> float:
     """Error severity of a value: 0 perfect, 1 at the pass/fail bound, >1 failing; NaN stays NaN."""
     if value is None or math.isnan(value):

@@ -36,33 +36,33 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec(
         "command_palette", "ctrl+p", "^p", "Command palette", "app", show=False, palette=False, footer="Palette"
     ),
-    ActionSpec("cycle_theme", "f2", "F2", "Next theme", "app", show=False),
-    ActionSpec("open_mapping", "e", "e", "Mapping editor", "main", footer="Mapping"),
+    ActionSpec("cycle_theme", "f2", "F2", "Next theme", "app", footer="Theme"),
+    ActionSpec("open_mapping", "e", "e", "Mapping editor", "main", footer="Map"),
     ActionSpec("open_sql", "s", "s", "SQL console", "main", footer="SQL"),
-    ActionSpec("next_token", "right_square_bracket", "]", "Next token", "main"),
-    ActionSpec("prev_token", "left_square_bracket", "[", "Previous token", "main", footer="Prev token"),
-    ActionSpec("next_failing", "n", "n", "Next failing node", "main", footer="Next failing"),
-    ActionSpec("prev_failing", "N", "N", "Previous failing node", "main", show=False),
-    ActionSpec("goto_born", "b", "b", "Go to where the error is born", "main", footer="Error born"),
+    ActionSpec("next_token", "right_square_bracket", "]", "Next token", "main", footer="Next tok"),
+    ActionSpec("prev_token", "left_square_bracket", "[", "Previous token", "main", footer="Prev tok"),
+    ActionSpec("next_failing", "n", "n", "Next failing node", "main", footer="Next fail"),
+    ActionSpec("prev_failing", "N", "N", "Previous failing node", "main", footer="Prev fail"),
+    ActionSpec("goto_born", "b", "b", "Go to where the error is born", "main", footer="Born"),
     ActionSpec(
         "toggle_color",
         "a",
         "a",
         "Colour the trees by the heatmap's colouring / added error / beyond int8 noise (quantized)",
         "main",
-        footer="Added error",
+        footer="Added err",
     ),
-    ActionSpec(
-        "next_metric", "m", "m", "Next heatmap colouring (verdict, then each metric)", "main", footer="Colouring"
-    ),
+    ActionSpec("next_metric", "m", "m", "Next heatmap colouring (verdict, then each metric)", "main", footer="Colour"),
     ActionSpec("open_advice", "v", "v", "Suspects ranked by the advisor", "main", footer="Advisor"),
-    ActionSpec("pick_comparison", "c", "c", "Choose the comparison shown", "main", footer="Comparison"),
-    ActionSpec("next_rank", "r", "r", "Next rank of a multi-rank comparison", "main", show=False),
+    ActionSpec("pick_comparison", "c", "c", "Choose the comparison shown", "main", footer="Runs"),
+    ActionSpec("next_rank", "r", "r", "Next rank of a multi-rank comparison", "main", footer="Rank"),
     ActionSpec("prev_rank", "R", "R", "Previous rank of a multi-rank comparison", "main", show=False),
     ActionSpec("drill_up", "u,backspace", "u", "Back to the layer heatmap", "main", footer="Layers"),
-    ActionSpec("precheck", "p", "p", "Precheck: re-run the selected test op alone in float64", "main", show=False),
-    ActionSpec("redump", "d", "d", "Re-dump the selected op and token with full tensors", "main", show=False),
-    ActionSpec("focus_next_pane", "tab", "tab", "Next pane", "main", show=False, palette=False),
+    ActionSpec(
+        "precheck", "p", "p", "Precheck: re-run the selected test op alone in float64", "main", footer="Precheck"
+    ),
+    ActionSpec("redump", "d", "d", "Re-dump the selected op and token with full tensors", "main", footer="Re-dump"),
+    ActionSpec("focus_next_pane", "tab", "tab", "Next pane", "main", palette=False, footer="Pane"),
     ActionSpec(
         "select_cell",
         "enter",
@@ -70,7 +70,7 @@ ACTIONS: tuple[ActionSpec, ...] = (
         "Select this op and token everywhere (drill into a layer)",
         "heatmap",
         palette=False,
-        footer="Select / drill",
+        footer="Select",
     ),
     ActionSpec("pair_selected", "p", "p", "Pair the highlighted golden and test ops", "mapping", footer="Pair"),
     ActionSpec(

@@ -13,7 +13,7 @@ COMPACT_BELOW = 120  # columns under which keys are drawn without padding, so th
 
 class KeysFooter(Footer):
     """Textual's footer, except that a key that does not fit is left out instead of shown cut in half, and that
-    keys are drawn compact on a narrow terminal."""
+    keys are drawn compact on a narrow terminal, or wherever every key fits only compact."""
 
     async def recompose(self) -> None:
         await super().recompose()
@@ -36,6 +36,10 @@ class KeysFooter(Footer):
         optional = [k for k in keys if k not in palette and k.action.rsplit(".", 1)[-1] not in PINNED]
         room = self.size.width - sum(self._width(k) for k in palette)
         used = sum(self._width(k) for k in keys if k not in palette)
+        if used > room and not self.compact:  # compact first (no padding), then leave keys out
+            self.compact = True
+            self.call_after_refresh(self._fit)
+            return
         for key in reversed(optional):
             if used <= room:
                 break

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
 import numpy as np
@@ -17,20 +16,24 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from workbench.analysis.severity import Scale, relative_bound, severity_array
+from workbench.analysis.severity import (
+    HEAT_LEVELS,
+    LEVEL_EDGES,
+    PASS_LEVELS,
+    Scale,
+    relative_bound,
+    severity_array,
+)
 from workbench.analysis.views import Heatmap
 from workbench.app.actions import bindings
-from workbench.app.themes import DOMAIN_DEFAULTS, HEAT_LEVELS
+from workbench.app.themes import DOMAIN_DEFAULTS
 
 MIN_CELL_W = 2  # many tokens: two columns a cell
 MAX_CELL_W = 6  # few tokens: wider cells, up to this
 HEADER_H = 1
-# severity bins: the bound is at 1.0, the four first levels pass, the last three fail
-LEVEL_EDGES = (0.25, 0.5, 0.75, 1.0, 2.0, 5.0)
 GLYPH_FAIL = "×"
 GLYPH_NAN = "!"
 GLYPH_NONE = "·"
-PASS_LEVELS = 4  # levels 0-3 lie within the bound
 
 
 def cell_width(available: int, tokens: int) -> int:
@@ -38,16 +41,6 @@ def cell_width(available: int, tokens: int) -> int:
     if tokens <= 0:
         return MAX_CELL_W
     return max(MIN_CELL_W, min(MAX_CELL_W, available // tokens))
-
-
-def level_of(sev: float) -> int:
-    """Palette level (0..HEAT_LEVELS-1) of a severity; -1 for no data."""
-    if math.isnan(sev):
-        return -1
-    for i, edge in enumerate(LEVEL_EDGES):
-        if sev < edge:
-            return i
-    return HEAT_LEVELS - 1
 
 
 def _contrast(hex_colour: str) -> str:

@@ -21,7 +21,9 @@ from workbench.analysis.ranks import RankEntry, step
 from workbench.analysis.severity import (
     ADDED_ERROR,
     COLOURINGS,
+    HEAT_LEVELS,
     HEATMAP_COLOURINGS,
+    LEVEL_EDGES,
     VERDICT,
     Scale,
     value_at,
@@ -30,17 +32,19 @@ from workbench.analysis.views import Heatmap, NodeStatus, NodeTensors, PairDetai
 from workbench.app.actions import bindings
 from workbench.app.detail import render_detail, render_node_tensors
 from workbench.app.footer import KeysFooter
-from workbench.app.heatmap import GLYPH_FAIL, GLYPH_NAN, GLYPH_NONE, LEVEL_EDGES, HeatmapView
+from workbench.app.heatmap import GLYPH_FAIL, GLYPH_NAN, GLYPH_NONE, HeatmapView
 from workbench.app.logits_strip import LogitsStrip
 from workbench.app.opcause import OpCauseActions, PrecheckPanel
 from workbench.app.rank_bar import RankBar
 from workbench.app.screens import ComparisonChosen, PickerEntry, PickerScreen, Session, WorkbenchScreen
-from workbench.app.themes import DOMAIN_DEFAULTS, HEAT_LEVELS
+from workbench.app.themes import DOMAIN_DEFAULTS
 from workbench.app.trees import TopologyTree
 from workbench.core.advice import STANDS_OUT
 
 MIN_TREES_H = 6  # rows the trees keep whatever the terminal
 LEGEND_W = 30  # the heatmap pane is at least this wide, for the legend
+WIDE_FROM = 160  # columns from which the heatmap pane takes at least WIDE_HEAT_SHARE of the width
+WIDE_HEAT_SHARE = 0.45
 TOP_SHARE = 0.6  # of the rows below the status line: heatmap and detail pane
 
 
@@ -63,6 +67,7 @@ class StatusReady(Message):
     born: int | None
     born_test: int | None
     evidence: str | None
+    shapes: dict[str, dict[int, str]]  # side -> node id -> output shape at this token
 
 
 @dataclass
@@ -142,6 +147,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self.evidence: str | None = None
         self.status: dict[int, NodeStatus] = {}
         self.status_token: int | None = None  # token the trees are coloured for
+        self._detail_shown: DetailReady | NodeTensorsReady | None = None  # drawn again on a theme change
         self._legend_key: tuple[object, ...] = ()
         self._vars: dict[str, str] = {}
         self.first_paint_at: float | None = None
@@ -177,7 +183,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
     def on_mount(self) -> None:
         self.query_one("#detail-pane").border_title = "detail"
         self.query_one(HeatmapView).focus()
-        self.watch(self.app, "theme", lambda _theme: self._update_titles(), init=False)
+        self.watch(self.app, "theme", lambda _theme: self._on_theme(), init=False)
         self._update_titles()
         self.load_heatmap(self.metric, self.drill_layer, None)
         self.load_trees()
@@ -227,7 +233,9 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         body = max(height - 2 - (1 if self.query_one(RankBar).display else 0), 1)  # status, ranks, footer
         view = self.query_one(HeatmapView)
         pane_w = view.preferred_width(max(int(width * 0.5), 24)) + 2  # + border
-        pane_w = min(max(pane_w, LEGEND_W + 4), max(width - 36, 24))
+        # a wide terminal gives the heatmap pane room for its titles and the logits strip's whole line
+        floor = int(width * WIDE_HEAT_SHARE) if width >= WIDE_FROM else LEGEND_W + 4
+        pane_w = min(max(pane_w, floor, LEGEND_W + 4), max(width - 36, 24))
         self.query_one("#heat-pane").styles.width = pane_w
         legend = self.query_one("#legend", Static)
         legend_lines = len(self._legend(view).wrap(self.app.console, max(pane_w - 4, 10)))
@@ -269,7 +277,8 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
             score = self.explorer.beyond_noise(token)
             status = {g: replace(st, added_error=score.get(g)) for g, st in status.items()}
         born, born_test, evidence = self.explorer.born_evidence(token)
-        self.post_message(StatusReady(token, status, born, born_test, evidence))
+        shapes = {side: self.explorer.shapes_at(side, token) for side in ("golden", "test")}
+        self.post_message(StatusReady(token, status, born, born_test, evidence, shapes))
 
     @work(thread=True, exclusive=True, group="detail", exit_on_error=False)
     def load_detail(self, node_id: int, token: int) -> None:
@@ -368,6 +377,8 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self.born_id = msg.born
         self.born_test_id = msg.born_test
         self.evidence = msg.evidence
+        for side in ("golden", "test"):
+            self._tree(side).set_shapes(msg.shapes.get(side, {}))
         self._recolour()
         self._update_titles()
         if self._follow_born:
@@ -380,11 +391,22 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
             self._follow("golden", self.selected)
 
     def on_detail_ready(self, msg: DetailReady) -> None:
+        self._detail_shown = msg
         styles = self._domain_colours()
         self.query_one("#detail", Static).update(render_detail(msg.detail, msg.diff, styles))
 
     def on_node_tensors_ready(self, msg: NodeTensorsReady) -> None:
+        self._detail_shown = msg
         self.query_one("#detail", Static).update(render_node_tensors(msg.node, self._domain_colours()))
+
+    def _on_theme(self) -> None:
+        """A new theme: titles and the detail pane are drawn again in its colours (they hold colours as text)."""
+        self._update_titles()
+        shown = self._detail_shown
+        if isinstance(shown, DetailReady):
+            self.on_detail_ready(shown)
+        elif isinstance(shown, NodeTensorsReady):
+            self.on_node_tensors_ready(shown)
 
     def on_select_node(self, msg: SelectNode) -> None:
         if msg.node_id is not None:

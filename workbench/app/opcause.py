@@ -108,7 +108,7 @@ def render_precheck(results: list[PrecheckResult] | None, error: str | None, tok
             mark = ("✓ " if o.passed else "✗ " if o.passed is False else "? ") + (o.label or f"out{o.index}")
             table.add_row(
                 Text(mark, style="green" if o.passed else "red" if o.passed is False else "yellow"),
-                f"{rate:.3f}%" if rate is not None else ",".join(o.failed_metrics) or "-",
+                _within(rate, o.passed, o.failed_metrics),
                 f"{rel:.3g}" if rel is not None else "-",
                 f"{cos:.6f}" if cos is not None else "-",
             )
@@ -141,6 +141,15 @@ def _render_group(results: list[PrecheckResult], token: int) -> RenderableType:
         table.add_row(Text(f"{_MARK[v]} {r.name or r.op_dir}", style=_STYLE[v]), Text(f"{v}  {why}".strip()))
     parts.append(table)
     return Group(*parts)
+
+
+def _within(rate: float | None, passed: bool | None, failed: list[str]) -> str:
+    """The `within tol.` cell: the share of elements within tolerance, else whether the judged metrics pass."""
+    if rate is not None:
+        return f"{rate:.3f}%"
+    if passed is None:
+        return "-"
+    return "yes" if passed else "no: " + (", ".join(failed) or "fails")
 
 
 class PrecheckPanel(Static):
@@ -274,16 +283,22 @@ class OpCauseActions(_MixinBase):
         self.post_message(PrecheckReady(node_id, token, results))
 
     def on_precheck_ready(self, msg: PrecheckReady) -> None:
-        self.query_one(PrecheckPanel).show(msg.results, msg.error, msg.token)
-        mark = {OK: ("✓ precheck", "ok"), DISAGREE: ("✗ precheck fails", "fail")}
+        panel = self.query_one(PrecheckPanel)
+        panel.show(msg.results, msg.error, msg.token)
+        # the panel sits under the detail: bring it into view, and say the verdict where it is seen at once
+        self.call_after_refresh(lambda: self.query_one("#detail-pane").scroll_to_widget(panel, animate=False))
         verdict = group_verdict(msg.results) if msg.results and msg.error is None else NOT_CHECKED
+        if msg.error is not None:
+            self.notify(f"precheck: {msg.error}", severity="warning", markup=False)
+        else:
+            what = msg.results[0].name if len(msg.results) == 1 else f"{len(msg.results)} ops"
+            self.notify(f"precheck {verdict}: {what} (token {msg.token})", markup=False)
+        mark = {OK: ("✓ precheck", "ok"), DISAGREE: ("✗ precheck fails", "fail")}
         badge = mark.get(verdict, ("? precheck", "unmatched"))
         from workbench.app.trees import TopologyTree
 
         for tree in self.query(TopologyTree):
-            tree.badges[(msg.node_id, msg.token)] = badge
-            tree.token = msg.token
-            tree.refresh()
+            tree.set_badge(msg.node_id, msg.token, badge)
 
     def action_redump(self) -> None:
         target = self._target()

@@ -123,14 +123,15 @@ class SqlScreen(WorkbenchScreen[None]):
         self._hist_pos = -1
         err = self.query_one("#sql-error", Static)
         info = self.query_one("#sql-info", Static)
+        table = self.query_one("#results", DataTable)
         if msg.error is not None:
             err.update(Text(f"error: {msg.error}"))
+            table.clear(columns=True)  # an earlier result under this error would read as this query's
             info.update("the query failed; the catalog is unchanged (read-only)")
             return
         err.update("")
         res = msg.result
         assert res is not None
-        table = self.query_one("#results", DataTable)
         table.clear(columns=True)
         table.add_columns(*res.columns)
         table.add_rows([tuple(_cell(v) for v in row) for row in res.rows])

@@ -13,7 +13,6 @@ from workbench.core.files import package_data
 
 THEMES_DIR = package_data("themes")
 DEFAULT_THEME = "wb-dark"
-HEAT_LEVELS = 7
 # Domain colours every theme provides (and the defaults for Textual's built-in themes).
 DOMAIN_DEFAULTS: dict[str, str] = {
     "ok": "#3fb950",

@@ -10,10 +10,9 @@ from rich.text import Text
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
-from workbench.analysis.severity import ADDED_ERROR, VERDICT, severity
+from workbench.analysis.severity import ADDED_ERROR, HEAT_LEVELS, LEVEL_EDGES, VERDICT, severity
 from workbench.analysis.views import NodeStatus, Side, TreeRow
-from workbench.app.heatmap import LEVEL_EDGES
-from workbench.app.themes import DOMAIN_DEFAULTS, HEAT_LEVELS
+from workbench.app.themes import DOMAIN_DEFAULTS
 
 
 class TopologyTree(Tree[TreeRow]):
@@ -42,6 +41,7 @@ class TopologyTree(Tree[TreeRow]):
         self.born_id: int | None = None  # node of THIS side where the error is born at this token
         self.badges: dict[tuple[int, int], tuple[str, str]] = {}  # (golden id, token) -> (text, style key)
         self.token: int | None = None  # the token the badges are shown for
+        self.shapes: dict[int, str] = {}  # node id -> output shape at the token shown (else the row's first)
         self._styles: dict[str, Style] = {}
         self._revealed: TreeNode[TreeRow] | None = None  # the node the last reveal centred
 
@@ -185,6 +185,18 @@ class TopologyTree(Tree[TreeRow]):
                 return nid
         return None
 
+    def set_shapes(self, shapes: dict[int, str]) -> None:
+        """The output shapes at the token shown; lines are drawn again only when they differ from the last token's."""
+        if shapes != self.shapes:
+            self.shapes = shapes
+            self._invalidate()
+
+    def set_badge(self, golden_id: int, token: int, badge: tuple[str, str]) -> None:
+        """Show `badge` (text, style key) on a node at `token`, drawn now (not at the next cursor move)."""
+        self.badges[(golden_id, token)] = badge
+        self.token = token
+        self._invalidate()
+
     # ------------------------------------------------------------------ rendering
     def on_mount(self) -> None:
         self._load_styles()
@@ -238,7 +250,10 @@ class TopologyTree(Tree[TreeRow]):
             ("◆ " if born else "", self._styles.get("born", Style()) + Style(bold=True)),
             (row.short_name, name_style + style),
             (f" {row.type}", self._styles.get("dim", Style())),
-            (f" {row.shape}" if row.shape else "", self._styles.get("dim", Style())),
+            (
+                f" {shape}" if (shape := self.shapes.get(row.node_id, row.shape)) else "",
+                self._styles.get("dim", Style()),
+            ),
         )
         if mark == "?":
             text.append(" unmatched", self._styles.get("unmatched", Style()))

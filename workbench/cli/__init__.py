@@ -24,6 +24,7 @@ from workbench.cli import (  # noqa: F401  (registration)
     open_cmd,
     precheck_cmd,
     redump_cmd,
+    report_cmd,
 )
 from workbench.cli.common import (
     EXIT_CRASH,

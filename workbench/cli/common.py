@@ -168,8 +168,13 @@ class ProgressPrinter:
     def __init__(self) -> None:
         self.tty = sys.stderr.isatty()
         self.last_stage = ""
+        self.last_finished: tuple[str, int] | None = None
 
     def __call__(self, p: Any) -> None:
+        finished = (p.stage, p.total) if p.done >= p.total else None
+        if finished is not None and finished == self.last_finished:
+            return  # a stage reported complete twice (the last batch, then the stage's end) is printed once
+        self.last_finished = finished or self.last_finished
         if self.tty:
             rate = f" {p.rate:,.0f}/s" if p.rate else ""
             sys.stderr.write(f"\r{p.stage}: {p.done}/{p.total}{rate}   ")

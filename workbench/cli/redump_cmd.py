@@ -13,8 +13,18 @@ from workbench.cli.common import app, fail, say
 from workbench.core.exits import EXIT_NOT_CONFIRMED
 from workbench.core.files import DEFAULT_CATALOG
 
+# one paragraph per string: --help wraps them to the terminal (a docstring's line breaks would stay)
+HELP = "\n\n".join(
+    (
+        "Re-dump one op at one token with full tensors: the run's recorded command, shown first, run after a yes.",
+        "The new dump is ingested into the same catalog and the comparison's pairs of the op are recomputed. "
+        "The command, its folder and environment are shown first and run only after a yes (`--yes`, or `y` on a "
+        "terminal); a record not signed here by this user is flagged as recorded elsewhere or edited.",
+    )
+)
 
-@app.command()
+
+@app.command(help=HELP)
 def redump(
     node: Annotated[str, typer.Argument(help="The golden node (module name) whose op to re-dump.")],
     token: Annotated[int, typer.Option("--token", "-t", help="The token to re-dump.")] = 0,
@@ -31,10 +41,7 @@ def redump(
         ),
     ] = False,
 ) -> None:
-    """Re-run the command recorded in the run's manifest for just this op and token, with full tensors in and
-    out; the new dump is ingested into the same catalog and the comparison's pairs of the op are recomputed.
-    The command, its folder and environment are shown first and run only after a yes (`--yes`, or `y` on a
-    terminal); a record not signed here by this user is flagged as recorded elsewhere or edited."""
+    """Re-dump one op at one token with full tensors: the run's recorded command, shown first, run after a yes."""
     from workbench.catalog.lookup import NodeLookupError, comparison_id
     from workbench.catalog.store import open_catalog
     from workbench.core.progress import Progress

@@ -547,8 +547,10 @@ def compute_pending(
     sink.aliases = aliases
     n_stats = sum(1 for t in tasks if isinstance(t, StatsTask))
     # the progress counts tasks: the pairs to compute (files shared by several pairs once) and the statistics
-    # of tensors without a counterpart, so its total differs from the summary's `pairs compared`
-    stage = f"compare ({len(tasks) - n_stats} pairs + {n_stats} unpaired tensors' statistics)" if n_stats else "compare"
+    # of tensors without a counterpart; the label says both, so its total and the summary's `pairs compared` agree
+    n_pair_tasks = len(tasks) - n_stats
+    pairs_part = f"{len(todo)} pairs" + (f" in {n_pair_tasks} tasks" if n_pair_tasks != len(todo) else "")
+    stage = f"compare ({pairs_part}" + (f" + {n_stats} unpaired tensors' statistics)" if n_stats else ")")
     execute_tasks(
         tasks,
         sizes,

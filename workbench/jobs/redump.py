@@ -96,6 +96,9 @@ class RedumpResult:
     notes: list[str] = field(default_factory=list)
 
 
+_KIND_NAMES = {"atb": "an ATB dump", "msprobe": "an msprobe dump", "msit_torch": "an msit torch dump"}
+
+
 def _recorded_command(meta: dict[str, Any]) -> tuple[list[str], str, bool]:
     """(argv, cwd, zero-code) from a run's manifest; `RedumpError` when it has none."""
     exec_spec = meta.get("exec")
@@ -141,7 +144,10 @@ def plan_redump(
         raise RedumpError(f"run {run_id} has no node {node_id}")
     kind, meta_text, node = info
     if kind != "msit_torch":
-        raise RedumpError(f"a {kind} run: re-dump works on dumps written by wb's torch dumper")
+        raise RedumpError(
+            f"this run is {_KIND_NAMES.get(kind, repr(kind) + ' dump')}: "
+            "re-dump works only on dumps written by wb's torch dumper"
+        )
     try:
         meta = json.loads(meta_text) if meta_text else {}
     except ValueError:

@@ -1,0 +1,84 @@
+"""What a new user hit the second time (issue 26 items 6 and 8), through the real CLI as a subprocess."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pty
+import re
+import subprocess
+import warnings
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, WB, run_wb
+
+
+def test_help_keeps_each_description_whole() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "80"}
+    res = subprocess.run([*WB, "--help"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    rows = "".join(line.strip("│ \n") + " " for line in res.stdout.splitlines())
+    assert "redump Re-dump one op at one token with full tensors: the run's recorded command, shown first, run " in (
+        re.sub(r"\s+", " ", rows)
+    )
+    res = subprocess.run([*WB, "redump", "--help"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    # paragraphs wrap to the terminal: no line ends mid-sentence where the docstring's line ended
+    lines = [ln.strip() for ln in res.stdout.splitlines()]
+    assert not any(ln.endswith("or `y` on a") for ln in lines), res.stdout
+    assert not any(ln.startswith("terminal);") for ln in lines), res.stdout
+
+
+def test_demo_decoding_warns_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    from workbench.demo import build_model, decode, demo_prompt
+
+    model = build_model()
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING):
+        warnings.simplefilter("always")
+        tokens = decode(model, demo_prompt(), 3)
+    assert len(tokens) == 3
+    said = [str(w.message) for w in caught] + [r.getMessage() for r in caplog.records]
+    assert not [s for s in said if "past_key_values" in s or "deprecated" in s], said
+
+
+def _on_a_terminal(*args: str) -> tuple[int, str, str]:
+    """`wb ARGS` with stderr on a pseudo-terminal (where the progress line is drawn): rc, stdout, terminal text."""
+    master, slave = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    proc = subprocess.Popen([*WB, *args], stdout=subprocess.PIPE, stderr=slave, cwd=ROOT, env=env, text=True)
+    os.close(slave)
+    chunks: list[bytes] = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # the child closed its side
+            break
+        if not data:
+            break
+        chunks.append(data)
+    out, _ = proc.communicate(timeout=600)
+    os.close(master)
+    return proc.returncode, out, b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_compare_progress_on_a_terminal_is_printed_once_and_agrees(demo_catalog: Path, tmp_path: Path) -> None:
+    demo = demo_catalog.parent
+    golden = next((demo / "golden").glob("msit_dump_*"))
+    test = next((demo / "test").glob("msit_dump_*"))
+    rc, out, tty = _on_a_terminal("compare", "-gp", str(golden), "-mp", str(test), "-o", str(tmp_path / "out"))
+    assert rc == 0, tty[-2000:]
+    lines = [seg.strip() for seg in re.split(r"[\r\n]+", tty) if seg.strip()]
+    done = [ln for ln in lines if (m := re.search(r": (\d+)/(\d+)", ln)) and m.group(1) == m.group(2) != "0"]
+    compare_done = [ln for ln in done if ln.startswith("compare (")]
+    assert len(compare_done) == 1, compare_done  # the finished line once, not twice
+    label = re.match(r"compare \((\d+) pairs", compare_done[0])
+    summary = re.search(r"pairs compared: (\d+)", out)
+    assert label and summary and label.group(1) == summary.group(1), (compare_done[0], out[:400])
+
+
+def test_redump_on_an_atb_run_names_the_format(demo_catalog: Path) -> None:
+    res = run_wb("redump", "root.model.layers.1.post_attention_layernorm", "--token", "0", "-c", str(demo_catalog))
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "a atb" not in res.stderr
+    assert "this run is an ATB dump: re-dump works only on dumps written by wb's torch dumper" in res.stderr
