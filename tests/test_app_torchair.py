@@ -42,6 +42,8 @@ async def test_app_opens_a_torchair_comparison(tmp_path: Path) -> None:
         screen = app.screen
         assert isinstance(screen, MainScreen)
         await pilot.app.workers.wait_for_complete()
+        # the status names the born op once the trees hold its row (they load in a worker of their own)
+        await _until(pilot, lambda: "error born at: mm_2" in str(screen.query_one("#status", Static).render()), 60)
         status = str(screen.query_one("#status", Static).render())
         assert "error born at: mm_2-aten.mm.default" in status, status
         assert screen.selected == screen.born_id  # the born op is selected at start-up

@@ -73,7 +73,7 @@ async def test_precheck_result_is_seen_at_once(demo_catalog: Path, size: tuple[i
         await wait_for(pilot, lambda: "error born" in _plain(screen.query_one("#detail", Static)), timeout=30)
         await pilot.press("p")
         panel = screen.query_one(PrecheckPanel)
-        await wait_for(pilot, lambda: "precheck FAIL" in _plain(panel), timeout=120)
+        await wait_for(pilot, lambda: "precheck disagree" in _plain(panel), timeout=120)
         await pilot.pause(0.3)
         # the panel is scrolled into the detail pane's view
         pane = screen.query_one("#detail-pane", VerticalScroll)

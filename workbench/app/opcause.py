@@ -292,7 +292,8 @@ class OpCauseActions(_MixinBase):
             self.notify(f"precheck: {msg.error}", severity="warning", markup=False)
         else:
             what = msg.results[0].name if len(msg.results) == 1 else f"{len(msg.results)} ops"
-            self.notify(f"precheck {verdict}: {what} (token {msg.token})", markup=False)
+            word = {OK: "passes", DISAGREE: "FAILS"}.get(verdict, verdict)
+            self.notify(f"precheck {word}: {what} (token {msg.token})", markup=False)
         mark = {OK: ("✓ precheck", "ok"), DISAGREE: ("✗ precheck fails", "fail")}
         badge = mark.get(verdict, ("? precheck", "unmatched"))
         from workbench.app.trees import TopologyTree
