@@ -15,7 +15,6 @@ second op's output), as GE's buffer fusion names it. A planted `GeDefect` scales
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -27,8 +26,15 @@ from typing import Any
 import torch
 from torch import fx
 
-from workbench.core.files import MANIFEST_NAME
-from workbench.dump.fx import fx_name, graph_outputs, interpreting_backend, is_op, node_module, tensors_of
+from workbench.dump.fx import (
+    fx_name,
+    graph_outputs,
+    interpreting_backend,
+    is_op,
+    node_module,
+    record_token_ids,
+    tensors_of,
+)
 from workbench.formats import ge_dump, ge_run
 from workbench.formats.arrays import as_raw
 from workbench.formats.ge_graph import graph_text
@@ -137,9 +143,7 @@ class GeDumper:
         """The next call of the compiled model is the next token; `input_ids` are recorded in the manifest."""
         self.token += 1
         if input_ids is not None:
-            self.manifest.setdefault("token_ids", {})[str(self.token)] = list(input_ids)
-            self.root.mkdir(parents=True, exist_ok=True)
-            (self.root / MANIFEST_NAME).write_text(json.dumps(self.manifest))
+            record_token_ids(self.manifest, self.token, input_ids, self.root)
 
     # ------------------------------------------------------------------ the graph
     def _graph(self, gm: fx.GraphModule) -> None:

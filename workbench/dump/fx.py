@@ -82,6 +82,14 @@ def tensors_of(value: Any) -> list[torch.Tensor]:
     return []
 
 
+def record_token_ids(manifest: dict[str, Any], token: int, input_ids: list[int], folder: Path) -> None:
+    """Record the ids a compiled run was fed at `token` in `manifest` and (re)write it as `folder`'s manifest:
+    a comparison then tells whether two runs were fed the same tokens (the FX and the GE dumpers both)."""
+    manifest.setdefault("token_ids", {})[str(token)] = list(input_ids)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MANIFEST_NAME).write_text(json.dumps(manifest))
+
+
 class NodeSink(Protocol):
     def __call__(self, node: fx.Node, inputs: list[torch.Tensor], output: Any) -> Any:
         """See one node run (its tensor inputs and its result); return the result to carry on with."""
@@ -170,9 +178,7 @@ class FxDumper:
         the dump's manifest, so a comparison can tell whether two runs were fed the same tokens."""
         self.token += 1
         if input_ids is not None:
-            self.manifest.setdefault("token_ids", {})[str(self.token)] = list(input_ids)
-            self.rank_dir.mkdir(parents=True, exist_ok=True)
-            (self.rank_dir / MANIFEST_NAME).write_text(json.dumps(self.manifest))
+            record_token_ids(self.manifest, self.token, input_ids, self.rank_dir)
 
     def _graph(self, gm: fx.GraphModule) -> None:
         for n in gm.graph.nodes:
