@@ -162,7 +162,8 @@ async def test_pilot_precheck_then_redump_then_precheck(compared: Path, anyio_ba
     with full tensors, `p` again gives the verdict."""
     from tests.test_app_pilot import _text, ready, wait_for
     from workbench.app.launch import make_app
-    from workbench.app.opcause import PrecheckPanel, RedumpScreen
+    from workbench.app.opcause import PrecheckPanel
+    from workbench.app.screens import ProgressScreen
     from workbench.app.trees import TopologyTree
 
     con = duckdb.connect(str(compared), read_only=True)
@@ -183,7 +184,7 @@ async def test_pilot_precheck_then_redump_then_precheck(compared: Path, anyio_ba
         await wait_for(pilot, lambda: "statistics only" in _text(panel), timeout=60)
         assert _pairs(compared, PILOT_NODE, 2)[0][0] is None
         await pilot.press("d")
-        await wait_for(pilot, lambda: isinstance(app.screen, RedumpScreen), timeout=10)
+        await wait_for(pilot, lambda: isinstance(app.screen, ProgressScreen), timeout=10)
         # no catalog access from here while the job writes it (one process: a read-only connection would clash)
         await wait_for(pilot, lambda: app.screen is screen, timeout=300)
         await wait_for(pilot, lambda: app.explorer is not None and screen.explorer is app.explorer, timeout=60)

@@ -30,9 +30,11 @@ from workbench.app.screens import (
     WorkbenchScreen,
 )
 from workbench.app.themes import DEFAULT_THEME, DOMAIN_DEFAULTS, THEMES_DIR, load_themes
+from workbench.jobs.compare_dumps import CompareRequest
 
 if TYPE_CHECKING:
     from workbench.compare.mapping import PairSpec
+    from workbench.core.progress import Progress
 
 
 @dataclass
@@ -50,11 +52,7 @@ class OpenFailed(Message):
 
 @dataclass
 class CompareProgress(Message):
-    stage: str
-    done: int
-    total: int
-    rate: float
-    message: str
+    progress: Progress
 
 
 @dataclass
@@ -134,12 +132,14 @@ class WorkbenchApp(App[int]):
         theme: str | None = None,
         cmp_id: int | None = None,
         themes_dir: Path = THEMES_DIR,
+        request: CompareRequest | None = None,
     ) -> None:
         super().__init__()
         self.catalog = Path(catalog)
-        self.golden = golden
-        self.test = test
-        self.mapping_path = mapping
+        if request is None and golden is not None and test is not None:
+            request = CompareRequest(golden, test, self.catalog, mapping=mapping)
+        self.request = request  # the compare to run first (progress screen), if any
+        self.mapping_path = request.mapping if request is not None else mapping
         self.cmp_id = cmp_id
         self.explorer: Explorer | None = None
         self.cancel_event = threading.Event()
@@ -174,8 +174,8 @@ class WorkbenchApp(App[int]):
             return
         for p in self.theme_problems:
             self.notify(p, severity="warning")
-        if self.golden is not None and self.test is not None:
-            self.push_screen(ProgressScreen(str(self.golden), str(self.test)))
+        if self.request is not None:
+            self.push_screen(ProgressScreen.comparing(str(self.request.golden), str(self.request.test)))
             self.run_compare_worker()
         else:
             self.open_catalog(self.cmp_id)
@@ -197,7 +197,8 @@ class WorkbenchApp(App[int]):
     @work(thread=True, exclusive=True, group="compare", exit_on_error=False)
     def run_compare_worker(self) -> None:
         try:
-            from workbench.jobs.compare import CompareCancelled, run_compare
+            from workbench.jobs.compare import CompareCancelled
+            from workbench.jobs.compare_dumps import compare_dumps
         except ImportError as exc:
             self.post_message(OpenFailed("Cannot compare", f"the compare pipeline is unavailable ({exc})"))
             return
@@ -206,18 +207,11 @@ class WorkbenchApp(App[int]):
         from workbench.formats.model import DumpError
 
         def progress(p: Any) -> None:
-            self.post_message(CompareProgress(p.stage, p.done, p.total, p.rate, p.message))
+            self.post_message(CompareProgress(p))
 
-        assert self.golden is not None and self.test is not None
+        assert self.request is not None
         try:
-            res = run_compare(
-                self.golden,
-                self.test,
-                self.catalog,
-                mapping=self.mapping_path,
-                progress=progress,
-                cancel=self.cancel_event,
-            )
+            res = compare_dumps(self.request, progress=progress, cancel=self.cancel_event).result
         except CompareCancelled:
             self.post_message(
                 OpenFailed(
@@ -242,7 +236,7 @@ class WorkbenchApp(App[int]):
 
     def on_compare_progress(self, msg: CompareProgress) -> None:
         if isinstance(self.screen, ProgressScreen):
-            self.screen.update(msg.stage, msg.done, msg.total, msg.rate, msg.message)
+            self.screen.show(msg.progress)
 
     def on_compare_done(self, msg: CompareDone) -> None:
         self.open_catalog(msg.cmp_id)

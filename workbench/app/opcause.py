@@ -9,21 +9,18 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 from textual import work
-from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
-from textual.containers import Center, Vertical
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import ProgressBar, Static
+from textual.widgets import Static
 
 from workbench.analysis.precheck import PrecheckResult
-from workbench.app.footer import KeysFooter
+from workbench.app.screens import ProgressScreen
 
 if TYPE_CHECKING:
     from workbench.analysis.explore import Explorer
@@ -91,39 +88,8 @@ class PrecheckPanel(Static):
         self.update(render_precheck(result, error, token))
 
 
-class RedumpScreen(Screen[None]):
-    """Progress of a re-dump; Escape cancels it (the catalog stays as it was)."""
-
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel", key_display="esc")]
-    DEFAULT_CSS = """
-    RedumpScreen { align: center middle; }
-    RedumpScreen > Vertical { width: 80%; max-width: 110; height: auto; border: round $primary; padding: 1 2; }
-    RedumpScreen #stage { text-style: bold; }
-    """
-
-    def __init__(self, what: str, cancel: threading.Event) -> None:
-        super().__init__()
-        self.what = what
-        self.cancel = cancel
-
-    def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Static(Text.assemble(("Re-dumping\n", "bold"), self.what))
-            yield Static("starting ...", id="stage")
-            with Center():
-                yield ProgressBar(total=4, id="bar", show_eta=False)
-            yield Static("", id="message")
-        yield KeysFooter()
-
-    def step(self, p: Progress) -> None:
-        self.query_one("#stage", Static).update(p.stage)
-        self.query_one("#bar", ProgressBar).update(total=p.total, progress=p.done)
-        self.query_one("#message", Static).update(p.message)
-
-    def action_cancel(self) -> None:
-        self.cancel.set()
-        self.query_one("#stage", Static).update("cancelling (the catalog stays as it was) ...")
-
+REDUMP_STEPS = 4  # the stages `run_redump` reports
+_REDUMP_CANCELLING = "cancelling (the catalog stays as it was) ..."
 
 if TYPE_CHECKING:
     _MixinBase = Screen[None]  # the mixin is only ever mixed into a screen: type it as one
@@ -155,8 +121,8 @@ class OpCauseActions(_MixinBase):
 
     @work(thread=True, exclusive=True, group="precheck", exit_on_error=False)
     def _precheck_worker(self, node_id: int, token: int) -> None:
-        from workbench.analysis.explore import connect_read_only
         from workbench.analysis.precheck_torch import CannotRun, precheck_catalog
+        from workbench.catalog.readonly import connect_read_only
 
         try:
             con = connect_read_only(self.explorer.catalog)
@@ -191,7 +157,11 @@ class OpCauseActions(_MixinBase):
 
         name = self.query_one("#golden-tree", TopologyTree).rows.get(target[0])
         label = f"{name.name if name else target[0]} at token {target[1]} (test side)"
-        app.push_screen(RedumpScreen(label, cancel))
+        app.push_screen(
+            ProgressScreen(
+                "Re-dumping", label, cancel=cancel, cancelling=_REDUMP_CANCELLING, counts=False, total=REDUMP_STEPS
+            )
+        )
         if app.explorer is not None:
             app.explorer.close()  # the job writes the catalog; reopened when it ends
         self._redump_worker(target[0], target[1], cancel)
@@ -225,11 +195,11 @@ class OpCauseActions(_MixinBase):
 
     def on_redump_step(self, msg: RedumpStep) -> None:
         screen = self.app.screen
-        if isinstance(screen, RedumpScreen):
-            screen.step(msg.progress)
+        if isinstance(screen, ProgressScreen):
+            screen.show(msg.progress)
 
     def on_redump_finished(self, msg: RedumpFinished) -> None:
         app: Any = self.app
-        if isinstance(app.screen, RedumpScreen):
+        if isinstance(app.screen, ProgressScreen):
             app.pop_screen()
         app.reopen_after_edit(msg.text, msg.error)

@@ -7,6 +7,7 @@ that the app handles; the app tells them of a reopened catalog through `Workbenc
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
@@ -27,6 +28,7 @@ from workbench.app.footer import KeysFooter
 
 if TYPE_CHECKING:
     from workbench.compare.mapping import PairSpec
+    from workbench.core.progress import Progress
 
 SCOPE_TITLES = {
     "app": "Everywhere",
@@ -182,7 +184,8 @@ class MessageScreen(Screen[None]):
 
 
 class ProgressScreen(Screen[None]):
-    """Ingest and compare progress: stage, counts, rate; Escape cancels."""
+    """A long operation's progress (a compare, a re-dump): what runs, stage, bar, counts; Escape cancels it,
+    by setting `cancel` when given, else by posting `CancelRequested` to the app."""
 
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel", key_display="esc")]
     DEFAULT_CSS = """
@@ -191,31 +194,55 @@ class ProgressScreen(Screen[None]):
     ProgressScreen #stage { text-style: bold; }
     """
 
-    def __init__(self, golden: str, test: str) -> None:
+    def __init__(
+        self,
+        title: str,
+        subject: str,
+        *,
+        cancel: threading.Event | None = None,
+        cancelling: str = "cancelling (keeping what is committed) ...",
+        counts: bool = True,
+        total: int | None = None,
+    ) -> None:
         super().__init__()
-        self.golden = golden
-        self.test = test
+        self.title_text = title
+        self.subject = subject
+        self.cancel = cancel
+        self.cancelling = cancelling
+        self.counts = counts  # "done / total rate message" under the bar, else the message alone
+        self.total = total
+
+    @classmethod
+    def comparing(cls, golden: str, test: str) -> ProgressScreen:
+        """The compare's screen (the app runs the compare first when given two dumps)."""
+        return cls("Comparing", f"golden: {golden}\ntest:   {test}")
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(Text.assemble(("Comparing\n", "bold"), f"golden: {self.golden}\ntest:   {self.test}"))
+            yield Static(Text.assemble((f"{self.title_text}\n", "bold"), self.subject))
             yield Static("starting ...", id="stage")
             with Center():
-                yield ProgressBar(total=None, id="bar", show_eta=False)
+                yield ProgressBar(total=self.total, id="bar", show_eta=False)
             yield Static("", id="counts")
         yield KeysFooter()
 
-    def update(self, stage: str, done: int, total: int, rate: float, message: str) -> None:
+    def show(self, p: Progress) -> None:
         """Show one progress report (called on the UI thread from a message handler)."""
-        self.query_one("#stage", Static).update(stage)
+        self.query_one("#stage", Static).update(p.stage)
         bar = self.query_one("#bar", ProgressBar)
-        bar.update(total=total or None, progress=done)
-        rate_text = f"  {rate:,.0f}/s" if rate else ""
-        self.query_one("#counts", Static).update(f"{done:,} / {total:,}{rate_text}  {message}".rstrip())
+        bar.update(total=p.total or None, progress=p.done)
+        if self.counts:
+            rate_text = f"  {p.rate:,.0f}/s" if p.rate else ""
+            self.query_one("#counts", Static).update(f"{p.done:,} / {p.total:,}{rate_text}  {p.message}".rstrip())
+        else:
+            self.query_one("#counts", Static).update(p.message)
 
     def action_cancel(self) -> None:
-        self.post_message(CancelRequested())
-        self.query_one("#stage", Static).update("cancelling (keeping what is committed) ...")
+        if self.cancel is not None:
+            self.cancel.set()
+        else:
+            self.post_message(CancelRequested())
+        self.query_one("#stage", Static).update(self.cancelling)
 
 
 def help_table() -> Table:

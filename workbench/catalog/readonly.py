@@ -29,6 +29,7 @@ _LOCKED = {
 }
 _READERS = {".csv": "read_csv", ".tsv": "read_csv", ".parquet": "read_parquet", ".json": "read_json_auto"}
 _DUCKDB_SUFFIXES = (".duckdb", ".db", ".ddb")
+DUCKDB_MAGIC = b"DUCK"  # bytes 8-11 of every DuckDB database file
 
 
 def _first_line(exc: BaseException) -> str:
@@ -81,13 +82,23 @@ def schema_version_of(con: duckdb.DuckDBPyConnection, path: Path) -> int | None:
         raise CatalogError(f"{path}: not a wb catalog (schema version {str(rows[0][0])[:20]!r})") from None
 
 
-def connect_read_only(path: str | Path, *, allow_files: Sequence[Path] = ()) -> duckdb.DuckDBPyConnection:
-    """Open a wb catalog read-only, confined to itself (and `allow_files`, attached now); `CatalogError` otherwise."""
+def connect_read_only(
+    path: str | Path, *, allow_files: Sequence[Path] = (), hint: str | None = None
+) -> duckdb.DuckDBPyConnection:
+    """Open a wb catalog read-only, confined to itself (and `allow_files`, attached now); `CatalogError` otherwise
+    (`hint`, e.g. what the command takes, follows the line saying a file is no DuckDB database)."""
     p = Path(path)
     if not p.exists():
         raise CatalogError(f"{p}: catalog not found")
     if p.is_dir():
         raise CatalogError(f"{p}: is a folder, not a catalog file")
+    try:
+        with p.open("rb") as fh:
+            head = fh.read(12)
+    except OSError as exc:
+        raise CatalogError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    if head[8:12] != DUCKDB_MAGIC:
+        raise CatalogError(f"{p}: not a DuckDB catalog" + (f" ({hint})" if hint else ""))
     config: dict[str, str | bool | int | float | list[str]] = dict(_LOCKED)
     if allow_files:
         config["enable_external_access"] = True  # turned off below, once the files are in

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from workbench.cli.common import app, check_format, csv_text, guarded, text_table
+from workbench.cli.common import app, check_format, guarded, open_comparison, render, text_table
 from workbench.core.files import DEFAULT_CATALOG
 
 COLUMNS = ("rank", "token_id", "golden_node", "test_node", "score", "reason", "golden_node_id", "test_node_id")
@@ -26,18 +25,13 @@ def advise(
     """Rank the ops by the error they add beyond their inputs and their peers' noise (most likely origin first)."""
     from workbench.analysis.advisor import NAN_INF_SCORE, SIGNIFICANT
     from workbench.analysis.advisor import advise as run_advise
-    from workbench.catalog.lookup import comparison_id
-    from workbench.catalog.store import first_row, open_catalog
+    from workbench.catalog import first_row
 
     def go() -> None:
         check_format(fmt)
         if top < 0:
             raise ValueError(f"--top {top}: expected 0 (all) or more")
-        if not catalog.is_file():
-            raise ValueError(f"{catalog}: no such catalog (run `wb compare -o DIR` first, or pass --catalog FILE)")
-        con = open_catalog(catalog, read_only=True)
-        try:
-            cid = comparison_id(con, cmp_id, catalog)
+        with open_comparison(catalog, cmp_id) as (con, cid):
             if token is not None:
                 has = first_row(
                     con.execute("SELECT 1 FROM matches WHERE cmp_id = ? AND token_id = ? LIMIT 1", [cid, token])
@@ -45,15 +39,8 @@ def advise(
                 if has is None:
                     raise ValueError(f"{catalog}: comparison {cid} has no token {token}")
             items = run_advise(con, cid, token=token, top=top or None)
-        finally:
-            con.close()
         rows = [{k: asdict(a)[k] for k in COLUMNS} for a in items]
-        if fmt == "json":
-            typer.echo(json.dumps(rows, indent=1))
-        elif fmt == "csv":
-            typer.echo(csv_text(rows, COLUMNS), nl=False)
-        else:
-            typer.echo(_table(rows, cid, SIGNIFICANT, NAN_INF_SCORE), nl=False)
+        typer.echo(render(fmt, rows, COLUMNS, lambda: _table(rows, cid, SIGNIFICANT, NAN_INF_SCORE)), nl=False)
 
     guarded(go)
 

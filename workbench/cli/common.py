@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import csv
-import io
+import contextlib
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Annotated, Any, TypeVar
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from typer.core import TyperArgument, TyperOption
@@ -19,6 +19,16 @@ from workbench.core.exits import (  # noqa: F401  (the commands import them from
     EXIT_OK,
     EXIT_TERMINATED,
 )
+from workbench.core.interrupts import (  # noqa: F401  (the commands import them from here)
+    Terminated,
+    on_sigterm,
+    signal_inside,
+    sigterm_received,
+)
+from workbench.core.output import check_format, csv_text, render, text_table  # noqa: F401  (the commands use them)
+
+if TYPE_CHECKING:
+    import duckdb
 
 app = typer.Typer(
     name="wb",
@@ -72,31 +82,6 @@ T = TypeVar("T")
 REPORT_AT = "how and where: docs/security.md, Reporting a crash"
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, delivered as an interrupt so it ends exactly like Ctrl-C (everything committed kept)."""
-
-
-_sigterm_received = False
-
-
-def on_sigterm(_signum: int, _frame: object) -> None:
-    """The SIGTERM handler: end like Ctrl-C, remembering it was SIGTERM (DuckDB may report it as its own
-    interrupt, and the line and exit code must still say "terminated")."""
-    global _sigterm_received
-    _sigterm_received = True
-    raise Terminated
-
-
-def signal_inside(exc: BaseException) -> KeyboardInterrupt | None:
-    """The interrupt a DuckDB error stands for, when a signal's exception was raised in Python code DuckDB was
-    running (a DataFrame scan) and DuckDB wrapped it in an error of its own ("Traceback ..."), else None."""
-    if _sigterm_received:
-        return Terminated()
-    if "KeyboardInterrupt" in str(exc) or str(exc).startswith("Query interrupted"):
-        return KeyboardInterrupt()
-    return None
-
-
 def say(line: object, err: bool = False) -> None:
     """Print one line with control characters and undecodable bytes escaped (file names can hold anything)."""
     from workbench.core.text import printable
@@ -132,13 +117,13 @@ def guarded(fn: Callable[[], T]) -> T:
     except RecursionError:
         raise fail("input nested too deeply to read (a JSON or TOML file, or folders)") from None
     except duckdb.InterruptException:  # a signal that arrived while DuckDB ran a statement
-        if _sigterm_received:
+        if sigterm_received():
             raise fail("terminated; everything committed so far is kept in the catalog", EXIT_TERMINATED) from None
         raise fail("interrupted; everything committed so far is kept in the catalog", EXIT_INTERRUPTED) from None
     except duckdb.Error as exc:
         if signal_inside(exc) is not None:
-            code = EXIT_TERMINATED if _sigterm_received else EXIT_INTERRUPTED
-            what = "terminated" if _sigterm_received else "interrupted"
+            code = EXIT_TERMINATED if sigterm_received() else EXIT_INTERRUPTED
+            what = "terminated" if sigterm_received() else "interrupted"
             raise fail(f"{what}; everything committed so far is kept in the catalog", code) from None
         raise fail(f"catalog: {storage_message(exc)}; everything committed before is kept") from None
     except OSError as exc:
@@ -152,8 +137,24 @@ def guarded(fn: Callable[[], T]) -> T:
     except RuntimeError as exc:  # DuckDB's "Query interrupted" when the signal came during a DataFrame scan
         if signal_inside(exc) is None:
             raise
-        what, code = ("terminated", EXIT_TERMINATED) if _sigterm_received else ("interrupted", EXIT_INTERRUPTED)
+        what, code = ("terminated", EXIT_TERMINATED) if sigterm_received() else ("interrupted", EXIT_INTERRUPTED)
         raise fail(f"{what}; everything committed so far is kept in the catalog", code) from None
+
+
+@contextlib.contextmanager
+def open_comparison(catalog: Path, cmp_id: int | None) -> Iterator[tuple[duckdb.DuckDBPyConnection, int]]:
+    """The catalog a command reads, opened read-only, and its comparison `cmp_id` (None: the newest); a missing
+    catalog or comparison is a `ValueError` naming the file."""
+    from workbench.catalog.lookup import resolve_comparison
+    from workbench.catalog.store import open_catalog
+
+    if not catalog.is_file():
+        raise ValueError(f"{catalog}: no such catalog (run `wb compare -o DIR` first, or pass --catalog FILE)")
+    con = open_catalog(catalog, read_only=True)
+    try:
+        yield con, resolve_comparison(con, cmp_id, catalog)
+    finally:
+        con.close()
 
 
 class ProgressPrinter:
@@ -171,38 +172,3 @@ class ProgressPrinter:
                 sys.stderr.write("\n")
             sys.stderr.flush()
         self.last_stage = p.stage
-
-
-OUTPUT_FORMATS = ("table", "csv", "json")
-
-
-def check_format(fmt: str) -> None:
-    """Refuse an output format other than table, csv or json, in one line."""
-    if fmt not in OUTPUT_FORMATS:
-        raise ValueError(f"--format {fmt!r}: expected {', '.join(OUTPUT_FORMATS[:-1])} or {OUTPUT_FORMATS[-1]}")
-
-
-def csv_text(rows: Iterable[Mapping[str, object]], columns: Sequence[str]) -> str:
-    """Rows as CSV text with a header line."""
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n", extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buf.getvalue()
-
-
-def text_table(heads: Sequence[str], cells: Sequence[Sequence[str]], right: Sequence[bool] = ()) -> list[str]:
-    """Aligned columns, two spaces apart; `right[i]` right-aligns column i; the last column is never padded."""
-    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(heads)]
-    last = len(heads) - 1
-
-    def line(values: Sequence[str]) -> str:
-        parts = []
-        for i, (v, w) in enumerate(zip(values, widths, strict=True)):
-            if i < len(right) and right[i]:
-                parts.append(v.rjust(w))
-            else:
-                parts.append(v if i == last else v.ljust(w))
-        return "  ".join(parts).rstrip()
-
-    return [line(heads), *(line(c) for c in cells)]

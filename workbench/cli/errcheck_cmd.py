@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from workbench.cli.common import ProgressPrinter, app, check_format, csv_text, guarded
+from workbench.cli.common import ProgressPrinter, app, check_format, guarded, render
 
 if TYPE_CHECKING:
     from workbench.analysis.errcheck import ErrcheckResult
@@ -32,23 +31,18 @@ def errcheck(
         printer = ProgressPrinter()
         res = check_dump(d, progress=lambda done, total: printer(_Step(done, total)))
         rows = [f.to_row() for f in res.findings]
-        if fmt == "json":
-            payload = {
-                "dump": res.root,
-                "format": res.kind,
-                "tokens": res.tokens,
-                "ops": res.ops,
-                "tensors_read": res.tensors_read,
-                "tensors_from_statistics": res.tensors_from_stats,
-                "anomaly": res.anomalous,
-                "findings": rows,
-                "problems": res.problems,
-            }
-            typer.echo(json.dumps(payload, indent=2))
-        elif fmt == "csv":
-            typer.echo(csv_text(rows, _COLUMNS), nl=False)
-        else:
-            typer.echo(_table(res))
+        payload = {
+            "dump": res.root,
+            "format": res.kind,
+            "tokens": res.tokens,
+            "ops": res.ops,
+            "tensors_read": res.tensors_read,
+            "tensors_from_statistics": res.tensors_from_stats,
+            "anomaly": res.anomalous,
+            "findings": rows,
+            "problems": res.problems,
+        }
+        typer.echo(render(fmt, rows, _COLUMNS, lambda: _table(res), payload), nl=False)
         return EXIT_ANOMALY if res.anomalous else 0
 
     code = guarded(go)

@@ -47,7 +47,10 @@ def open_cmd(
         out.mkdir(parents=True, exist_ok=True)
         if cmp_id is not None:
             raise ValueError("--cmp chooses a comparison of an existing catalog; with two dumps, one is made")
-        return launch(make_app(catalog=out / CATALOG_NAME, golden=golden, test=test, mapping=mapping, theme=theme))
+        from workbench.jobs.compare_dumps import CompareRequest
+
+        request = CompareRequest(golden, test, out / CATALOG_NAME, mapping=mapping)
+        return launch(make_app(catalog=request.catalog, request=request, theme=theme))
 
     code = guarded(go)
     if code:

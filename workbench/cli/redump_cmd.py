@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from workbench.cli.common import app, fail
+from workbench.cli.common import app, fail, guarded, open_comparison
 from workbench.core.files import DEFAULT_CATALOG
 
 
@@ -26,22 +26,17 @@ def redump(
 ) -> None:
     """Re-run the command recorded in the run's manifest for just this op and token, with full tensors in and
     out; the new dump is ingested into the same catalog and the comparison's pairs of the op are recomputed."""
-    from workbench.catalog.lookup import NodeLookupError, comparison_id
-    from workbench.catalog.store import open_catalog
     from workbench.core.progress import Progress
     from workbench.jobs.redump import RedumpCancelled, RedumpError, run_redump
 
     if side not in ("test", "golden"):
         raise fail(f"--side must be test or golden, not {side!r}")
-    if not catalog.is_file():
-        raise fail(f"{catalog}: no such catalog")
-    con = open_catalog(catalog, read_only=True)
-    try:
-        cid = comparison_id(con, cmp_id, catalog)
-    except NodeLookupError as exc:
-        raise fail(str(exc)) from None
-    finally:
-        con.close()
+
+    def find() -> int:
+        with open_comparison(catalog, cmp_id) as (_con, found):
+            return found
+
+    cid = guarded(find)
     tty = sys.stderr.isatty()
 
     def show(p: Progress) -> None:

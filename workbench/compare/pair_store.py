@@ -74,7 +74,7 @@ def load_frames(con: duckdb.DuckDBPyConnection, run_id: int) -> RunFrames:
     return RunFrames(run_id, str(kind_row[0]), nodes, tensors)
 
 
-def comparison_id(
+def comparison_for_runs(
     con: duckdb.DuckDBPyConnection, golden_run: int, test_run: int, mapping: MappingFile | None, thresholds: Thresholds
 ) -> tuple[int, bool]:
     """The comparison of these runs under this mapping (made if new) and whether its thresholds changed."""

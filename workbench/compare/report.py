@@ -12,7 +12,7 @@ import pandas as pd
 
 from workbench.catalog.schema import MSIT_CSV_COLUMNS
 from workbench.compare.summary import CompareResult
-from workbench.compare.tasks import token_text
+from workbench.core.tokens import token_text
 
 _CSV_INJECTION = ("=", "+", "-", "@", "\t", "\r")
 
