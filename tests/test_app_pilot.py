@@ -424,7 +424,7 @@ async def test_decode_tokens_link_to_the_decoder_graph(demo_catalog: Path) -> No
 
 
 async def test_open_two_dumps_compares_with_progress_then_opens(demo_catalog: Path, tmp_path: Path) -> None:
-    from workbench.app.app import CompareProgress
+    from workbench.app.messages import CompareProgress
     from workbench.app.screens import ProgressScreen
 
     seen: list[object] = []

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,17 +10,23 @@ from typing import TYPE_CHECKING, Any
 from textual import work
 from textual.app import App
 from textual.command import DiscoveryHit, Hit, Hits, Provider
-from textual.message import Message
 from textual.worker import Worker, WorkerState
 
 from workbench.analysis.advisor import SIGNIFICANT
 from workbench.analysis.explore import ExploreError, Explorer
 from workbench.app.actions import ACTIONS, bindings
 from workbench.app.main_screen import MainScreen
-from workbench.app.screens import (
+from workbench.app.messages import (
     CancelRequested,
+    CatalogOpened,
+    CompareDone,
+    CompareProgress,
     ComparisonChosen,
+    EditDone,
     EditRequested,
+    OpenFailed,
+)
+from workbench.app.screens import (
     HelpScreen,
     MessageScreen,
     ProgressScreen,
@@ -34,37 +39,6 @@ from workbench.jobs.compare_dumps import CompareRequest
 
 if TYPE_CHECKING:
     from workbench.compare.mapping import PairSpec
-    from workbench.core.progress import Progress
-
-
-@dataclass
-class CatalogOpened(Message):
-    explorer: Explorer
-    token: int | None
-    select: int | None = None  # golden node to select at start-up
-
-
-@dataclass
-class OpenFailed(Message):
-    title: str
-    reason: str
-
-
-@dataclass
-class CompareProgress(Message):
-    progress: Progress
-
-
-@dataclass
-class CompareDone(Message):
-    cmp_id: int
-
-
-@dataclass
-class EditDone(Message):
-    explorer: Explorer | None
-    text: str
-    error: bool
 
 
 class WorkbenchCommands(Provider):
@@ -118,9 +92,7 @@ class WorkbenchApp(App[int]):
     TITLE = "wb workbench"
     BINDINGS = bindings("app")
     COMMANDS = App.COMMANDS | {WorkbenchCommands}
-    CSS = """
-    Screen { background: $background; }
-    """
+    CSS_PATH = "app.tcss"  # every screen's and widget's styles; shipped as package data
 
     def __init__(
         self,

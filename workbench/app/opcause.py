@@ -8,42 +8,22 @@ detail pane and a badge in both trees, a re-dump reopens the catalog so every pa
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 from textual import work
-from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Static
 
 from workbench.analysis.precheck import PrecheckResult
+from workbench.app.messages import PrecheckReady, RedumpFinished, RedumpStep
 from workbench.app.screens import ProgressScreen
 
 if TYPE_CHECKING:
     from workbench.analysis.explore import Explorer
     from workbench.core.progress import Progress
-
-
-@dataclass
-class PrecheckReady(Message):
-    node_id: int
-    token: int
-    result: PrecheckResult | None
-    error: str | None = None
-
-
-@dataclass
-class RedumpStep(Message):
-    progress: Progress
-
-
-@dataclass
-class RedumpFinished(Message):
-    text: str
-    error: bool
 
 
 def render_precheck(result: PrecheckResult | None, error: str | None, token: int) -> RenderableType:
@@ -80,8 +60,6 @@ def render_precheck(result: PrecheckResult | None, error: str | None, token: int
 
 class PrecheckPanel(Static):
     """The precheck section under the detail pane."""
-
-    DEFAULT_CSS = "PrecheckPanel { margin-top: 1; display: none; }"  # shown by the first precheck
 
     def show(self, result: PrecheckResult | None, error: str | None, token: int) -> None:
         self.display = True

@@ -17,7 +17,6 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Center, Vertical, VerticalScroll
-from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import OptionList, ProgressBar, Static
 from textual.widgets.option_list import Option
@@ -25,9 +24,9 @@ from textual.widgets.option_list import Option
 from workbench.analysis.explore import Explorer
 from workbench.app.actions import ACTIONS, bindings
 from workbench.app.footer import KeysFooter
+from workbench.app.messages import CancelRequested
 
 if TYPE_CHECKING:
-    from workbench.compare.mapping import PairSpec
     from workbench.core.progress import Progress
 
 SCOPE_TITLES = {
@@ -50,27 +49,6 @@ class Session:
     catalog: Path
     mapping: Path | None
     explorer: Explorer
-
-
-@dataclass
-class EditRequested(Message):
-    """Pair (and unpair) nodes: the app closes its connection, writes, recomputes and reopens."""
-
-    pairs: list[PairSpec]
-    remove: list[tuple[str, str]]
-
-
-class CancelRequested(Message):
-    """Stop the running compare (everything committed so far is kept)."""
-
-
-@dataclass
-class ComparisonChosen(Message):
-    """Show another comparison of the catalog (another rank: at this token, this golden op where it exists)."""
-
-    cmp_id: int
-    token: int | None = None
-    golden_node: str | None = None
 
 
 class WorkbenchScreen(Screen[R], Generic[R]):
@@ -115,13 +93,6 @@ class PickerScreen(WorkbenchModal[R | None], Generic[R]):
 
     SCOPE = "picker"
     BINDINGS = bindings("picker")
-    DEFAULT_CSS = """
-    PickerScreen { align: center middle; }
-    PickerScreen > Vertical { width: 95%; max-width: 160; height: 80%; border: round $primary;
-                              background: $surface; padding: 0 1; }
-    PickerScreen #picker-title { text-style: bold; height: auto; }
-    PickerScreen OptionList { height: 1fr; }
-    """
 
     def __init__(self, title: str, entries: list[PickerEntry[R]], empty: str = "nothing to show") -> None:
         super().__init__()
@@ -163,12 +134,6 @@ class MessageScreen(Screen[None]):
     """A clear message instead of a traceback: what went wrong and what to do; any key quits."""
 
     BINDINGS: ClassVar[list[BindingType]] = [Binding("q,escape,enter", "app.quit", "Quit", key_display="q")]
-    DEFAULT_CSS = """
-    MessageScreen { align: center middle; }
-    MessageScreen > Vertical { width: 90%; max-width: 100; height: auto; border: heavy $error;
-                               padding: 1 2; background: $surface; }
-    MessageScreen #title { text-style: bold; color: $error; }
-    """
 
     def __init__(self, title: str, message: str) -> None:
         super().__init__()
@@ -188,11 +153,6 @@ class ProgressScreen(Screen[None]):
     by setting `cancel` when given, else by posting `CancelRequested` to the app."""
 
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel", key_display="esc")]
-    DEFAULT_CSS = """
-    ProgressScreen { align: center middle; }
-    ProgressScreen > Vertical { width: 80%; max-width: 100; height: auto; border: round $primary; padding: 1 2; }
-    ProgressScreen #stage { text-style: bold; }
-    """
 
     def __init__(
         self,
@@ -267,11 +227,6 @@ class HelpScreen(WorkbenchModal[None]):
 
     SCOPE = "help"
     BINDINGS = bindings("help")
-    DEFAULT_CSS = """
-    HelpScreen { align: center middle; }
-    HelpScreen > VerticalScroll { width: 90%; max-width: 110; height: 85%; border: round $primary;
-                                  background: $surface; padding: 0 1; }
-    """
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
-from typer.core import TyperArgument, TyperOption
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from workbench.core.exits import (  # noqa: F401  (the commands import them from here)
     EXIT_CRASH,
@@ -30,32 +30,56 @@ from workbench.core.output import check_format, csv_text, render, text_table  # 
 if TYPE_CHECKING:
     import duckdb
 
+
+class _PlainHelp:
+    """How `wb` shows its parameters, through click's own hooks (`get_params`, `collect_usage_pieces`) on the
+    command classes typer lets an app choose (`cls`): an on/off flag takes no value, so no `<bool>` beside it
+    (typer shows `--no-tui <bool>`, `--help <bool>`, which reads as if they took one), and arguments read as
+    people write them in the usage line, `GOLDEN [TEST]`, not `{golden} [test]`."""
+
+    # typer vendors click (`typer._click`, private): the hooks' types are left as Any rather than imported from it
+    def get_params(self, ctx: Any) -> list[Any]:
+        params: list[Any] = super().get_params(ctx)  # type: ignore[misc]
+        for param in params:
+            if getattr(param, "is_flag", False) and param.metavar is None:  # typer's flags and click's --help
+                param.metavar = ""  # typer shows the metavar instead of the type: an empty one shows nothing
+        return params
+
+
+class WbGroup(_PlainHelp, TyperGroup):
+    """The `wb` group (its `--version` and `--help` flags)."""
+
+
+class WbCommand(_PlainHelp, TyperCommand):
+    """Every `wb` command (`use_plain_help` sets it on each registered one)."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if isinstance(param, TyperArgument):
+                name = (param.name or "").upper()
+                name = name if param.required else f"[{name}]"
+                pieces.append(name + ("..." if param.nargs != 1 else ""))
+            else:
+                pieces.extend(param.get_usage_pieces(ctx))
+        return pieces
+
+
+def use_plain_help(typer_app: typer.Typer) -> None:
+    """Build every command registered on `typer_app` as a `WbCommand` (call once they are all registered)."""
+    for info in typer_app.registered_commands:
+        if info.cls in (None, TyperCommand):  # typer's default: no command chose a class of its own
+            info.cls = WbCommand
+
+
 app = typer.Typer(
     name="wb",
     help="wb: find where an LLM's inference goes numerically wrong (golden vs test dumps).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=WbGroup,
 )
-
-
-def _flag_type(self: TyperOption, ctx: Any) -> str | None:
-    """An on/off flag takes no value: show no `<bool>` beside it in the help."""
-    return None if self.is_flag else _option_type(self, ctx)
-
-
-def _usage_name(self: TyperArgument) -> str:
-    """Arguments in the usage line as people write them: `GOLDEN [TEST]`, not `{golden} [test]`."""
-    name = self.display_name_raw.upper()
-    name = name if self.required else f"[{name}]"
-    return name + ("..." if self.nargs != 1 else "")
-
-
-# typer shows `<bool>` for flags (`--no-tui <bool>`, `--help <bool>`), which reads as if they took a value, and
-# `{golden}` for a required argument in the usage line
-_option_type = TyperOption.display_type_rich
-TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
-TyperArgument._usage_display_name = _usage_name  # type: ignore[method-assign]
 
 
 def _version(value: bool) -> None:
