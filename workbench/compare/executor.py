@@ -24,10 +24,10 @@ from workbench.compare.early import EarlyPairs, PairKey
 from workbench.compare.judge import PairResult, StatsResult, compute_dtype, judge_pair, result_from_wire
 from workbench.compare.matching import RunFrames
 from workbench.compare.pool import IN_PROCESS_BYTES, PoolStarter
-from workbench.compare.tasks import SUMMARY_FIELDS, PairTask, StatsTask, batches, file_identity, tensor_bytes
+from workbench.compare.tasks import PairTask, StatsTask, batches, file_identity, tensor_bytes
 from workbench.compare.thresholds import Thresholds
 from workbench.compare.worker import run_batch
-from workbench.core.metrics import ALL_METRICS, STAT_BOUND, STAT_METRIC_NAMES, STAT_STEP_KEY
+from workbench.core.metrics import ALL_METRICS, STAT_BOUND, STAT_METRIC_NAMES, STAT_STEP_KEY, SUMMARY_FIELDS
 from workbench.core.progress import CompareCancelled, Progress, ProgressFn
 
 Judge = Callable[[PairResult], tuple[bool | None, list[str]]]

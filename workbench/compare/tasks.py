@@ -8,7 +8,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-SUMMARY_FIELDS = ("numel", "min", "max", "mean", "std", "norm", "nan_count", "inf_count")
 BATCH_BYTES = 48 * 1024 * 1024  # tasks go to a worker in batches of about this much tensor data
 BATCH_MAX_TASKS = 64
 _ITEMSIZE = {
