@@ -33,8 +33,8 @@ WITH t AS (SELECT tensor_id, token_id, node_id, io, idx, dtype, shape::VARCHAR A
 def load_frames(con: duckdb.DuckDBPyConnection, run_id: int) -> RunFrames:
     """The nodes and tensors of one run, as `compare.matching` takes them.
 
-    Only what matching and planning read: no paths (`compare.executor` reads them from the catalog as it plans),
-    and `io`, `dtype` and `shape` (as text) as categoricals."""
+    Only what matching and planning read: no paths (`compare.executor` reads them from the catalog as it
+    plans), and `io`, `dtype` and `shape` (as text) as categoricals."""
     kind_row = first_row(con.execute("SELECT kind FROM runs WHERE run_id = ?", [run_id]))
     assert kind_row is not None
     nodes = con.execute(
