@@ -195,7 +195,9 @@ def _host(cpus: int, object_store: int) -> None:
     try:
         import ray
 
+        os.environ.pop("RAY_ADDRESS", None)
         ray.init(
+            address="local",  # always a new cluster of our own: never join one another program started here
             num_cpus=cpus,
             include_dashboard=False,
             object_store_memory=object_store,
