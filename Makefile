@@ -61,11 +61,13 @@ test: install $(MSIT_STAMP) $(MSPROBE_STAMP) $(RAY_STAMP)
 		apt-get install -y -qq tmux >/dev/null 2>&1)) || echo "tmux not installed: the tmux end-to-end test will be skipped")
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
-# ruff, the format check, mypy (settings in pyproject.toml) and the import contract (docs/architecture.md)
+# ruff, the format check, mypy (settings in pyproject.toml), the import contracts (lint-imports, [tool.importlinter])
+# and the run-time import checks (docs/architecture.md)
 lint: install
 	$(VENV)/bin/ruff check workbench tests bench
 	$(VENV)/bin/ruff format --check workbench tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests/test_architecture.py
 
 bench: install

@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 _CHILD = """
 import resource, sys, time
 from pathlib import Path
-from workbench.cli.compare_cmd import run_compare_cli
+from workbench.cli.compare_cmd import compare_request, run_compare_cli
 t0 = time.perf_counter()
-res = run_compare_cli(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), None, None, None, None, quiet=True)
+res = run_compare_cli(compare_request(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])), quiet=True)
 wall = time.perf_counter() - t0
 print("RESULT", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, wall, res.pairs, file=sys.stderr)
 """

@@ -8,31 +8,18 @@ and `act_fn` renamed `act` on the test side (unmatched on both sides).
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from bench import make_big_catalog
 
 REPO = Path(__file__).resolve().parents[1]
 DEFECT = "root.model.layers.1.down_proj"
 DEFECT_ID = 27  # node id of DEFECT in the synthetic model
 SIZE = (140, 44)
-
-
-def bench_module() -> ModuleType:
-    """`bench/make_big_catalog.py` as a module (bench/ is not a package)."""
-    name = "wb_make_big_catalog"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / "make_big_catalog.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 _BUILT: dict[str, Path] = {}  # one build per session even when several test modules alias a fixture
@@ -43,7 +30,7 @@ def small_catalog_master(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if "small" in _BUILT:
         return _BUILT["small"]
     root = tmp_path_factory.mktemp("wb_app_catalog")
-    bench_module().make_catalog(
+    make_big_catalog.make_catalog(
         root / "catalog.duckdb",
         layers=3,
         ops=12,

@@ -212,9 +212,9 @@ for _label, _sql in _ESCAPES.items():
     case(1, f"SQL: {_label}", "refused, one line, no file written")(_sql_escape(_label, _sql))
 
 
-@case(1, "SQL: app console connection", "explore.connect_read_only is the confined one")
+@case(1, "SQL: app console connection", "catalog.readonly.connect_read_only (the Explorer's) is the confined one")
 def _explore_confined(tmp: Path) -> Outcome:
-    from workbench.analysis.explore import connect_read_only
+    from workbench.catalog.readonly import connect_read_only
 
     con = connect_read_only(make_catalog(tmp))
     try:
@@ -624,7 +624,7 @@ def _out_555(tmp: Path) -> Outcome:
     import shutil
     import tempfile
 
-    from workbench.cli.compare_cmd import check_output_dir
+    from workbench.jobs.compare_dumps import check_output_dir
 
     if os.geteuid() == 0:  # nobody must reach the folder: under /tmp itself, not a private test folder
         tmp = Path(tempfile.mkdtemp(prefix="wb-555-", dir="/tmp"))
@@ -645,7 +645,7 @@ def _out_555(tmp: Path) -> Outcome:
         try:
             os.setgid(65534)
             os.setuid(65534)
-            check_output_dir(locked / "out")
+            check_output_dir(locked / "out", locked / "out" / "catalog.duckdb")
             msg = "accepted"
         except ValueError as exc:
             msg = str(exc)

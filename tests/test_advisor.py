@@ -12,30 +12,17 @@ import csv
 import importlib.util
 import io
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import duckdb
 import pytest
 import torch
 
-from tests.conftest import ROOT, run_wb
+from bench import advisor_defects
+from tests.conftest import run_wb
 from workbench.analysis.advisor import SIGNIFICANT, Advice, advise, compute_advice
 from workbench.compare.thresholds import Thresholds
-
-
-def _bench() -> ModuleType:
-    name = "wb_advisor_defects"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "advisor_defects.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @dataclass
@@ -74,7 +61,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    bench = _bench()
+    bench = advisor_defects
     base = tmp_path_factory.mktemp("advisor")
     out: dict[str, Run] = {}
     goldens: dict[str, tuple[torch.nn.Module, Path, list[int]]] = {}
@@ -257,7 +244,7 @@ def test_cli_errors_are_one_line(runs: dict[str, Run], tmp_path: Path) -> None:
 def test_peer_dumper_defect_ranked_first(tmp_path: Path, dumper: str, module: str, case: str, dtype: str) -> None:
     # msit's own register_hook / msprobe's own PrecisionDebugger (L0), each in a subprocess (process-wide state)
     pytest.importorskip(module, reason=f"{module} not installed")
-    bench = _bench()
+    bench = advisor_defects
     golden_dir, test_dir = tmp_path / "golden", tmp_path / "test"
     golden_dir.mkdir()
     test_dir.mkdir()
@@ -282,7 +269,7 @@ def test_rotary_table_from_a_rounded_inv_freq_is_explained_and_gives_way(tmp_pat
     own error stands out. wb says why (`likely cause`), and a planted defect standing out at the same token still
     comes first; with inv_freq kept in float32 the rotary table is quiet."""
     dumper = "msit" if importlib.util.find_spec("msit_llm") is not None else "wb"
-    bench = _bench()
+    bench = advisor_defects
 
     def dump(name: str, **job: object) -> Path:
         out = tmp_path / name

@@ -426,7 +426,7 @@ async def test_decode_tokens_link_to_the_decoder_graph(demo_catalog: Path) -> No
 
 
 async def test_open_two_dumps_compares_with_progress_then_opens(demo_catalog: Path, tmp_path: Path) -> None:
-    from workbench.app.app import CompareProgress
+    from workbench.app.messages import CompareProgress
     from workbench.app.screens import ProgressScreen
 
     seen: list[object] = []
@@ -437,7 +437,7 @@ async def test_open_two_dumps_compares_with_progress_then_opens(demo_catalog: Pa
         screen = await ready(pilot, app)
         assert screen.born_id is not None
         progress = [m for m in seen if isinstance(m, CompareProgress)]
-        assert progress and all(p.done <= p.total for p in progress)
+        assert progress and all(p.progress.done <= p.progress.total for p in progress)
     assert (tmp_path / "catalog.duckdb").exists()
 
 

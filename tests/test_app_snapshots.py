@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from textual.widgets import Input, OptionList, TextArea
+from textual.widgets import DataTable, Input, OptionList, TextArea
 
 from tests.conftest_app import SIZE
 from tests.test_app_pilot import open_mapping_editor, ready, wait_for
@@ -105,6 +105,8 @@ def test_snapshot_sql_console(snap_compare, small_catalog_master: Path) -> None:
         )
         await pilot.press("ctrl+r")
         await wait_for(pilot, lambda: "row(s)" in str(app.screen.query_one("#sql-info").render()))
+        # the table measures its columns when idle: wait for the widths of the rows, not a fixed time
+        await wait_for(pilot, lambda: app.screen.query_one("#results", DataTable).virtual_size.width > 35)
         await pilot.pause(0.2)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=before)

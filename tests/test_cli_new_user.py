@@ -60,6 +60,22 @@ def test_compare_tokens_the_dumps_lack(demo_catalog: Path, tmp_path: Path) -> No
     assert not list(out.glob("*.csv")) if out.exists() else True  # no header-only report
 
 
+def test_open_takes_the_compare_options_with_two_dumps_only(demo_catalog: Path, tmp_path: Path) -> None:
+    """`wb open`'s compare options go into the app's compare request; argument checks, run in process through
+    typer's CliRunner (no app starts: each fails first)."""
+    from typer.testing import CliRunner
+
+    from workbench.cli.common import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["open", str(demo_catalog), "--tokens", "0"])
+    assert res.exit_code == 2 and "--tokens, --workers and --thresholds apply when comparing two dumps" in res.output
+    demo, out = demo_catalog.parent, tmp_path / "o"
+    res = runner.invoke(app, ["open", str(demo / "golden"), str(demo / "test"), "--tokens", "3-1", "-o", str(out)])
+    assert res.exit_code == 2 and "--tokens '3-1': range 3-1 goes backwards" in res.output
+    assert not out.exists()  # refused before anything was written
+
+
 def test_query_open_version_and_help(demo_catalog: Path, tmp_path: Path) -> None:
     res = run_wb("query", "nonexistent_query", "-c", str(demo_catalog))
     assert res.returncode == 2 and "'nonexistent_query': no saved query by that name" in res.stderr

@@ -133,7 +133,9 @@ def test_twins_whose_bytes_differ_are_computed_on_their_own(tmp_path: Path) -> N
 def test_worker_never_imports_torch(tiny_dumps: TinyDumps) -> None:
     pth = next(tiny_dumps.golden.rglob("output.pth"))
     code = (
-        "import sys\nfrom workbench.compare.worker import run_pair\nfrom workbench.compare.tasks import PairTask\n"
+        "import sys\n"
+        "from workbench.compare.worker import run_pair\n"
+        "from workbench.compare.tasks import PairTask\n"
         f"r = run_pair(PairTask(0, {str(pth)!r}, {str(pth)!r}, 'float32', 0, 0))\n"
         "assert r['values']['cosine_similarity'] == 1.0, r\n"
         "assert 'torch' not in sys.modules\nprint('ok')"

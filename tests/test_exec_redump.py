@@ -173,7 +173,8 @@ async def test_pilot_precheck_then_redump_then_precheck(compared: Path, anyio_ba
     detail pane refreshes with full tensors, `p` again gives the verdict."""
     from tests.test_app_pilot import _text, ready, wait_for
     from workbench.app.launch import make_app
-    from workbench.app.opcause import ConfirmRedumpScreen, PrecheckPanel, RedumpScreen
+    from workbench.app.opcause import ConfirmRedumpScreen, PrecheckPanel
+    from workbench.app.screens import ProgressScreen
     from workbench.app.trees import TopologyTree
 
     con = duckdb.connect(str(compared), read_only=True)
@@ -197,7 +198,7 @@ async def test_pilot_precheck_then_redump_then_precheck(compared: Path, anyio_ba
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmRedumpScreen), timeout=30)
         assert f"command: {sys.executable} run.py bfloat16" in _text(app.screen.query_one("#confirm-command"))
         await pilot.press("y")
-        await wait_for(pilot, lambda: isinstance(app.screen, RedumpScreen), timeout=10)
+        await wait_for(pilot, lambda: isinstance(app.screen, ProgressScreen), timeout=10)
         # no catalog access from here while the job writes it (one process: a read-only connection would clash)
         await wait_for(pilot, lambda: app.screen is screen, timeout=300)
         await wait_for(pilot, lambda: app.explorer is not None and screen.explorer is app.explorer, timeout=60)

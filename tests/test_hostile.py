@@ -1,4 +1,7 @@
-"""Issue 15's hostile inputs, one test per case (`tests/hostile_cases.py`); `bench/hostile.py` prints the table."""
+"""Issue 15's hostile inputs, one test per case (`tests/hostile_cases.py`).
+
+`bench/hostile.py` prints the table.
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import threading
 from pathlib import Path
@@ -125,3 +126,37 @@ def test_one_nan_inf_rule() -> None:
     # no metric computable (every element non-finite): a mismatch still fails, a match decides nothing
     assert judge_pair(th, {}, clean, {"nan_count": 4, "inf_count": 0}, "bfloat16") == (False, [NAN_INF])
     assert judge_pair(th, {}, {"nan_count": 4, "inf_count": 0}, {"nan_count": 4, "inf_count": 0}, None) == (None, [])
+
+
+def test_one_request_in_one_outcome_out(tiny_dumps: TinyDumps, tmp_path: Path) -> None:
+    """`compare_dumps`: a `CompareRequest` (what `wb compare`, `wb demo` and the app pass) gives the outcome the
+    CLI prints from: the result, the `--tokens` resolved among the dumps' tokens, the run labels, the CSV; the
+    lines a terminal shows go to `emit`; without a report folder (the app) no CSV is written."""
+    from workbench.core.tokens import token_ranges
+    from workbench.jobs.compare_dumps import CompareRequest, compare_dumps
+
+    lines: list[str] = []
+    request = CompareRequest(
+        tiny_dumps.golden,
+        tiny_dumps.defect,
+        tmp_path / "out" / "catalog.duckdb",
+        report_dir=tmp_path / "out",
+        tokens=token_ranges("0-1,1000"),
+        workers=1,
+    )
+    outcome = compare_dumps(request, emit=lines.append)
+    (rank,) = outcome.ranks
+    assert rank.rank is None and rank.result is outcome.result and rank.result.pairs > 0
+    assert rank.tokens == frozenset({0, 1})  # 1000 is not in the dumps
+    assert rank.report is not None and rank.report.is_file() and rank.report.parent == tmp_path / "out"
+    assert str(tiny_dumps.golden) in rank.golden_label and str(tiny_dumps.defect) in rank.test_label
+    assert any(str(rank.report) in line for line in lines)
+    with rank.report.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    column = next(c for c in rows[0] if "token" in c.lower())
+    assert rows and {int(r[column]) for r in rows} == {0, 1}
+
+    quiet = CompareRequest(tiny_dumps.golden, tiny_dumps.defect, tmp_path / "app" / "catalog.duckdb", workers=1)
+    app_side = compare_dumps(quiet)
+    assert app_side.ranks[0].report is None and not list((tmp_path / "app").glob("*.csv"))
+    assert app_side.result.pairs > rank.result.pairs  # every token, not two

@@ -87,7 +87,8 @@ def test_ranks_at_once_print_in_rank_order_and_one_failure_cancels_the_rest(
     import threading
     import time
 
-    from workbench.cli.compare_cmd import _ranks_at_once
+    from workbench.cli.common import say
+    from workbench.jobs.compare_dumps import _ranks_at_once
 
     seen: dict[int, bool] = {}
 
@@ -99,7 +100,7 @@ def test_ranks_at_once_print_in_rank_order_and_one_failure_cancels_the_rest(
         return f"result {rank}"
 
     ranked = [(0, "g0", "t0"), (1, "g1", "t1")]
-    assert _ranks_at_once(ranked, one_rank, tmp_path, []) == ["result 0", "result 1"]
+    assert _ranks_at_once(ranked, one_rank, tmp_path / "catalog.duckdb", [], say) == ["result 0", "result 1"]
     assert capsys.readouterr().out.splitlines() == ["== rank 0", "rank 0 summary", "== rank 1", "rank 1 summary"]
     assert (tmp_path / "catalog.duckdb").exists()  # the schema was written once, before the threads
 
@@ -110,5 +111,5 @@ def test_ranks_at_once_print_in_rank_order_and_one_failure_cancels_the_rest(
         return "cancelled"
 
     with pytest.raises(ValueError, match="rank 0: unreadable dump"):
-        _ranks_at_once(ranked, failing, tmp_path, [])
+        _ranks_at_once(ranked, failing, tmp_path / "catalog.duckdb", [], say)
     assert seen == {1: True}

@@ -1,4 +1,4 @@
-"""A wheel ships what the package reads at run time: saved queries, themes, default thresholds.
+"""A wheel ships what the package reads at run time: saved queries, themes, default thresholds, the stylesheet.
 
 The wheel is built from a copy of the source (the build writes `build/` and `*.egg-info` next to it),
 installed with `pip install --target` and run with only that folder on PYTHONPATH, from another folder.
@@ -44,6 +44,7 @@ def test_wheel_ships_queries_themes_and_thresholds(tmp_path: Path) -> None:
     assert installed.returncode == 0, installed.stdout + installed.stderr
     for d in (site / "workbench" / "data" / "queries", site / "workbench" / "data" / "themes"):
         assert d.is_dir() and not d.is_symlink(), f"{d}: not a real folder in the installed wheel"
+    assert (site / "workbench" / "app" / "app.tcss").is_file(), "the app's stylesheet is not in the wheel"
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

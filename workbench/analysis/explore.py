@@ -48,19 +48,17 @@ from workbench.analysis.views import (
 )
 from workbench.compare.thresholds import Thresholds
 from workbench.core.advice import STANDS_OUT
-from workbench.core.capped import FileRefused, check_regular
 from workbench.core.metrics import ALL_METRICS, BY_NAME
 
 if TYPE_CHECKING:
     from workbench.compare.fingerprint import MappingCheck
     from workbench.compare.mapping import MappingFile
 
-__all__ = ["POST", "PRE", "ExploreError", "Explorer", "connect_read_only"]
+__all__ = ["POST", "PRE", "ExploreError", "Explorer"]
 
 # heatmap row groups outside the decoder layers (layers are numbered from 0)
 PRE = -1  # ops before the first layer
 POST = 1_000_000_000  # ops after the last layer
-DUCKDB_MAGIC = b"DUCK"  # bytes 8-11 of every DuckDB database file
 STATUS_CACHE = 64  # per-token roll-ups kept (a token's is one dict of its nodes' NodeStatus)
 STAT_COLUMNS = ("dtype", "shape", "min", "max", "mean", "std", "norm", "nan_count", "inf_count", "path")
 
@@ -83,33 +81,7 @@ def _stored_thresholds(text: Any) -> tuple[Thresholds, str | None]:
         return Thresholds.load(), f"stored thresholds unreadable ({str(exc)[:80]}): package defaults shown"
 
 
-def connect_read_only(catalog: str | Path) -> duckdb.DuckDBPyConnection:
-    """Open a catalog read-only, confined to itself (`catalog.readonly`); one-line `ExploreError` otherwise."""
-    from workbench.catalog import CatalogError
-    from workbench.catalog.readonly import connect_read_only as confined
-
-    p = Path(catalog)
-    if not p.exists():
-        raise ExploreError(f"{p}: catalog not found")
-    if p.is_dir():
-        raise ExploreError(f"{p}: is a folder, not a catalog file")
-    try:
-        check_regular(p, "catalog")
-        with p.open("rb") as f:
-            head = f.read(12)
-    except FileRefused as exc:
-        raise ExploreError(str(exc)) from None
-    except OSError as exc:
-        raise ExploreError(f"{p}: cannot read ({exc.strerror or exc})") from None
-    if head[8:12] != DUCKDB_MAGIC:
-        raise ExploreError(
-            f"{p}: not a DuckDB catalog (wb open takes a catalog.duckdb written by `wb compare`, its folder, or two "
-            "dump folders)"
-        )
-    try:
-        return confined(p)
-    except CatalogError as exc:
-        raise ExploreError(str(exc)) from None
+_NOT_A_CATALOG_HINT = "wb open takes a catalog.duckdb written by `wb compare`, its folder, or two dump folders"
 
 
 class Explorer:
@@ -117,7 +89,13 @@ class Explorer:
 
     def __init__(self, catalog: str | Path, cmp_id: int | None = None) -> None:
         self.catalog = Path(catalog)
-        self._con = connect_read_only(self.catalog)
+        from workbench.catalog import CatalogError
+        from workbench.catalog.readonly import connect_read_only
+
+        try:
+            self._con = connect_read_only(self.catalog, hint=_NOT_A_CATALOG_HINT)
+        except CatalogError as exc:
+            raise ExploreError(str(exc)) from None
         self._lock = threading.Lock()
         self._shapes: dict[tuple[str, int], dict[int, str]] = {}
         self._status: OrderedDict[tuple[int, str], dict[int, NodeStatus]] = OrderedDict()

@@ -14,7 +14,8 @@ from workbench.catalog import first_row
 from workbench.catalog.readonly import connect_read_only
 from workbench.core.capped import SQL_FILE, FileRefused, read_text
 from workbench.core.files import package_data
-from workbench.core.text import csv_safe_columns, printable
+from workbench.core.output import render
+from workbench.core.text import printable
 
 QUERIES_DIR = package_data("queries")
 
@@ -80,18 +81,22 @@ def query_df(con: duckdb.DuckDBPyConnection, sql: str) -> pd.DataFrame:
 
 
 def format_df(df: pd.DataFrame, fmt: str, limit: int = 200) -> str:
-    if fmt == "csv":
-        return csv_safe_columns(df.copy()).to_csv(index=False)
-    if fmt == "json":
-        return json.dumps(json.loads(df.to_json(orient="records", date_format="iso")), indent=1) + "\n"
-    shown = df if limit <= 0 else df.head(limit)
-    # a cell holding a file name with a newline or an escape sequence must not break or drive the terminal
-    shown = shown.map(lambda v: printable(v) if isinstance(v, str) else v)
-    with pd.option_context("display.max_columns", None, "display.width", 200, "display.max_colwidth", 60):
-        text = shown.to_string(index=False) if len(shown) else "(no rows)"
-    if limit > 0 and len(df) > limit:
-        text += f"\n... {len(df) - limit} more rows (use --limit 0 or --format csv)"
-    return text + "\n"
+    """A query's result as `fmt` (`core.output.render`): CSV and JSON whole, the table cut at `limit` rows."""
+
+    def table() -> str:
+        shown = df if limit <= 0 else df.head(limit)
+        # a cell holding a file name with a newline or an escape sequence must not break or drive the terminal
+        shown = shown.map(lambda v: printable(v) if isinstance(v, str) else v)
+        with pd.option_context("display.max_columns", None, "display.width", 200, "display.max_colwidth", 60):
+            text = shown.to_string(index=False) if len(shown) else "(no rows)"
+        if limit > 0 and len(df) > limit:
+            text += f"\n... {len(df) - limit} more rows (use --limit 0 or --format csv)"
+        return text + "\n"
+
+    cells = df.astype(object).where(df.notna(), None) if fmt == "csv" else df.head(0)
+    rows = cells.to_dict(orient="records") if fmt == "csv" else []
+    payload = json.loads(df.to_json(orient="records", date_format="iso")) if fmt == "json" else None
+    return render(fmt, rows, [str(c) for c in df.columns], table, payload)
 
 
 def run_query(

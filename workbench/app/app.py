@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,17 +10,23 @@ from typing import TYPE_CHECKING, Any
 from textual import work
 from textual.app import App
 from textual.command import DiscoveryHit, Hit, Hits, Provider
-from textual.message import Message
 from textual.worker import Worker, WorkerState
 
 from workbench.analysis.advisor import SIGNIFICANT
 from workbench.analysis.explore import ExploreError, Explorer
 from workbench.app.actions import ACTIONS, bindings
 from workbench.app.main_screen import MainScreen
-from workbench.app.screens import (
+from workbench.app.messages import (
     CancelRequested,
+    CatalogOpened,
+    CompareDone,
+    CompareProgress,
     ComparisonChosen,
+    EditDone,
     EditRequested,
+    OpenFailed,
+)
+from workbench.app.screens import (
     HelpScreen,
     MessageScreen,
     ProgressScreen,
@@ -30,43 +35,10 @@ from workbench.app.screens import (
     WorkbenchScreen,
 )
 from workbench.app.themes import DEFAULT_THEME, DOMAIN_DEFAULTS, THEMES_DIR, load_themes
+from workbench.jobs.compare_dumps import CompareRequest
 
 if TYPE_CHECKING:
     from workbench.compare.mapping import PairSpec
-
-
-@dataclass
-class CatalogOpened(Message):
-    explorer: Explorer
-    token: int | None
-    select: int | None = None  # golden node to select at start-up
-
-
-@dataclass
-class OpenFailed(Message):
-    title: str
-    reason: str
-
-
-@dataclass
-class CompareProgress(Message):
-    stage: str
-    done: int
-    total: int
-    rate: float
-    message: str
-
-
-@dataclass
-class CompareDone(Message):
-    cmp_id: int
-
-
-@dataclass
-class EditDone(Message):
-    explorer: Explorer | None
-    text: str
-    error: bool
 
 
 class WorkbenchCommands(Provider):
@@ -120,9 +92,7 @@ class WorkbenchApp(App[int]):
     TITLE = "wb workbench"
     BINDINGS = bindings("app")
     COMMANDS = App.COMMANDS | {WorkbenchCommands}
-    CSS = """
-    Screen { background: $background; }
-    """
+    CSS_PATH = "app.tcss"  # every screen's and widget's styles; shipped as package data
 
     def __init__(
         self,
@@ -134,12 +104,14 @@ class WorkbenchApp(App[int]):
         theme: str | None = None,
         cmp_id: int | None = None,
         themes_dir: Path = THEMES_DIR,
+        request: CompareRequest | None = None,
     ) -> None:
         super().__init__()
         self.catalog = Path(catalog)
-        self.golden = golden
-        self.test = test
-        self.mapping_path = mapping
+        if request is None and golden is not None and test is not None:
+            request = CompareRequest(golden, test, self.catalog, mapping=mapping)
+        self.request = request  # the compare to run first (progress screen), if any
+        self.mapping_path = request.mapping if request is not None else mapping
         self.cmp_id = cmp_id
         self.explorer: Explorer | None = None
         self.cancel_event = threading.Event()
@@ -174,8 +146,8 @@ class WorkbenchApp(App[int]):
             return
         for p in self.theme_problems:
             self.notify(p, severity="warning")
-        if self.golden is not None and self.test is not None:
-            self.push_screen(ProgressScreen(str(self.golden), str(self.test)))
+        if self.request is not None:
+            self.push_screen(ProgressScreen.comparing(str(self.request.golden), str(self.request.test)))
             self.run_compare_worker()
         else:
             self.open_catalog(self.cmp_id)
@@ -197,7 +169,8 @@ class WorkbenchApp(App[int]):
     @work(thread=True, exclusive=True, group="compare", exit_on_error=False)
     def run_compare_worker(self) -> None:
         try:
-            from workbench.jobs.compare import CompareCancelled, run_compare
+            from workbench.jobs.compare import CompareCancelled
+            from workbench.jobs.compare_dumps import compare_dumps
         except ImportError as exc:
             self.post_message(OpenFailed("Cannot compare", f"the compare pipeline is unavailable ({exc})"))
             return
@@ -206,18 +179,11 @@ class WorkbenchApp(App[int]):
         from workbench.formats.model import DumpError
 
         def progress(p: Any) -> None:
-            self.post_message(CompareProgress(p.stage, p.done, p.total, p.rate, p.message))
+            self.post_message(CompareProgress(p))
 
-        assert self.golden is not None and self.test is not None
+        assert self.request is not None
         try:
-            res = run_compare(
-                self.golden,
-                self.test,
-                self.catalog,
-                mapping=self.mapping_path,
-                progress=progress,
-                cancel=self.cancel_event,
-            )
+            res = compare_dumps(self.request, progress=progress, cancel=self.cancel_event).result
         except CompareCancelled:
             self.post_message(
                 OpenFailed(
@@ -242,7 +208,7 @@ class WorkbenchApp(App[int]):
 
     def on_compare_progress(self, msg: CompareProgress) -> None:
         if isinstance(self.screen, ProgressScreen):
-            self.screen.update(msg.stage, msg.done, msg.total, msg.rate, msg.message)
+            self.screen.show(msg.progress)
 
     def on_compare_done(self, msg: CompareDone) -> None:
         self.open_catalog(msg.cmp_id)

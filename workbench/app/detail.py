@@ -12,6 +12,7 @@ from rich.text import Text
 from workbench.analysis.views import BORN_ADVISOR, BORN_PRECHECK, NodeTensors, PairDetail, PairRow, TensorDiff
 from workbench.core.advice import STANDS_OUT
 from workbench.core.metrics import METRICS
+from workbench.core.tokens import token_text
 
 BARS = " ▁▂▃▄▅▆▇█"
 STATISTICS = (
@@ -221,7 +222,7 @@ def render_node_tensors(node: NodeTensors, styles: dict[str, str]) -> Renderable
         style=unmatched,
     )
     toks = node.tokens_with_tensors
-    head.append(f"tensors at token(s) {_ranges(toks)}; shown: token {node.token}", style="dim")
+    head.append(f"tensors at token(s) {token_text(toks, ', ')}; shown: token {node.token}", style="dim")
     table = Table(box=None, pad_edge=False, header_style="bold")
     table.add_column("statistic")
     for t in node.tensors:
@@ -239,17 +240,3 @@ def render_node_tensors(node: NodeTensors, styles: dict[str, str]) -> Renderable
                 cells.append(Text(fmt(value), style=styles.get("nan", "magenta") if bad else ""))
         table.add_row(label, *cells)
     return Group(head, table)
-
-
-def _ranges(tokens: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2, 5'."""
-    out: list[str] = []
-    start = prev = tokens[0]
-    for t in [*tokens[1:], None]:
-        if t is not None and t == prev + 1:
-            prev = t
-            continue
-        out.append(str(start) if start == prev else f"{start}-{prev}")
-        if t is not None:
-            start = prev = t
-    return ", ".join(out)

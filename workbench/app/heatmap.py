@@ -62,9 +62,6 @@ class HeatmapView(ScrollView, can_focus=True):
         Binding("end", "cursor_end", "Last token", show=False),
         *bindings("heatmap"),
     ]
-    DEFAULT_CSS = """
-    HeatmapView { height: 1fr; scrollbar-size: 1 1; }
-    """
 
     class CellHighlighted(Message):
         """The cursor moved to (row, column)."""

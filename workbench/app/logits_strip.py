@@ -23,8 +23,6 @@ LABEL = "logits "
 class LogitsStrip(Static):
     """One cell per token of the comparison (data from `Explorer.logits_strip`)."""
 
-    DEFAULT_CSS = "LogitsStrip { height: 1; padding: 0 1; }"
-
     @dataclass
     class TokenSelected(Message):
         token: int

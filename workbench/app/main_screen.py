@@ -7,17 +7,16 @@ trees, under the heatmap cursor and in the detail pane, whichever pane or key as
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.message import Message
 from textual.widgets import Static, Tree
 
 from workbench.analysis.explore import POST, PRE, Explorer
-from workbench.analysis.ranks import RankEntry, step
+from workbench.analysis.ranks import step
 from workbench.analysis.severity import (
     ADDED_ERROR,
     COLOURINGS,
@@ -28,15 +27,28 @@ from workbench.analysis.severity import (
     Scale,
     value_at,
 )
-from workbench.analysis.views import Heatmap, NodeStatus, NodeTensors, PairDetail, TensorDiff, TreeRow
+from workbench.analysis.views import Heatmap, NodeStatus, TreeRow
 from workbench.app.actions import bindings
 from workbench.app.detail import render_detail, render_node_tensors
 from workbench.app.footer import KeysFooter
 from workbench.app.heatmap import GLYPH_FAIL, GLYPH_NAN, GLYPH_NONE, HeatmapView
 from workbench.app.logits_strip import LogitsStrip
+from workbench.app.messages import (
+    AdviceReady,
+    ComparisonChosen,
+    DetailReady,
+    GroupOf,
+    HeatmapReady,
+    MappingStale,
+    NodeTensorsReady,
+    RanksReady,
+    SelectNode,
+    StatusReady,
+    TreesReady,
+)
 from workbench.app.opcause import OpCauseActions, PrecheckPanel
 from workbench.app.rank_bar import RankBar
-from workbench.app.screens import ComparisonChosen, PickerEntry, PickerScreen, Session, WorkbenchScreen
+from workbench.app.screens import PickerEntry, PickerScreen, Session, WorkbenchScreen
 from workbench.app.themes import DOMAIN_DEFAULTS
 from workbench.app.trees import TopologyTree
 from workbench.core.advice import STANDS_OUT
@@ -48,89 +60,11 @@ WIDE_HEAT_SHARE = 0.45
 TOP_SHARE = 0.6  # of the rows below the status line: heatmap and detail pane
 
 
-@dataclass
-class HeatmapReady(Message):
-    data: Heatmap
-    cursor: tuple[int, int] | None
-
-
-@dataclass
-class TreesReady(Message):
-    golden: list[TreeRow]
-    test: list[TreeRow]
-
-
-@dataclass
-class StatusReady(Message):
-    token: int
-    status: dict[int, NodeStatus]
-    born: int | None
-    born_test: int | None
-    evidence: str | None
-    shapes: dict[str, dict[int, str]]  # side -> node id -> output shape at this token
-
-
-@dataclass
-class DetailReady(Message):
-    detail: PairDetail | None
-    diff: TensorDiff | None
-
-
-@dataclass
-class NodeTensorsReady(Message):
-    node: NodeTensors
-
-
-@dataclass
-class SelectNode(Message):
-    """Select a golden node (drill result or verdict) once its data arrives."""
-
-    node_id: int | None
-
-
-@dataclass
-class MappingStale(Message):
-    """The comparison's mapping file has entries that no longer fit the dumps (not used)."""
-
-    entries: list[tuple[str, str, str, str]]  # kind, golden, test, reason
-
-
-@dataclass
-class GroupOf(Message):
-    """The heatmap row group of the selected node (to put the cursor on it)."""
-
-    node_id: int
-    group: int | None
-
-
-@dataclass
-class RanksReady(Message):
-    entries: list[RankEntry]
-
-
-@dataclass
-class AdviceReady(Message):
-    entries: list[PickerEntry[tuple[int, int]]]
-    note: str
-
-
 class MainScreen(OpCauseActions, WorkbenchScreen[None]):
     """Where the user finds the token, the layer and the op where the error is born."""
 
     SCOPE = "main"
     BINDINGS = bindings("main")
-    DEFAULT_CSS = """
-    MainScreen #status { height: 1; background: $panel; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
-    MainScreen #top { height: 60%; }
-    MainScreen #heat-pane { width: 50%; border: round $secondary 50%; }
-    MainScreen #heat-pane:focus-within { border: round $primary; }
-    MainScreen #legend { height: auto; padding: 0 1; }
-    MainScreen #detail-pane { width: 1fr; border: round $secondary 50%; padding: 0 1; scrollbar-gutter: stable; }
-    MainScreen #detail-pane:focus-within { border: round $primary; }
-    MainScreen #trees { height: 1fr; min-height: 6; }
-    MainScreen TopologyTree { width: 1fr; border: round $secondary 50%; }
-    MainScreen TopologyTree:focus { border: round $primary; }
-    """
 
     def __init__(self, session: Session, token: int | None = None, select: int | None = None) -> None:
         super().__init__(session)

@@ -8,7 +8,6 @@ test op anew replaces it. Saving writes the fingerprint of the current dumps.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.style import Style
@@ -16,14 +15,14 @@ from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.message import Message
 from textual.widgets import Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from workbench.analysis.explore import Explorer, NodePair, Unmatched
 from workbench.app.actions import bindings
 from workbench.app.footer import KeysFooter
-from workbench.app.screens import EditRequested, Session, WorkbenchScreen
+from workbench.app.messages import EditRequested, MappingLists
+from workbench.app.screens import Session, WorkbenchScreen
 from workbench.app.themes import DOMAIN_DEFAULTS
 from workbench.compare.fingerprint import StaleEntry
 from workbench.compare.mapping import (
@@ -39,29 +38,11 @@ from workbench.compare.mapping import (
 )
 
 
-@dataclass
-class MappingLists(Message):
-    golden: list[Unmatched]
-    test: list[Unmatched]
-    pairs: list[NodePair]
-    stale: list[StaleEntry]
-    fingerprinted: bool
-
-
 class MappingScreen(WorkbenchScreen[None]):
     """Two filterable lists of unmatched ops (at any token) and the list of current pairs."""
 
     SCOPE = "mapping"
     BINDINGS = bindings("mapping")
-    DEFAULT_CSS = """
-    MappingScreen #columns { height: 1fr; }
-    MappingScreen #columns > Vertical { width: 1fr; border: round $secondary 50%; }
-    MappingScreen #columns > Vertical:focus-within { border: round $primary; }
-    MappingScreen OptionList { height: 1fr; }
-    MappingScreen Label { text-style: bold; padding: 0 1; }
-    MappingScreen .sel-label { text-style: none; color: $text-muted; }
-    MappingScreen #map-status { height: auto; max-height: 4; padding: 0 1; background: $panel; }
-    """
 
     def __init__(self, session: Session) -> None:
         super().__init__(session)

@@ -12,7 +12,6 @@ starts the re-dump, which reopens the catalog so every pane refreshes.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.console import Group, RenderableType
@@ -21,10 +20,9 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Center, Vertical
-from textual.message import Message
+from textual.containers import Vertical
 from textual.screen import ModalScreen, Screen
-from textual.widgets import ProgressBar, Static
+from textual.widgets import Static
 
 from workbench.analysis.precheck_result import (
     CANNOT_RUN,
@@ -36,6 +34,8 @@ from workbench.analysis.precheck_result import (
     tally,
 )
 from workbench.app.footer import KeysFooter
+from workbench.app.messages import PrecheckReady, RedumpFinished, RedumpPlanned, RedumpStep
+from workbench.app.screens import ProgressScreen
 from workbench.core.exits import EXIT_NOTHING, EXIT_OK
 
 if TYPE_CHECKING:
@@ -44,32 +44,6 @@ if TYPE_CHECKING:
     from workbench.analysis.explore import Explorer
     from workbench.core.progress import Progress
     from workbench.jobs.redump import RedumpPlan
-
-
-@dataclass
-class PrecheckReady(Message):
-    node_id: int
-    token: int
-    results: list[PrecheckResult]  # one op, or the leaf ops of a group
-    error: str | None = None
-
-
-@dataclass
-class RedumpPlanned(Message):
-    label: str
-    plan: RedumpPlan | None
-    error: str | None = None
-
-
-@dataclass
-class RedumpStep(Message):
-    progress: Progress
-
-
-@dataclass
-class RedumpFinished(Message):
-    text: str
-    error: bool
 
 
 _STYLE = {OK: "green", DISAGREE: "red", NOT_CHECKED: "yellow", CANNOT_RUN: "yellow", NO_REFERENCE: "dim"}
@@ -155,8 +129,6 @@ def _within(rate: float | None, passed: bool | None, failed: list[str]) -> str:
 class PrecheckPanel(Static):
     """The precheck section under the detail pane."""
 
-    DEFAULT_CSS = "PrecheckPanel { margin-top: 1; display: none; }"  # shown by the first precheck
-
     def show(self, results: list[PrecheckResult] | None, error: str | None, token: int) -> None:
         self.display = True
         self.update(render_precheck(results, error, token))
@@ -170,14 +142,6 @@ class ConfirmRedumpScreen(ModalScreen[bool]):
         Binding("y", "confirm", "Run it", key_display="y"),
         Binding("n,escape", "close", "Cancel", key_display="n esc"),
     ]
-    DEFAULT_CSS = """
-    ConfirmRedumpScreen { align: center middle; }
-    ConfirmRedumpScreen > Vertical { width: 95%; max-width: 160; height: auto; max-height: 90%;
-                                     border: heavy $warning; background: $surface; padding: 1 2; }
-    ConfirmRedumpScreen #confirm-title { text-style: bold; }
-    ConfirmRedumpScreen #confirm-warning { color: $error; text-style: bold; }
-    ConfirmRedumpScreen #confirm-command { margin: 1 0; }
-    """
 
     def __init__(self, what: str, plan: RedumpPlan) -> None:
         super().__init__()
@@ -204,39 +168,8 @@ class ConfirmRedumpScreen(ModalScreen[bool]):
         self.dismiss(False)
 
 
-class RedumpScreen(Screen[None]):
-    """Progress of a re-dump; Escape cancels it (the catalog stays as it was)."""
-
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel", key_display="esc")]
-    DEFAULT_CSS = """
-    RedumpScreen { align: center middle; }
-    RedumpScreen > Vertical { width: 80%; max-width: 110; height: auto; border: round $primary; padding: 1 2; }
-    RedumpScreen #stage { text-style: bold; }
-    """
-
-    def __init__(self, what: str, cancel: threading.Event) -> None:
-        super().__init__()
-        self.what = what
-        self.cancel = cancel
-
-    def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Static(Text.assemble(("Re-dumping\n", "bold"), self.what))
-            yield Static("starting ...", id="stage")
-            with Center():
-                yield ProgressBar(total=4, id="bar", show_eta=False)
-            yield Static("", id="message")
-        yield KeysFooter()
-
-    def step(self, p: Progress) -> None:
-        self.query_one("#stage", Static).update(p.stage)
-        self.query_one("#bar", ProgressBar).update(total=p.total, progress=p.done)
-        self.query_one("#message", Static).update(p.message)
-
-    def action_cancel(self) -> None:
-        self.cancel.set()
-        self.query_one("#stage", Static).update("cancelling (the catalog stays as it was) ...")
-
+REDUMP_STEPS = 4  # the stages `run_redump` reports
+_REDUMP_CANCELLING = "cancelling (the catalog stays as it was) ..."
 
 if TYPE_CHECKING:
     _MixinBase = Screen[None]  # the mixin is only ever mixed into a screen: type it as one
@@ -268,8 +201,8 @@ class OpCauseActions(_MixinBase):
 
     @work(thread=True, exclusive=True, group="precheck", exit_on_error=False)
     def _precheck_worker(self, node_id: int, token: int) -> None:
-        from workbench.analysis.explore import connect_read_only
         from workbench.analysis.precheck_torch import CannotRun, precheck_catalog
+        from workbench.catalog.readonly import connect_read_only
 
         try:
             con = connect_read_only(self.explorer.catalog)
@@ -313,7 +246,8 @@ class OpCauseActions(_MixinBase):
 
     @work(thread=True, exclusive=True, group="redump", exit_on_error=False)
     def _plan_worker(self, node_id: int, token: int, label: str) -> None:
-        from workbench.analysis.explore import ExploreError, connect_read_only
+        from workbench.catalog import CatalogError
+        from workbench.catalog.readonly import connect_read_only
         from workbench.jobs.redump import RedumpError, plan_redump
 
         try:
@@ -322,7 +256,7 @@ class OpCauseActions(_MixinBase):
                 plan = plan_redump(con, self.explorer.info.cmp_id, node_id, token, self.explorer.catalog)
             finally:
                 con.close()
-        except (RedumpError, ExploreError) as exc:
+        except (RedumpError, CatalogError) as exc:
             self.post_message(RedumpPlanned(label, None, str(exc)))
             return
         self.post_message(RedumpPlanned(label, plan))
@@ -346,7 +280,11 @@ class OpCauseActions(_MixinBase):
         self._redump_cancel = cancel
         app: Any = self.app
         catalog = self.explorer.catalog
-        app.push_screen(RedumpScreen(label, cancel))
+        app.push_screen(
+            ProgressScreen(
+                "Re-dumping", label, cancel=cancel, cancelling=_REDUMP_CANCELLING, counts=False, total=REDUMP_STEPS
+            )
+        )
         if app.explorer is not None:
             app.explorer.close()  # the job writes the catalog; reopened when it ends
         self._redump_worker(catalog, plan, cancel)
@@ -372,11 +310,11 @@ class OpCauseActions(_MixinBase):
 
     def on_redump_step(self, msg: RedumpStep) -> None:
         screen = self.app.screen
-        if isinstance(screen, RedumpScreen):
-            screen.step(msg.progress)
+        if isinstance(screen, ProgressScreen):
+            screen.show(msg.progress)
 
     def on_redump_finished(self, msg: RedumpFinished) -> None:
         app: Any = self.app
-        if isinstance(app.screen, RedumpScreen):
+        if isinstance(app.screen, ProgressScreen):
             app.pop_screen()
         app.reopen_after_edit(msg.text, msg.error)

@@ -20,10 +20,6 @@ from workbench.analysis.ranks import RankEntry
 class RankBar(Static):
     """`ranks ▶0 ✗4 ⇄✗4 │ 1 ✗2 ⇄✗4   r/R: rank`, one line, hidden with fewer than two ranks."""
 
-    DEFAULT_CSS = """
-    RankBar { height: 1; padding: 0 1; background: $panel; text-wrap: nowrap; text-overflow: ellipsis; display: none; }
-    """
-
     @dataclass
     class RankClicked(Message):
         cmp_id: int

@@ -7,6 +7,7 @@ that the app handles; the app tells them of a reopened catalog through `Workbenc
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
@@ -16,7 +17,6 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Center, Vertical, VerticalScroll
-from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.widgets import OptionList, ProgressBar, Static
 from textual.widgets.option_list import Option
@@ -24,9 +24,10 @@ from textual.widgets.option_list import Option
 from workbench.analysis.explore import Explorer
 from workbench.app.actions import ACTIONS, bindings
 from workbench.app.footer import KeysFooter
+from workbench.app.messages import CancelRequested
 
 if TYPE_CHECKING:
-    from workbench.compare.mapping import PairSpec
+    from workbench.core.progress import Progress
 
 SCOPE_TITLES = {
     "app": "Everywhere",
@@ -48,27 +49,6 @@ class Session:
     catalog: Path
     mapping: Path | None
     explorer: Explorer
-
-
-@dataclass
-class EditRequested(Message):
-    """Pair (and unpair) nodes: the app closes its connection, writes, recomputes and reopens."""
-
-    pairs: list[PairSpec]
-    remove: list[tuple[str, str]]
-
-
-class CancelRequested(Message):
-    """Stop the running compare (everything committed so far is kept)."""
-
-
-@dataclass
-class ComparisonChosen(Message):
-    """Show another comparison of the catalog (another rank: at this token, this golden op where it exists)."""
-
-    cmp_id: int
-    token: int | None = None
-    golden_node: str | None = None
 
 
 class WorkbenchScreen(Screen[R], Generic[R]):
@@ -113,13 +93,6 @@ class PickerScreen(WorkbenchModal[R | None], Generic[R]):
 
     SCOPE = "picker"
     BINDINGS = bindings("picker")
-    DEFAULT_CSS = """
-    PickerScreen { align: center middle; }
-    PickerScreen > Vertical { width: 95%; max-width: 160; height: 80%; border: round $primary;
-                              background: $surface; padding: 0 1; }
-    PickerScreen #picker-title { text-style: bold; height: auto; }
-    PickerScreen OptionList { height: 1fr; }
-    """
 
     def __init__(self, title: str, entries: list[PickerEntry[R]], empty: str = "nothing to show") -> None:
         super().__init__()
@@ -161,12 +134,6 @@ class MessageScreen(Screen[None]):
     """A clear message instead of a traceback: what went wrong and what to do; any key quits."""
 
     BINDINGS: ClassVar[list[BindingType]] = [Binding("q,escape,enter", "app.quit", "Quit", key_display="q")]
-    DEFAULT_CSS = """
-    MessageScreen { align: center middle; }
-    MessageScreen > Vertical { width: 90%; max-width: 100; height: auto; border: heavy $error;
-                               padding: 1 2; background: $surface; }
-    MessageScreen #title { text-style: bold; color: $error; }
-    """
 
     def __init__(self, title: str, message: str) -> None:
         super().__init__()
@@ -182,40 +149,60 @@ class MessageScreen(Screen[None]):
 
 
 class ProgressScreen(Screen[None]):
-    """Ingest and compare progress: stage, counts, rate; Escape cancels."""
+    """A long operation's progress (a compare, a re-dump): what runs, stage, bar, counts; Escape cancels it,
+    by setting `cancel` when given, else by posting `CancelRequested` to the app."""
 
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel", key_display="esc")]
-    DEFAULT_CSS = """
-    ProgressScreen { align: center middle; }
-    ProgressScreen > Vertical { width: 80%; max-width: 100; height: auto; border: round $primary; padding: 1 2; }
-    ProgressScreen #stage { text-style: bold; }
-    """
 
-    def __init__(self, golden: str, test: str) -> None:
+    def __init__(
+        self,
+        title: str,
+        subject: str,
+        *,
+        cancel: threading.Event | None = None,
+        cancelling: str = "cancelling (keeping what is committed) ...",
+        counts: bool = True,
+        total: int | None = None,
+    ) -> None:
         super().__init__()
-        self.golden = golden
-        self.test = test
+        self.title_text = title
+        self.subject = subject
+        self.cancel = cancel
+        self.cancelling = cancelling
+        self.counts = counts  # "done / total rate message" under the bar, else the message alone
+        self.total = total
+
+    @classmethod
+    def comparing(cls, golden: str, test: str) -> ProgressScreen:
+        """The compare's screen (the app runs the compare first when given two dumps)."""
+        return cls("Comparing", f"golden: {golden}\ntest:   {test}")
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(Text.assemble(("Comparing\n", "bold"), f"golden: {self.golden}\ntest:   {self.test}"))
+            yield Static(Text.assemble((f"{self.title_text}\n", "bold"), self.subject))
             yield Static("starting ...", id="stage")
             with Center():
-                yield ProgressBar(total=None, id="bar", show_eta=False)
+                yield ProgressBar(total=self.total, id="bar", show_eta=False)
             yield Static("", id="counts")
         yield KeysFooter()
 
-    def update(self, stage: str, done: int, total: int, rate: float, message: str) -> None:
+    def show(self, p: Progress) -> None:
         """Show one progress report (called on the UI thread from a message handler)."""
-        self.query_one("#stage", Static).update(stage)
+        self.query_one("#stage", Static).update(p.stage)
         bar = self.query_one("#bar", ProgressBar)
-        bar.update(total=total or None, progress=done)
-        rate_text = f"  {rate:,.0f}/s" if rate else ""
-        self.query_one("#counts", Static).update(f"{done:,} / {total:,}{rate_text}  {message}".rstrip())
+        bar.update(total=p.total or None, progress=p.done)
+        if self.counts:
+            rate_text = f"  {p.rate:,.0f}/s" if p.rate else ""
+            self.query_one("#counts", Static).update(f"{p.done:,} / {p.total:,}{rate_text}  {p.message}".rstrip())
+        else:
+            self.query_one("#counts", Static).update(p.message)
 
     def action_cancel(self) -> None:
-        self.post_message(CancelRequested())
-        self.query_one("#stage", Static).update("cancelling (keeping what is committed) ...")
+        if self.cancel is not None:
+            self.cancel.set()
+        else:
+            self.post_message(CancelRequested())
+        self.query_one("#stage", Static).update(self.cancelling)
 
 
 def help_table() -> Table:
@@ -240,11 +227,6 @@ class HelpScreen(WorkbenchModal[None]):
 
     SCOPE = "help"
     BINDINGS = bindings("help")
-    DEFAULT_CSS = """
-    HelpScreen { align: center middle; }
-    HelpScreen > VerticalScroll { width: 90%; max-width: 110; height: 85%; border: round $primary;
-                                  background: $surface; padding: 0 1; }
-    """
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():

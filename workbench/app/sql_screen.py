@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.message import Message
 from textual.widgets import DataTable, Label, OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
-from workbench.analysis.explore import Explorer, ResultSet
+from workbench.analysis.explore import Explorer
 from workbench.app.actions import bindings
 from workbench.app.footer import KeysFooter
+from workbench.app.messages import SavedQueries, SqlDone
 from workbench.app.screens import Session, WorkbenchScreen
 from workbench.core.text import printable
 
@@ -23,33 +22,11 @@ ROW_LIMIT = 1000
 MAX_CELL = 60
 
 
-@dataclass
-class SavedQueries(Message):
-    queries: dict[str, tuple[Path, str]]
-
-
-@dataclass
-class SqlDone(Message):
-    sql: str
-    result: ResultSet | None
-    error: str | None
-
-
 class SqlScreen(WorkbenchScreen[None]):
     """Type SQL (Ctrl+R runs it) or pick a saved query; `getvariable('cmp_id')` is the shown comparison."""
 
     SCOPE = "sql"
     BINDINGS = bindings("sql")
-    DEFAULT_CSS = """
-    SqlScreen #side { width: 34; border: round $secondary 50%; }
-    SqlScreen #side OptionList { height: 1fr; }
-    SqlScreen #side Label { text-style: bold; padding: 0 1; }
-    SqlScreen #editor { height: 8; border: round $secondary 50%; }
-    SqlScreen #editor:focus { border: round $primary; }
-    SqlScreen #sql-error { height: auto; color: $error; padding: 0 1; }
-    SqlScreen #sql-info { height: 1; padding: 0 1; background: $panel; }
-    SqlScreen #results { height: 1fr; }
-    """
 
     def __init__(self, session: Session) -> None:
         super().__init__(session)

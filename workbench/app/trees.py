@@ -18,10 +18,6 @@ from workbench.app.themes import DOMAIN_DEFAULTS
 class TopologyTree(Tree[TreeRow]):
     """One side's modules in execution order; children are created when a node is first expanded."""
 
-    DEFAULT_CSS = """
-    TopologyTree { height: 1fr; }
-    """
-
     def __init__(self, side: Side, *, id: str | None = None) -> None:
         super().__init__(side, id=id)
         self.guide_depth = 2  # deep models: narrow guides leave room for the names

@@ -179,7 +179,7 @@ class AtbDumper:
     """Writes one run of `AtbLlama` as an ATB dump; `start_execution` hands out the op hook."""
 
     def __init__(self, config: AtbDumpConfig, model: AtbLlama, input_ids: torch.Tensor, max_new: int) -> None:
-        from workbench.backends.atb_llama import id_base
+        from workbench.backends.atb_naming import id_base
 
         self.config = config
         self.model = model

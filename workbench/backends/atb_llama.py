@@ -45,15 +45,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from workbench.backends import atb_ops as ops
+from workbench.backends.atb_naming import GRAPH_SUFFIX, graph_name, id_base
 from workbench.backends.atb_ops import Communicator, Graph, LeafOp, Node, RunContext
 
 if TYPE_CHECKING:
     from workbench.backends.atb_dump import AtbDumpConfig
     from workbench.backends.defects import Defect
 
-MODEL_NAME = "AtbLlama"
-GRAPH_SUFFIX = {"prefill": "Prefill", "decode": "Decoder"}
-TOP_LEVEL_EXTRA = 4  # WordEmbedding, PositionalEmbeddingGather, final norm, LmHead
 DEFAULT_BLOCK_SIZE = 128
 
 # layer graph tensor ids (ATB GraphParam order: inputs, outputs, internals)
@@ -75,21 +73,6 @@ LAYER_INPUTS = [
 ]
 LAYER_WEIGHTS = LAYER_INPUTS[1:7]
 MODEL_INPUTS = ["input_ids", "positions", "cos_table", "sin_table", "mask_or_block_tables", "seq_len", "slots"]
-
-
-def graph_name(phase: str) -> str:
-    """`AtbLlama_Prefill` / `AtbLlama_Decoder`: modelName and topology file stem."""
-    return f"{MODEL_NAME}_{GRAPH_SUFFIX[phase]}"
-
-
-def id_base(phase: str, num_layers: int) -> int:
-    """Global id of the first top-level op of a phase's graph."""
-    return 0 if phase == "prefill" else num_layers + TOP_LEVEL_EXTRA
-
-
-def layer_folder(phase: str, layer: int, num_layers: int) -> str:
-    """Folder of decoder layer `layer` in a phase, e.g. `3_Prefill_layer`, `9_Decoder_layer`."""
-    return f"{id_base(phase, num_layers) + 2 + layer}_{GRAPH_SUFFIX[phase]}_layer"
 
 
 @dataclass(frozen=True, slots=True)

@@ -139,7 +139,7 @@ class Defect:
         None where it does not act: before `from_token`, in the warmup execution, for `none`,
         and for `fp16_overflow` unless the dtype is float16.
         """
-        from workbench.backends.atb_llama import layer_folder
+        from workbench.backends.atb_naming import layer_folder
 
         step = token - 1 if warmup else token
         if step < 0 or not self.active(step):

@@ -46,7 +46,7 @@ def compared_node(
     return test_run, int(found[0])
 
 
-def comparison_id(con: duckdb.DuckDBPyConnection, cmp_id: int | None, catalog: object) -> int:
+def resolve_comparison(con: duckdb.DuckDBPyConnection, cmp_id: int | None, catalog: object) -> int:
     """`cmp_id` when the catalog holds it, else (None) the newest comparison; NodeLookupError naming `catalog`."""
     if cmp_id is None:
         row = con.execute("SELECT max(cmp_id) FROM comparisons").fetchone()

@@ -27,6 +27,7 @@ from workbench.core.capped import ATTACHED, FileRefused, check_file, check_regul
 
 _READERS = {".csv": "read_csv", ".tsv": "read_csv", ".parquet": "read_parquet", ".json": "read_json_auto"}
 _DUCKDB_SUFFIXES = (".duckdb", ".db", ".ddb")
+DUCKDB_MAGIC = b"DUCK"  # bytes 8-11 of every DuckDB database file
 
 
 def _first_line(exc: BaseException) -> str:
@@ -85,8 +86,11 @@ def schema_version_of(con: duckdb.DuckDBPyConnection, path: Path) -> int | None:
         raise CatalogError(f"{path}: not a wb catalog (schema version {str(rows[0][0])[:20]!r})") from None
 
 
-def connect_read_only(path: str | Path, *, allow_files: Sequence[Path] = ()) -> duckdb.DuckDBPyConnection:
-    """Open a wb catalog read-only, confined to itself (and `allow_files`, attached now); `CatalogError` otherwise."""
+def connect_read_only(
+    path: str | Path, *, allow_files: Sequence[Path] = (), hint: str | None = None
+) -> duckdb.DuckDBPyConnection:
+    """Open a wb catalog read-only, confined to itself (and `allow_files`, attached now); `CatalogError` otherwise
+    (`hint`, e.g. what the command takes, follows the line saying a file is no DuckDB database)."""
     p = Path(path)
     if not p.exists():
         raise CatalogError(f"{p}: catalog not found")
@@ -94,10 +98,14 @@ def connect_read_only(path: str | Path, *, allow_files: Sequence[Path] = ()) -> 
         raise CatalogError(f"{p}: is a folder, not a catalog file")
     try:
         check_regular(p, "catalog")
+        with p.open("rb") as fh:
+            head = fh.read(12)
     except FileRefused as exc:
         raise CatalogError(str(exc)) from None
     except OSError as exc:
         raise CatalogError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    if head[8:12] != DUCKDB_MAGIC:
+        raise CatalogError(f"{p}: not a DuckDB catalog" + (f" ({hint})" if hint else ""))
     try:
         # with files to attach, access is turned off and the configuration locked below, once they are in
         con = connect(p, read_only=True, lock=not allow_files)

@@ -34,7 +34,10 @@ from workbench.cli.common import (
     Terminated,
     app,
     on_sigterm,
+    use_plain_help,
 )
+
+use_plain_help(app)  # every command is registered by now (the imports above)
 
 
 def main() -> None:

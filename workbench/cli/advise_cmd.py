@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from workbench.cli.common import app, check_format, csv_text, guarded, say, say_lines, text_table
+from workbench.cli.common import app, check_format, guarded, open_comparison, render, say, say_lines, text_table
 from workbench.core.files import DEFAULT_CATALOG
 
 QUANT_NOTE = "; a quantized linear's score is its error / the int8 rounding its own scales predict"
@@ -34,35 +33,23 @@ def advise(
 ) -> None:
     """Rank the ops by the error they add beyond their inputs and their peers' noise (most likely origin first)."""
     if fallback is not None:
-        from workbench.catalog.lookup import comparison_id
-        from workbench.catalog.store import open_catalog
 
         def pick() -> int:
-            if not catalog.is_file():
-                raise ValueError(f"{catalog}: no such catalog (run `wb compare -o DIR` first, or pass --catalog FILE)")
-            con = open_catalog(catalog, read_only=True)
-            try:
-                return comparison_id(con, cmp_id, catalog)
-            finally:
-                con.close()
+            with open_comparison(catalog, cmp_id) as (_, cid):
+                return cid
 
         print_fallback(catalog, guarded(pick), fallback)
         return
     from workbench.analysis.advisor import NAN_INF_SCORE, ORDER_RULE, SIGNIFICANT, above_higher, inputs_differ
     from workbench.analysis.advisor import advise as run_advise
     from workbench.analysis.fallback import quantized_linears
-    from workbench.catalog.lookup import comparison_id
-    from workbench.catalog.store import first_row, open_catalog
+    from workbench.catalog import first_row
 
     def go() -> None:
         check_format(fmt)
         if top < 0:
             raise ValueError(f"--top {top}: expected 0 (all) or more")
-        if not catalog.is_file():
-            raise ValueError(f"{catalog}: no such catalog (run `wb compare -o DIR` first, or pass --catalog FILE)")
-        con = open_catalog(catalog, read_only=True)
-        try:
-            cid = comparison_id(con, cmp_id, catalog)
+        with open_comparison(catalog, cmp_id) as (con, cid):
             if token is not None:
                 has = first_row(
                     con.execute("SELECT 1 FROM matches WHERE cmp_id = ? AND token_id = ? LIMIT 1", [cid, token])
@@ -72,20 +59,20 @@ def advise(
             items = run_advise(con, cid, token=token, top=top or None)
             differ = {t: why for t, why in inputs_differ(con, cid).items() if token is None or t == token}
             quantized = bool(quantized_linears(con, cid))
-        finally:
-            con.close()
         rows = [{k: asdict(a)[k] for k in COLUMNS} for a in items]
         notes = [f"token {t}: {why}: no op ranked" for t, why in sorted(differ.items())]
-        if fmt == "json":
-            typer.echo(json.dumps(rows, indent=1))
-        elif fmt == "csv":
-            say_lines(csv_text(rows, COLUMNS))
-        else:
+
+        def table() -> str:
             marked = above_higher(items)
-            for row in rows:
-                row["above_higher"] = (row["token_id"], row["rank"]) in marked
+            shown = [{**row, "above_higher": (row["token_id"], row["rank"]) in marked} for row in rows]
             rule = ORDER_RULE + (QUANT_NOTE if quantized else "")
-            say_lines(_table(rows, cid, SIGNIFICANT, NAN_INF_SCORE, rule, bool(notes)))
+            return _table(shown, cid, SIGNIFICANT, NAN_INF_SCORE, rule, bool(notes))
+
+        text = render(fmt, rows, COLUMNS, table)
+        if fmt == "json":
+            typer.echo(text, nl=False)
+        else:  # table and CSV cells may quote op names: each line escaped as `say` does
+            say_lines(text)
         for note in notes:  # on stderr for csv and json, whose stdout is data
             say(note, err=fmt != "table")
 

@@ -21,8 +21,8 @@ def ingest(
     ] = False,
 ) -> None:
     """Add one dump to a catalog (skipped when the same content is already there)."""
+    from workbench.catalog.guard import catalog_guard
     from workbench.catalog.store import ingest_dump, open_catalog
-    from workbench.cli.compare_cmd import catalog_guard
     from workbench.formats import open_dump
 
     def go() -> None:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import csv
-import io
+import contextlib
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Annotated, Any, TypeVar
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
-from typer.core import TyperArgument, TyperOption
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from workbench.core.exits import (  # noqa: F401  (the commands import them from here)
     EXIT_CRASH,
@@ -19,6 +19,58 @@ from workbench.core.exits import (  # noqa: F401  (the commands import them from
     EXIT_OK,
     EXIT_TERMINATED,
 )
+from workbench.core.interrupts import (  # noqa: F401  (the commands import them from here)
+    Terminated,
+    on_sigterm,
+    signal_inside,
+    sigterm_received,
+)
+from workbench.core.output import check_format, csv_text, render, text_table  # noqa: F401  (the commands use them)
+
+if TYPE_CHECKING:
+    import duckdb
+
+
+class _PlainHelp:
+    """How `wb` shows its parameters, through click's own hooks (`get_params`, `collect_usage_pieces`) on the
+    command classes typer lets an app choose (`cls`): an on/off flag takes no value, so no `<bool>` beside it
+    (typer shows `--no-tui <bool>`, `--help <bool>`, which reads as if they took one), and arguments read as
+    people write them in the usage line, `GOLDEN [TEST]`, not `{golden} [test]`."""
+
+    # typer vendors click (`typer._click`, private): the hooks' types are left as Any rather than imported from it
+    def get_params(self, ctx: Any) -> list[Any]:
+        params: list[Any] = super().get_params(ctx)  # type: ignore[misc]
+        for param in params:
+            if getattr(param, "is_flag", False) and param.metavar is None:  # typer's flags and click's --help
+                param.metavar = ""  # typer shows the metavar instead of the type: an empty one shows nothing
+        return params
+
+
+class WbGroup(_PlainHelp, TyperGroup):
+    """The `wb` group (its `--version` and `--help` flags)."""
+
+
+class WbCommand(_PlainHelp, TyperCommand):
+    """Every `wb` command (`use_plain_help` sets it on each registered one)."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if isinstance(param, TyperArgument):
+                name = (param.name or "").upper()
+                name = name if param.required else f"[{name}]"
+                pieces.append(name + ("..." if param.nargs != 1 else ""))
+            else:
+                pieces.extend(param.get_usage_pieces(ctx))
+        return pieces
+
+
+def use_plain_help(typer_app: typer.Typer) -> None:
+    """Build every command registered on `typer_app` as a `WbCommand` (call once they are all registered)."""
+    for info in typer_app.registered_commands:
+        if info.cls in (None, TyperCommand):  # typer's default: no command chose a class of its own
+            info.cls = WbCommand
+
 
 app = typer.Typer(
     name="wb",
@@ -26,26 +78,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=WbGroup,
 )
-
-
-def _flag_type(self: TyperOption, ctx: Any) -> str | None:
-    """An on/off flag takes no value: show no `<bool>` beside it in the help."""
-    return None if self.is_flag else _option_type(self, ctx)
-
-
-def _usage_name(self: TyperArgument) -> str:
-    """Arguments in the usage line as people write them: `GOLDEN [TEST]`, not `{golden} [test]`."""
-    name = self.display_name_raw.upper()
-    name = name if self.required else f"[{name}]"
-    return name + ("..." if self.nargs != 1 else "")
-
-
-# typer shows `<bool>` for flags (`--no-tui <bool>`, `--help <bool>`), which reads as if they took a value, and
-# `{golden}` for a required argument in the usage line
-_option_type = TyperOption.display_type_rich
-TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
-TyperArgument._usage_display_name = _usage_name  # type: ignore[method-assign]
 
 
 def _version(value: bool) -> None:
@@ -70,31 +104,6 @@ T = TypeVar("T")
 
 
 REPORT_AT = "how and where: docs/security.md, Reporting a crash"
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, delivered as an interrupt so it ends exactly like Ctrl-C (everything committed kept)."""
-
-
-_sigterm_received = False
-
-
-def on_sigterm(_signum: int, _frame: object) -> None:
-    """The SIGTERM handler: end like Ctrl-C, remembering it was SIGTERM (DuckDB may report it as its own
-    interrupt, and the line and exit code must still say "terminated")."""
-    global _sigterm_received
-    _sigterm_received = True
-    raise Terminated
-
-
-def signal_inside(exc: BaseException) -> KeyboardInterrupt | None:
-    """The interrupt a DuckDB error stands for, when a signal's exception was raised in Python code DuckDB was
-    running (a DataFrame scan) and DuckDB wrapped it in an error of its own ("Traceback ..."), else None."""
-    if _sigterm_received:
-        return Terminated()
-    if "KeyboardInterrupt" in str(exc) or str(exc).startswith("Query interrupted"):
-        return KeyboardInterrupt()
-    return None
 
 
 def say(line: object, err: bool = False) -> None:
@@ -138,13 +147,13 @@ def guarded(fn: Callable[[], T]) -> T:
     except RecursionError:
         raise fail("input nested too deeply to read (a JSON or TOML file, or folders)") from None
     except duckdb.InterruptException:  # a signal that arrived while DuckDB ran a statement
-        if _sigterm_received:
+        if sigterm_received():
             raise fail("terminated; everything committed so far is kept in the catalog", EXIT_TERMINATED) from None
         raise fail("interrupted; everything committed so far is kept in the catalog", EXIT_INTERRUPTED) from None
     except duckdb.Error as exc:
         if signal_inside(exc) is not None:
-            code = EXIT_TERMINATED if _sigterm_received else EXIT_INTERRUPTED
-            what = "terminated" if _sigterm_received else "interrupted"
+            code = EXIT_TERMINATED if sigterm_received() else EXIT_INTERRUPTED
+            what = "terminated" if sigterm_received() else "interrupted"
             raise fail(f"{what}; everything committed so far is kept in the catalog", code) from None
         raise fail(f"catalog: {storage_message(exc)}; everything committed before is kept") from None
     except OSError as exc:
@@ -158,8 +167,24 @@ def guarded(fn: Callable[[], T]) -> T:
     except RuntimeError as exc:  # DuckDB's "Query interrupted" when the signal came during a DataFrame scan
         if signal_inside(exc) is None:
             raise
-        what, code = ("terminated", EXIT_TERMINATED) if _sigterm_received else ("interrupted", EXIT_INTERRUPTED)
+        what, code = ("terminated", EXIT_TERMINATED) if sigterm_received() else ("interrupted", EXIT_INTERRUPTED)
         raise fail(f"{what}; everything committed so far is kept in the catalog", code) from None
+
+
+@contextlib.contextmanager
+def open_comparison(catalog: Path, cmp_id: int | None) -> Iterator[tuple[duckdb.DuckDBPyConnection, int]]:
+    """The catalog a command reads, opened read-only, and its comparison `cmp_id` (None: the newest); a missing
+    catalog or comparison is a `ValueError` naming the file."""
+    from workbench.catalog.lookup import resolve_comparison
+    from workbench.catalog.store import open_catalog
+
+    if not catalog.is_file():
+        raise ValueError(f"{catalog}: no such catalog (run `wb compare -o DIR` first, or pass --catalog FILE)")
+    con = open_catalog(catalog, read_only=True)
+    try:
+        yield con, resolve_comparison(con, cmp_id, catalog)
+    finally:
+        con.close()
 
 
 class ProgressPrinter:
@@ -182,40 +207,3 @@ class ProgressPrinter:
                 sys.stderr.write("\n")
             sys.stderr.flush()
         self.last_stage = p.stage
-
-
-OUTPUT_FORMATS = ("table", "csv", "json")
-
-
-def check_format(fmt: str) -> None:
-    """Refuse an output format other than table, csv or json, in one line."""
-    if fmt not in OUTPUT_FORMATS:
-        raise ValueError(f"--format {fmt!r}: expected {', '.join(OUTPUT_FORMATS[:-1])} or {OUTPUT_FORMATS[-1]}")
-
-
-def csv_text(rows: Iterable[Mapping[str, object]], columns: Sequence[str]) -> str:
-    """Rows as CSV text with a header line; text cells a spreadsheet would evaluate are neutralised (`csv_safe`)."""
-    from workbench.core.text import csv_safe
-
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n", extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows({k: csv_safe(v) for k, v in r.items()} for r in rows)
-    return buf.getvalue()
-
-
-def text_table(heads: Sequence[str], cells: Sequence[Sequence[str]], right: Sequence[bool] = ()) -> list[str]:
-    """Aligned columns, two spaces apart; `right[i]` right-aligns column i; the last column is never padded."""
-    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(heads)]
-    last = len(heads) - 1
-
-    def line(values: Sequence[str]) -> str:
-        parts = []
-        for i, (v, w) in enumerate(zip(values, widths, strict=True)):
-            if i < len(right) and right[i]:
-                parts.append(v.rjust(w))
-            else:
-                parts.append(v if i == last else v.ljust(w))
-        return "  ".join(parts).rstrip()
-
-    return [line(heads), *(line(c) for c in cells)]

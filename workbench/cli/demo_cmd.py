@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from workbench.cli.common import app, guarded
-from workbench.cli.compare_cmd import run_compare_cli
+from workbench.cli.compare_cmd import compare_request, run_compare_cli
 
 
 @app.command()
@@ -67,7 +67,7 @@ def demo(
 
     def go() -> Any:
         plan = demo_mod.make_demo(out, stack=stack, defect=defect, log=typer.echo, tp=tp, scheme=scheme)
-        res = run_compare_cli(plan.golden, plan.test, out, plan.mapping, None, None, None)
+        res = run_compare_cli(compare_request(plan.golden, plan.test, out, mapping=plan.mapping))
         demo_mod.finish_demo(out, plan)
         typer.echo(f"planted defect: {plan.description}")
         if stack == "quant":

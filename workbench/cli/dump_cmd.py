@@ -54,7 +54,7 @@ def dump(
     With `--follow-tokens GOLDEN` every step's logits are replaced, after they are dumped, by ones whose only
     choice is the golden run's token (teacher forcing), so a test run compares like with like at every token.
     """
-    from workbench.compare.tasks import parse_tokens
+    from workbench.core.tokens import parse_tokens
     from workbench.dump.autohook import hook_env
 
     try:

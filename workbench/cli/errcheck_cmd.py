@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from workbench.cli.common import ProgressPrinter, app, check_format, csv_text, guarded, say_lines
+from workbench.cli.common import ProgressPrinter, app, check_format, guarded, render, say_lines
 
 if TYPE_CHECKING:
     from workbench.analysis.errcheck import ErrcheckResult
@@ -32,23 +31,22 @@ def errcheck(
         printer = ProgressPrinter()
         res = check_dump(d, progress=lambda done, total: printer(_Step(done, total)))
         rows = [f.to_row() for f in res.findings]
+        payload = {
+            "dump": res.root,
+            "format": res.kind,
+            "tokens": res.tokens,
+            "ops": res.ops,
+            "tensors_read": res.tensors_read,
+            "tensors_from_statistics": res.tensors_from_stats,
+            "anomaly": res.anomalous,
+            "findings": rows,
+            "problems": res.problems,
+        }
+        text = render(fmt, rows, _COLUMNS, lambda: _table(res), payload)
         if fmt == "json":
-            payload = {
-                "dump": res.root,
-                "format": res.kind,
-                "tokens": res.tokens,
-                "ops": res.ops,
-                "tensors_read": res.tensors_read,
-                "tensors_from_statistics": res.tensors_from_stats,
-                "anomaly": res.anomalous,
-                "findings": rows,
-                "problems": res.problems,
-            }
-            typer.echo(json.dumps(payload, indent=2))
-        elif fmt == "csv":
-            say_lines(csv_text(rows, _COLUMNS))
-        else:
-            say_lines(_table(res))
+            typer.echo(text, nl=False)
+        else:  # file and op names in the cells: each line escaped as `say` does
+            say_lines(text)
         return EXIT_ANOMALY if res.anomalous else 0
 
     code = guarded(go)

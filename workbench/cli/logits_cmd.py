@@ -99,8 +99,8 @@ def run_logits(
 ) -> list[LogitsRow]:
     """Compare the logits of two dumps and print them (`fmt`); with `out`, also a CSV and the catalog."""
     from workbench.analysis.logits import rows_from_dumps
-    from workbench.compare.tasks import parse_tokens
     from workbench.compare.thresholds import Thresholds
+    from workbench.core.tokens import parse_tokens
     from workbench.formats import open_dump
 
     check_format(fmt)

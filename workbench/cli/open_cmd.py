@@ -20,6 +20,11 @@ def open_cmd(
         DEFAULT_OUTPUT
     ),
     theme: Annotated[str | None, typer.Option("--theme", help="Theme name from themes/.")] = None,
+    tokens: Annotated[str | None, typer.Option("--tokens", help="Tokens to compare, e.g. 0-3,7.")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", "-j", help="Worker processes (default: cores).")] = None,
+    thresholds: Annotated[
+        Path | None, typer.Option("--thresholds", help="TOML file overriding pass/fail bounds.")
+    ] = None,
     cmp_id: Annotated[
         int | None,
         typer.Option("--cmp", help="Comparison to show when the catalog holds several (default: the newest)."),
@@ -32,6 +37,8 @@ def open_cmd(
         from workbench.app.launch import launch, make_app
 
         if test is None:
+            if tokens is not None or workers is not None or thresholds is not None:
+                raise ValueError("--tokens, --workers and --thresholds apply when comparing two dumps (GOLDEN TEST)")
             if golden.is_dir():
                 cat = golden / CATALOG_NAME
                 if not cat.exists():
@@ -44,10 +51,23 @@ def open_cmd(
         for p in (golden, test):
             if not p.exists():
                 raise ValueError(f"{p}: no such folder")
+        from workbench.core.tokens import token_ranges
+        from workbench.jobs.compare_dumps import CompareRequest
+
+        ranges = token_ranges(tokens)  # a bad --tokens fails before anything is written
         out.mkdir(parents=True, exist_ok=True)
         if cmp_id is not None:
             raise ValueError("--cmp chooses a comparison of an existing catalog; with two dumps, one is made")
-        return launch(make_app(catalog=out / CATALOG_NAME, golden=golden, test=test, mapping=mapping, theme=theme))
+        request = CompareRequest(
+            golden,
+            test,
+            out / CATALOG_NAME,
+            mapping=mapping,
+            tokens=ranges,
+            workers=workers,
+            thresholds=thresholds,
+        )
+        return launch(make_app(catalog=request.catalog, request=request, theme=theme))
 
     code = guarded(go)
     if code:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from workbench.cli.common import app, guarded, say
+from workbench.cli.common import app, guarded, open_comparison, say
 
 if TYPE_CHECKING:
     from workbench.analysis.precheck_result import PrecheckResult
@@ -113,25 +113,17 @@ def precheck(
 
     def _catalog_results(cat: Path) -> list[PrecheckResult]:
         from workbench.analysis.precheck_torch import precheck_catalog
-        from workbench.catalog.lookup import comparison_id
-        from workbench.catalog.store import open_catalog
 
         if node is None:
             raise ValueError("--catalog needs --node (a golden node name)")
         if side not in ("test", "golden"):
             raise ValueError(f"--side must be test or golden, not {side!r}")
-        if not cat.is_file():
-            raise ValueError(f"{cat}: no such catalog")
-        con = open_catalog(cat, read_only=True)
-        try:
-            cid = comparison_id(con, cmp_id, cat)
+        with open_comparison(cat, cmp_id) as (con, cid):
             tok = token
             if tok is None:
                 row = con.execute("SELECT min(token_id) FROM node_results WHERE cmp_id = ?", [cid]).fetchone()
                 tok = int(row[0]) if row and row[0] is not None else 0
             return precheck_catalog(con, cid, node, tok, side)
-        finally:
-            con.close()
 
     code = guarded(go)
     if code:

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from workbench.cli.common import app, fail, say
+from workbench.cli.common import app, fail, guarded, open_comparison, say
 from workbench.core.exits import EXIT_NOT_CONFIRMED
 from workbench.core.files import DEFAULT_CATALOG
 
@@ -42,25 +42,20 @@ def redump(
     ] = False,
 ) -> None:
     """Re-dump one op at one token with full tensors: the run's recorded command, shown first, run after a yes."""
-    from workbench.catalog.lookup import NodeLookupError, comparison_id
-    from workbench.catalog.store import open_catalog
     from workbench.core.progress import Progress
-    from workbench.jobs.redump import RedumpCancelled, RedumpError, describe, plan_redump, run_redump
+    from workbench.jobs.redump import RedumpCancelled, RedumpError, RedumpPlan, describe, plan_redump, run_redump
 
     if side not in ("test", "golden"):
         raise fail(f"--side must be test or golden, not {side!r}")
-    if not catalog.is_file():
-        raise fail(f"{catalog}: no such catalog")
-    con = open_catalog(catalog, read_only=True)
-    try:
-        cid = comparison_id(con, cmp_id, catalog)
-        plan = plan_redump(con, cid, node, token, catalog, side)
-    except NodeLookupError as exc:
-        raise fail(str(exc)) from None
-    except RedumpError as exc:
-        raise fail(str(exc)) from None
-    finally:
-        con.close()
+
+    def find() -> RedumpPlan:
+        with open_comparison(catalog, cmp_id) as (con, cid):
+            try:
+                return plan_redump(con, cid, node, token, catalog, side)
+            except RedumpError as exc:
+                raise fail(str(exc)) from None
+
+    plan = guarded(find)
     say("wb redump will run this recorded command:")
     for line in describe(plan):
         say(f"  {line}")

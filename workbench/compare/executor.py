@@ -23,11 +23,11 @@ from workbench.catalog import first_row
 from workbench.compare.early import EarlyPairs, PairKey
 from workbench.compare.judge import PairResult, StatsResult, compute_dtype, judge_pair, result_from_wire
 from workbench.compare.matching import RunFrames
-from workbench.compare.pool import IN_PROCESS_BYTES, PoolStarter, new_pool
-from workbench.compare.tasks import SUMMARY_FIELDS, PairTask, StatsTask, batches, file_identity, tensor_bytes
+from workbench.compare.pool import IN_PROCESS_BYTES, PoolStarter
+from workbench.compare.tasks import PairTask, StatsTask, batches, file_identity, tensor_bytes
 from workbench.compare.thresholds import Thresholds
 from workbench.compare.worker import run_batch
-from workbench.core.metrics import ALL_METRICS, STAT_BOUND, STAT_METRIC_NAMES, STAT_STEP_KEY
+from workbench.core.metrics import ALL_METRICS, STAT_BOUND, STAT_METRIC_NAMES, STAT_STEP_KEY, SUMMARY_FIELDS
 from workbench.core.progress import CompareCancelled, Progress, ProgressFn
 
 Judge = Callable[[PairResult], tuple[bool | None, list[str]]]
@@ -209,7 +209,8 @@ def execute_tasks(
     claims: dict[PairKey, PairTask] | None = None,
     cluster: Cluster | None = None,
 ) -> None:
-    """Run tasks in a process pool (or in process when small, or on `cluster`), streaming results into the sink.
+    """Run tasks in `pool` (or in process without one or when small, or on `cluster`), streaming results into the
+    sink. The pool belongs to the caller (the compare job decides whether one is worth starting, and stops it).
 
     `claims` maps pairs computed early (`early`) to the tasks that take their results.
     """
@@ -218,17 +219,23 @@ def execute_tasks(
         progress(Progress(stage, 0, len(tasks)))
     if not tasks:
         return
-    if cluster is not None or workers <= 1 or sum(sizes) < IN_PROCESS_BYTES:
+    if cluster is not None:
         if early is not None:
-            # not taken on these paths: held, the early results (a dict per pair) would pile up until the end
+            # not taken on this path: held, the early results (a dict per pair) would pile up until the end
             early.drop()
-        if cluster is not None:
-            _run_on_cluster(tasks, sizes, sink, cluster, progress, cancel, stage, t0)
-        else:
-            _run_in_process(tasks, sizes, sink, progress, cancel, stage, t0)
+        _run_on_cluster(tasks, sizes, sink, cluster, progress, cancel, stage, t0)
+        return
+    started = None
+    if pool is not None and workers > 1 and sum(sizes) >= IN_PROCESS_BYTES:
+        started = pool.get() if isinstance(pool, PoolStarter) else pool  # None: the pool could not start
+    if started is None:
+        if early is not None:
+            # not taken on this path: held, the early results (a dict per pair) would pile up until the end
+            early.drop()
+        _run_in_process(tasks, sizes, sink, progress, cancel, stage, t0)
         return
     try:
-        _run_in_pool(tasks, sizes, sink, workers, progress, cancel, stage, t0, pool, early, claims or {})
+        _run_in_pool(tasks, sizes, sink, workers, progress, cancel, stage, t0, started, early, claims or {})
     except BrokenProcessPool:
         # a worker died (killed, out of memory, an unimportable __main__): finish here, one pair at a time
         sink.flush()
@@ -306,7 +313,7 @@ def _run_in_pool(
     cancel: threading.Event | None,
     stage: str,
     t0: float,
-    pool: ProcessPoolExecutor | PoolStarter | None,
+    pool: ProcessPoolExecutor,
     early: EarlyPairs | None,
     claims: dict[PairKey, PairTask],
 ) -> None:
@@ -316,49 +323,40 @@ def _run_in_pool(
     # largest first: the workers then finish together instead of one computing a big pair while the others idle
     rest.sort(key=lambda tn: tn[1], reverse=True)
     todo: deque[list[PairTask | StatsTask]] = deque(batches([t for t, _ in rest], [n for _, n in rest]))
-    if isinstance(pool, PoolStarter):
-        pool = pool.get()  # started in the background at the very beginning
-    own_pool = pool is None
-    if pool is None:
-        pool = new_pool(workers)
     early_futures: set[Future[list[dict[str, Any]]]] = set()
     if early is not None:
         early_futures = set(early.keep_only(claims))
-    try:
-        inflight: dict[Future[list[dict[str, Any]]], int] = {}
+    inflight: dict[Future[list[dict[str, Any]]], int] = {}
 
-        def submit_more() -> None:
-            while len(inflight) < 2 * workers and todo:
-                nxt = todo.popleft()
-                inflight[pool.submit(run_batch, nxt)] = len(nxt)
+    def submit_more() -> None:
+        while len(inflight) < 2 * workers and todo:
+            nxt = todo.popleft()
+            inflight[pool.submit(run_batch, nxt)] = len(nxt)
 
+    submit_more()
+    while inflight or early_futures:
+        if cancel is not None and cancel.is_set():
+            for f in [*inflight, *early_futures]:
+                f.cancel()
+            sink.flush()
+            raise CompareCancelled()
+        finished, _ = wait([*inflight, *early_futures], timeout=0.2, return_when=FIRST_COMPLETED)
+        n_done = 0
+        for f in finished:
+            if f in early_futures:
+                early_futures.discard(f)
+                if early is not None and not f.cancelled():
+                    n_done += _take_early(f.result(), early, claims, sink)
+                if early is not None:
+                    early.release(f)
+                if not early_futures:  # whatever the early batches did not deliver is computed now
+                    left = [t for t in claims.values() if not sink.is_done(t)]
+                    todo.extend(batches(left, [0] * len(left)))
+                continue
+            n_done += inflight.pop(f)
+            sink.add_wire(f.result())
         submit_more()
-        while inflight or early_futures:
-            if cancel is not None and cancel.is_set():
-                for f in [*inflight, *early_futures]:
-                    f.cancel()
-                sink.flush()
-                raise CompareCancelled()
-            finished, _ = wait([*inflight, *early_futures], timeout=0.2, return_when=FIRST_COMPLETED)
-            n_done = 0
-            for f in finished:
-                if f in early_futures:
-                    early_futures.discard(f)
-                    if early is not None and not f.cancelled():
-                        n_done += _take_early(f.result(), early, claims, sink)
-                    if early is not None:
-                        early.release(f)
-                    if not early_futures:  # whatever the early batches did not deliver is computed now
-                        left = [t for t in claims.values() if not sink.is_done(t)]
-                        todo.extend(batches(left, [0] * len(left)))
-                    continue
-                n_done += inflight.pop(f)
-                sink.add_wire(f.result())
-            submit_more()
-            reporter.advance(n_done)
-    finally:
-        if own_pool:
-            pool.shutdown(wait=True, cancel_futures=True)
+        reporter.advance(n_done)
     reporter.advance(0, force_flush=True)
 
 

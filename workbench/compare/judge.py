@@ -12,9 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from workbench.compare.tasks import SUMMARY_FIELDS
 from workbench.compare.thresholds import NAN_INF, Thresholds
-from workbench.core.metrics import ALL_METRICS, STAT_BOUND
+from workbench.core.metrics import ALL_METRICS, STAT_BOUND, SUMMARY_FIELDS
 
 if TYPE_CHECKING:
     import duckdb
@@ -162,8 +161,6 @@ def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds)
     """Apply new thresholds to every computed pair of a comparison (no tensor is read)."""
     import pandas as pd
 
-    from workbench.compare.pair_store import none_if_na
-
     df = con.execute(
         f"SELECT x.*, s.{STAT_BOUND} AS _stat_bound, gn.name AS _node, gn.type AS _type, "
         "gn.parent_id IS NULL AS _root, m.io AS _io, tt.dtype AS _dtype "
@@ -202,3 +199,17 @@ def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds)
         [cmp_id],
     )
     con.unregister("_upd")
+
+
+def none_if_na(v: Any) -> Any:
+    """None for None, NaN, NA and NaT (what pandas hands back for a SQL NULL); `v` otherwise."""
+    import pandas as pd  # loaded already: the value came from pandas
+
+    if v is None:
+        return None
+    try:
+        if pd.isna(v):
+            return None
+    except (TypeError, ValueError):
+        pass
+    return v

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import duckdb
 import pandas as pd
@@ -18,19 +17,6 @@ from workbench.compare.mapping import MappingFile, PairSpec
 from workbench.compare.matching import NodeMatch, RunFrames, pair_tensors
 from workbench.compare.thresholds import Thresholds
 from workbench.formats.quant_links import QuantLink, quant_links
-
-
-def none_if_na(v: Any) -> Any:
-    """None for None, NaN, NA and NaT (what pandas hands back for a SQL NULL); `v` otherwise."""
-    if v is None:
-        return None
-    try:
-        if pd.isna(v):
-            return None
-    except (TypeError, ValueError):
-        pass
-    return v
-
 
 # columns with few distinct values (shape as text: `[4, 8]`), loaded as categoricals: a Python object per row
 # would be ~60 bytes each, a third of the frame of a 150k-file dump
@@ -84,7 +70,7 @@ def _quant_of(meta: object) -> list[QuantLink]:
         return []
 
 
-def comparison_id(
+def comparison_for_runs(
     con: duckdb.DuckDBPyConnection, golden_run: int, test_run: int, mapping: MappingFile | None, thresholds: Thresholds
 ) -> tuple[int, bool]:
     """The comparison of these runs under this mapping (made if new) and whether its thresholds changed."""

@@ -12,8 +12,8 @@ import pandas as pd
 
 from workbench.catalog.schema import MSIT_CSV_COLUMNS
 from workbench.compare.summary import CompareResult
-from workbench.compare.tasks import token_text
 from workbench.core.text import csv_safe_columns
+from workbench.core.tokens import token_text
 
 CSV_SLICE = 16384  # report rows fetched and written at a time
 

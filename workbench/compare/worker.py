@@ -17,7 +17,8 @@ from workbench.compare.layout import LAYOUT_PREFIX, layout_rule, not_comparable
 from workbench.compare.metrics import compare_tensors, summarize
 from workbench.compare.quant_pairs import INT_ONLY, INT_STEP
 from workbench.compare.stat_metrics import stat_metrics
-from workbench.compare.tasks import SUMMARY_FIELDS, PairTask, StatsTask
+from workbench.compare.tasks import PairTask, StatsTask
+from workbench.core.metrics import SUMMARY_FIELDS
 from workbench.formats.arrays import RawTensor, read_array
 from workbench.formats.model import Dump, DumpError
 

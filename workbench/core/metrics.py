@@ -70,6 +70,8 @@ def spec(name: str) -> MetricSpec:
 # euclidean distance (each term is at most ||test - golden||_2): a statistics-only pair fails when the bound
 # already exceeds the relative euclidean distance's bound for its dtype, so every such failure is certain.
 STAT_KEYS: tuple[str, ...] = ("max", "min", "mean", "l2norm")
+# the statistics of one tensor a worker computes and the catalog stores (`tensors` columns)
+SUMMARY_FIELDS = ("numel", "min", "max", "mean", "std", "norm", "nan_count", "inf_count")
 STAT_BOUND = "stat_rel_euclid_bound"
 STAT_METRICS: tuple[MetricSpec, ...] = (
     *(

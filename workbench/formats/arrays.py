@@ -120,7 +120,7 @@ def read_pth_array(path: str, file_size: int | None = None) -> RawTensor:
     fast = _plain_pth(path, file_size)
     if fast is not None:
         return fast
-    from workbench.formats.tensor_io import torch_load_pth  # only for files that are not plain saved tensors
+    from workbench.formats.torch_load import torch_load_pth  # only for files that are not plain saved tensors
 
     return as_raw(torch_load_pth(path, mmap=zipfile.is_zipfile(path)))
 

@@ -1,9 +1,9 @@
 """The compare job: read two dumps, ingest them, match, compute metrics, refresh the verdicts, summarise.
 
-The one compare path: `wb compare`, `wb open`, `wb demo` and the app (in a thread worker, reporting
-`Progress`, cancelled through an event) all call `run_compare`; the app's mapping editor calls
-`add_node_pairs`. Incremental: pairs whose metrics are already in the catalog are not computed again; an
-interrupted run keeps every batch it committed.
+The engine of one golden/test pair of dumps: `jobs/compare_dumps.py` (every compare: `wb compare`, `wb demo`,
+the app's worker) calls `run_compare` for each rank; the app's mapping editor calls `add_node_pairs`.
+Incremental: pairs whose metrics are already in the catalog are not computed again; an interrupted run keeps
+every batch it committed.
 
 Light to import (no pandas, DuckDB or torch): the worker pool is started first, in the background, and
 the pairs that are obvious (same place in two dumps of one kind) go to it as soon as both dumps are read,
@@ -16,12 +16,13 @@ import gc
 import threading
 from collections.abc import Collection, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from workbench.compare.pool import PoolStarter, default_workers, worth_a_pool
-from workbench.compare.tasks import TokenRanges, token_text
 from workbench.core.progress import CompareCancelled, Progress, ProgressFn
+from workbench.core.tokens import TokenRanges, token_text
 
 if TYPE_CHECKING:
     import duckdb
@@ -58,7 +59,8 @@ def run_compare(
     """Read (unless given read), ingest, match and compare two dumps into `catalog`; see the module docstring.
 
     `pool` (from `workbench.compare.pool.new_pool` or a `PoolStarter`) is used and left running; without
-    one, a pool is started here when the dumps are big enough and shut down at the end. With a pool,
+    one, a pool is started here when `worth_a_pool` says so (the one rule) and shut down at the end: the
+    executor never starts one. With a pool,
     same-kind dumps get their same-place pairs computed while the catalog is prepared (`early`, made here
     if not given). `freeze_gc` (for a short-lived process such as the CLI) moves every object imported so
     far out of the garbage collector's sight once the heavy modules are in: ~0.1 s less of GC per run.
@@ -78,23 +80,10 @@ def run_compare(
 
         th = thresholds if isinstance(thresholds, Thresholds) else Thresholds.load(thresholds)
         mf = mapping if isinstance(mapping, MappingFile) or mapping is None else MappingFile.load(mapping)
-        return _read_ingest_compare(
-            golden,
-            test,
-            catalog,
-            mf,
-            tokens,
-            th,
-            n_workers,
-            progress,
-            cancel,
-            auto,
-            pool,
-            early,
-            freeze_gc,
-            follow_symlinks,
-            cluster,
+        settings = _Settings(
+            Path(catalog), mf, th, n_workers, progress, cancel, auto, pool, freeze_gc, follow_symlinks, cluster
         )
+        return _read_ingest_compare(golden, test, tokens, settings, early)
     finally:
         if own is not None:
             own.shutdown()
@@ -104,85 +93,78 @@ def _root(dump: str | Path | Dump) -> Path:
     return Path(dump) if isinstance(dump, str | Path) else dump.root
 
 
+@dataclass(frozen=True, slots=True)
+class _Settings:
+    """What `run_compare` was asked, resolved (mapping and thresholds loaded, the worker count known): handed
+    down whole instead of a dozen parameters."""
+
+    catalog: Path
+    mapping: MappingFile | None
+    thresholds: Thresholds
+    workers: int
+    progress: ProgressFn | None
+    cancel: threading.Event | None
+    auto: bool
+    pool: ProcessPoolExecutor | PoolStarter | None
+    freeze_gc: bool
+    follow_symlinks: bool
+    cluster: Cluster | None
+
+
 def _read_ingest_compare(
     golden: str | Path | Dump,
     test: str | Path | Dump,
-    catalog: str | Path,
-    mf: MappingFile | None,
     tokens: Collection[int] | TokenRanges | None,
-    th: Thresholds,
-    workers: int,
-    progress: ProgressFn | None,
-    cancel: threading.Event | None,
-    auto: bool,
-    pool: ProcessPoolExecutor | PoolStarter | None,
+    job: _Settings,
     early: EarlyPairs | None,
-    freeze_gc: bool,
-    follow_symlinks: bool = False,
-    cluster: Cluster | None = None,
 ) -> CompareResult:
     from workbench.formats import open_dump
 
-    if progress:
-        progress(Progress("read dumps", 0, 2))
+    if job.progress:
+        job.progress(Progress("read dumps", 0, 2))
     # a worker reads the test dump while this process reads the golden one
-    remote = _read_in_worker(test, pool, follow_symlinks) if isinstance(test, str | Path) else None
-    g_dump = open_dump(golden, follow_symlinks=follow_symlinks) if isinstance(golden, str | Path) else golden
-    if progress:
-        progress(Progress("read dumps", 1, 2))
+    remote = _read_in_worker(test, job.pool, job.follow_symlinks) if isinstance(test, str | Path) else None
+    g_dump = open_dump(golden, follow_symlinks=job.follow_symlinks) if isinstance(golden, str | Path) else golden
+    if job.progress:
+        job.progress(Progress("read dumps", 1, 2))
     if remote is not None and not remote.done():
         _import_heavy()  # while the worker finishes reading
-    t_dump = _test_dump(remote, test, follow_symlinks) if isinstance(test, str | Path) else test
-    if progress:
-        progress(Progress("read dumps", 2, 2))
+    t_dump = _test_dump(remote, test, job.follow_symlinks) if isinstance(test, str | Path) else test
+    if job.progress:
+        job.progress(Progress("read dumps", 2, 2))
     if isinstance(tokens, TokenRanges):
-        asked = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in tokens.ranges)
+        asked = tokens.text
         tokens = tokens.among(g_dump.tokens, t_dump.tokens)
         check_tokens(tokens, g_dump.tokens, t_dump.tokens, asked)
     elif tokens is not None:
         check_tokens(set(tokens), g_dump.tokens, t_dump.tokens)
-    if early is None and pool is not None and g_dump.kind == t_dump.kind:
+    if early is None and job.pool is not None and g_dump.kind == t_dump.kind:
         from workbench.compare.early import EarlyPairs
 
-        early = EarlyPairs(g_dump, t_dump, pool, tokens)
+        early = EarlyPairs(g_dump, t_dump, job.pool, tokens)
     try:
         _import_heavy()  # while the workers compute the early pairs (a no-op when done above)
         from workbench.catalog.store import ingest_dump, open_catalog
 
-        if freeze_gc:
+        if job.freeze_gc:
             gc.freeze()
-        Path(catalog).parent.mkdir(parents=True, exist_ok=True)
-        con = open_catalog(catalog)
+        job.catalog.parent.mkdir(parents=True, exist_ok=True)
+        con = open_catalog(job.catalog)
         try:
-            if progress:
-                progress(Progress("ingest", 0, 2))
+            if job.progress:
+                job.progress(Progress("ingest", 0, 2))
             # each dump is dropped once the catalog holds it: one Python object per file is memory the next
             # ingest and the compare need
             g_ing = ingest_dump(con, g_dump)
             del g_dump
             t_ing = ingest_dump(con, t_dump)
             del t_dump
-            if progress:
-                progress(Progress("ingest", 2, 2))
-            if cancel is not None and cancel.is_set():
+            if job.progress:
+                job.progress(Progress("ingest", 2, 2))
+            if job.cancel is not None and job.cancel.is_set():
                 raise CompareCancelled()
-            return _compare_runs(
-                con,
-                Path(catalog),
-                g_ing.run_id,
-                t_ing.run_id,
-                mf,
-                tokens,
-                th,
-                workers,
-                progress,
-                cancel,
-                auto,
-                problems=[*g_ing.problems, *t_ing.problems],
-                pool=pool,
-                early=early,
-                cluster=cluster,
-            )
+            problems = [*g_ing.problems, *t_ing.problems]
+            return _compare_runs(con, g_ing.run_id, t_ing.run_id, tokens, job, problems, early)
         finally:
             con.close()
     finally:
@@ -237,33 +219,27 @@ def _auto_matcher(auto: bool) -> AutoMatcher | None:
 
 def _compare_runs(
     con: duckdb.DuckDBPyConnection,
-    catalog: Path,
     golden_run: int,
     test_run: int,
-    mapping: MappingFile | None,
     tokens: Collection[int] | None,
-    thresholds: Thresholds,
-    workers: int,
-    progress: ProgressFn | None,
-    cancel: threading.Event | None,
-    auto: bool,
+    job: _Settings,
     problems: list[str],
-    pool: ProcessPoolExecutor | PoolStarter | None = None,
-    early: EarlyPairs | None = None,
-    cluster: Cluster | None = None,
+    early: EarlyPairs | None,
 ) -> CompareResult:
     from workbench.analysis.born import refresh_verdicts
     from workbench.compare.executor import compute_pending
     from workbench.compare.judge import rejudge
     from workbench.compare.matching import match_nodes, pair_tensors
-    from workbench.compare.pair_store import comparison_id, load_frames, store_node_matches, store_tensor_pairs
+    from workbench.compare.pair_store import comparison_for_runs, load_frames, store_node_matches, store_tensor_pairs
     from workbench.compare.summary import summarize_comparison
+
+    mapping = job.mapping
 
     golden = load_frames(con, golden_run)
     test = load_frames(con, test_run)
-    cmp_id, th_changed = comparison_id(con, golden_run, test_run, mapping, thresholds)
-    if progress:
-        progress(Progress("match", 0, 1))
+    cmp_id, th_changed = comparison_for_runs(con, golden_run, test_run, job.mapping, job.thresholds)
+    if job.progress:
+        job.progress(Progress("match", 0, 1))
     check = None
     if mapping is not None and (mapping.pairs or mapping.rules):
         from workbench.compare.fingerprint import check_mapping, store_check
@@ -271,35 +247,35 @@ def _compare_runs(
         check = check_mapping(mapping, con, golden_run, test_run)  # stale pairs are reported, never used
         store_check(con, cmp_id, check, mapping.source)
     matches = match_nodes(
-        golden, test, check.usable(mapping) if check and mapping else mapping, auto=_auto_matcher(auto)
+        golden, test, check.usable(mapping) if check and mapping else mapping, auto=_auto_matcher(job.auto)
     )
     store_node_matches(con, cmp_id, matches)
     pairs = store_tensor_pairs(con, cmp_id, pair_tensors(matches, golden, test, tokens))
-    if progress:
-        progress(Progress("match", 1, 1, message=f"{len(pairs)} tensor pairs"))
+    if job.progress:
+        job.progress(Progress("match", 1, 1, message=f"{len(pairs)} tensor pairs"))
     if th_changed:
-        rejudge(con, cmp_id, thresholds)
+        rejudge(con, cmp_id, job.thresholds)
     computed, _failed_new, _unc = compute_pending(
         con,
         cmp_id,
         golden,
         test,
         pairs,
-        thresholds,
-        workers=workers,
-        progress=progress,
-        cancel=cancel,
-        pool=pool,
+        job.thresholds,
+        workers=job.workers,
+        progress=job.progress,
+        cancel=job.cancel,
+        pool=job.pool,
         early=early,
-        cluster=cluster,
+        cluster=job.cluster,
     )
-    if progress:
-        progress(Progress("verdict", 0, 1))
+    if job.progress:
+        job.progress(Progress("verdict", 0, 1))
     refresh_verdicts(con, cmp_id)
-    if progress:
-        progress(Progress("verdict", 1, 1))
+    if job.progress:
+        job.progress(Progress("verdict", 1, 1))
     res = summarize_comparison(
-        con, catalog, cmp_id, golden, test, matches, pairs, tokens, computed=computed, problems=problems
+        con, job.catalog, cmp_id, golden, test, matches, pairs, tokens, computed=computed, problems=problems
     )
     res.mapping_check = check
     return res

@@ -1,0 +1,33 @@
+"""Interrupts: SIGTERM ending like Ctrl-C, and telling a signal from a storage fault when DuckDB wrapped it."""
+
+from __future__ import annotations
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, delivered as an interrupt so it ends exactly like Ctrl-C (everything committed kept)."""
+
+
+_sigterm_received = False
+
+
+def on_sigterm(_signum: int, _frame: object) -> None:
+    """The SIGTERM handler: end like Ctrl-C, remembering it was SIGTERM (DuckDB may report it as its own
+    interrupt, and the line and exit code must still say "terminated")."""
+    global _sigterm_received
+    _sigterm_received = True
+    raise Terminated
+
+
+def sigterm_received() -> bool:
+    """Whether this process got SIGTERM (then every error that follows is read as the termination)."""
+    return _sigterm_received
+
+
+def signal_inside(exc: BaseException) -> KeyboardInterrupt | None:
+    """The interrupt a DuckDB error stands for, when a signal's exception was raised in Python code DuckDB was
+    running (a DataFrame scan) and DuckDB wrapped it in an error of its own ("Traceback ..."), else None."""
+    if _sigterm_received:
+        return Terminated()
+    if "KeyboardInterrupt" in str(exc) or str(exc).startswith("Query interrupted"):
+        return KeyboardInterrupt()
+    return None
