@@ -68,7 +68,7 @@ lint: install
 	$(VENV)/bin/ruff format --check workbench tests bench
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/pytest -q -p no:cacheprovider tests/test_architecture.py
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests/unit/test_architecture.py
 
 bench: install
 	$(PY) bench/bench_compare.py

@@ -24,7 +24,7 @@ table's own error stand out (the advisor says so and ranks it after an unexplain
 the buffers in float32. `--stats`: statistics-only dumps (msit/wb `dump_statistics_mode=1`, msprobe
 `task: statistics`). `atbprobe`:
 our ATB-structured stack built from the (planted) Llama, its tensors fed to msprobe's own ATB probe library
-(`tests/msprobe_atb.py`, needs g++): ATB weights are op inputs; only Llama weight-scale cases apply.
+(`tests/fixtures/msprobe_atb.py`, needs g++): ATB weights are op inputs; only Llama weight-scale cases apply.
 
 The lead's target (issue 10): planted module first in >= 6 of 7 runs, top 3 in 7 of 7.
 """
@@ -378,10 +378,10 @@ def _decode_msprobe(model: Any, prompt: Any, forced: list[int] | None, out: Path
 
 def _decode_atb_probe(model: Any, job: dict[str, Any], forced: list[int] | None, out: Path, stats: bool) -> list[int]:
     """Our ATB-structured stack from the (planted) HF model, its tensors fed to msprobe's own ATB probe library
-    (`tests/msprobe_atb.py`), which writes `atb_dump_data` (task `statistics` with `stats`, else `tensor`)."""
+    (`tests/fixtures/msprobe_atb.py`), which writes `atb_dump_data` (task `statistics` with `stats`, else `tensor`)."""
     import torch
 
-    from tests.msprobe_atb import probe_dump
+    from tests.fixtures.msprobe_atb import probe_dump
     from workbench.backends import AtbDumpConfig, AtbLlama
 
     dtype = getattr(torch, job["dtype"]) if job.get("dtype") else torch.float32
@@ -424,7 +424,7 @@ def rank_of(golden: Path, test: Path, catalog: Path, planted: str | None) -> tup
     what `wb compare` names (its `error born at` / `most likely origin` lines: the golden nodes)."""
     import duckdb
 
-    from workbench.analysis.advisor import advise
+    from workbench.analysis.verdicts.advisor import advise
     from workbench.jobs.compare import run_compare
 
     res = run_compare(golden, test, catalog, workers=1)
@@ -535,7 +535,7 @@ def main() -> int:
     for dumper, probe_code in (
         ("msit", "import msit_llm; msit_llm.register_hook"),
         ("msprobe", "from msprobe.pytorch import PrecisionDebugger"),
-        ("atbprobe", "from tests.msprobe_atb import skip_reason; assert skip_reason() is None"),
+        ("atbprobe", "from tests.fixtures.msprobe_atb import skip_reason; assert skip_reason() is None"),
     ):
         if dumper in dumpers:
             env = {**os.environ, "PYTHONPATH": str(ROOT)}

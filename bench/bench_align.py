@@ -1,4 +1,4 @@
-"""Speed of the call-stream alignment (`workbench.compare.align.lcs_pairs`) on long msprobe-like streams.
+"""Speed of the call-stream alignment (`workbench.compare.pairing.align.lcs_pairs`) on long msprobe-like streams.
 
 A stream of N API calls drawn from a few dozen keys (type + shapes), the test stream with a handful of
 inserted and deleted calls, as a hook or a missing op makes them. The reference, measured in the same run,
@@ -16,7 +16,7 @@ import difflib
 import random
 import time
 
-from workbench.compare.align import lcs_pairs
+from workbench.compare.pairing.align import lcs_pairs
 
 
 def _streams(n: int, edits: int, seed: int) -> tuple[list[int], list[int]]:

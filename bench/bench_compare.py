@@ -228,7 +228,7 @@ def measure_floor(golden: Path, test: Path, distinct_only: bool = False) -> tupl
     `distinct_only`: only the first of the pairs whose two files hold the same bytes as an earlier pair's (a
     layer's output and the next layer's input, saved twice by msit); what a tool must compute at the least.
     Returns (wall s, CPU s, pairs); the pages are in the page cache, as for the tools."""
-    from workbench.compare.metrics import compare_tensors
+    from workbench.compare.judging.metrics import compare_tensors
     from workbench.formats.arrays import read_array
 
     pairs = [(g, test / g.relative_to(golden)) for g in sorted(golden.rglob("*.pth"))]

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from workbench.compare.metrics import compare_tensors
+from workbench.compare.judging.metrics import compare_tensors
 
 FLOAT_EPSILON = torch.finfo(torch.float).eps
 

@@ -56,7 +56,7 @@ def main() -> None:
 
     from bench_compare import build_dumps, du, dump_dirs
 
-    from workbench.compare.ray_exec import RayCluster
+    from workbench.compare.execution.ray_exec import RayCluster
 
     base = args.keep or Path(tempfile.mkdtemp(prefix="wb_bench_ray_"))
     base.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
     python bench/hostile.py [-k WORD]
 
-Each case builds its crafted input in a temporary folder (see `tests/hostile_cases.py`).
+Each case builds its crafted input in a temporary folder (see `tests/fixtures/hostile_cases.py`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.hostile_cases import CASES, Outcome
+from tests.fixtures.hostile_cases import CASES, Outcome
 from workbench.core.text import printable
 
 

@@ -6,7 +6,7 @@ The default (80 layers x 12 ops x 1000 tokens, one input and one output per modu
 2.1 million compared tensor pairs. Error is small everywhere except from a planted defect
 (`layers.D.down_proj` from token T on) downstream; `act_fn` is named `act` on the test side, so
 both sides have unmatched nodes. `node_results` and `error_born` are computed by the real
-roll-up (`workbench.analysis.born.refresh_verdicts`). With `--tensors DIR` (small catalogs only)
+roll-up (`workbench.analysis.verdicts.born.refresh_verdicts`). With `--tensors DIR` (small catalogs only)
 every tensor is also written as a real `.npy` file whose error matches the stored metrics, so
 the detail pane can read them.
 """
@@ -24,7 +24,7 @@ import duckdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workbench.analysis.born import refresh_verdicts
+from workbench.analysis.verdicts.born import refresh_verdicts
 from workbench.catalog.schema import COMPARISON_VIEW, SCHEMA_VERSION, TABLES_DDL
 
 OPS: tuple[tuple[str, str], ...] = (

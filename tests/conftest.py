@@ -14,11 +14,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.tiny_models import tiny_llama
+from tests.fixtures.app_catalogs import (  # noqa: F401  (fixtures, hooks)
+    demo_catalog,
+    rope_demo_catalog,
+    small_catalog,
+    small_catalog_master,
+    tp_demo_catalog,
+)
+from tests.fixtures.peers import peer_dumps  # noqa: F401  (fixtures, hooks)
+from tests.fixtures.tiny_models import tiny_llama
 
 ROOT = Path(__file__).resolve().parents[1]
-# the app tests' fixtures (a synthetic catalog, the demo catalog), shared by the whole suite
-pytest_plugins = ["tests.conftest_app", "tests.conftest_peers"]
 WB = [sys.executable, "-m", "workbench.cli"]
 # the dumper signs recorded commands with a per-user key (workbench/core/trust.py): the tests (and the wb
 # processes they start) make and use their own key, never the user's ~/.config/wb/dump.key
@@ -103,3 +109,44 @@ def copy_tree(tmp_path: Path):  # type: ignore[no-untyped-def]
         return dst
 
     return _copy
+
+
+SLOW_MODULES = [
+    "test_advisor",
+    "test_align",
+    "test_app_e2e",
+    "test_app_flows",
+    "test_app_pilot",
+    "test_app_quant",
+    "test_app_ranks",
+    "test_app_snapshots",
+    "test_app_torchair",
+    "test_app_verdict",
+    "test_atb_statistic_csv",
+    "test_compare_e2e",
+    "test_compare_statistics",
+    "test_demo_torchair",
+    "test_dump_msit_compat",
+    "test_errcheck",
+    "test_exec_redump",
+    "test_formats_torchair",
+    "test_guide",
+    "test_hostile",
+    "test_logits_tokens",
+    "test_mapping_stale",
+    "test_packaging",
+    "test_precheck_torch",
+    "test_quant",
+    "test_ray",
+    "test_recorded_commands",
+    "test_report",
+    "test_second_walk",
+    "test_second_walk_app",
+]  # test modules taking more than a few seconds on 2 cores
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The `slow` marker on every test of SLOW_MODULES (`pytest -m "not slow"` for a quick run)."""
+    for item in items:
+        if item.module is not None and item.module.__name__.rpartition(".")[2] in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)

@@ -12,8 +12,8 @@ from textual.app import App
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.worker import Worker, WorkerState
 
-from workbench.analysis.advisor import SIGNIFICANT
-from workbench.analysis.explore import ExploreError, Explorer
+from workbench.analysis.explorer.explore import ExploreError, Explorer
+from workbench.analysis.verdicts.advisor import SIGNIFICANT
 from workbench.app.actions import ACTIONS, bindings
 from workbench.app.main_screen import MainScreen
 from workbench.app.messages import (
@@ -38,7 +38,7 @@ from workbench.app.themes import DEFAULT_THEME, DOMAIN_DEFAULTS, THEMES_DIR, loa
 from workbench.jobs.compare_dumps import CompareRequest
 
 if TYPE_CHECKING:
-    from workbench.compare.mapping import PairSpec
+    from workbench.compare.pairing.mapping import PairSpec
 
 
 class WorkbenchCommands(Provider):
@@ -175,7 +175,7 @@ class WorkbenchApp(App[int]):
             self.post_message(OpenFailed("Cannot compare", f"the compare pipeline is unavailable ({exc})"))
             return
         from workbench.catalog.store import CatalogError
-        from workbench.compare.mapping import MappingError
+        from workbench.compare.pairing.mapping import MappingError
         from workbench.formats.model import DumpError
 
         def progress(p: Any) -> None:

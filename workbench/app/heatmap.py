@@ -16,7 +16,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from workbench.analysis.severity import (
+from workbench.analysis.explorer.severity import (
     HEAT_LEVELS,
     LEVEL_EDGES,
     PASS_LEVELS,
@@ -24,7 +24,7 @@ from workbench.analysis.severity import (
     relative_bound,
     severity_array,
 )
-from workbench.analysis.views import Heatmap
+from workbench.analysis.explorer.views import Heatmap
 from workbench.app.actions import bindings
 from workbench.app.themes import DOMAIN_DEFAULTS
 

@@ -13,8 +13,8 @@ from textual import events, work
 from textual.message import Message
 from textual.widgets import Static
 
-from workbench.analysis.explore import Explorer
-from workbench.analysis.token_view import StripCell
+from workbench.analysis.explorer.explore import Explorer
+from workbench.analysis.explorer.token_view import StripCell
 from workbench.app.themes import DOMAIN_DEFAULTS
 
 LABEL = "logits "

@@ -15,9 +15,9 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Static, Tree
 
-from workbench.analysis.explore import POST, PRE, Explorer
-from workbench.analysis.ranks import step
-from workbench.analysis.severity import (
+from workbench.analysis.explorer.explore import POST, PRE, Explorer
+from workbench.analysis.explorer.ranks import step
+from workbench.analysis.explorer.severity import (
     ADDED_ERROR,
     COLOURINGS,
     HEAT_LEVELS,
@@ -27,7 +27,7 @@ from workbench.analysis.severity import (
     Scale,
     value_at,
 )
-from workbench.analysis.views import Heatmap, NodeStatus, TreeRow
+from workbench.analysis.explorer.views import Heatmap, NodeStatus, TreeRow
 from workbench.app.actions import bindings
 from workbench.app.detail import render_detail, render_node_tensors
 from workbench.app.footer import KeysFooter
@@ -245,7 +245,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
 
     @work(thread=True, exclusive=True, group="advice", exit_on_error=False)
     def load_advice(self) -> None:
-        from workbench.analysis.advisor import above_higher
+        from workbench.analysis.verdicts.advisor import above_higher
 
         rows, note = self.explorer.advice()
         marked = above_higher(rows)

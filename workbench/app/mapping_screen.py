@@ -1,7 +1,7 @@
 """The mapping editor: pair unmatched golden/test ops (with tensor selectors) one by one or in every layer at
 once (a layer rule, `l`), unpair wrong pairs, save.
 
-Pairs of the loaded file that no longer fit these dumps (its fingerprint, `compare.fingerprint`) are listed
+Pairs of the loaded file that no longer fit these dumps (its fingerprint, `compare.pairing.fingerprint`) are listed
 as stale with the reason: `x` drops one, `p` on it keeps it as the dumps are now, and pairing its golden or
 test op anew replaces it. Saving writes the fingerprint of the current dumps.
 """
@@ -18,14 +18,14 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-from workbench.analysis.explore import Explorer, NodePair, Unmatched
+from workbench.analysis.explorer.explore import Explorer, NodePair, Unmatched
 from workbench.app.actions import bindings
 from workbench.app.footer import KeysFooter
 from workbench.app.messages import EditRequested, MappingLists
 from workbench.app.screens import Session, WorkbenchScreen
 from workbench.app.themes import DOMAIN_DEFAULTS
-from workbench.compare.fingerprint import StaleEntry
-from workbench.compare.mapping import (
+from workbench.compare.pairing.fingerprint import StaleEntry
+from workbench.compare.pairing.mapping import (
     WB_MAPPING_NAME,
     MappingError,
     MappingFile,

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING
 from textual.message import Message
 
 if TYPE_CHECKING:
-    from workbench.analysis.explore import Explorer, NodePair, ResultSet, Unmatched
-    from workbench.analysis.precheck_result import PrecheckResult
-    from workbench.analysis.ranks import RankEntry
-    from workbench.analysis.views import Heatmap, NodeStatus, NodeTensors, PairDetail, TensorDiff, TreeRow
+    from workbench.analysis.checks.precheck_result import PrecheckResult
+    from workbench.analysis.explorer.explore import Explorer, NodePair, ResultSet, Unmatched
+    from workbench.analysis.explorer.ranks import RankEntry
+    from workbench.analysis.explorer.views import Heatmap, NodeStatus, NodeTensors, PairDetail, TensorDiff, TreeRow
     from workbench.app.screens import PickerEntry
-    from workbench.compare.fingerprint import StaleEntry
-    from workbench.compare.mapping import PairSpec
+    from workbench.compare.pairing.fingerprint import StaleEntry
+    from workbench.compare.pairing.mapping import PairSpec
     from workbench.core.progress import Progress
     from workbench.jobs.redump import RedumpPlan
 

@@ -24,7 +24,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Static
 
-from workbench.analysis.precheck_result import (
+from workbench.analysis.checks.precheck_result import (
     CANNOT_RUN,
     DISAGREE,
     NO_REFERENCE,
@@ -41,7 +41,7 @@ from workbench.core.exits import EXIT_NOTHING, EXIT_OK
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from workbench.analysis.explore import Explorer
+    from workbench.analysis.explorer.explore import Explorer
     from workbench.core.progress import Progress
     from workbench.jobs.redump import RedumpPlan
 
@@ -201,7 +201,7 @@ class OpCauseActions(_MixinBase):
 
     @work(thread=True, exclusive=True, group="precheck", exit_on_error=False)
     def _precheck_worker(self, node_id: int, token: int) -> None:
-        from workbench.analysis.precheck_torch import CannotRun, precheck_catalog
+        from workbench.analysis.checks.precheck_torch import CannotRun, precheck_catalog
         from workbench.catalog.readonly import connect_read_only
 
         try:

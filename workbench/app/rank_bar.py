@@ -14,7 +14,7 @@ from textual import events
 from textual.message import Message
 from textual.widgets import Static
 
-from workbench.analysis.ranks import RankEntry
+from workbench.analysis.explorer.ranks import RankEntry
 
 
 class RankBar(Static):

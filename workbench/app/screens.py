@@ -21,7 +21,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import OptionList, ProgressBar, Static
 from textual.widgets.option_list import Option
 
-from workbench.analysis.explore import Explorer
+from workbench.analysis.explorer.explore import Explorer
 from workbench.app.actions import ACTIONS, bindings
 from workbench.app.footer import KeysFooter
 from workbench.app.messages import CancelRequested

@@ -11,7 +11,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Label, OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
-from workbench.analysis.explore import Explorer
+from workbench.analysis.explorer.explore import Explorer
 from workbench.app.actions import bindings
 from workbench.app.footer import KeysFooter
 from workbench.app.messages import SavedQueries, SqlDone

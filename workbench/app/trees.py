@@ -10,8 +10,8 @@ from rich.text import Text
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
-from workbench.analysis.severity import ADDED_ERROR, HEAT_LEVELS, LEVEL_EDGES, VERDICT, severity
-from workbench.analysis.views import NodeStatus, Side, TreeRow
+from workbench.analysis.explorer.severity import ADDED_ERROR, HEAT_LEVELS, LEVEL_EDGES, VERDICT, severity
+from workbench.analysis.explorer.views import NodeStatus, Side, TreeRow
 from workbench.app.themes import DOMAIN_DEFAULTS
 
 

@@ -154,7 +154,7 @@ CREATE TABLE IF NOT EXISTS stat_metrics (
     PRIMARY KEY (cmp_id, pair_id)
 );
 
--- all-reduce check of a multi-rank dump (analysis/allreduce.py): each rank's output of a communication op
+-- all-reduce check of a multi-rank dump (analysis/checks/allreduce.py): each rank's output of a communication op
 -- against the sum of every rank's input; culprit_rank/factor name the rank whose contribution explains it
 CREATE TABLE IF NOT EXISTS allreduce_checks (
     run_id       INTEGER NOT NULL,        -- the run of this rank
@@ -204,7 +204,7 @@ CREATE TABLE IF NOT EXISTS error_born (
     PRIMARY KEY (cmp_id, token_id)
 );
 
--- the root-cause advisor's ranking per token (workbench/analysis/advisor.py): every compared golden
+-- the root-cause advisor's ranking per token (workbench/analysis/verdicts/advisor.py): every compared golden
 -- node, rank 1 = the op that adds the most error beyond its inputs and its peers' noise
 CREATE TABLE IF NOT EXISTS advice (
     cmp_id         INTEGER NOT NULL,
@@ -244,7 +244,7 @@ CREATE TABLE IF NOT EXISTS logits (
     PRIMARY KEY (cmp_id, token_id)
 );
 
--- mapping-file entries a comparison did not use (compare/fingerprint.py, docs/mapping.md): explicit pairs that
+-- mapping-file entries a comparison did not use (compare/pairing/fingerprint.py, docs/mapping.md): explicit pairs that
 -- no longer fit the dumps the mapping's fingerprint was taken on, and rules that match nothing
 CREATE TABLE IF NOT EXISTS mapping_stale (
     cmp_id        INTEGER NOT NULL,

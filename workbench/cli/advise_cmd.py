@@ -40,9 +40,9 @@ def advise(
 
         print_fallback(catalog, guarded(pick), fallback)
         return
-    from workbench.analysis.advisor import NAN_INF_SCORE, ORDER_RULE, SIGNIFICANT, above_higher, inputs_differ
-    from workbench.analysis.advisor import advise as run_advise
-    from workbench.analysis.fallback import quantized_linears
+    from workbench.analysis.verdicts.advisor import NAN_INF_SCORE, ORDER_RULE, SIGNIFICANT, above_higher, inputs_differ
+    from workbench.analysis.verdicts.advisor import advise as run_advise
+    from workbench.analysis.verdicts.fallback import quantized_linears
     from workbench.catalog import first_row
 
     def go() -> None:
@@ -109,8 +109,8 @@ def _table(
 def print_fallback(catalog: Path, cmp_id: int, k: int) -> None:
     """Print the fallback list of a quantized comparison; on `wb demo --stack quant`'s runs, measure its gain
     (the demo re-run with those linears in float: logits KL and top-1 agreement against fp32, before and after)."""
-    from workbench.analysis.fallback import demo_recipe
-    from workbench.analysis.fallback import fallback as rank_fallback
+    from workbench.analysis.verdicts.fallback import demo_recipe
+    from workbench.analysis.verdicts.fallback import fallback as rank_fallback
     from workbench.catalog.store import open_catalog
 
     def ranked() -> tuple[list[Any], tuple[str, str | None] | None]:

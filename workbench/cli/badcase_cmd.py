@@ -50,7 +50,7 @@ def run_badcase(golden: Path, test: Path, out: Path | None, run: list[str] | Non
     The golden file is streamed against the test file's cases; the CSV is written as the cases come (to a
     temporary file renamed at the end, so a malformed line leaves no half report) and the table shows the
     first `SHOWN`."""
-    from workbench.analysis.badcase import BadCase, CaseCounts, find_bad_cases, next_dump, run_command
+    from workbench.analysis.verdicts.badcase import BadCase, CaseCounts, find_bad_cases, next_dump, run_command
     from workbench.core.owned import check_replaceable
 
     if out is not None:

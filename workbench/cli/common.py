@@ -135,7 +135,7 @@ def guarded(fn: Callable[[], T]) -> T:
     import duckdb
 
     from workbench.catalog import CatalogError, storage_message
-    from workbench.compare.mapping import MappingError
+    from workbench.compare.pairing.mapping import MappingError
     from workbench.formats.model import DumpError
 
     try:

@@ -11,7 +11,7 @@ from workbench.cli.common import ProgressPrinter, app, fail, guarded, say
 from workbench.core.files import CATALOG_NAME, DEFAULT_OUTPUT
 
 if TYPE_CHECKING:
-    from workbench.compare.summary import CompareResult
+    from workbench.analysis.reporting.summary import CompareResult
     from workbench.jobs.compare_dumps import CompareRequest
 
 

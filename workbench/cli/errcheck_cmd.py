@@ -10,7 +10,7 @@ import typer
 from workbench.cli.common import ProgressPrinter, app, check_format, guarded, render, say_lines
 
 if TYPE_CHECKING:
-    from workbench.analysis.errcheck import ErrcheckResult
+    from workbench.analysis.checks.errcheck import ErrcheckResult
 
 EXIT_ANOMALY = 1  # exit status when an anomaly is found (0: none, 2: bad input)
 _COLUMNS = ("kind", "token", "op", "op_type", "tensor", "count", "inputs", "ops", "module_chain")
@@ -22,7 +22,7 @@ def errcheck(
     fmt: Annotated[str, typer.Option("--format", "-f", help="table, csv or json.")] = "table",
 ) -> None:
     """Name the first op producing NaN, +Inf/-Inf, fp16 overflow or saturation; exit 0 clean, 1 found, 2 bad input."""
-    from workbench.analysis.errcheck import check_dump
+    from workbench.analysis.checks.errcheck import check_dump
     from workbench.formats import open_dump
 
     def go() -> int:

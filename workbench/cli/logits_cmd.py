@@ -13,8 +13,8 @@ from workbench.cli.common import app, check_format, fail, guarded, say, say_line
 from workbench.core.text import csv_safe_columns
 
 if TYPE_CHECKING:
-    from workbench.analysis.logits import LogitsRow
-    from workbench.analysis.token_inputs import TokenInputs
+    from workbench.analysis.verdicts.logits import LogitsRow
+    from workbench.analysis.verdicts.token_inputs import TokenInputs
 
 CSV_NAME = "logits.csv"
 # (header, LogitsRow attribute, format) of the table view
@@ -61,7 +61,7 @@ def _records(rows: list[LogitsRow], notes: dict[int, str]) -> list[dict[str, Any
 
 
 def verdict_line(rows: list[LogitsRow]) -> str:
-    from workbench.analysis.logits import describe, first_failing, from_model_output
+    from workbench.analysis.verdicts.logits import describe, first_failing, from_model_output
 
     first = first_failing(rows)
     stand_in = from_model_output(rows)
@@ -74,8 +74,8 @@ def verdict_line(rows: list[LogitsRow]) -> str:
 
 def _with_catalog(golden: Any, test: Any, th: Any, out: Path) -> tuple[list[LogitsRow], list[TokenInputs]]:
     """Store the rows (and the tokens' input status) in OUT/catalog.duckdb, in the comparison of these dumps."""
-    from workbench.analysis.logits import ensure_comparison, rows_from_catalog, store_logits
-    from workbench.analysis.token_inputs import compared_tokens, store_token_status, token_inputs
+    from workbench.analysis.verdicts.logits import ensure_comparison, rows_from_catalog, store_logits
+    from workbench.analysis.verdicts.token_inputs import compared_tokens, store_token_status, token_inputs
     from workbench.catalog import CATALOG_NAME
     from workbench.catalog.store import ingest_dump, open_catalog
 
@@ -98,14 +98,14 @@ def run_logits(
     golden: Path, test: Path, out: Path | None, fmt: str, thresholds: Path | None, tokens: str | None
 ) -> list[LogitsRow]:
     """Compare the logits of two dumps and print them (`fmt`); with `out`, also a CSV and the catalog."""
-    from workbench.analysis.logits import rows_from_dumps
-    from workbench.compare.thresholds import Thresholds
+    from workbench.analysis.verdicts.logits import rows_from_dumps
+    from workbench.compare.judging.thresholds import Thresholds
     from workbench.core.tokens import parse_tokens
     from workbench.formats import open_dump
 
     check_format(fmt)
     if out is not None:
-        from workbench.analysis.logits import COLUMNS
+        from workbench.analysis.verdicts.logits import COLUMNS
         from workbench.core.owned import check_replaceable
 
         check_replaceable(out / CSV_NAME, ",".join((*COLUMNS, "inputs")), "logits")

@@ -76,7 +76,7 @@ def open_cmd(
 
 def check_catalog(path: Path, cmp_id: int | None) -> None:
     """Refuse, in one line and before the app starts, a file that is not a wb catalog or a missing comparison."""
-    from workbench.analysis.explore import ExploreError, Explorer
+    from workbench.analysis.explorer.explore import ExploreError, Explorer
 
     try:
         Explorer(path, cmp_id).close()

@@ -11,7 +11,7 @@ import typer
 from workbench.cli.common import app, guarded, open_comparison, say
 
 if TYPE_CHECKING:
-    from workbench.analysis.precheck_result import PrecheckResult
+    from workbench.analysis.checks.precheck_result import PrecheckResult
 
 
 @app.command()
@@ -46,7 +46,7 @@ def precheck(
     """
 
     def go() -> int:
-        from workbench.analysis.precheck_result import CANNOT_RUN, DISAGREE, NO_REFERENCE, OK, tally
+        from workbench.analysis.checks.precheck_result import CANNOT_RUN, DISAGREE, NO_REFERENCE, OK, tally
 
         results = _results()
         for r in results:
@@ -77,7 +77,7 @@ def precheck(
         return counts.exit_code
 
     def _results() -> list[PrecheckResult]:
-        from workbench.analysis import precheck_torch as pt
+        from workbench.analysis.checks import precheck_torch as pt
 
         try:
             if catalog is not None:
@@ -90,8 +90,8 @@ def precheck(
 
             tokens_below = token_folders(path)
             if tokens_below or _is_atb(path):
-                from workbench.analysis.precheck import precheck_group
-                from workbench.compare.thresholds import Thresholds
+                from workbench.analysis.checks.precheck import precheck_group
+                from workbench.compare.judging.thresholds import Thresholds
 
                 th = Thresholds.load(thresholds)
                 found: list[PrecheckResult] = []
@@ -112,7 +112,7 @@ def precheck(
             raise ValueError(str(exc)) from None
 
     def _catalog_results(cat: Path) -> list[PrecheckResult]:
-        from workbench.analysis.precheck_torch import precheck_catalog
+        from workbench.analysis.checks.precheck_torch import precheck_catalog
 
         if node is None:
             raise ValueError("--catalog needs --node (a golden node name)")

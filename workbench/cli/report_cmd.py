@@ -20,8 +20,8 @@ def report(
     cmp_id: Annotated[int | None, typer.Option("--cmp", help="Comparison id (default: newest).")] = None,
 ) -> None:
     """Write one self-contained HTML file (verdict, heatmap, logits, advisor, precheck, commands) to share."""
-    from workbench.analysis.html_report import write_report
-    from workbench.analysis.views import ExploreError
+    from workbench.analysis.explorer.views import ExploreError
+    from workbench.analysis.reporting.html_report import write_report
 
     def go() -> None:
         if not catalog.is_file():

@@ -1,6 +1,6 @@
 """Catalog writes of a comparison: its id, its node pairs and tensor pairs, and the run frames they are built from.
 
-Nothing here reads a tensor; `compare.executor` fills in the metrics of the pairs stored here.
+Nothing here reads a tensor; `compare.execution.executor` fills in the metrics of the pairs stored here.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import duckdb
 import pandas as pd
 
 from workbench.catalog import first_row
-from workbench.compare.mapping import MappingFile, PairSpec
-from workbench.compare.matching import NodeMatch, RunFrames, pair_tensors
-from workbench.compare.thresholds import Thresholds
+from workbench.compare.judging.thresholds import Thresholds
+from workbench.compare.pairing.mapping import MappingFile, PairSpec
+from workbench.compare.pairing.matching import NodeMatch, RunFrames, pair_tensors
 from workbench.formats.quant_links import QuantLink, quant_links
 
 # columns with few distinct values (shape as text: `[4, 8]`), loaded as categoricals: a Python object per row
@@ -32,10 +32,10 @@ WITH t AS (SELECT tensor_id, token_id, node_id, io, idx, dtype, shape::VARCHAR A
 
 
 def load_frames(con: duckdb.DuckDBPyConnection, run_id: int) -> RunFrames:
-    """The nodes and tensors of one run, as `compare.matching` takes them.
+    """The nodes and tensors of one run, as `compare.pairing.matching` takes them.
 
-    Only what matching and planning read: no paths (`compare.executor` reads them from the catalog as it plans),
-    and `io`, `dtype` and `shape` (as text) as categoricals."""
+    Only what matching and planning read: no paths (`compare.execution.executor` reads them from the catalog as it
+    plans), and `io`, `dtype` and `shape` (as text) as categoricals."""
     kind_row = first_row(con.execute("SELECT kind, meta FROM runs WHERE run_id = ?", [run_id]))
     assert kind_row is not None
     nodes = con.execute(

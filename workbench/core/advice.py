@@ -1,42 +1,8 @@
-"""Facts the root-cause advisor (`analysis/advisor.py`) and the compare summary share."""
+"""The score from which an op stands out of its peers' noise: the catalog's views, the verdicts and the summary share it
+(the advisor's rules are in `analysis/verdicts/causes.py`)."""
 
 from __future__ import annotations
 
 # A score (error an op adds / what its peers add) from which an op clearly stands out of the noise:
 # `wb compare` names it as the most likely origin only from here on.
 STANDS_OUT = 3.0
-
-# Unit roundoff of a test dtype: the relative error one rounding of an output adds.
-ROUNDING: dict[str, float] = {
-    "bfloat16": 2.0**-8,
-    "float16": 2.0**-11,
-    "float32": 2.0**-24,
-    "float64": 2.0**-53,
-    "float8_e4m3fn": 2.0**-4,
-    "float8_e5m2": 2.0**-3,
-    "int8": 2.0**-8,
-}
-
-
-CAUSE_LEAD = "likely cause: "  # how a known cause starts, wherever a reason carries it
-
-
-def known_cause(op_type: str, dtype: str | None) -> str | None:
-    """A cause that explains an op standing out by itself, known from its kind and the test dtype (None: none).
-
-    A rotary embedding module computes cos/sin from its `inv_freq` buffer and the positions: with `inv_freq` in
-    float32 its output only carries one rounding to the test dtype, but `model.to(bfloat16)` rounds the buffer
-    too, and position x rounded frequency drifts further as positions grow (a tiny Llama at 400 positions:
-    1.7e-2 against 1.2e-3 in bfloat16)."""
-    if "rotary" in op_type.lower() and dtype in ("bfloat16", "float16"):
-        return (
-            f"{CAUSE_LEAD}the rotary embedding's inv_freq held in {dtype} (model.to({dtype}) rounds that buffer; "
-            "the error grows with the position): keep inv_freq in float32"
-        )
-    return None
-
-
-def cause_in(reason: str) -> str | None:
-    """The known cause an advisor reason ends with (see `known_cause`), if any."""
-    at = reason.find("; " + CAUSE_LEAD)
-    return reason[at + 2 :] if at >= 0 else None

@@ -20,19 +20,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from workbench.compare.pool import PoolStarter, default_workers, worth_a_pool
+from workbench.compare.execution.pool import PoolStarter, default_workers, worth_a_pool
 from workbench.core.progress import CompareCancelled, Progress, ProgressFn
 from workbench.core.tokens import TokenRanges, token_text
 
 if TYPE_CHECKING:
     import duckdb
 
-    from workbench.compare.early import EarlyPairs
-    from workbench.compare.executor import Cluster
-    from workbench.compare.mapping import MappingFile, PairSpec
-    from workbench.compare.matching import AutoMatcher
-    from workbench.compare.summary import CompareResult
-    from workbench.compare.thresholds import Thresholds
+    from workbench.analysis.reporting.summary import CompareResult
+    from workbench.compare.execution.early import EarlyPairs
+    from workbench.compare.execution.executor import Cluster
+    from workbench.compare.judging.thresholds import Thresholds
+    from workbench.compare.pairing.mapping import MappingFile, PairSpec
+    from workbench.compare.pairing.matching import AutoMatcher
     from workbench.formats.model import Dump
 
 __all__ = ["CompareCancelled", "Progress", "ProgressFn", "add_node_pairs", "run_compare"]
@@ -58,7 +58,7 @@ def run_compare(
 ) -> CompareResult:
     """Read (unless given read), ingest, match and compare two dumps into `catalog`; see the module docstring.
 
-    `pool` (from `workbench.compare.pool.new_pool` or a `PoolStarter`) is used and left running; without
+    `pool` (from `workbench.compare.execution.pool.new_pool` or a `PoolStarter`) is used and left running; without
     one, a pool is started here when `worth_a_pool` says so (the one rule) and shut down at the end: the
     executor never starts one. With a pool,
     same-kind dumps get their same-place pairs computed while the catalog is prepared (`early`, made here
@@ -66,7 +66,7 @@ def run_compare(
     far out of the garbage collector's sight once the heavy modules are in: ~0.1 s less of GC per run.
     `tokens` may be `TokenRanges` (`--tokens`), bound to the tokens the dumps hold once they are read.
     `follow_symlinks` reads files whose links leave a dump (refused by default).
-    `cluster` (`workbench.compare.ray_exec.RayCluster`, connected by the caller) computes the pairs instead of
+    `cluster` (`workbench.compare.execution.ray_exec.RayCluster`, connected by the caller) computes the pairs instead of
     the local pool, on the nodes that hold the files (docs/scaling.md).
     Raises `CompareCancelled` when `cancel` is set; what was committed is kept.
     """
@@ -75,8 +75,8 @@ def run_compare(
     if cluster is None and pool is None and worth_a_pool(_root(golden), _root(test), n_workers):
         own = pool = PoolStarter(n_workers)  # first: its workers boot while everything else happens
     try:
-        from workbench.compare.mapping import MappingFile
-        from workbench.compare.thresholds import Thresholds
+        from workbench.compare.judging.thresholds import Thresholds
+        from workbench.compare.pairing.mapping import MappingFile
 
         th = thresholds if isinstance(thresholds, Thresholds) else Thresholds.load(thresholds)
         mf = mapping if isinstance(mapping, MappingFile) or mapping is None else MappingFile.load(mapping)
@@ -139,7 +139,7 @@ def _read_ingest_compare(
     elif tokens is not None:
         check_tokens(set(tokens), g_dump.tokens, t_dump.tokens)
     if early is None and job.pool is not None and g_dump.kind == t_dump.kind:
-        from workbench.compare.early import EarlyPairs
+        from workbench.compare.execution.early import EarlyPairs
 
         early = EarlyPairs(g_dump, t_dump, job.pool, tokens)
     try:
@@ -174,8 +174,10 @@ def _read_ingest_compare(
 
 def _import_heavy() -> None:
     """pandas, DuckDB and the compare modules (~0.35 s): loaded while workers are busy."""
+    from workbench.analysis.reporting import summary  # noqa: F401
     from workbench.catalog import store  # noqa: F401
-    from workbench.compare import executor, pair_store, summary  # noqa: F401
+    from workbench.compare import pair_store  # noqa: F401
+    from workbench.compare.execution import executor  # noqa: F401
 
 
 def _read_in_worker(
@@ -184,7 +186,7 @@ def _read_in_worker(
     """The test dump read by a pool worker (None without a pool: it is read here)."""
     if pool is None:
         return None
-    from workbench.compare.worker import read_dump
+    from workbench.compare.execution.worker import read_dump
 
     try:
         return pool.submit(read_dump, str(test), follow_symlinks)
@@ -196,7 +198,7 @@ def _test_dump(remote: Future[Dump] | None, test: str | Path, follow_symlinks: b
     """The worker's reading of the test dump, or this process's own when the pool could not take it."""
     from concurrent.futures.process import BrokenProcessPool
 
-    from workbench.compare.pool import PoolUnavailable
+    from workbench.compare.execution.pool import PoolUnavailable
     from workbench.formats import open_dump
 
     if remote is not None:
@@ -211,7 +213,7 @@ def _auto_matcher(auto: bool) -> AutoMatcher | None:
     if not auto:
         return None
     try:
-        from workbench.compare.automap import auto_match
+        from workbench.compare.pairing.automap import auto_match
     except ImportError:
         return None
     return auto_match
@@ -226,12 +228,12 @@ def _compare_runs(
     problems: list[str],
     early: EarlyPairs | None,
 ) -> CompareResult:
-    from workbench.analysis.born import refresh_verdicts
-    from workbench.compare.executor import compute_pending
-    from workbench.compare.judge import rejudge
-    from workbench.compare.matching import match_nodes, pair_tensors
+    from workbench.analysis.reporting.summary import summarize_comparison
+    from workbench.analysis.verdicts.born import refresh_verdicts
+    from workbench.compare.execution.executor import compute_pending
+    from workbench.compare.judging.judge import rejudge
     from workbench.compare.pair_store import comparison_for_runs, load_frames, store_node_matches, store_tensor_pairs
-    from workbench.compare.summary import summarize_comparison
+    from workbench.compare.pairing.matching import match_nodes, pair_tensors
 
     mapping = job.mapping
 
@@ -242,7 +244,7 @@ def _compare_runs(
         job.progress(Progress("match", 0, 1))
     check = None
     if mapping is not None and (mapping.pairs or mapping.rules):
-        from workbench.compare.fingerprint import check_mapping, store_check
+        from workbench.compare.pairing.fingerprint import check_mapping, store_check
 
         check = check_mapping(mapping, con, golden_run, test_run)  # stale pairs are reported, never used
         store_check(con, cmp_id, check, mapping.source)
@@ -293,9 +295,9 @@ def add_node_pairs(
 
     Returns the number of tensor pairs added. Used by the app's mapping editor.
     """
-    from workbench.analysis.born import refresh_verdicts
+    from workbench.analysis.verdicts.born import refresh_verdicts
     from workbench.catalog.store import open_catalog
-    from workbench.compare.executor import compute_pending
+    from workbench.compare.execution.executor import compute_pending
     from workbench.compare.pair_store import comparison_runs, edit_node_pairs
 
     con = open_catalog(catalog)

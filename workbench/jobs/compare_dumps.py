@@ -27,9 +27,9 @@ from workbench.core.progress import ProgressFn
 if TYPE_CHECKING:
     import duckdb
 
-    from workbench.analysis.allreduce import AllReduceResult
-    from workbench.compare.executor import Cluster
-    from workbench.compare.summary import CompareResult
+    from workbench.analysis.checks.allreduce import AllReduceResult
+    from workbench.analysis.reporting.summary import CompareResult
+    from workbench.compare.execution.executor import Cluster
     from workbench.core.tokens import TokenRanges
     from workbench.formats.detect import RankDump
     from workbench.formats.model import Dump
@@ -93,14 +93,14 @@ def compare_dumps(
     keeping what was committed."""
     say: Emit = emit or (lambda _line: None)
     if request.ray is not None:
-        from workbench.compare.ray_exec import import_ray
+        from workbench.compare.execution.ray_exec import import_ray
 
         import_ray()  # before anything is read or written: `ray is not installed: ...`
     if request.report_dir is not None:
         check_output_dir(request.report_dir, request.catalog)
     if request.ray is None:
         return _compare_ranks(request, None, progress, say, cancel)
-    from workbench.compare.ray_exec import RayCluster
+    from workbench.compare.execution.ray_exec import RayCluster
 
     cluster = RayCluster.connect(request.ray, request.workers)
     try:
@@ -280,7 +280,7 @@ def _allreduce_check(
     side: str, ranks: list[RankDump], run_ids: list[tuple[int, int]], catalog: Path, say: Emit
 ) -> list[AllReduceResult]:
     """All-reduce check of one side's ranks: stored in `allreduce_checks`, failures said; the results."""
-    from workbench.analysis.allreduce import check_allreduce, describe
+    from workbench.analysis.checks.allreduce import check_allreduce, describe
     from workbench.catalog.store import insert_rows, open_catalog
 
     results = check_allreduce([r.open() for r in ranks])
@@ -350,9 +350,9 @@ def _compare_one(
             cancel=cancel,
         ),
     )
-    from workbench.analysis.token_inputs import token_lines
+    from workbench.analysis.reporting.report import format_summary, write_msit_csv, write_msit_stats_csv
+    from workbench.analysis.verdicts.token_inputs import token_lines
     from workbench.catalog.store import open_catalog
-    from workbench.compare.report import format_summary, write_msit_csv, write_msit_stats_csv
 
     con = catalog_guard(catalog, lambda: open_catalog(catalog))
     try:

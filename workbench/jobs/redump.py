@@ -335,11 +335,11 @@ def _new_dump(plan: RedumpPlan) -> Path:
 
 
 def _ingest(con: duckdb.DuckDBPyConnection, plan: RedumpPlan, dump_dir: Path, log: Path) -> RedumpResult:
-    from workbench.analysis.born import refresh_verdicts
+    from workbench.analysis.verdicts.born import refresh_verdicts
     from workbench.catalog.store import ingest_dump
-    from workbench.compare.executor import compute_pending
+    from workbench.compare.execution.executor import compute_pending
+    from workbench.compare.judging.thresholds import Thresholds
     from workbench.compare.pair_store import load_frames
-    from workbench.compare.thresholds import Thresholds
     from workbench.formats.detect import open_dump
 
     dump = open_dump(dump_dir)

@@ -1,0 +1,1 @@
+"""Tests of the Textual app: Pilot, snapshots, the tmux end-to-end run."""

@@ -1,0 +1,136 @@
+"""What a new user hit the second time in the app (issue 26 items 1-3, 7), through the real app via Pilot."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from textual.widgets import Static
+
+from tests.app.test_app_pilot import ready, wait_for
+from tests.fixtures.app_catalogs import DEFECT_ID, SIZE
+from workbench.app.launch import make_app
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _plain(widget: Static) -> str:
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(widget.content)
+    return console.export_text()
+
+
+def _html(widget: Static) -> str:
+    """The widget's content with its colours (inline styles), as drawn."""
+    console = Console(width=200, record=True, file=io.StringIO(), color_system="truecolor")
+    console.print(widget.content)
+    return console.export_html(inline_styles=True).lower()
+
+
+async def test_theme_change_redraws_the_detail_pane(small_catalog: Path) -> None:
+    app = make_app(catalog=small_catalog, theme="dark")
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot, app)
+        await pilot.press("b")  # where the error is born: the detail pane says so in the theme's `born` colour
+        await wait_for(pilot, lambda: screen.selected == DEFECT_ID, timeout=30)
+        detail = screen.query_one("#detail", Static)
+        await wait_for(pilot, lambda: "error born" in _html(detail), timeout=30)
+        dark_born = app.get_css_variables()["born"].lower()
+        assert dark_born in _html(detail)
+        app.theme = "wb-light"
+        await pilot.pause()
+        light_born = app.get_css_variables()["born"].lower()
+        assert light_born != dark_born
+        # no selection change: the pane is drawn again in the new theme's colours
+        await wait_for(pilot, lambda: light_born in _html(detail), timeout=10)
+        assert dark_born not in _html(detail)
+
+
+def _screen_text(app: object) -> str:
+    svg = app.export_screenshot()  # type: ignore[attr-defined]
+    return svg.replace("&#160;", " ").replace("\u00a0", " ")
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 50)])
+async def test_precheck_result_is_seen_at_once(demo_catalog: Path, size: tuple[int, int]) -> None:
+    from textual.containers import VerticalScroll
+
+    from workbench.app.opcause import PrecheckPanel
+    from workbench.app.trees import TopologyTree
+
+    app = make_app(catalog=demo_catalog)
+    async with app.run_test(size=size) as pilot:
+        screen = await ready(pilot, app)
+        await pilot.press("b")
+        await wait_for(pilot, lambda: screen.selected is not None and screen.selected == screen.born_id, timeout=30)
+        await wait_for(pilot, lambda: "error born" in _plain(screen.query_one("#detail", Static)), timeout=30)
+        await pilot.press("p")
+        panel = screen.query_one(PrecheckPanel)
+        await wait_for(pilot, lambda: "precheck disagree" in _plain(panel), timeout=120)
+        await pilot.pause(0.3)
+        # the panel is scrolled into the detail pane's view
+        pane = screen.query_one("#detail-pane", VerticalScroll)
+        assert panel.region.overlaps(pane.content_region), (panel.region, pane.content_region)
+        # each judged output says whether it is within tolerance (no bare `-` for an ATB op's metrics)
+        text = _plain(panel)
+        assert "no: " in text or "yes" in text or "%" in text
+        # the verdict is said where it is seen at once, and the trees show the badge without a cursor move
+        assert any("precheck FAILS" in n.message for n in app._notifications)
+        golden = screen.query_one("#golden-tree", TopologyTree)
+        assert golden.badges and golden.token == screen.token
+        if size[0] >= 200:  # at 80 columns the trees are too narrow for a badge after the op's name
+            assert "precheck fails" in _screen_text(app)
+
+
+async def test_a_wide_terminal_gives_the_heatmap_pane_its_width(demo_catalog: Path) -> None:
+    from workbench.app.logits_strip import LogitsStrip
+    from workbench.app.main_screen import WIDE_HEAT_SHARE
+
+    app = make_app(catalog=demo_catalog)
+    async with app.run_test(size=(200, 50)) as pilot:
+        screen = await ready(pilot, app)
+        pane = screen.query_one("#heat-pane")
+        await wait_for(pilot, lambda: pane.size.width >= int(200 * WIDE_HEAT_SHARE) - 2, timeout=30)
+        strip = screen.query_one(LogitsStrip)
+        await wait_for(pilot, lambda: "top-1" in str(strip.render()), timeout=30)
+        line = str(strip.render())
+        assert "KL" in line and "cosine" in line, line
+        title = str(pane.border_title or "")
+        assert "…" not in title, title
+
+
+async def test_trees_show_the_shapes_of_the_token_shown(demo_catalog: Path) -> None:
+
+    from workbench.analysis.explorer.explore import Explorer
+    from workbench.app.trees import TopologyTree
+
+    ex = Explorer(demo_catalog)
+    try:
+        born = ex.born(0)[0]
+        assert born is not None
+        first, second = ex.shapes_at("golden", 0)[born], ex.shapes_at("golden", 1)[born]
+    finally:
+        ex.close()
+    assert first != second  # the prompt's 24 positions, then one
+    app = make_app(catalog=demo_catalog)
+    async with app.run_test(size=(200, 50)) as pilot:
+        screen = await ready(pilot, app)
+        await pilot.press("b")
+        await wait_for(pilot, lambda: screen.selected == born, timeout=30)
+        golden = screen.query_one("#golden-tree", TopologyTree)
+
+        def label() -> str:
+            node = golden.tree_nodes[born]
+            return golden.render_label(node, golden.rich_style, golden.rich_style).plain
+
+        await wait_for(pilot, lambda: first in label(), timeout=30)
+        await pilot.press("right_square_bracket")
+        await wait_for(pilot, lambda: screen.token == 1 and second in label(), timeout=30)
+        assert first not in label()

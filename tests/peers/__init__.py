@@ -1,0 +1,1 @@
+"""Compatibility with the peers' own dumpers and formats (msit, msprobe)."""

@@ -1,0 +1,1 @@
+"""Tests of one module or job, called in process."""

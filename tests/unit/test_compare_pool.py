@@ -1,0 +1,189 @@
+"""The pool path of compare (real worker processes), the pairs computed early, and the torch-free worker."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+import torch
+
+import workbench.compare.execution.executor as executor
+import workbench.jobs.compare as pipeline
+from tests.conftest import TinyDumps
+from tests.fixtures.peers import PeerDumps
+from workbench.catalog.schema import ALL_METRICS
+from workbench.compare.execution.early import EarlyPairs
+from workbench.compare.execution.pool import WORKER_NICE, new_pool
+from workbench.compare.execution.tasks import PairTask
+from workbench.compare.execution.worker import apply_transform, run_batch, run_pair, same_bytes
+from workbench.formats import open_dump
+from workbench.formats.arrays import RawTensor, as_raw
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _metrics(catalog: Path) -> dict[tuple[str, int, str, int], tuple[object, ...]]:
+    """Every pair's metrics and verdict, keyed by what it compares (ids differ between catalogs)."""
+    con = duckdb.connect(str(catalog), read_only=True)
+    rows = con.execute(
+        f"SELECT golden_node, token_id, io, golden_index, {', '.join(ALL_METRICS)}, passed, "
+        "golden_std, my_std FROM comparison"
+    ).fetchall()
+    con.close()
+    return {tuple(r[:4]): tuple(r[4:]) for r in rows}
+
+
+def test_pool_and_early_pairs_give_the_in_process_numbers(
+    tiny_dumps: TinyDumps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    in_process = pipeline.run_compare(tiny_dumps.golden, tiny_dumps.bf16, tmp_path / "a.duckdb", workers=1)
+    monkeypatch.setattr(executor, "IN_PROCESS_BYTES", 0)  # tiny dumps: force the pool
+    pool = new_pool(2)
+    try:
+        g, t = open_dump(tiny_dumps.golden), open_dump(tiny_dumps.bf16)
+        early = EarlyPairs(g, t, pool)
+        pooled = pipeline.run_compare(g, t, tmp_path / "b.duckdb", workers=2, pool=pool, early=early)
+        assert early.taken > 0 and all(f.done() for f in early.futures)
+        # a token selection leaves most early pairs unclaimed: they are dropped, the rest is right
+        early_all = EarlyPairs(g, t, pool)
+        one_token = pipeline.run_compare(g, t, tmp_path / "c.duckdb", workers=2, pool=pool, early=early_all, tokens={1})
+        assert 0 < early_all.taken < len(early_all.keys)
+        # a re-run into the same catalog has nothing left to compute: the early batches are all dropped
+        again = EarlyPairs(g, t, pool)
+        rerun = pipeline.run_compare(g, t, tmp_path / "b.duckdb", workers=2, pool=pool, early=again)
+        assert rerun.computed == 0 and again.taken == 0
+        # a pool that is gone: nothing is submitted early, every pair is computed the usual way
+        gone = new_pool(2)
+        gone.shutdown()
+        lost = EarlyPairs(g, t, gone)
+        late = pipeline.run_compare(g, t, tmp_path / "d.duckdb", workers=2, pool=pool, early=lost)
+        assert lost.taken == 0 and not lost.futures and late.pairs == in_process.pairs
+    finally:
+        pool.shutdown()
+    assert (pooled.pairs, pooled.failed) == (in_process.pairs, in_process.failed)
+    ref = _metrics(tmp_path / "a.duckdb")
+    assert _metrics(tmp_path / "b.duckdb") == ref
+    sub = _metrics(tmp_path / "c.duckdb")
+    assert sub and all(k[1] == 1 for k in sub) and sub == {k: v for k, v in ref.items() if k[1] == 1}
+    assert one_token.pairs == len(sub)
+    assert _metrics(tmp_path / "d.duckdb") == ref
+
+
+def test_msit_made_twins_are_computed_once_with_the_same_numbers(
+    peer_dumps: PeerDumps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """msit saves a tensor once per module that sees it (a layer's output is the next layer's input): such pairs
+    go to a worker as twins of one pair, checked byte for byte, and the catalog holds the same numbers as when
+    every pair is computed on its own."""
+    msit = peer_dumps.need_msit()
+    g, t = open_dump(msit["golden"]), open_dump(msit["planted"])
+    one_by_one = pipeline.run_compare(g, t, tmp_path / "a.duckdb", workers=1)
+    monkeypatch.setattr(executor, "IN_PROCESS_BYTES", 0)  # tiny dumps: force the pool
+    pool = new_pool(2)
+    try:
+        assert set(pool.map(_own_nice, range(4))) == {min(19, _own_nice() + WORKER_NICE)}  # workers yield the CPU
+        early = EarlyPairs(g, t, pool)
+        pooled = pipeline.run_compare(g, t, tmp_path / "b.duckdb", workers=2, pool=pool, early=early)
+    finally:
+        pool.shutdown()
+    assert early.twins > 0, "a layer's output and the next layer's input should be twins"
+    assert early.taken == pooled.pairs == one_by_one.pairs
+    assert _metrics(tmp_path / "b.duckdb") == _metrics(tmp_path / "a.duckdb")
+
+
+def _own_nice(_: int = 0) -> int:
+    import os
+
+    return os.nice(0)
+
+
+def test_twins_whose_bytes_differ_are_computed_on_their_own(tmp_path: Path) -> None:
+    """Equal digests are a hint, never trusted: a twin whose bytes differ gets its own numbers."""
+    x = torch.randn(64, 33, generator=torch.Generator().manual_seed(0))
+    files = {}
+    for name, tensor in {"g": x, "t": x.bfloat16(), "g2": x.clone(), "t2": (x * 1.01).bfloat16()}.items():
+        files[name] = str(tmp_path / f"{name}.pth")
+        torch.save(tensor, files[name])
+    torch.save(x.clone(), str(tmp_path / "g3.pth"))
+    task = PairTask(
+        0,
+        files["g"],
+        files["t"],
+        "bfloat16",
+        -1,
+        -1,
+        twins=((1, files["g2"], files["t2"]), (2, str(tmp_path / "g3.pth"), files["t"])),
+    )
+    first, differs, same = run_batch([task])
+    assert [r["pair_id"] for r in (first, differs, same)] == [0, 1, 2]
+    alone = run_pair(PairTask(1, files["g2"], files["t2"], "bfloat16", -1, -1))
+    assert differs["values"] == alone["values"] != first["values"]
+    assert same["values"] == first["values"] and same["test"] == first["test"]
+    raw = as_raw(x)
+    assert same_bytes(raw, as_raw(x.clone())) and not same_bytes(raw, as_raw(x.reshape(33, 64)))
+    nan = x.clone()
+    nan[0, 0] = float("nan")
+    assert same_bytes(as_raw(nan), as_raw(nan.clone()))  # bit-identical, NaN included
+
+
+def test_worker_never_imports_torch(tiny_dumps: TinyDumps) -> None:
+    pth = next(tiny_dumps.golden.rglob("output.pth"))
+    code = (
+        "import sys\n"
+        "from workbench.compare.execution.worker import run_pair\n"
+        "from workbench.compare.execution.tasks import PairTask\n"
+        f"r = run_pair(PairTask(0, {str(pth)!r}, {str(pth)!r}, 'float32', 0, 0))\n"
+        "assert r['values']['cosine_similarity'] == 1.0, r\n"
+        "assert 'torch' not in sys.modules\nprint('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layout_transforms_follow_torch(dtype: torch.dtype) -> None:
+    x = torch.arange(2 * 7 * 5, dtype=torch.float32).reshape(2, 7, 5).to(dtype)
+    raw = as_raw(x)
+
+    def same(got: RawTensor, want: torch.Tensor) -> None:
+        assert got.dtype == str(want.dtype).removeprefix("torch.")
+        np.testing.assert_array_equal(as_raw(want.contiguous()).array, np.ascontiguousarray(got.array))
+
+    for dim in (1, 2):
+        for n in (2, 3, 4):
+            for i, part in enumerate(torch.chunk(x, n, dim=dim)):
+                same(apply_transform(raw, raw, f"t.chunk:{dim}:{i}:{n}")[1], part)
+    same(apply_transform(raw, raw, "g.slice:-1:1:4")[0], x.narrow(-1, 1, 3))
+    same(apply_transform(raw, raw, "t.flat;t.slice:0:3:9")[1], x.reshape(-1)[3:9])
+    with pytest.raises(IndexError):
+        apply_transform(raw, raw, "t.chunk:2:3:4")  # torch.chunk of 5 into 4 makes only 3 chunks (2, 2, 1)
+    with pytest.raises(ValueError):
+        apply_transform(raw, raw, "t.slice:2:3:9")
+
+
+def test_early_results_are_not_held_when_the_pairs_are_computed_in_process(
+    tiny_dumps: TinyDumps, tmp_path: Path
+) -> None:
+    """Tiny tensors are computed in this process, not by the pool: the early batches the pool already
+    computed are dropped with their results (held, a dict per pair stayed in memory until the compare
+    ended: ~90 MB at 36,864 pairs), and the numbers are those of a plain run."""
+    from concurrent.futures import wait
+
+    pool = new_pool(2)
+    try:
+        g, t = open_dump(tiny_dumps.golden), open_dump(tiny_dumps.bf16)
+        early = EarlyPairs(g, t, pool)
+        early.wait_submitted()
+        wait(early.futures)
+        assert early.futures and all(f.result() for f in early.futures)  # computed: the results are held
+        res = pipeline.run_compare(g, t, tmp_path / "e.duckdb", workers=2, pool=pool, early=early)
+        assert early.taken == 0 and not early.futures and not early.keys
+    finally:
+        pool.shutdown()
+    plain = pipeline.run_compare(tiny_dumps.golden, tiny_dumps.bf16, tmp_path / "p.duckdb", workers=1)
+    assert (res.pairs, res.failed) == (plain.pairs, plain.failed)
+    assert _metrics(tmp_path / "e.duckdb") == _metrics(tmp_path / "p.duckdb")

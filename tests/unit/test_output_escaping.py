@@ -1,0 +1,75 @@
+"""Issue 21 item 5: text from a file reaches the terminal escaped, and no CSV wb writes holds a formula."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from pathlib import Path
+
+from tests.fixtures.hostile_cases import pair_pair, wb
+from workbench.core.text import csv_safe
+
+CONTROLS = ("\x1b", "\x07", "\r", "\x9b")
+EVIL_KEY = "\x1b]0;pwned\x07k1"
+FORMULAS = ['=HYPERLINK("http://evil.invalid","click")', "@SUM(1+1)", "+1+2", "-2+3", "\tTAB", "a;=cmd"]
+
+
+def _raw(text: str) -> bool:
+    return any(c in text for c in CONTROLS)
+
+
+def test_csv_safe_follows_msit() -> None:
+    for f in FORMULAS:
+        assert csv_safe(f) == "'" + f
+    for plain in ("-0.5", "+1e5", "-inf", "nan", "root.model.layers.0", "/abs/path.pth", "", "a-b"):
+        assert csv_safe(plain) == plain
+    assert csv_safe(-0.5) == -0.5 and csv_safe(None) is None and csv_safe(True) is True
+
+
+def test_badcase_escapes_the_terminal_and_neutralises_its_csv(tmp_path: Path) -> None:
+    golden, test = [], []
+    prompts = ["\x1b[2J\x1b[Hcleared", "line\rOVERWRITE", *FORMULAS]
+    for i, p in enumerate(prompts):
+        key = EVIL_KEY if i == 0 else ("-0.5" if i == 1 else f"k{i}")
+        golden.append({"id": key, "prompt": p, "output_ids": [1, 2, 3]})
+        test.append({"id": key, "prompt": p, "output_ids": [1, 9, 3]})
+    (tmp_path / "g.jsonl").write_text("".join(json.dumps(x) + "\n" for x in golden))
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(x) + "\n" for x in test))
+    out = tmp_path / "bad.csv"
+    run = f'{sys.executable} -c "import sys" {{prompt}} {{key}}'
+    r = wb("badcase", "-gp", tmp_path / "g.jsonl", "-mp", tmp_path / "t.jsonl", "-o", out, "--run", run)
+    assert r.returncode == 0, r.stderr
+    assert not _raw(r.stdout + r.stderr)
+    assert "\\x1b]0;pwned\\x07k1" in r.stdout  # shown escaped, in the table and the run: line
+    assert any(ln.startswith("run: ") and "\\x1b" in ln for ln in r.stdout.splitlines())
+    rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    by_prompt = {r["prompt"]: r for r in rows}
+    for f in FORMULAS:
+        assert "'" + f in by_prompt, f
+    assert {r["key"] for r in rows} >= {"-0.5", EVIL_KEY}  # a number stays a number; the CSV keeps the data
+    assert all(r["first_diff"] == "1" for r in rows), rows
+
+
+def test_query_advise_and_compare_outputs(tmp_path: Path) -> None:
+    g, t = pair_pair(tmp_path)
+    for dev in (g, t):  # an op type from the dump: a formula with an escape sequence in it
+        tree = json.loads((dev / "model_tree.json").read_text())
+        tree["children"][0]["type"] = '=HYPERLINK("x")\x1b[31m'
+        (dev / "model_tree.json").write_text(json.dumps(tree))
+    r = wb("compare", "-gp", g, "-mp", t, "-o", tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    assert not _raw(r.stdout + r.stderr)
+    (report,) = (tmp_path / "out").glob("*.csv")
+    types = {row["golden_op_type"] for row in csv.DictReader(io.StringIO(report.read_text()))}
+    assert '\'=HYPERLINK("x")\x1b[31m' in types and "Linear" in types
+    cat = tmp_path / "out" / "catalog.duckdb"
+    sql = "SELECT '=1+1' AS a, -0.5 AS b, '-0.5' AS c, 'x;=y' AS d, chr(27) || '[2J' AS e"
+    q = wb("query", sql, "-c", cat, "-f", "csv")
+    assert q.returncode == 0 and q.stdout.splitlines()[1] == "'=1+1,-0.5,-0.5,'x;=y,\\x1b[2J", q.stdout
+    q = wb("query", "SELECT DISTINCT golden_op_type FROM comparison", "-c", cat)
+    assert q.returncode == 0 and "\\x1b[31m" in q.stdout and not _raw(q.stdout)
+    for fmt in ("table", "csv"):
+        a = wb("advise", "-c", cat, "-f", fmt, "-k", "0")
+        assert a.returncode == 0 and not _raw(a.stdout), a.stderr

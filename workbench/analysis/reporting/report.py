@@ -1,0 +1,225 @@
+"""The outputs of a comparison: msit-compatible CSV and the summary printed on stdout."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+from typing import TextIO
+
+import duckdb
+import numpy as np
+import pandas as pd
+
+from workbench.analysis.reporting.summary import CompareResult
+from workbench.catalog.schema import MSIT_CSV_COLUMNS
+from workbench.core.text import csv_safe_columns
+from workbench.core.tokens import token_text
+
+CSV_SLICE = 16384  # report rows fetched and written at a time
+
+
+def write_msit_csv(
+    con: duckdb.DuckDBPyConnection, cmp_id: int, out_dir: Path, tokens: set[int] | None = None, suffix: str = ""
+) -> Path:
+    """msit's report columns by msit's names, rows in token then execution order; returns the file
+    (`suffix`, e.g. `_rank1`, keeps the reports of several ranks apart).
+
+    The row order is read first (pair ids only), then the rows a slice of tokens at a time: sorting the
+    full-width rows at once held every path and name of the comparison in DuckDB (~2 KB per pair)."""
+    path = _fresh_path(out_dir, f"msit_cmp_report{suffix}")
+    tok = "" if tokens is None else f" AND golden_token_id IN ({','.join(str(int(t)) for t in sorted(tokens))})"
+    order = con.execute(
+        f"SELECT pair_id, golden_token_id FROM comparison WHERE cmp_id = ?{tok} ORDER BY data_id", [cmp_id]
+    ).fetchnumpy()
+    pair_ids, row_tokens = np.asarray(order["pair_id"]), np.asarray(order["golden_token_id"])
+    cols = ", ".join("s.pos AS data_id" if c == "data_id" else f"c.{c}" for c in MSIT_CSV_COLUMNS)
+    done = 0
+    with open(path, "x", encoding="utf-8", newline="") as fh:
+        for lo, hi in _token_slices(row_tokens):
+            con.register("_csv_slice", pd.DataFrame({"pair_id": pair_ids[lo:hi], "pos": np.arange(lo, hi)}))
+            try:
+                result = con.execute(
+                    f"SELECT {cols}, c.passed FROM comparison c JOIN _csv_slice s ON s.pair_id = c.pair_id "
+                    "WHERE c.cmp_id = ? AND c.golden_token_id BETWEEN ? AND ? ORDER BY s.pos",
+                    [cmp_id, int(row_tokens[lo]), int(row_tokens[hi - 1])],
+                )
+                while len(df := result.fetch_df_chunk(2)):  # 4096 rows: a DataFrame of Python strings each
+                    _write_rows(fh, df, done)
+                    done += len(df)
+            finally:
+                con.unregister("_csv_slice")
+        if not done:  # the header alone
+            empty = con.execute(f"SELECT {', '.join(MSIT_CSV_COLUMNS)}, passed FROM comparison LIMIT 0").df()
+            _write_rows(fh, empty, 0)
+    return path
+
+
+# msit's statistics comparison report (`CSV_STATISTICS_HEADER` of msit_llm.common.constant), in its order
+MSIT_STAT_CSV_COLUMNS: tuple[str, ...] = (
+    "token_id",
+    "data_id",
+    "golden_data_path",
+    "golden_op_type",
+    "my_data_path",
+    "my_op_type",
+    "max_stat_absolute_error",
+    "max_stat_relative_error",
+    "min_stat_absolute_error",
+    "min_stat_relative_error",
+    "mean_stat_absolute_error",
+    "mean_stat_relative_error",
+    "l2norm_stat_absolute_error",
+    "l2norm_stat_relative_error",
+)
+
+
+def write_msit_stats_csv(
+    con: duckdb.DuckDBPyConnection, cmp_id: int, out_dir: Path, tokens: set[int] | None = None, suffix: str = ""
+) -> Path | None:
+    """The pairs compared on statistics only, as msit writes its statistics comparison
+    (`statstics_cmp_report_*.csv`, msit's spelling; its columns): the max/min/mean/L2-norm differences; None when
+    no pair was. A tensor without a file is named `{node}:{io}{index}` where msit has the statistics' path."""
+    tok = "" if tokens is None else f" AND golden_token_id IN ({','.join(str(int(t)) for t in sorted(tokens))})"
+    cols = []
+    for c in MSIT_STAT_CSV_COLUMNS:
+        if c == "golden_data_path":
+            c = "coalesce(golden_data_path, golden_node || ':' || io || golden_index) AS golden_data_path"
+        elif c == "my_data_path":
+            c = "coalesce(my_data_path, test_node || ':' || io || test_index) AS my_data_path"
+        cols.append(c)
+    df = con.execute(
+        f"SELECT {', '.join(cols)} FROM comparison WHERE cmp_id = ? AND on_statistics{tok} ORDER BY data_id",
+        [cmp_id],
+    ).df()
+    if df.empty:
+        return None
+    path = _fresh_path(out_dir, f"statstics_cmp_report{suffix}")  # msit's own spelling
+    csv_safe_columns(df)  # text cells a spreadsheet would evaluate as formulas get a leading quote
+    with open(path, "x", encoding="utf-8", newline="") as fh:
+        df.to_csv(fh, index=False, na_rep="", float_format="%.10g")
+    return path
+
+
+def _fresh_path(out_dir: Path, stem: str) -> Path:
+    """`OUT/STEM_TIMESTAMP.csv`, or `..._2.csv` and on for a second report in the same second: never another file."""
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%d%H%M%S")
+    path = out_dir / f"{stem}_{stamp}.csv"
+    n = 1
+    while path.exists():
+        n += 1
+        path = out_dir / f"{stem}_{stamp}_{n}.csv"
+    return path
+
+
+def _token_slices(row_tokens: np.ndarray) -> list[tuple[int, int]]:
+    """[lo, hi) row ranges of about `CSV_SLICE` rows that end where a token ends (rows are token-major)."""
+    bounds = np.flatnonzero(np.diff(row_tokens)) + 1  # where a new token starts
+    out: list[tuple[int, int]] = []
+    lo = 0
+    for b in [*bounds.tolist(), len(row_tokens)]:
+        if b - lo >= CSV_SLICE or b == len(row_tokens):
+            if b > lo:
+                out.append((lo, b))
+            lo = b
+    return out
+
+
+def _write_rows(fh: TextIO, df: pd.DataFrame, done: int) -> None:
+    df["data_id"] = range(done, done + len(df))
+    csv_safe_columns(df)  # text cells a spreadsheet would evaluate as formulas get a leading quote
+    df.to_csv(fh, index=False, header=done == 0, na_rep="", float_format="%.10g")
+
+
+def format_summary(
+    res: CompareResult,
+    golden_label: str,
+    test_label: str,
+    csv_path: Path | None,
+    first_divergent: str | None = None,
+    inputs_differ: dict[int, str] | None = None,
+    show_stale: bool = False,
+) -> list[str]:
+    """The lines `wb compare` prints; `first_divergent` (the logits line) and `inputs_differ` (token -> the line
+    that replaces its verdict) come from the token analysis; `show_stale` lists the mapping's stale pairs."""
+    inputs_differ = inputs_differ or {}
+    cov = res.coverage
+    lines = [
+        f"golden: {golden_label}",
+        f"test:   {test_label}",
+        f"pairs compared: {res.pairs} ({res.computed} computed now, {res.skipped} already in the catalog); "
+        f"failed: {res.failed}; not comparable: {res.uncomparable}",
+        f"unmatched: golden {res.unmatched_golden} of {res.golden_nodes} nodes with tensors, "
+        f"test {res.unmatched_test} of {res.test_nodes} nodes with tensors",
+    ]
+    if res.mapping_check is not None:
+        lines.extend(res.mapping_check.lines(show_stale))
+    cats = cov.get("categories") or {}
+    if cats:
+        matched = sum(m for m, _ in cats.values())
+        total = sum(n for _, n in cats.values())
+        parts = ", ".join(f"{k} {m}/{n}" for k, (m, n) in sorted(cats.items()))
+        lines.append(
+            f"coverage: {matched}/{total} golden Linear/norm/attention/MLP modules matched "
+            f"({100 * matched / max(total, 1):.0f}%: {parts})"
+        )
+    if cov.get("by_method"):
+        methods = ", ".join(f"{k} {v}" for k, v in sorted(cov["by_method"].items()))
+        lines.append(f"node pairs matched by: {methods}")
+    if res.shape_mismatch and res.shape_mismatch * 2 >= res.pairs:
+        lines.append(
+            f"warning: {res.shape_mismatch} of {res.pairs} pairs differ in shape: are golden and test "
+            "dumps of the same model and the same input?"
+        )
+    elif res.shape_mismatch:
+        lines.append(f"note: {res.shape_mismatch} pairs differ in shape (see cmp_fail_reason)")
+    for line in res.problems[:20]:
+        lines.append(f"problem: {line}")
+    if len(res.problems) > 20:
+        lines.append(f"problem: ... and {len(res.problems) - 20} more (see runs.problems in the catalog)")
+    if first_divergent is not None:
+        lines.append(first_divergent)
+    if res.first_failing_token is not None:
+        lines.append(f"first token with an error born: {res.first_failing_token}")
+    explained: set[str] = set()
+    for tok in sorted(res.born.keys() | inputs_differ.keys()):
+        name = res.born.get(tok)
+        origin = res.origins.get(tok)
+        if tok in inputs_differ:
+            lines.append(inputs_differ[tok])
+        elif (name is None or res.quantized) and origin is not None and origin.stands_out:
+            test_name = origin.test_node
+            suffix = f"  [test op: {test_name}]" if test_name and test_name != origin.golden_node else ""
+            lines.append(f"most likely origin: {origin.golden_node} (token {tok}): {origin.reason}{suffix}")
+            if origin.golden_node in res.explained:  # its reason carries the cause
+                explained.add(origin.golden_node)
+            if origin.evidence:
+                lines.append(f"  {origin.evidence}")
+        elif res.quantized:  # every quantized op fails the float thresholds: its expected noise is the measure
+            lines.append(
+                f"token {tok}: no quantized op adds more than its int8 rounding predicts "
+                "(`wb advise --fallback K`: the linears worth keeping in float)"
+            )
+        elif name is None:
+            quiet = (
+                f"; nothing stands out of the noise (largest: {origin.golden_node}, {origin.score:.1f}x its peers)"
+                if origin is not None
+                else ""
+            )
+            lines.append(f"token {tok}: no error born (every output passes, or no op fails with passing inputs){quiet}")
+        else:
+            test_name = res.born_test.get(tok)
+            suffix = f"  [test op: {test_name}]" if test_name and test_name != name else ""
+            lines.append(f"error born at: {name} (token {tok}){suffix}")
+            if tok in res.born_evidence:
+                lines.append(f"  {res.born_evidence[tok]}")
+            if name in res.explained and name not in explained:  # once per op, not once per token
+                explained.add(name)
+                lines.append(f"  {res.explained[name][0]}")
+    for name, (cause, toks) in res.explained.items():
+        if name not in explained:
+            at = f"token {toks[0]}" if len(set(toks)) == 1 else f"tokens {token_text(toks)}"
+            lines.append(f"also standing out, explained: {name} ({at}): {cause}")
+    if csv_path is not None:
+        lines.append(f"report: {csv_path}")
+    lines.append(f"catalog: {res.catalog}")
+    return lines

@@ -1,0 +1,632 @@
+"""Root-cause advisor: per token, the ops ranked by the error they add beyond their inputs and their noise.
+
+Pass/fail (`analysis/verdicts/born.py`) names an op only when its output crosses a bound while its inputs do
+not. On a bf16/fp16 run every op carries rounding noise and a real bug may add a few percent without
+crossing anything, or everything fails at once. The advisor needs no bound:
+
+- per (token, golden node) it takes the worst relative error of the outputs (`o`) and of the inputs
+  (`i`; where no input was dumped, the output of the op that completed last before this one started,
+  or the input of the enclosing module when that is more recent); the error the node *adds* is
+  `a = sqrt(max(o^2 - i^2, 0))` (independent errors add in quadrature);
+- a module's *own* error is what its descendants do not explain: `sqrt(max(a^2 - max_desc(a)^2, 0))`,
+  so a child that adds the parent's error is ranked before its parent; a child in its peers' noise explains
+  nothing (a decoder layer that adds its input twice while its children are clean: the layer is the finding);
+- the score compares `own` with what the same op adds at the same token in the other layers (the
+  median, plus the spread (MAD) of those layers), floored by the test dtype's rounding (bf16 2^-8,
+  fp16 2^-11, ...): an op that adds 5x what its peers add scores 5;
+- an op whose output has NaN/Inf its inputs lack ranks first.
+
+Only the metrics already in the catalog are read (no tensor is read again). Results are stored in
+the `advice` table at compare time (`store_advice`, called by `refresh_verdicts`); `advise` reads
+them, or computes them on the fly for a catalog written before the table existed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+import statistics
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import duckdb
+
+from workbench.analysis.verdicts import quant_noise
+from workbench.analysis.verdicts.causes import ROUNDING, cause_in, known_cause
+from workbench.catalog.store import first_row, insert_rows
+from workbench.core.advice import STANDS_OUT
+from workbench.formats.token_ids import INT_DTYPES
+
+NAN_INF_SCORE = 1.0e9  # new NaN/Inf in an output: ranked before any finite error
+MAX_SCORE = 1.0e6  # finite scores are capped below it (an op adding error where its peers add exactly none)
+SIGNIFICANT = STANDS_OUT  # score from which an op clearly stands out of its peers' noise
+_EXPLAINED_RANK = STANDS_OUT - 1e-6  # where an explained op ranks: after every op standing out unexplained
+MIN_PEERS = 2  # peers needed to judge an op against its own kind
+_MAD_WEIGHT = 1.0  # how much of the peers' spread is counted as their noise
+# An op passes on the error it receives with a gain that is not exactly 1 (a Linear or a norm stretches
+# some directions): error carried in at `i` can come out at sqrt(1 + GAIN_NOISE^2) * i with nothing wrong.
+# Measured on clean ops downstream of planted defects (bench/advisor_defects.py): own/i is below 0.45 for
+# 90 % of them. Matters where the dtype's rounding is far below the carried error (fp16 after a defect).
+GAIN_NOISE = 0.4
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One ranked op of one token (rank 1 = most likely origin of the error)."""
+
+    rank: int
+    token_id: int
+    golden_node_id: int
+    test_node_id: int | None
+    golden_node: str
+    test_node: str | None
+    score: float
+    reason: str
+    cause: str | None = None  # a known cause that explains its error (`core.advice.known_cause`)
+
+
+@dataclass(slots=True)
+class _Row:
+    """What the advisor knows of one golden node at one token."""
+
+    node_id: int
+    test_node_id: int | None
+    out_err: float
+    in_err: float | None  # NULL when no input pair could be compared
+    new_nan_inf: bool
+    in_nan_inf: bool
+    dtype: str | None
+    in_from: str = "inputs"
+    weight_err: float | None = None  # worst error of its weight inputs (ATB: weights are op inputs)
+    nan_inf_born: bool = False
+    added: float = 0.0
+    own: float = 0.0
+    ref: float = 0.0
+    peers: int = 0
+    peer_label: str = ""
+    score: float = 0.0
+    reason: str = ""
+    cause: str | None = None
+    quant: bool = False  # judged against its expected quantization noise (`quant_noise`)
+
+
+@dataclass(slots=True)
+class _Node:
+    node_id: int
+    name: str
+    type: str
+    parent_id: int | None
+    exec_order: int
+    end_order: int
+    layer: int | None
+
+
+_ROWS_SQL = """
+SELECT m.token_id, m.golden_node_id, m.io,
+       arg_min(m.test_node_id, m.pair_id) AS test_node_id,
+       max(coalesce(x.relative_euclidean_distance,
+                    CASE WHEN x.cosine_similarity IS NOT NULL
+                         THEN sqrt(greatest(0.0, 2.0 * (1.0 - x.cosine_similarity))) END,
+                    s.stat_rel_euclid_bound)) AS err,
+       bool_or(coalesce(x.my_nan_count, 0) + coalesce(x.my_inf_count, 0)
+               > coalesce(x.golden_nan_count, 0) + coalesce(x.golden_inf_count, 0)) AS new_nan_inf,
+       mode(tt.dtype) AS dtype
+FROM matches m
+JOIN comparisons c ON c.cmp_id = m.cmp_id
+LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
+LEFT JOIN stat_metrics s ON s.cmp_id = m.cmp_id AND s.pair_id = m.pair_id
+LEFT JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id
+WHERE m.cmp_id = ? AND m.method <> 'quant'  -- dequantized int tensors: the quantization noise model reads them
+GROUP BY m.token_id, m.golden_node_id, m.io
+"""
+
+
+def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, list[Advice]]:
+    """Rank every compared golden node of every token of comparison `cmp_id` (nothing is stored)."""
+    row = first_row(con.execute("SELECT golden_run, test_run FROM comparisons WHERE cmp_id = ?", [cmp_id]))
+    if row is None:
+        raise ValueError(f"comparison {cmp_id} is not in the catalog")
+    golden_run, test_run = int(row[0]), int(row[1])
+    nodes = _load_nodes(con, golden_run)
+    test_names = dict(
+        (int(n), str(s))
+        for n, s in con.execute("SELECT node_id, name FROM nodes WHERE run_id = ?", [test_run]).fetchall()
+    )
+    per_token: dict[int, dict[int, dict[str, tuple[int | None, float | None, bool, str | None]]]] = defaultdict(dict)
+    for tok, gid, io, tid, err, nan_inf, dtype in _fetch_slices(con.execute(_ROWS_SQL, [cmp_id])):
+        per_token[int(tok)].setdefault(int(gid), {})[str(io)] = (
+            None if tid is None else int(tid),
+            None if err is None or (isinstance(err, float) and math.isnan(err)) else float(err),
+            bool(nan_inf),
+            None if dtype is None else str(dtype),
+        )
+    dtypes = [d for ios in per_token.values() for io in ios.values() for d in [io.get("out", (None,) * 4)[3]] if d]
+    run_dtype = statistics.mode(dtypes) if dtypes else None
+    weights = _weight_inputs(con, cmp_id, golden_run, ROUNDING.get(run_dtype or "", 0.0))
+    for (tok, gid), (act_err, w_err) in weights.items():
+        ios = per_token.get(tok, {}).get(gid)
+        if ios is not None and "in" in ios:
+            tid, _err, nan_inf, dtype = ios["in"]
+            ios["in"] = (tid, act_err, nan_inf, dtype)
+            if w_err is not None:
+                ios["weight"] = (tid, w_err, False, dtype)
+    differ = inputs_differ(con, cmp_id)
+    expect = quant_noise.quant_expectations(con, cmp_id)  # {} unless the test run is quantized
+    out: dict[int, list[Advice]] = {}
+    for tok in sorted(per_token):
+        if tok in differ:  # the runs were fed different tokens: nothing compares like with like
+            out[tok] = []
+            per_token.pop(tok)
+            continue
+        rows = _rows_of_token(per_token.pop(tok), nodes)  # each token's rows freed once ranked
+        ranked = _rank(rows, nodes, {g: e for (t, g), e in expect.items() if t == tok})
+        out[tok] = [
+            Advice(
+                rank=i + 1,
+                token_id=tok,
+                golden_node_id=r.node_id,
+                test_node_id=r.test_node_id,
+                golden_node=nodes[r.node_id].name,
+                test_node=None if r.test_node_id is None else test_names.get(r.test_node_id),
+                score=round(r.score, 4),
+                reason=r.reason,
+                cause=r.cause,
+            )
+            for i, r in enumerate(ranked)
+        ]
+    return out
+
+
+def inputs_differ(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, str]:
+    """token -> why the runs' inputs differ there (`token_status`, `verdicts.token_inputs`): no op is ranked there."""
+    if not _has_table(con, "token_status"):
+        return {}
+    return {
+        int(t): str(r or "inputs differ")
+        for t, r in con.execute(
+            "SELECT token_id, reason FROM token_status WHERE cmp_id = ? AND inputs_differ", [cmp_id]
+        ).fetchall()
+    }
+
+
+def store_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> None:
+    """Recompute and store the `advice` rows of one comparison (the caller owns the transaction)."""
+    write_advice(con, cmp_id, compute_advice(con, cmp_id))
+
+
+def write_advice(
+    con: duckdb.DuckDBPyConnection,
+    cmp_id: int,
+    advice: dict[int, list[Advice]],
+    refined: dict[int, tuple[int | None, int | None]] | None = None,
+    evidence: dict[int, str] | None = None,
+) -> None:
+    """Replace the `advice` rows of `cmp_id` by `advice`.
+
+    `refined` (token -> golden, test node) is where a precheck pinned the first op down: that
+    golden node moves to rank 1 with that test op; `evidence` (token -> line) is stored with it.
+    """
+    con.execute("DELETE FROM advice WHERE cmp_id = ?", [cmp_id])
+    rows: list[tuple[object, ...]] = []
+    for tok, items in advice.items():
+        items = list(items)
+        if refined and tok in refined and items:
+            gid, tid = refined[tok]
+            k = next((i for i, a in enumerate(items) if a.golden_node_id == gid), 0)
+            first = replace(items.pop(k), test_node_id=tid)
+            items.insert(0, first)
+        for rank, a in enumerate(items, start=1):
+            ev = (evidence or {}).get(tok) if rank == 1 else None
+            rows.append((cmp_id, tok, rank, a.golden_node_id, a.test_node_id, a.score, a.reason, ev))
+    insert_rows(con, "advice", rows)
+
+
+def advise(
+    con: duckdb.DuckDBPyConnection, cmp_id: int, token: int | None = None, top: int | None = None
+) -> list[Advice]:
+    """The ranked ops of comparison `cmp_id` (all tokens, or one), best first per token; `top` per token.
+
+    Reads the `advice` table written at compare time; a catalog without it (older wb, or a
+    comparison never refreshed) is ranked on the fly, without writing.
+    """
+    if top is not None and top < 1:
+        raise ValueError(f"top {top}: must be at least 1")
+    stored = (
+        _has_table(con, "advice")
+        and (first_row(con.execute("SELECT count(*) FROM advice WHERE cmp_id = ?", [cmp_id])) or (0,))[0] > 0
+    )
+    if stored:
+        cond = "" if token is None else " AND a.token_id = ?"
+        lim = "" if top is None else f" AND a.rank <= {int(top)}"
+        params: list[object] = [cmp_id] if token is None else [cmp_id, token]
+        rows = con.execute(
+            "SELECT a.rank, a.token_id, a.golden_node_id, a.test_node_id, gn.name, tn.name, a.score, a.reason "
+            "FROM advice a JOIN comparisons c ON c.cmp_id = a.cmp_id "
+            "JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = a.golden_node_id "
+            "LEFT JOIN nodes tn ON tn.run_id = c.test_run AND tn.node_id = a.test_node_id "
+            f"WHERE a.cmp_id = ?{cond}{lim} ORDER BY a.token_id, a.rank",
+            params,
+        ).fetchall()
+        return [
+            Advice(
+                int(r[0]),
+                int(r[1]),
+                int(r[2]),
+                None if r[3] is None else int(r[3]),
+                str(r[4]),
+                None if r[5] is None else str(r[5]),
+                float(r[6]),
+                str(r[7]),
+                cause_in(str(r[7])),  # the reason carries it
+            )
+            for r in rows
+        ]
+    computed = compute_advice(con, cmp_id)
+    out: list[Advice] = []
+    for tok in sorted(computed):
+        if token is not None and tok != token:
+            continue
+        out.extend(computed[tok][:top] if top is not None else computed[tok])
+    return out
+
+
+def advice_evidence(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, str]:
+    """token -> the evidence line stored with its rank-1 op (empty for catalogs without the table)."""
+    if not _has_table(con, "advice"):
+        return {}
+    return {
+        int(t): str(e)
+        for t, e in con.execute(
+            "SELECT token_id, evidence FROM advice WHERE cmp_id = ? AND rank = 1 AND evidence IS NOT NULL", [cmp_id]
+        ).fetchall()
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+# The ranks follow the score with three exceptions (`write_advice`, `_rank`, `_children_first`); what `wb advise`
+# and the app print with the list, and docs/guide.md explains.
+ORDER_RULE = (
+    "order: score, highest first, except: an op a precheck pinned down comes first; an op whose error a known "
+    "cause explains comes after those standing out unexplained; an op carrying half or more of a parent's "
+    "added error comes right before that parent (^: ranked above a higher score)"
+)
+
+
+def above_higher(items: list[Advice]) -> set[tuple[int, int]]:
+    """(token, rank) of each op ranked above an op of its token with a higher score (an exception of `ORDER_RULE`)."""
+    out: set[tuple[int, int]] = set()
+    best_below: dict[int, float] = {}
+    for a in sorted(items, key=lambda a: (a.token_id, -a.rank)):
+        if a.score < best_below.get(a.token_id, -math.inf):
+            out.add((a.token_id, a.rank))
+        best_below[a.token_id] = max(best_below.get(a.token_id, -math.inf), a.score)
+    return out
+
+
+def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    row = first_row(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]))
+    return bool(row and row[0])
+
+
+def _load_nodes(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[int, _Node]:
+    out: dict[int, _Node] = {}
+    for nid, name, typ, pid, eo, end, layer in con.execute(
+        "SELECT node_id, name, type, parent_id, exec_order, end_order, layer FROM nodes WHERE run_id = ?", [run_id]
+    ).fetchall():
+        start = int(eo) if eo is not None else 1 << 30
+        out[int(nid)] = _Node(
+            int(nid),
+            str(name),
+            str(typ or ""),
+            None if pid is None else int(pid),
+            start,
+            int(end) if end is not None else start,
+            None if layer is None else int(layer),
+        )
+    return out
+
+
+def _rows_of_token(
+    data: dict[int, dict[str, tuple[int | None, float | None, bool, str | None]]], nodes: dict[int, _Node]
+) -> dict[int, _Row]:
+    rows: dict[int, _Row] = {}
+    for gid, ios in data.items():
+        out = ios.get("out")
+        if out is None or out[1] is None or gid not in nodes:
+            continue
+        inp = ios.get("in")
+        tid = out[0] if out[0] is not None else (inp[0] if inp else None)
+        weight = ios.get("weight")
+        rows[gid] = _Row(
+            gid,
+            tid,
+            out[1],
+            None if inp is None else inp[1],
+            out[2],
+            bool(inp and inp[2]),
+            out[3],
+            weight_err=None if weight is None else weight[1],
+        )
+    # inputs not dumped: the op that completed last before this one started, or the enclosing
+    # module's input when that module started after it (data flows in execution order)
+    done = sorted((nodes[g].end_order, g) for g in rows)
+    ends = [e for e, _ in done]
+    for gid, r in rows.items():
+        if r.in_err is not None:
+            continue
+        node = nodes[gid]
+        k = bisect.bisect_left(ends, node.exec_order) - 1
+        prev = done[k] if k >= 0 else None
+        best: tuple[int, float, str] | None = None
+        if prev is not None:
+            p = rows[prev[1]]
+            best = (prev[0], p.out_err, f"the output of {_short(nodes[prev[1]].name)}")
+            r.in_nan_inf = p.new_nan_inf or p.in_nan_inf
+        anc = node.parent_id
+        while anc is not None and anc in nodes:
+            ar = rows.get(anc)
+            if ar is not None and ar.in_err is not None:
+                if best is None or nodes[anc].exec_order > best[0]:
+                    best = (nodes[anc].exec_order, ar.in_err, f"the input of {_short(nodes[anc].name)}")
+                break
+            anc = nodes[anc].parent_id
+        if best is not None:
+            r.in_err, r.in_from = best[1], best[2]
+        else:
+            r.in_err, r.in_from = 0.0, "nothing before it"
+    return rows
+
+
+_IN_SQL = """
+SELECT m.token_id, m.golden_node_id, gt.max, gt.min, gt.mean, gt.norm, gt.dtype,
+       coalesce(x.relative_euclidean_distance,
+                CASE WHEN x.cosine_similarity IS NOT NULL
+                     THEN sqrt(greatest(0.0, 2.0 * (1.0 - x.cosine_similarity))) END,
+                s.stat_rel_euclid_bound) AS err
+FROM matches m
+JOIN comparisons c ON c.cmp_id = m.cmp_id
+JOIN tensors gt ON gt.run_id = c.golden_run AND gt.tensor_id = m.golden_tensor_id
+LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
+LEFT JOIN stat_metrics s ON s.cmp_id = m.cmp_id AND s.pair_id = m.pair_id
+WHERE m.cmp_id = ? AND m.io = 'in' AND m.method <> 'quant'
+"""
+
+
+def _fetch_slices(cur: duckdb.DuckDBPyConnection, size: int = 8192) -> Iterator[tuple[Any, ...]]:
+    """A query's rows, fetched `size` at a time: one Python tuple per row of a whole comparison at once is tens
+    of MB at 100k pairs."""
+    while rows := cur.fetchmany(size):
+        yield from rows
+
+
+def _stat_key(values: tuple[object, ...]) -> tuple[float, ...] | None:
+    if any(v is None or not isinstance(v, float | int) or v != v for v in values):
+        return None
+    return tuple(float(f"{float(v):.9g}") for v in values)  # type: ignore[arg-type]
+
+
+def _weight_inputs(
+    con: duckdb.DuckDBPyConnection, cmp_id: int, golden_run: int, floor: float
+) -> dict[tuple[int, int], tuple[float | None, float | None]]:
+    """(token, golden node) -> (worst error of its activation inputs, of its weight inputs), for nodes with a
+    wrong weight input: a golden input that no op output at that token holds (same max/min/mean/norm), that is
+    the same at two tokens or more (or the dump has one token), and whose error exceeds `floor` (the run's
+    rounding: a weight cast to the test dtype carries less). ATB graphs take their weights as inputs, so a wrong
+    weight arrives as input error; it is the consuming op's own error, not carried in."""
+    outs: dict[int, set[tuple[float, ...]]] = defaultdict(set)
+    for tok, *vals in _fetch_slices(
+        con.execute("SELECT token_id, max, min, mean, norm FROM tensors WHERE run_id = ? AND io = 'out'", [golden_run])
+    ):
+        key = _stat_key(tuple(vals))
+        if key is not None:
+            outs[int(tok)].add(key)
+    rows = [  # integer inputs (token ids, positions) are data, never weights
+        (int(tok), int(gid), None if str(dtype) in INT_DTYPES else _stat_key((mx, mn, mean, norm)), err)
+        for tok, gid, mx, mn, mean, norm, dtype, err in _fetch_slices(con.execute(_IN_SQL, [cmp_id]))
+    ]
+    seen_at: dict[tuple[float, ...], set[int]] = defaultdict(set)
+    for tok, _gid, key, _err in rows:
+        if key is not None:
+            seen_at[key].add(tok)
+    one_token = len({tok for tok, *_ in rows}) == 1
+    acts: dict[tuple[int, int], list[float | None]] = defaultdict(list)
+    weights: dict[tuple[int, int], list[float | None]] = defaultdict(list)
+    for tok, gid, key, err in rows:
+        value = None if err is None or (isinstance(err, float) and math.isnan(err)) else float(err)
+        is_weight = (
+            value is not None
+            and value > floor
+            and key is not None
+            and key not in outs[tok]
+            and (one_token or len(seen_at[key]) >= 2)
+        )
+        (weights if is_weight else acts)[(tok, gid)].append(value)
+    out: dict[tuple[int, int], tuple[float | None, float | None]] = {}
+    for k, ws in weights.items():
+        known_w = [v for v in ws if v is not None]
+        known_a = [v for v in acts.get(k, []) if v is not None]
+        out[k] = (max(known_a) if known_a else 0.0, max(known_w) if known_w else None)
+    return out
+
+
+def _short(name: str) -> str:
+    return name[5:] if name.startswith("root.") else name
+
+
+def _rank(
+    rows: dict[int, _Row], nodes: dict[int, _Node], quant: dict[int, quant_noise.QuantExpect] | None = None
+) -> list[_Row]:
+    for r in rows.values():
+        i = r.in_err or 0.0
+        r.added = math.sqrt(max(r.out_err * r.out_err - i * i, 0.0))
+    # own error: what no descendant explains (max added error below each node)
+    below: dict[int, float] = defaultdict(float)
+    for gid, r in rows.items():
+        p = nodes[gid].parent_id
+        seen = 0
+        while p is not None and seen < 10_000:
+            if r.added > below[p]:
+                below[p] = r.added
+            p = nodes[p].parent_id if p in nodes else None
+            seen += 1
+    for gid, r in rows.items():
+        r.own = math.sqrt(max(r.added * r.added - below[gid] ** 2, 0.0))
+    q_below = quant_noise.expected_below(quant or {}, {g: n.parent_id for g, n in nodes.items()})
+    # a module whose NaN/Inf a descendant produced is not where they appear
+    nan_inf_below: set[int] = set()
+    for gid, r in rows.items():
+        if r.new_nan_inf and not r.in_nan_inf:
+            p = nodes[gid].parent_id
+            while p is not None and p in nodes and p not in nan_inf_below:
+                nan_inf_below.add(p)
+                p = nodes[p].parent_id
+    # peers: the same op (name with its layer index masked) at the other layers, else the same type
+    by_pattern: dict[str, list[int]] = defaultdict(list)
+    by_type: dict[str, list[int]] = defaultdict(list)
+    for gid in rows:
+        node = nodes[gid]
+        by_pattern[_pattern(node)].append(gid)
+        by_type[node.type].append(gid)
+    for gid, r in rows.items():
+        node = nodes[gid]
+        floor = ROUNDING.get(r.dtype or "", 2.0**-24)
+        same = [g for g in by_pattern[_pattern(node)] if g != gid] if node.layer is not None else []
+        if len(same) >= MIN_PEERS:
+            label = f"what {_op_label(node, nodes)} adds in the other {len(same)} layers"
+        else:
+            same = [g for g in by_type[node.type] if g != gid and nodes[g].layer is not None]
+            label = f"what the other {len(same)} {node.type or 'ops'} of this type add" if same else ""
+        if len(same) >= MIN_PEERS:
+            vals = [rows[g].own for g in same]
+            med = statistics.median(vals)
+            mad = statistics.median(abs(v - med) for v in vals)
+            ref = max(med + _MAD_WEIGHT * 1.4826 * mad, floor)
+            r.peers = len(same)
+        else:
+            ref = 2.0 * floor  # nothing to compare with: twice the rounding, to stay cautious
+            label = f"the {r.dtype or 'test dtype'} rounding ({_pow2(floor)})"
+        if q_below.get(gid, 0.0) > ref:  # a module holding quantized ops: their noise adds up in it
+            ref = q_below[gid]
+            label = f"the int8 rounding its quantized ops are expected to add ({ref:.3g})"
+        carried = GAIN_NOISE * (r.in_err or 0.0)
+        if carried > ref:
+            label = (
+                f"what an op passing on input error {r.in_err or 0.0:.3g} may add ({carried:.3g}; "
+                f"{label.removeprefix('what ').replace(' adds', f' adds {ref:.3g}', 1)})"
+            )
+            ref = carried
+        r.ref = ref
+        r.peer_label = label
+        r.score = min(r.own / ref, MAX_SCORE) if ref > 0 else 0.0
+        r.nan_inf_born = r.new_nan_inf and not r.in_nan_inf and gid not in nan_inf_below
+        if r.nan_inf_born:
+            r.score = NAN_INF_SCORE
+        r.cause = known_cause(node.type, r.dtype) if _stands_out_alone(r) else None
+        if quant and gid in quant and not r.nan_inf_born:  # a quantized op: its own noise is the reference
+            r.quant = True
+            r.ref, score, r.peer_label, r.cause = quant_noise.judge(quant[gid], r.own, max(floor, carried))
+            r.score = min(score, MAX_SCORE)
+        r.reason = _reason(r, nodes)
+
+    # an op whose error a known cause explains (a rotary table from a rounded inv_freq) yields the first places to
+    # the ops that stand out unexplained: a defect elsewhere is what the user is after; it stays listed, with
+    # its cause, and comes first when nothing else stands out
+    def rank_key(r: _Row) -> tuple[float, int, int]:
+        capped = r.cause is not None and not r.quant  # a quantization fault is what the user is after
+        return (-(min(r.score, _EXPLAINED_RANK) if capped else r.score), nodes[r.node_id].exec_order, r.node_id)
+
+    order = sorted(rows.values(), key=rank_key)
+    return _children_first(order, nodes)
+
+
+def _stands_out_alone(r: _Row) -> bool:
+    """Its own error (what no descendant explains) stands out of its peers' noise, and is most of what it adds."""
+    return r.score >= STANDS_OUT and not r.nan_inf_born and r.own >= r.added * 0.5
+
+
+def _explains(child: _Row, parent: _Row) -> bool:
+    """`child` adds half of `parent`'s added error or more, and more than its own peers (score 1) unless the parent
+    scores no higher; a child whose error stays in its peers' noise while the parent's own error stands out
+    explains nothing (a whole decoder layer adding error its children do not: the residual added twice)."""
+    if not child.added >= 0.5 * parent.added > 0:
+        return False
+    if _stands_out_alone(parent) and child.score < STANDS_OUT:
+        return False
+    return child.score >= 1.0 or child.score >= parent.score
+
+
+def _children_first(order: list[_Row], nodes: dict[int, _Node]) -> list[_Row]:
+    """Never a parent before a descendant that explains its added error (`_explains`)."""
+    pos = {r.node_id: k for k, r in enumerate(order)}
+    by_id = {r.node_id: r for r in order}
+    first: dict[int, list[int]] = defaultdict(list)  # parent -> descendants ranked after it that go first
+    for r in order:
+        p = nodes[r.node_id].parent_id
+        seen = 0
+        while p is not None and seen < 10_000:
+            parent = by_id.get(p)
+            if parent is not None and pos[p] < pos[r.node_id] and _explains(r, parent):
+                first[p].append(r.node_id)
+            p = nodes[p].parent_id if p in nodes else None
+            seen += 1
+    out: list[_Row] = []
+    placed: set[int] = set()
+
+    def place(gid: int) -> None:
+        if gid in placed:
+            return
+        placed.add(gid)
+        for kid in sorted(first.get(gid, ()), key=pos.__getitem__):
+            place(kid)
+        out.append(by_id[gid])
+
+    for r in order:
+        place(r.node_id)
+    return out
+
+
+_LAYER_RE = re.compile(r"(?<=[._/])([0-9]+)(?=[._/]|$)")
+
+
+def _pattern(node: _Node) -> str:
+    """The node's name with its layer index masked: `layers.*.mlp.down_proj` for every layer."""
+    if node.layer is None:
+        return node.name
+    layer = str(node.layer)
+    return _LAYER_RE.sub(lambda m: "*" if m.group(1) == layer else m.group(1), node.name, count=1)
+
+
+def _op_label(node: _Node, nodes: dict[int, _Node]) -> str:
+    """`LlamaMLP.down_proj`: the parent's type and the node's own name segment."""
+    leaf = re.split(r"[./]", node.name)
+    seg = next((s for s in reversed(leaf) if s and not s.isdigit() and s not in ("forward", "backward")), node.name)
+    if node.type and seg == node.type:
+        parts = [s for s in leaf if s and not s.isdigit() and s not in ("forward", "backward", node.type)]
+        seg = parts[-1] if parts else seg
+    parent = nodes.get(node.parent_id) if node.parent_id is not None else None
+    ptype = parent.type if parent is not None and parent.type else ""
+    return f"{ptype}.{seg}" if ptype else (f"{node.type} {seg}" if node.type and node.type != seg else seg)
+
+
+def _pow2(x: float) -> str:
+    e = math.log2(x)
+    return f"2^{round(e)}" if abs(e - round(e)) < 1e-9 else f"{x:.2g}"
+
+
+def _reason(r: _Row, nodes: dict[int, _Node]) -> str:
+    src = "inputs" if r.in_from == "inputs" else r.in_from
+    head = f"output rel. error {r.out_err:.3g} from {src} at {r.in_err or 0.0:.3g}"
+    if r.weight_err is not None and r.weight_err > max(r.in_err or 0.0, ROUNDING.get(r.dtype or "", 0.0)):
+        head += f" (its weight input differs by {r.weight_err:.3g})"
+    if r.nan_inf_born:
+        return f"NaN/Inf appear in its output and not in its inputs ({head})"
+    if r.added <= 0:
+        return f"{head}: adds nothing measurable"
+    if r.own < r.added * 0.5:
+        return f"{head}: most of it added inside (by a child op); {r.score:.1f}x {r.peer_label}"
+    return f"{head}: {r.score:.1f}x {r.peer_label}" + (f"; {r.cause}" if r.cause else "")

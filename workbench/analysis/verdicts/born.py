@@ -1,0 +1,289 @@
+"""Where the error is born: per-node roll-ups and the per-token verdict.
+
+A node *gives birth* to the error at a token when one of its outputs fails while all its
+inputs pass. The verdict for a token is the earliest such node in execution order, taking
+the deepest one: a parent module is never named when one of its children qualifies
+(the child is where the error actually appears). A node whose error the advisor explains by a known cause
+(a rotary table computed from an inv_freq rounded by `model.to(bfloat16)`) gives way to a later one that
+no cause explains: that one is the defect the user is after.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import duckdb
+
+from workbench.catalog import first_row
+from workbench.core.advice import STANDS_OUT
+from workbench.formats.atb import op_folder_of
+
+if TYPE_CHECKING:
+    from workbench.analysis.verdicts.advisor import Advice
+
+NODE_RESULTS_SQL = """
+INSERT INTO node_results
+SELECT
+    m.cmp_id,
+    m.token_id,
+    m.golden_node_id,
+    arg_min(m.test_node_id, m.pair_id)                                       AS test_node_id,
+    count(*) FILTER (WHERE m.io = 'out')                                     AS out_pairs,
+    count(*) FILTER (WHERE m.io = 'out' AND x.passed = false)                AS out_failed,
+    count(*) FILTER (WHERE m.io = 'in')                                      AS in_pairs,
+    count(*) FILTER (WHERE m.io = 'in' AND x.passed = false)                 AS in_failed,
+    min(x.cosine_similarity) FILTER (WHERE m.io = 'out')                     AS min_cosine,
+    max(x.kl_divergence) FILTER (WHERE m.io = 'out')                         AS max_kl,
+    max(x.relative_euclidean_distance) FILTER (WHERE m.io = 'out')           AS max_rel_euclid,
+    max(x.max_absolute_error) FILTER (WHERE m.io = 'out')                    AS max_abs_err,
+    max(x.max_relative_error) FILTER (WHERE m.io = 'out')                    AS max_rel_err,
+    max(x.mean_relative_error) FILTER (WHERE m.io = 'out')                   AS mean_rel_err,
+    max(x.relative_euclidean_distance) FILTER (WHERE m.io = 'in')            AS in_rel_euclid,
+    max(x.relative_euclidean_distance) FILTER (WHERE m.io = 'out')
+        - coalesce(max(x.relative_euclidean_distance) FILTER (WHERE m.io = 'in'), 0) AS added_error,
+    bool_or(coalesce(x.my_nan_count, 0) + coalesce(x.my_inf_count, 0)
+            + coalesce(x.golden_nan_count, 0) + coalesce(x.golden_inf_count, 0) > 0) AS has_nan_inf,
+    CASE WHEN count(*) FILTER (WHERE m.io = 'out' AND x.passed IS NOT NULL) = 0 THEN NULL
+         ELSE count(*) FILTER (WHERE m.io = 'out' AND x.passed = false) = 0 END      AS passed,
+    count(*) FILTER (WHERE m.io = 'in' AND x.passed = false) = 0             AS inputs_passed,
+    count(*) FILTER (WHERE m.io = 'out' AND x.passed = false) > 0
+        AND count(*) FILTER (WHERE m.io = 'in' AND x.passed = false) = 0     AS born
+FROM matches m
+LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
+WHERE m.cmp_id = ?
+GROUP BY m.cmp_id, m.token_id, m.golden_node_id
+"""
+
+
+def refresh_verdicts(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, int | None]:
+    """Rebuild `node_results`, `error_born` and `advice` of one comparison; returns token -> golden node id.
+
+    Also refreshes the logits and token input status (`analysis.verdicts.token_inputs`): a token whose inputs differ
+    between the runs names no op (its `error_born` row keeps NULL with the reason as evidence) and gets no
+    advisor origin. Where no op is born at a token, the advisor's first op (when it stands out of its
+    peers' noise) is what the ATB precheck refines, and the evidence is stored with that advice.
+    """
+    from workbench.analysis.verdicts.advisor import SIGNIFICANT, compute_advice, write_advice
+    from workbench.analysis.verdicts.token_inputs import refresh_token_analysis
+
+    refresh_token_analysis(con, cmp_id)
+    differ = {
+        int(t): str(r)
+        for t, r in con.execute(
+            "SELECT token_id, reason FROM token_status WHERE cmp_id = ? AND inputs_differ", [cmp_id]
+        ).fetchall()
+    }
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute("DELETE FROM node_results WHERE cmp_id = ?", [cmp_id])
+        con.execute(NODE_RESULTS_SQL, [cmp_id])
+        candidates = _born_candidates(con, cmp_id)
+        advice = compute_advice(con, cmp_id)
+        verdicts = {tok: _born_unexplained(cands, advice.get(tok, [])) for tok, cands in candidates.items()}
+        for token in verdicts.keys() & differ.keys():
+            verdicts[token] = (None, None)
+        origins: dict[int, tuple[int | None, int | None]] = {
+            tok: (items[0].golden_node_id, items[0].test_node_id)
+            for tok, items in advice.items()
+            if items
+            and tok not in differ
+            and verdicts.get(tok, (None, None))[0] is None
+            and items[0].score >= SIGNIFICANT
+        }
+        evidence = {**_refine_with_precheck(con, cmp_id, verdicts), **differ}
+        origin_evidence = _refine_with_precheck(con, cmp_id, origins)
+        con.execute("DELETE FROM error_born WHERE cmp_id = ?", [cmp_id])
+        for token, (gid, tid) in verdicts.items():
+            con.execute("INSERT INTO error_born VALUES (?, ?, ?, ?, ?)", [cmp_id, token, gid, tid, evidence.get(token)])
+        write_advice(con, cmp_id, advice, origins, origin_evidence)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return {t: g for t, (g, _t) in verdicts.items()}
+
+
+def _born_unexplained(cands: list[tuple[int, int | None]], advice: list[Advice]) -> tuple[int | None, int | None]:
+    """The earliest candidate whose error no known cause explains (the advisor's `cause`). When every candidate is
+    explained: none if the advisor's first op stands out unexplained (it names that one), else the earliest."""
+    explained = {a.golden_node_id for a in advice if a.cause}
+    first = next((c for c in cands if c[0] not in explained), None)
+    if first is not None or not cands:
+        return first or (None, None)
+    top = advice[0] if advice else None
+    return (None, None) if top is not None and top.cause is None and top.score >= STANDS_OUT else cands[0]
+
+
+def _born_candidates(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, list[tuple[int, int | None]]]:
+    """Per token, the nodes where an error is born (outputs fail, inputs pass), the deepest only, in execution
+    order (empty where none is)."""
+    golden_run_row = first_row(con.execute("SELECT golden_run FROM comparisons WHERE cmp_id = ?", [cmp_id]))
+    assert golden_run_row is not None
+    golden_run = int(golden_run_row[0])
+    parent: dict[int, int | None] = {}
+    order: dict[int, tuple[int, int]] = {}
+    for nid, pid, eo in con.execute(
+        "SELECT node_id, parent_id, exec_order FROM nodes WHERE run_id = ?", [golden_run]
+    ).fetchall():
+        parent[int(nid)] = None if pid is None else int(pid)
+        order[int(nid)] = (int(eo) if eo is not None else 1 << 30, int(nid))
+    tokens = [
+        int(t)
+        for (t,) in con.execute(
+            "SELECT DISTINCT token_id FROM node_results WHERE cmp_id = ? ORDER BY 1", [cmp_id]
+        ).fetchall()
+    ]
+    candidates: dict[int, list[tuple[int, int | None]]] = defaultdict(list)
+    for tok, gid, tid in con.execute(
+        "SELECT token_id, golden_node_id, test_node_id FROM node_results WHERE cmp_id = ? AND born", [cmp_id]
+    ).fetchall():
+        candidates[int(tok)].append((int(gid), None if tid is None else int(tid)))
+    out: dict[int, list[tuple[int, int | None]]] = {}
+    for tok in tokens:
+        cands = candidates.get(tok, [])
+        if not cands:
+            out[tok] = []
+            continue
+        ids = {g for g, _ in cands}
+        has_child_candidate: set[int] = set()
+        for g in ids:
+            p = parent.get(g)
+            seen = 0
+            while p is not None and seen < 10_000:
+                has_child_candidate.add(p)
+                p = parent.get(p)
+                seen += 1
+        deepest = [(g, t) for g, t in cands if g not in has_child_candidate]
+        out[tok] = sorted(deepest, key=lambda c: order.get(c[0], (1 << 30, c[0])))
+    return out
+
+
+def _refine_with_precheck(
+    con: duckdb.DuckDBPyConnection, cmp_id: int, verdicts: dict[int, tuple[int | None, int | None]]
+) -> dict[int, str]:
+    """Pin the verdict down to one op of an ATB test run by re-running ops alone on their dumped inputs.
+
+    When the golden module where the error is born maps to a group of fused test ops (say
+    `1_Attention`), the first op of the group that disagrees with its own re-run is where the
+    error is born; a leaf op's re-run says whether the op itself computes wrongly. When the blamed
+    op (or every op of its group) computes correctly from its inputs, the rest of its layer is
+    prechecked too: a wrong op upstream in the layer (a RoPE, a cache write, an attention scale)
+    shows its error only further down, in a module the golden run has. Updates `verdicts` in
+    place; returns token -> evidence line.
+    """
+    row = first_row(
+        con.execute(
+            "SELECT r.kind, r.run_id FROM comparisons c JOIN runs r ON r.run_id = c.test_run WHERE c.cmp_id = ?",
+            [cmp_id],
+        )
+    )
+    if row is None or row[0] != "atb":
+        return {}
+    from workbench.analysis.checks.precheck import precheck_group
+
+    test_run = int(row[1])
+    evidence: dict[int, str] = {}
+    for token, (gid, tid) in list(verdicts.items()):
+        if gid is None or tid is None:
+            continue
+        found = first_row(
+            con.execute(
+                "SELECT n.name, t.path FROM nodes n JOIN tensors t ON t.run_id = n.run_id AND t.node_id = n.node_id"
+                " WHERE n.run_id = ? AND n.node_id = ? AND t.token_id = ? AND t.path IS NOT NULL LIMIT 1",
+                [test_run, tid, token],
+            )
+        )
+        if found is None:
+            continue
+        name, op_dir = str(found[0]), op_folder_of(str(found[1]))
+        if not op_dir.is_dir():
+            continue
+        results = precheck_group(op_dir)  # a leaf op folder yields just itself
+        leaf = [Path(r.op_dir) for r in results] == [op_dir]
+        failing = next((r for r in results if r.supported and r.passed is False), None)
+        if failing is not None:
+            if leaf:
+                evidence[token] = f"precheck: {name} disagrees with its own re-run on its dumped inputs"
+                continue
+            rel = Path(failing.op_dir).relative_to(op_dir).as_posix()
+            sub = _test_node(con, test_run, f"{name}/{rel}")
+            if sub is not None:
+                verdicts[token] = (gid, sub)
+                evidence[token] = (
+                    f"precheck: {name}/{rel} disagrees with its own re-run on its dumped inputs; "
+                    f"the ops of {name} before it that could be re-run agree"
+                )
+            continue
+        checked = sum(1 for r in results if r.supported and r.passed)
+        ok_line = (
+            f"{name} computes correctly from its dumped inputs"
+            if leaf
+            else f"the {checked} ops of {name} that could be re-run agree with their re-runs"
+        )
+        other = _precheck_rest_of_layer(con, cmp_id, test_run, name, op_dir)
+        if other is not None:
+            other_name, other_gid, other_tid = other
+            verdicts[token] = (other_gid if other_gid is not None else gid, other_tid)
+            # the blamed op first: the verdict moved to its group, the op first suspected is only the context
+            evidence[token] = (
+                f"precheck: {other_name} disagrees with its own re-run on its dumped inputs (found in the layer of "
+                f"{name}, where the outputs first fail: {ok_line})"
+            )
+        elif checked:
+            tail = " (look at its parameters and inputs)" if leaf else ""
+            evidence[token] = f"precheck: {ok_line}; so do the other ops of its layer{tail}"
+    return evidence
+
+
+def _test_node(con: duckdb.DuckDBPyConnection, test_run: int, name: str) -> int | None:
+    sub = first_row(con.execute("SELECT node_id FROM nodes WHERE run_id = ? AND name = ?", [test_run, name]))
+    return None if sub is None else int(sub[0])
+
+
+_INTERMEDIATE_METHODS = ("auto-attention-core", "auto-swiglu")  # an op's output paired with the next module's input
+
+
+def _precheck_rest_of_layer(
+    con: duckdb.DuckDBPyConnection, cmp_id: int, test_run: int, name: str, op_dir: Path
+) -> tuple[str, int | None, int] | None:
+    """The first op of `name`'s layer outside `op_dir` failing its precheck: (test op name, golden, test node)."""
+    from workbench.analysis.checks.precheck import precheck_group
+
+    parts = name.split("/")
+    if len(parts) < 2 or len(op_dir.parents) < len(parts) - 1:
+        return None
+    layer_dir = op_dir.parents[len(parts) - 2]
+    for res in precheck_group(layer_dir):
+        if not (res.supported and res.passed is False):
+            continue
+        path = Path(res.op_dir)
+        if path == op_dir or op_dir in path.parents:
+            continue
+        full = f"{parts[0]}/{path.relative_to(layer_dir).as_posix()}"
+        tid = _test_node(con, test_run, full)
+        if tid is None:
+            continue
+        return full, _golden_for_test_op(con, cmp_id, test_run, tid), tid
+    return None
+
+
+def _golden_for_test_op(con: duckdb.DuckDBPyConnection, cmp_id: int, test_run: int, tid: int) -> int | None:
+    """The golden module a test op belongs to: its own match when one module matches it, else its group's."""
+    node: int | None = tid
+    while node is not None:
+        golden = {
+            int(g)
+            for g, method in con.execute(
+                "SELECT golden_node_id, method FROM node_matches WHERE cmp_id = ? AND test_node_id = ?", [cmp_id, node]
+            ).fetchall()
+            if method not in _INTERMEDIATE_METHODS
+        }
+        if len(golden) == 1:
+            return golden.pop()
+        parent = first_row(
+            con.execute("SELECT parent_id FROM nodes WHERE run_id = ? AND node_id = ?", [test_run, node])
+        )
+        node = None if parent is None or parent[0] is None else int(parent[0])
+    return None

@@ -1,0 +1,218 @@
+"""Were both runs fed the same tokens? From the first token whose inputs differ on, nothing compares like with like.
+
+The ids each run was fed at each token come from, in this order: the ids our dumpers record in the manifest,
+the integer inputs of the word embedding in the dump, else the previous token's top-1 of each side (a run that
+did not follow the other's tokens and decodes greedily feeds its own top-1 back). `refresh_token_analysis`
+stores the logits rows and this status per token (`logits`, `token_status`), which `born.refresh_verdicts`
+applies: no op is named for a token whose inputs differ.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import pandas as pd
+
+from workbench.analysis.verdicts.logits import LogitsRow, rows_from_catalog, store_logits
+from workbench.formats.model import DumpError
+from workbench.formats.token_ids import INT_DTYPES, follows, is_embedding_node, read_ids, recorded_input_ids
+
+
+@dataclass(slots=True)
+class TokenInputs:
+    """One token's input status (a row of the catalog table `token_status`)."""
+
+    token_id: int
+    inputs_differ: bool | None = None
+    golden_input_id: int | None = None
+    test_input_id: int | None = None
+    source: str | None = None
+    reason: str | None = None
+
+
+def _run_meta(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, Any]:
+    row = con.execute("SELECT meta FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    if row is None or row[0] is None:
+        return {}
+    meta = json.loads(row[0]) if isinstance(row[0], str) else row[0]
+    return meta if isinstance(meta, dict) else {}
+
+
+def embedding_ids(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[int, list[int]]:
+    """Token -> the integer input of the run's word embedding (the first such node in execution order)."""
+    rows = con.execute(
+        "SELECT t.token_id, n.name, n.type, t.path, t.dtype FROM tensors t "
+        "JOIN nodes n ON n.run_id = t.run_id AND n.node_id = t.node_id "
+        "WHERE t.run_id = ? AND t.io = 'in' AND t.path IS NOT NULL AND list_contains(?, t.dtype) "
+        "ORDER BY t.token_id, n.exec_order NULLS LAST, t.idx",
+        [run_id, sorted(INT_DTYPES)],
+    ).fetchall()
+    out: dict[int, list[int]] = {}
+    for tok, name, typ, path, dtype in rows:
+        if int(tok) in out or str(dtype) not in INT_DTYPES or not is_embedding_node(str(name), typ):
+            continue
+        try:
+            out[int(tok)] = read_ids(str(path))
+        except DumpError:
+            continue
+    return out
+
+
+def _first_difference(golden: list[int], test: list[int]) -> tuple[int | None, int | None]:
+    for a, b in zip(golden, test, strict=False):
+        if a != b:
+            return a, b
+    n = min(len(golden), len(test))
+    return (golden[n] if n < len(golden) else None), (test[n] if n < len(test) else None)
+
+
+def token_inputs(
+    con: duckdb.DuckDBPyConnection, cmp_id: int, tokens: list[int], logits: dict[int, LogitsRow]
+) -> list[TokenInputs]:
+    """The input status of each token of a comparison (see the module docstring for the sources)."""
+    runs = con.execute("SELECT golden_run, test_run FROM comparisons WHERE cmp_id = ?", [cmp_id]).fetchone()
+    if runs is None:
+        raise ValueError(f"no comparison {cmp_id} in the catalog")
+    g_meta, t_meta = _run_meta(con, int(runs[0])), _run_meta(con, int(runs[1]))
+    g_rec, t_rec = recorded_input_ids(g_meta), recorded_input_ids(t_meta)
+    g_emb: dict[int, list[int]] | None = None
+    t_emb: dict[int, list[int]] | None = None
+    followed = follows(g_meta) or follows(t_meta)
+    out: list[TokenInputs] = []
+    since: int | None = None
+    for tok in sorted(tokens):
+        row = TokenInputs(tok)
+        g_ids, t_ids = g_rec.get(tok), t_rec.get(tok)
+        source = "manifest" if g_ids is not None and t_ids is not None else None
+        if source is None:
+            if g_emb is None or t_emb is None:
+                g_emb, t_emb = embedding_ids(con, int(runs[0])), embedding_ids(con, int(runs[1]))
+            g_ids = g_ids if g_ids is not None else g_emb.get(tok)
+            t_ids = t_ids if t_ids is not None else t_emb.get(tok)
+            source = "embedding" if g_ids is not None and t_ids is not None else None
+        if source is not None and g_ids is not None and t_ids is not None:
+            row.source = source
+            row.inputs_differ = g_ids != t_ids
+            if row.inputs_differ:
+                row.golden_input_id, row.test_input_id = _first_difference(g_ids, t_ids)
+        elif not followed and (prev := logits.get(tok - 1)) is not None and prev.top1_agree is not None:
+            row.source = "top-1"
+            row.inputs_differ = not prev.top1_agree
+            if row.inputs_differ:
+                row.golden_input_id, row.test_input_id = prev.golden_top1, prev.test_top1
+        if row.inputs_differ:
+            row.reason = f"inputs differ (golden token id {row.golden_input_id}, test token id {row.test_input_id})" + (
+                " [from the previous token's top-1]" if row.source == "top-1" else ""
+            )
+            since = tok if since is None else since
+        elif since is not None:
+            row.inputs_differ = True
+            row.reason = f"inputs of token {since} differ: the runs' caches hold different tokens since then"
+        out.append(row)
+    return out
+
+
+def store_token_status(con: duckdb.DuckDBPyConnection, cmp_id: int, rows: list[TokenInputs]) -> None:
+    """Replace the `token_status` rows of a comparison."""
+    df = pd.DataFrame(
+        {
+            "token_id": [r.token_id for r in rows],
+            "inputs_differ": pd.array([r.inputs_differ for r in rows], dtype="boolean"),
+            "golden_input_id": pd.array([r.golden_input_id for r in rows], dtype="Int64"),
+            "test_input_id": pd.array([r.test_input_id for r in rows], dtype="Int64"),
+            "source": pd.Series([r.source for r in rows], dtype="object"),
+            "reason": pd.Series([r.reason for r in rows], dtype="object"),
+        }
+    )
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute("DELETE FROM token_status WHERE cmp_id = ?", [cmp_id])
+        if len(df):
+            con.register("_ts", df)
+            con.execute(
+                "INSERT INTO token_status (cmp_id, token_id, inputs_differ, golden_input_id, test_input_id, source, "
+                "reason) SELECT ?, token_id, inputs_differ, golden_input_id, test_input_id, source, reason FROM _ts",
+                [cmp_id],
+            )
+            con.unregister("_ts")
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
+def compared_tokens(con: duckdb.DuckDBPyConnection, cmp_id: int) -> list[int]:
+    """The golden tokens a comparison holds pairs for."""
+    return [
+        int(t)
+        for (t,) in con.execute(
+            "SELECT DISTINCT token_id FROM matches WHERE cmp_id = ? ORDER BY 1", [cmp_id]
+        ).fetchall()
+    ]
+
+
+def refresh_token_analysis(con: duckdb.DuckDBPyConnection, cmp_id: int) -> tuple[list[LogitsRow], list[TokenInputs]]:
+    """Compute and store the logits rows and the input status of every token of a comparison's runs
+    (a token's status depends on the tokens before it, so a `--tokens` selection does not narrow it)."""
+    rows = rows_from_catalog(con, cmp_id)
+    store_logits(con, cmp_id, rows)
+    keys = sorted(set(compared_tokens(con, cmp_id)) | {r.token_id for r in rows})
+    status = token_inputs(con, cmp_id, keys, {r.token_id: r for r in rows})
+    store_token_status(con, cmp_id, status)
+    return rows, status
+
+
+def load_token_status(con: duckdb.DuckDBPyConnection, cmp_id: int) -> list[TokenInputs]:
+    """The stored `token_status` rows of a comparison, in token order."""
+    return [
+        TokenInputs(int(r[0]), r[1], r[2], r[3], r[4], r[5])
+        for r in con.execute(
+            "SELECT token_id, inputs_differ, golden_input_id, test_input_id, source, reason FROM token_status "
+            "WHERE cmp_id = ? ORDER BY token_id",
+            [cmp_id],
+        ).fetchall()
+    ]
+
+
+def token_lines(con: duckdb.DuckDBPyConnection, cmp_id: int) -> tuple[str, dict[int, str]]:
+    """What `wb compare` prints about tokens: the first divergent token (the first whose logits fail, with its
+    metrics) and, per token whose inputs differ, the line that replaces its verdict."""
+    from workbench.analysis.verdicts.logits import (
+        describe,
+        first_failing,
+        from_model_output,
+        load_rows,
+        statistics_only_logits,
+    )
+
+    rows = load_rows(con, cmp_id)
+    first = first_failing(rows)
+    stats_only = None if first is not None or any(r.passed for r in rows) else statistics_only_logits(con, cmp_id)
+    stand_in = from_model_output(rows)
+    said = f"; no LM head in the dumps: the model's output, {stand_in}" if stand_in else ""
+    if first is not None:
+        head = f"first divergent token: {first.token_id} ({describe(first)}{said})"
+    elif any(r.passed for r in rows):
+        n = sum(1 for r in rows if r.passed)
+        head = f"first divergent token: none (the logits of all {n} judged tokens pass{said})"
+    elif stats_only is not None:
+        head = f"first divergent token: unknown ({stats_only})"
+    else:
+        why = next((r.reason for r in rows if r.reason), "no lm_head/LmHead output or model output in the dumps")
+        head = f"first divergent token: unknown (no logits compared: {why})"
+    lines: dict[int, str] = {}
+    since: int | None = None
+    for st in load_token_status(con, cmp_id):
+        if not st.inputs_differ:
+            continue
+        if since is None:
+            since = st.token_id
+            lines[st.token_id] = f"token {st.token_id}: {st.reason}: comparisons from here on are of different inputs"
+        elif st.golden_input_id is not None or st.test_input_id is not None:
+            lines[st.token_id] = f"token {st.token_id}: {st.reason}: no op named"
+        else:
+            lines[st.token_id] = f"token {st.token_id}: no op named (the inputs of token {since} differ)"
+    return head, lines

@@ -1,0 +1,2 @@
+"""Computing the pairs: units of work, the worker, the process pool and its lifeline, the
+early pairs, the executor, Ray."""

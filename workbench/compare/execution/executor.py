@@ -1,0 +1,579 @@
+"""Computing a comparison's pending pairs: plan the tasks, run them in process or in the worker pool, store results.
+
+`compute_pending` is the entry point: pairs whose metrics are already in the catalog are not computed again,
+and results are committed in batches, so an interrupted run keeps every batch it committed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from array import array
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Protocol
+
+import duckdb
+import numpy as np
+import pandas as pd
+
+from workbench.catalog import first_row
+from workbench.compare.execution.early import EarlyPairs, PairKey
+from workbench.compare.execution.pool import IN_PROCESS_BYTES, PoolStarter
+from workbench.compare.execution.tasks import PairTask, StatsTask, batches, file_identity, tensor_bytes
+from workbench.compare.execution.worker import run_batch
+from workbench.compare.judging.judge import PairResult, StatsResult, compute_dtype, judge_pair, result_from_wire
+from workbench.compare.judging.thresholds import Thresholds
+from workbench.compare.pairing.matching import RunFrames
+from workbench.core.metrics import ALL_METRICS, STAT_BOUND, STAT_METRIC_NAMES, STAT_STEP_KEY, SUMMARY_FIELDS
+from workbench.core.progress import CompareCancelled, Progress, ProgressFn
+
+Judge = Callable[[PairResult], tuple[bool | None, list[str]]]
+
+
+class Cluster(Protocol):
+    """Runs batches elsewhere (`workbench.compare.execution.ray_exec.RayCluster`), handing each batch's results back."""
+
+    def run(
+        self,
+        todo: Sequence[list[PairTask | StatsTask]],
+        take: Callable[[list[dict[str, Any]]], None],
+        cancel: threading.Event | None,
+    ) -> None: ...
+
+
+FLUSH_ROWS = 4096  # buffered result rows (about 1 KB each, with their statistics rows) written at once
+# Ranks compared at once may share one run (a single-rank golden partnering every test rank): two flushes updating
+# the same `tensors` rows at once would fail DuckDB's optimistic check ("Conflict on update"), so flushes take turns.
+_FLUSH_LOCK = threading.Lock()
+
+
+class ResultSink:
+    """Buffers worker results and writes them to the catalog in transactions."""
+
+    def __init__(
+        self, con: duckdb.DuckDBPyConnection, cmp_id: int, golden_run: int, test_run: int, judge: Judge
+    ) -> None:
+        self.con, self.cmp_id, self.golden_run, self.test_run, self.judge = con, cmp_id, golden_run, test_run, judge
+        self.metric_rows: list[dict[str, Any]] = []
+        self.stat_rows: list[dict[str, Any]] = []
+        self.stat_metric_rows: list[dict[str, Any]] = []
+        self.failed = 0
+        self.uncomparable = 0
+        self.done_pairs: set[int] = set()
+        self.done_stats: set[tuple[int, int]] = set()
+        # pairs that read exactly the files of another pair (hard-linked dumps): computed once, copied;
+        # pair id -> its copies as flat (pair id, golden tensor id, test tensor id) triples
+        self.aliases: dict[int, array[int]] = {}
+
+    def is_done(self, task: PairTask | StatsTask) -> bool:
+        if isinstance(task, PairTask):
+            return task.pair_id in self.done_pairs
+        return (task.run_id, task.tensor_id) in self.done_stats
+
+    def add_wire(self, results: list[dict[str, Any]]) -> None:
+        """Add the results of one worker batch, as the worker sent them."""
+        for res in results:
+            self.add(result_from_wire(res))
+
+    def add(self, res: PairResult | StatsResult) -> None:
+        if isinstance(res, StatsResult):
+            self.done_stats.add((res.run_id, res.tensor_id))
+            s = res.summary or {}
+            self.stat_rows.append(
+                {
+                    "run_id": res.run_id,
+                    "tensor_id": res.tensor_id,
+                    **{f: s.get(f) for f in SUMMARY_FIELDS},
+                    "error": res.error,
+                }
+            )
+            return
+        copies = self.aliases.get(res.pair_id)
+        if copies is not None:
+            for k in range(0, len(copies), 3):
+                self.add(res.under(copies[k], copies[k + 1], copies[k + 2]))
+        self.done_pairs.add(res.pair_id)
+        values = res.values
+        passed, over = self.judge(res)
+        g, t = res.golden or {}, res.test or {}
+        self.metric_rows.append(
+            {
+                "pair_id": res.pair_id,
+                **{m: values.get(m) for m in ALL_METRICS},
+                "golden_nan_count": g.get("nan_count"),
+                "golden_inf_count": g.get("inf_count"),
+                "my_nan_count": t.get("nan_count"),
+                "my_inf_count": t.get("inf_count"),
+                "finite_only": res.finite_only,
+                "passed": passed,
+                "failed_metrics": ",".join(over) if over else None,
+                "cmp_fail_reason": res.reason or None,
+            }
+        )
+        if passed is False:
+            self.failed += 1
+        if not res.comparable:
+            self.uncomparable += 1
+        if res.stat_values:
+            self.stat_metric_rows.append({"pair_id": res.pair_id, **res.stat_values})
+        if g:
+            self.stat_rows.append({"run_id": self.golden_run, "tensor_id": res.golden_tensor_id, **g, "error": None})
+        if t:
+            self.stat_rows.append({"run_id": self.test_run, "tensor_id": res.test_tensor_id, **t, "error": None})
+        if len(self.metric_rows) >= FLUSH_ROWS:  # one result may stand for thousands of hard-linked pairs
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.metric_rows and not self.stat_rows and not self.stat_metric_rows:
+            return
+        with _FLUSH_LOCK:
+            self._write()
+        self.metric_rows.clear()
+        self.stat_rows.clear()
+        self.stat_metric_rows.clear()
+
+    def _write(self) -> None:
+        con = self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            if self.metric_rows:
+                mdf = pd.DataFrame(self.metric_rows)
+                for col in ("golden_nan_count", "golden_inf_count", "my_nan_count", "my_inf_count"):
+                    mdf[col] = mdf[col].astype("Int64")
+                for col in ALL_METRICS:
+                    mdf[col] = mdf[col].astype("float64")
+                mdf["passed"] = mdf["passed"].astype("boolean")
+                con.register("_mdf", mdf)
+                cols = ", ".join(
+                    [
+                        "pair_id",
+                        *ALL_METRICS,
+                        "golden_nan_count",
+                        "golden_inf_count",
+                        "my_nan_count",
+                        "my_inf_count",
+                        "finite_only",
+                        "passed",
+                        "failed_metrics",
+                        "cmp_fail_reason",
+                    ]
+                )
+                con.execute(
+                    f"INSERT OR REPLACE INTO metrics (cmp_id, {cols}) SELECT ?, {cols} FROM _mdf", [self.cmp_id]
+                )
+                con.unregister("_mdf")
+            if self.stat_metric_rows:
+                xdf = pd.DataFrame(self.stat_metric_rows, columns=["pair_id", *STAT_METRIC_NAMES])
+                for col in STAT_METRIC_NAMES:
+                    xdf[col] = xdf[col].astype("float64")
+                con.register("_xdf", xdf)
+                cols = ", ".join(["pair_id", *STAT_METRIC_NAMES])
+                con.execute(
+                    f"INSERT OR REPLACE INTO stat_metrics (cmp_id, {cols}) SELECT ?, {cols} FROM _xdf", [self.cmp_id]
+                )
+                con.unregister("_xdf")
+            if self.stat_rows:
+                sdf = pd.DataFrame(self.stat_rows).drop_duplicates(["run_id", "tensor_id"], keep="last")
+                for col in ("numel", "nan_count", "inf_count"):
+                    sdf[col] = sdf[col].astype("Int64")
+                for col in ("min", "max", "mean", "std", "norm"):
+                    sdf[col] = sdf[col].astype("float64")
+                con.register("_sdf", sdf)
+                con.execute(
+                    "UPDATE tensors SET min = s.min, max = s.max, mean = s.mean, std = s.std, norm = s.norm, "
+                    "nan_count = s.nan_count, inf_count = s.inf_count, numel = coalesce(s.numel, tensors.numel), "
+                    "error = coalesce(s.error, tensors.error) "
+                    "FROM _sdf s WHERE tensors.run_id = s.run_id AND tensors.tensor_id = s.tensor_id"
+                )
+                con.unregister("_sdf")
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+
+
+def execute_tasks(
+    tasks: Sequence[PairTask | StatsTask],
+    sizes: Sequence[int],
+    sink: ResultSink,
+    *,
+    workers: int,
+    progress: ProgressFn | None,
+    cancel: threading.Event | None,
+    stage: str = "compare",
+    pool: ProcessPoolExecutor | PoolStarter | None = None,
+    early: EarlyPairs | None = None,
+    claims: dict[PairKey, PairTask] | None = None,
+    cluster: Cluster | None = None,
+) -> None:
+    """Run tasks in `pool` (or in process without one or when small, or on `cluster`), streaming results into the
+    sink. The pool belongs to the caller (the compare job decides whether one is worth starting, and stops it).
+
+    `claims` maps pairs computed early (`early`) to the tasks that take their results.
+    """
+    t0 = time.perf_counter()
+    if progress:
+        progress(Progress(stage, 0, len(tasks)))
+    if not tasks:
+        return
+    if cluster is not None:
+        if early is not None:
+            # not taken on this path: held, the early results (a dict per pair) would pile up until the end
+            early.drop()
+        _run_on_cluster(tasks, sizes, sink, cluster, progress, cancel, stage, t0)
+        return
+    started = None
+    if pool is not None and workers > 1 and sum(sizes) >= IN_PROCESS_BYTES:
+        started = pool.get() if isinstance(pool, PoolStarter) else pool  # None: the pool could not start
+    if started is None:
+        if early is not None:
+            # not taken on this path: held, the early results (a dict per pair) would pile up until the end
+            early.drop()
+        _run_in_process(tasks, sizes, sink, progress, cancel, stage, t0)
+        return
+    try:
+        _run_in_pool(tasks, sizes, sink, workers, progress, cancel, stage, t0, started, early, claims or {})
+    except BrokenProcessPool:
+        # a worker died (killed, out of memory, an unimportable __main__): finish here, one pair at a time
+        sink.flush()
+        left = [(t, n) for t, n in zip(tasks, sizes) if not sink.is_done(t)]
+        _run_in_process([t for t, _ in left], [n for _, n in left], sink, progress, cancel, stage, t0)
+
+
+class _Reporter:
+    """Progress callbacks and periodic flushes of the sink, shared by the in-process and pool paths."""
+
+    def __init__(self, sink: ResultSink, progress: ProgressFn | None, stage: str, total: int, t0: float) -> None:
+        self.sink, self.progress, self.stage, self.total, self.t0 = sink, progress, stage, total, t0
+        self.done = 0
+        self.last_flush = time.perf_counter()
+
+    def advance(self, n: int, force_flush: bool = False) -> None:
+        self.done += n
+        now = time.perf_counter()
+        if self.progress:
+            self.progress(Progress(self.stage, self.done, self.total, self.done / max(now - self.t0, 1e-9)))
+        pending = len(self.sink.metric_rows) + len(self.sink.stat_rows)
+        if force_flush or now - self.last_flush > 1.0 or pending > 5000:
+            self.sink.flush()
+            self.last_flush = now
+
+
+def _run_in_process(
+    tasks: Sequence[PairTask | StatsTask],
+    sizes: Sequence[int],
+    sink: ResultSink,
+    progress: ProgressFn | None,
+    cancel: threading.Event | None,
+    stage: str,
+    t0: float,
+) -> None:
+    reporter = _Reporter(sink, progress, stage, len(tasks), t0)
+    for batch in batches(tasks, sizes):
+        if cancel is not None and cancel.is_set():
+            sink.flush()
+            raise CompareCancelled()
+        sink.add_wire(run_batch(batch))
+        reporter.advance(len(batch))
+    sink.flush()
+
+
+def _run_on_cluster(
+    tasks: Sequence[PairTask | StatsTask],
+    sizes: Sequence[int],
+    sink: ResultSink,
+    cluster: Cluster,
+    progress: ProgressFn | None,
+    cancel: threading.Event | None,
+    stage: str,
+    t0: float,
+) -> None:
+    reporter = _Reporter(sink, progress, stage, len(tasks), t0)
+
+    def take(results: list[dict[str, Any]]) -> None:
+        sink.add_wire(results)
+        reporter.advance(len(results))
+
+    try:
+        cluster.run(list(batches(tasks, sizes)), take, cancel)
+    finally:
+        sink.flush()  # what came back is kept, whatever ended the run
+    reporter.advance(0, force_flush=True)
+
+
+def _run_in_pool(
+    tasks: Sequence[PairTask | StatsTask],
+    sizes: Sequence[int],
+    sink: ResultSink,
+    workers: int,
+    progress: ProgressFn | None,
+    cancel: threading.Event | None,
+    stage: str,
+    t0: float,
+    pool: ProcessPoolExecutor,
+    early: EarlyPairs | None,
+    claims: dict[PairKey, PairTask],
+) -> None:
+    reporter = _Reporter(sink, progress, stage, len(tasks), t0)
+    claimed = {t.pair_id for t in claims.values()}
+    rest = [(t, n) for t, n in zip(tasks, sizes) if not (isinstance(t, PairTask) and t.pair_id in claimed)]
+    # largest first: the workers then finish together instead of one computing a big pair while the others idle
+    rest.sort(key=lambda tn: tn[1], reverse=True)
+    todo: deque[list[PairTask | StatsTask]] = deque(batches([t for t, _ in rest], [n for _, n in rest]))
+    early_futures: set[Future[list[dict[str, Any]]]] = set()
+    if early is not None:
+        early_futures = set(early.keep_only(claims))
+    inflight: dict[Future[list[dict[str, Any]]], int] = {}
+
+    def submit_more() -> None:
+        while len(inflight) < 2 * workers and todo:
+            nxt = todo.popleft()
+            inflight[pool.submit(run_batch, nxt)] = len(nxt)
+
+    submit_more()
+    while inflight or early_futures:
+        if cancel is not None and cancel.is_set():
+            for f in [*inflight, *early_futures]:
+                f.cancel()
+            sink.flush()
+            raise CompareCancelled()
+        finished, _ = wait([*inflight, *early_futures], timeout=0.2, return_when=FIRST_COMPLETED)
+        n_done = 0
+        for f in finished:
+            if f in early_futures:
+                early_futures.discard(f)
+                if early is not None and not f.cancelled():
+                    n_done += _take_early(f.result(), early, claims, sink)
+                if early is not None:
+                    early.release(f)
+                if not early_futures:  # whatever the early batches did not deliver is computed now
+                    left = [t for t in claims.values() if not sink.is_done(t)]
+                    todo.extend(batches(left, [0] * len(left)))
+                continue
+            n_done += inflight.pop(f)
+            sink.add_wire(f.result())
+        submit_more()
+        reporter.advance(n_done)
+    reporter.advance(0, force_flush=True)
+
+
+def _take_early(
+    results: list[dict[str, Any]], early: EarlyPairs, claims: dict[PairKey, PairTask], sink: ResultSink
+) -> int:
+    """Hand the claimed results of one early batch to the sink, under the claiming task's ids."""
+    n = 0
+    for wire in results:
+        res = result_from_wire(wire)
+        assert isinstance(res, PairResult)
+        task = claims.get(early.keys[res.pair_id])
+        if task is not None and not sink.is_done(task):
+            sink.add(res.under(task.pair_id, task.golden_tensor_id, task.test_tensor_id))
+            n += 1
+    early.taken += n
+    return n
+
+
+class _PairFacts:
+    """pair_id -> (golden node id, test dtype, io) of the pairs to judge, as columns: no per-pair Python objects
+    (three dicts of a 150k-file dump's pairs were ~15 MB)."""
+
+    def __init__(self, pairs: pd.DataFrame, test: RunFrames) -> None:
+        ids = pairs["pair_id"].to_numpy(dtype=np.int64)
+        order = np.argsort(ids, kind="stable")
+        self.ids = ids[order]
+        self.node = pairs["golden_node_id"].to_numpy(dtype=np.int64)[order]
+        io = pd.Categorical(pairs["io"].astype(str))
+        self.io_codes, self.io_names = io.codes[order], [str(x) for x in io.categories]
+        t = test.tensors
+        dtypes = t["dtype"] if isinstance(t["dtype"].dtype, pd.CategoricalDtype) else t["dtype"].astype("category")
+        self.dtype_names: list[str | None] = [str(x) for x in dtypes.cat.categories]
+        pos = pd.Index(t["tensor_id"]).get_indexer(pairs["test_tensor_id"])
+        codes = dtypes.cat.codes.to_numpy()
+        self.dtype_codes = np.where(pos >= 0, codes[np.maximum(pos, 0)] if len(codes) else -1, -1)  # pairs' order
+        dense = len(ids) == 0 or int(self.ids[-1]) - int(self.ids[0]) == len(ids) - 1  # sorted; unique pair ids
+        self.base = int(self.ids[0]) if len(ids) else 0
+        self.pos = None if dense else {int(x): i for i, x in enumerate(self.ids)}
+        self.order = order
+
+    def test_dtypes(self) -> Iterator[str | None]:
+        """The test dtype of every pair, in the pairs' order."""
+        names = self.dtype_names
+        return (names[c] if c >= 0 else None for c in self.dtype_codes.tolist())
+
+    def __getitem__(self, pair_id: int) -> tuple[int, str | None, str]:
+        i = pair_id - self.base if self.pos is None else self.pos[pair_id]
+        c = int(self.dtype_codes[self.order[i]])
+        return int(self.node[i]), self.dtype_names[c] if c >= 0 else None, self.io_names[self.io_codes[i]]
+
+
+def operand_paths(con: duckdb.DuckDBPyConnection, run_id: int, transform: str) -> str:
+    """A transform's `#tensor_id` operands (`compare.pairing.quant_pairs`) replaced by their files (`#missing` kept)."""
+    steps = []
+    for step in transform.split(";"):
+        head, sep, ref = step.partition(":#")
+        if sep and ref.isdigit():
+            row = first_row(
+                con.execute("SELECT path FROM tensors WHERE run_id = ? AND tensor_id = ?", [run_id, int(ref)])
+            )
+            path = None if row is None else row[0]
+            step = f"{head}:{path}" if path and ";" not in str(path) else f"{head}:#missing"
+        steps.append(step)
+    return ";".join(steps)
+
+
+# the pending pairs with their files, in token then golden execution order (partial results are the useful ones)
+_PLAN_SQL = """
+SELECT p.pair_id, p.golden_tensor_id, p.test_tensor_id, p.transform, g.path, g.dtype, g.numel, t.path, t.dtype, t.numel
+FROM _todo p
+JOIN tensors g ON g.run_id = $golden AND g.tensor_id = p.golden_tensor_id
+JOIN tensors t ON t.run_id = $test AND t.tensor_id = p.test_tensor_id
+LEFT JOIN nodes n ON n.run_id = $golden AND n.node_id = p.golden_node_id
+ORDER BY p.token_id, n.exec_order NULLS LAST, p.golden_node_id, p.pair_id
+"""
+PLAN_SLICE = 8192  # planned rows fetched at a time
+
+
+def compute_pending(
+    con: duckdb.DuckDBPyConnection,
+    cmp_id: int,
+    golden: RunFrames,
+    test: RunFrames,
+    pairs: pd.DataFrame,
+    thresholds: Thresholds,
+    *,
+    workers: int,
+    progress: ProgressFn | None = None,
+    cancel: threading.Event | None = None,
+    stats_for_unpaired: bool = True,
+    pool: ProcessPoolExecutor | PoolStarter | None = None,
+    early: EarlyPairs | None = None,
+    cluster: Cluster | None = None,
+) -> tuple[int, int, int]:
+    """Compute metrics for pairs without them, and stats of unpaired tensors (on `cluster` when given).
+
+    Returns (computed, failed, uncomparable).
+    """
+    done_ids = {int(x) for x in con.execute("SELECT pair_id FROM metrics WHERE cmp_id = ?", [cmp_id]).df()["pair_id"]}
+    todo = pairs[~pairs["pair_id"].isin(done_ids)]
+    tasks: list[PairTask | StatsTask] = []
+    sizes: list[int] = []
+    first_of: dict[PairKey, int] = {}
+    aliases: dict[int, array[int]] = {}
+    claims: dict[PairKey, PairTask] = {}
+    g_stats, t_stats = _recorded_stats(con, golden.run_id), _recorded_stats(con, test.run_id)
+    if early is not None:
+        early.wait_submitted()
+    # paths come from the catalog a slice at a time: one Python string per tensor file is held by no frame
+    con.register(
+        "_todo", todo[["pair_id", "token_id", "golden_tensor_id", "test_tensor_id", "golden_node_id", "transform"]]
+    )
+    try:
+        cur = con.execute(_PLAN_SQL, {"golden": golden.run_id, "test": test.run_id})
+        while rows := cur.fetchmany(PLAN_SLICE):
+            for pair_id, g_tid, t_tid, transform, g_path, g_dtype, g_numel, t_path, t_dtype, t_numel in rows:
+                if transform is not None and "#" in transform:  # a dequantized int tensor's operands
+                    transform = operand_paths(con, test.run_id, transform)
+                g_file, t_file = file_identity(g_path), file_identity(t_path)
+                key: PairKey | None = None
+                if g_file is not None and t_file is not None:
+                    key = (g_file, t_file, t_dtype, transform)
+                    if key in first_of:
+                        aliases.setdefault(first_of[key], array("q")).extend((pair_id, g_tid, t_tid))
+                        continue
+                    first_of[key] = pair_id
+                gs = g_stats.get(g_tid) if g_path is None else None
+                ts = t_stats.get(t_tid) if t_path is None else None
+                if gs is not None or ts is not None:  # a statistics-only side: compared on statistics
+                    numel = int(g_numel) if g_numel is not None else None
+                    task = PairTask(pair_id, g_path, t_path, t_dtype, g_tid, t_tid, transform, gs, ts, numel)
+                else:
+                    task = PairTask(pair_id, g_path, t_path, t_dtype, g_tid, t_tid, transform)
+                if early is not None and key is not None and early.has(key):
+                    claims[key] = task
+                tasks.append(task)
+                sizes.append(
+                    (tensor_bytes(g_numel, g_dtype) if g_path else 0)
+                    + (tensor_bytes(t_numel, t_dtype) if t_path else 0)
+                )
+    finally:
+        con.unregister("_todo")
+    if stats_for_unpaired:
+        con.register("_paired", pairs[["golden_tensor_id", "test_tensor_id"]])
+        try:
+            for run, side in ((golden.run_id, "golden_tensor_id"), (test.run_id, "test_tensor_id")):
+                for tid, path, dtype, numel in con.execute(
+                    "SELECT tensor_id, path, dtype, numel FROM tensors WHERE run_id = ? AND std IS NULL "
+                    f"AND path IS NOT NULL AND error IS NULL AND tensor_id NOT IN (SELECT {side} FROM _paired) "
+                    "ORDER BY tensor_id",
+                    [run],
+                ).fetchall():
+                    tasks.append(StatsTask(run, int(tid), str(path)))
+                    sizes.append(tensor_bytes(numel, dtype))
+        finally:
+            con.unregister("_paired")
+
+    node_info = {
+        int(n): (str(nm), str(tp) if tp is not None else "", bool(pd.isna(parent)))
+        for n, nm, tp, parent in zip(
+            golden.nodes["node_id"], golden.nodes["name"], golden.nodes["type"], golden.nodes["parent_id"]
+        )
+    }
+    facts = _PairFacts(pairs, test)
+    run_dtype = compute_dtype(facts.test_dtypes())
+
+    def judge(res: PairResult) -> tuple[bool | None, list[str]]:
+        node, test_dtype, io = facts[res.pair_id]
+        name, op_type, is_root = node_info[node]
+        return judge_pair(
+            thresholds,
+            res.values,
+            res.golden,
+            res.test,
+            test_dtype,
+            node_name=name,
+            node_type=op_type,
+            io=io,
+            is_model=is_root,
+            stat_bound=(res.stat_values or {}).get(STAT_BOUND),
+            run_dtype=run_dtype,
+        )
+
+    sink = ResultSink(con, cmp_id, golden.run_id, test.run_id, judge)
+    sink.aliases = aliases
+    n_stats = sum(1 for t in tasks if isinstance(t, StatsTask))
+    # the progress counts tasks: the pairs to compute (files shared by several pairs once) and the statistics
+    # of tensors without a counterpart; the label says both, so its total and the summary's `pairs compared` agree
+    n_pair_tasks = len(tasks) - n_stats
+    pairs_part = f"{len(todo)} pairs" + (f" in {n_pair_tasks} tasks" if n_pair_tasks != len(todo) else "")
+    stage = f"compare ({pairs_part}" + (f" + {n_stats} unpaired tensors' statistics)" if n_stats else ")")
+    execute_tasks(
+        tasks,
+        sizes,
+        sink,
+        workers=workers,
+        progress=progress,
+        cancel=cancel,
+        pool=pool,
+        early=early,
+        claims=claims,
+        stage=stage,
+        cluster=cluster,
+    )
+    return len(todo), sink.failed, sink.uncomparable
+
+
+def _recorded_stats(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[int, dict[str, float | None]]:
+    """tensor_id -> the max/min/mean/norm a statistics-only dump recorded, for its tensors without data."""
+    rows = con.execute(
+        "SELECT tensor_id, max, min, mean, norm FROM tensors WHERE run_id = ? AND path IS NULL "
+        "AND (max IS NOT NULL OR min IS NOT NULL OR mean IS NOT NULL OR norm IS NOT NULL)",
+        [run_id],
+    ).fetchall()
+    found = first_row(
+        con.execute(f"SELECT TRY_CAST(meta->>'{STAT_STEP_KEY}' AS DOUBLE) FROM runs WHERE run_id = ?", [run_id])
+    )
+    extra = {"step": float(found[0])} if found and found[0] else {}
+    return {int(r[0]): {"max": r[1], "min": r[2], "mean": r[3], "norm": r[4], **extra} for r in rows}

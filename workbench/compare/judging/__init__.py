@@ -1,0 +1,1 @@
+"""Judging a pair: the metric kernels, statistics metrics, thresholds, the pass/fail rule."""

@@ -1,0 +1,215 @@
+"""Pass/fail of a tensor pair: the typed result of one computed pair, the one NaN/Inf rule, re-judging.
+
+The worker sends plain dicts (cheap to pickle, see `compare.execution.worker`); `result_from_wire` turns each into a
+`PairResult` or a `StatsResult` as it arrives. `judge_pair` is the one place a pair's verdict is decided:
+the compare sink, `rejudge` (new thresholds, no tensor read) and the ATB precheck all call it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from workbench.compare.judging.thresholds import NAN_INF, Thresholds
+from workbench.core.metrics import ALL_METRICS, STAT_BOUND, SUMMARY_FIELDS
+
+if TYPE_CHECKING:
+    import duckdb
+
+Stats = dict[str, Any]  # one tensor's statistics, keyed by `SUMMARY_FIELDS`
+
+
+@dataclass(frozen=True, slots=True)
+class PairResult:
+    """The metrics of one golden/test pair and both sides' statistics (None: that side was unreadable)."""
+
+    pair_id: int
+    golden_tensor_id: int
+    test_tensor_id: int
+    values: dict[str, float | None]
+    finite_only: bool
+    reason: str | None
+    golden: Stats | None = None
+    test: Stats | None = None
+    stat_values: dict[str, float | None] | None = None  # `STAT_METRICS` (every pair; the only ones on statistics)
+
+    @property
+    def comparable(self) -> bool:
+        """Whether any metric (tensor or statistics) could be computed."""
+        return any(self.values.get(m) is not None for m in ALL_METRICS) or self.on_statistics
+
+    @property
+    def on_statistics(self) -> bool:
+        """No tensor metric, but statistics ones: a side of a statistics-only dump."""
+        return not any(self.values.get(m) is not None for m in ALL_METRICS) and any(
+            v is not None for v in (self.stat_values or {}).values()
+        )
+
+    def under(self, pair_id: int, golden_tensor_id: int, test_tensor_id: int) -> PairResult:
+        """The same numbers for another pair that reads the same files."""
+        return replace(self, pair_id=pair_id, golden_tensor_id=golden_tensor_id, test_tensor_id=test_tensor_id)
+
+
+@dataclass(frozen=True, slots=True)
+class StatsResult:
+    """The statistics of one tensor no pair covers; `error` says why there are none."""
+
+    run_id: int
+    tensor_id: int
+    summary: Stats | None
+    error: str | None
+
+
+def result_from_wire(res: dict[str, Any]) -> PairResult | StatsResult:
+    """The typed form of one result dict of `compare.execution.worker.run_batch`."""
+    if "pair_id" in res:
+        return PairResult(
+            int(res["pair_id"]),
+            int(res["golden_tensor_id"]),
+            int(res["test_tensor_id"]),
+            res.get("values") or {},
+            bool(res.get("finite_only")),
+            res.get("reason") or None,
+            res.get("golden") or None,
+            res.get("test") or None,
+            res.get("stat_values") or None,
+        )
+    summary = res.get("summary")
+    return StatsResult(
+        int(res["run_id"]),
+        int(res["tensor_id"]),
+        {f: summary.get(f) for f in SUMMARY_FIELDS} if summary else None,
+        res.get("error"),
+    )
+
+
+def nan_inf_mismatch(golden: Stats | None, test: Stats | None) -> bool:
+    """The test side has NaN/Inf and not exactly the golden side's counts of them (the one NaN/Inf rule)."""
+    if not golden or not test:
+        return False
+    t_nan, t_inf = test.get("nan_count") or 0, test.get("inf_count") or 0
+    g_nan, g_inf = golden.get("nan_count") or 0, golden.get("inf_count") or 0
+    return t_nan + t_inf > 0 and (t_nan, t_inf) != (g_nan, g_inf)
+
+
+# floating dtypes from the tightest bounds to the loosest
+_PRECISION = ("float64", "float32", "float16", "bfloat16")
+
+
+def compute_dtype(dtypes: Iterable[str | None]) -> str | None:
+    """The floating dtype most of a run's tensors have: what a bf16 model computes in, although some of its ops
+    (RMSNorm's variance, softmax) upcast to float32 and so carry bf16 error in float32 tensors."""
+    counts = Counter(d for d in dtypes if d in _PRECISION)
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def _looser(a: str | None, b: str | None) -> str | None:
+    if a not in _PRECISION or b not in _PRECISION:
+        return a or b
+    return max(a, b, key=_PRECISION.index)
+
+
+def judge_pair(
+    thresholds: Thresholds,
+    values: dict[str, float | None],
+    golden: Stats | None,
+    test: Stats | None,
+    dtype: str | None,
+    *,
+    node_name: str = "",
+    node_type: str = "",
+    io: str = "out",
+    is_model: bool = False,
+    stat_bound: float | None = None,
+    run_dtype: str | None = None,
+) -> tuple[bool | None, list[str]]:
+    """(passed, failed metrics) of one pair. A NaN/Inf mismatch fails it, even when no metric is computable.
+
+    `io` says whether the pair is a node's input or output (rules such as the logits rule judge outputs
+    only); `is_model` marks the model's own output (the root module's). A pair without tensor metrics is
+    judged on its statistics (`stat_bound`, `stat_rel_euclid_bound`) against the looser of its own dtype and
+    the run's compute dtype (`run_dtype`): statistics cannot tell an upcast op's own error from the error its
+    input carried in, which the tensor metrics of its inputs would show.
+    """
+    if stat_bound is not None and not any(values.get(m) is not None for m in ALL_METRICS):
+        return thresholds.judge_statistics(
+            stat_bound,
+            _looser(dtype, run_dtype) or "float32",
+            node_name=node_name,
+            node_type=node_type,
+            io=io,
+            is_model=is_model,
+        )
+    mismatch = nan_inf_mismatch(golden, test)
+    passed, failed = thresholds.judge(
+        values,
+        dtype or "float32",
+        node_name=node_name,
+        node_type=node_type,
+        nan_inf_mismatch=mismatch,
+        io=io,
+        is_model=is_model,
+    )
+    if mismatch and passed is None:
+        return False, [NAN_INF]
+    return passed, failed
+
+
+def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds) -> None:
+    """Apply new thresholds to every computed pair of a comparison (no tensor is read)."""
+    import pandas as pd
+
+    df = con.execute(
+        f"SELECT x.*, s.{STAT_BOUND} AS _stat_bound, gn.name AS _node, gn.type AS _type, "
+        "gn.parent_id IS NULL AS _root, m.io AS _io, tt.dtype AS _dtype "
+        "FROM metrics x LEFT JOIN stat_metrics s USING (cmp_id, pair_id) "
+        "JOIN matches m USING (cmp_id, pair_id) JOIN comparisons c USING (cmp_id) "
+        "JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id "
+        "JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id "
+        "WHERE x.cmp_id = ?",
+        [cmp_id],
+    ).df()
+    if df.empty:
+        return
+    run_dtype = compute_dtype(df["_dtype"])
+    passed, failed = [], []
+    for r in df.to_dict("records"):
+        p, over = judge_pair(
+            thresholds,
+            {m: none_if_na(r[m]) for m in ALL_METRICS},
+            {"nan_count": none_if_na(r["golden_nan_count"]), "inf_count": none_if_na(r["golden_inf_count"])},
+            {"nan_count": none_if_na(r["my_nan_count"]), "inf_count": none_if_na(r["my_inf_count"])},
+            none_if_na(r["_dtype"]),
+            node_name=str(r["_node"]),
+            node_type=str(r["_type"] or ""),
+            io=str(r["_io"]),
+            is_model=bool(r["_root"]),
+            stat_bound=none_if_na(r["_stat_bound"]),
+            run_dtype=run_dtype,
+        )
+        passed.append(p)
+        failed.append(",".join(over) if over else None)
+    upd = pd.DataFrame({"pair_id": df["pair_id"], "passed": pd.array(passed, dtype="boolean"), "failed": failed})
+    con.register("_upd", upd)
+    con.execute(
+        "UPDATE metrics SET passed = u.passed, failed_metrics = u.failed FROM _upd u "
+        "WHERE metrics.cmp_id = ? AND metrics.pair_id = u.pair_id",
+        [cmp_id],
+    )
+    con.unregister("_upd")
+
+
+def none_if_na(v: Any) -> Any:
+    """None for None, NaN, NA and NaT (what pandas hands back for a SQL NULL); `v` otherwise."""
+    import pandas as pd  # loaded already: the value came from pandas
+
+    if v is None:
+        return None
+    try:
+        if pd.isna(v):
+            return None
+    except (TypeError, ValueError):
+        pass
+    return v
