@@ -222,3 +222,29 @@ async def test_detail_verdict_from_the_advisor_says_so_with_its_score(subtle_cat
         assert "error born" not in text
         assert "◆ most likely origin at token 0: no output fails, but the error it adds has advisor score" in text
         assert "(>= 3: stands out of its peers' noise)" in text, text
+
+
+@pytest.mark.anyio
+async def test_status_line_and_trees_name_the_advisors_origin(subtle_catalog: Path) -> None:
+    """Nothing fails at token 0, but the advisor names down_proj: the status line says so (it said "nothing fails"
+    while the detail pane named the origin), and both trees mark the op."""
+    down = _golden_id(subtle_catalog, "root.model.layers.1.mlp.down_proj")
+    app = make_app(catalog=subtle_catalog)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot, app)
+        screen.set_token(0)
+        status = screen.query_one("#status", Static)
+        await wait_for(pilot, lambda: "most likely origin" in _text(status), timeout=30)
+        text = _text(status)
+        assert "most likely origin: root.model.layers.1.mlp.down_proj (advisor score" in text, text
+        assert "no output fails" in text and "nothing fails" not in text and "error born at" not in text, text
+        assert screen.born_id == down
+
+
+def test_report_names_the_advisors_origin(subtle_catalog: Path, tmp_path: Path) -> None:
+    """`wb report`'s verdict table agrees with the app: the advisor's origin, not 'every output passes' alone."""
+    out = tmp_path / "report.html"
+    proc = run_wb("report", str(subtle_catalog), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    html = out.read_text(encoding="utf-8")
+    assert "most likely origin: root.model.layers.1.mlp.down_proj (advisor score" in html

@@ -27,7 +27,7 @@ from workbench.analysis.explorer.severity import (
     Scale,
     value_at,
 )
-from workbench.analysis.explorer.views import Heatmap, NodeStatus, TreeRow
+from workbench.analysis.explorer.views import BORN_ADVISOR, Heatmap, NodeStatus, TreeRow
 from workbench.app.actions import bindings
 from workbench.app.detail import render_detail, render_node_tensors
 from workbench.app.footer import KeysFooter
@@ -77,6 +77,8 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self.drill_layer: int | None = None  # drilled-down row group (a layer, PRE or POST), None = layers view
         self.selected: int | None = None  # golden node id
         self.born_id: int | None = None
+        self.born_why: str | None = None  # what the verdict rests on (views.BORN_FAILS / BORN_PRECHECK / BORN_ADVISOR)
+        self.born_score: float | None = None
         self.born_test_id: int | None = None
         self.evidence: str | None = None
         self.status: dict[int, NodeStatus] = {}
@@ -210,9 +212,9 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         if self.color_by_quant:  # the advisor's score against the expected quantization noise, bound STANDS_OUT
             score = self.explorer.beyond_noise(token)
             status = {g: replace(st, added_error=score.get(g)) for g, st in status.items()}
-        born, born_test, evidence = self.explorer.born_evidence(token)
+        verdict = self.explorer.verdict(token)
         shapes = {side: self.explorer.shapes_at(side, token) for side in ("golden", "test")}
-        self.post_message(StatusReady(token, status, born, born_test, evidence, shapes))
+        self.post_message(StatusReady(token, status, verdict, shapes))
 
     @work(thread=True, exclusive=True, group="detail", exit_on_error=False)
     def load_detail(self, node_id: int, token: int) -> None:
@@ -308,17 +310,19 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
             return
         self.status = msg.status
         self.status_token = msg.token
-        self.born_id = msg.born
-        self.born_test_id = msg.born_test
-        self.evidence = msg.evidence
+        self.born_id = msg.verdict.golden
+        self.born_test_id = msg.verdict.test
+        self.evidence = msg.verdict.evidence
+        self.born_why = msg.verdict.why
+        self.born_score = msg.verdict.score
         for side in ("golden", "test"):
             self._tree(side).set_shapes(msg.shapes.get(side, {}))
         self._recolour()
         self._update_titles()
         if self._follow_born:
             self._follow_born = False
-            if msg.born is not None and msg.born != self.selected:
-                self.select(msg.born)
+            if msg.verdict.golden is not None and msg.verdict.golden != self.selected:
+                self.select(msg.verdict.golden)
                 return
         if self.selected is not None:
             # the test tree follows the counterpart at THIS token (prefill and decode graphs differ)
@@ -443,8 +447,15 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
                     born += f" → test op {tname}"
                 if self.evidence and "precheck" in self.evidence:
                     born += " (precheck)"
+            if self.born_why == BORN_ADVISOR and self.born_score is not None:
+                born += f" (advisor score {self.born_score:.1f}; no output fails)"
             return born
         return "nothing fails" if self.status else "…"
+
+    def _verdict_label(self) -> str:
+        if self.born_id is None:
+            return ""
+        return "most likely origin: " if self.born_why == BORN_ADVISOR else "error born at: "
 
     def _update_titles(self) -> None:
         info = self.explorer.info
@@ -460,7 +471,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         status = Text.assemble(
             ("◆ " if self.born_id is not None else "", self._domain_colours()["born"]),
             (f"token {self.token} ", "bold"),
-            ("error born at: " if self.born_id is not None else "", "bold"),
+            (self._verdict_label(), "bold"),
             (self._born_text(), self._domain_colours()["born"]),
             "  │ ",
             (f"cmp {info.cmp_id} ", "bold"),

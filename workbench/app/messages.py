@@ -13,7 +13,15 @@ if TYPE_CHECKING:
     from workbench.analysis.checks.precheck_result import PrecheckResult
     from workbench.analysis.explorer.explore import Explorer, NodePair, ResultSet, Unmatched
     from workbench.analysis.explorer.ranks import RankEntry
-    from workbench.analysis.explorer.views import Heatmap, NodeStatus, NodeTensors, PairDetail, TensorDiff, TreeRow
+    from workbench.analysis.explorer.views import (
+        Heatmap,
+        NodeStatus,
+        NodeTensors,
+        PairDetail,
+        TensorDiff,
+        TokenVerdict,
+        TreeRow,
+    )
     from workbench.app.screens import PickerEntry
     from workbench.compare.pairing.fingerprint import StaleEntry
     from workbench.compare.pairing.mapping import PairSpec
@@ -91,9 +99,7 @@ class TreesReady(Message):
 class StatusReady(Message):
     token: int
     status: dict[int, NodeStatus]
-    born: int | None
-    born_test: int | None
-    evidence: str | None
+    verdict: TokenVerdict
     shapes: dict[str, dict[int, str]]  # side -> node id -> output shape at this token
 
 

@@ -43,6 +43,7 @@ from workbench.analysis.explorer.views import (
     Side,
     TensorDiff,
     TensorStats,
+    TokenVerdict,
     TreeRow,
     Unmatched,
 )
@@ -100,6 +101,7 @@ class Explorer:
         self._shapes: dict[tuple[str, int], dict[int, str]] = {}
         self._status: OrderedDict[tuple[int, str], dict[int, NodeStatus]] = OrderedDict()
         self._born: dict[int, tuple[int | None, int | None, str | None]] = {}
+        self._verdicts: dict[int, TokenVerdict] = {}
         try:
             self.info = self._load_info(cmp_id)
         except duckdb.Error as exc:
@@ -315,7 +317,7 @@ class Explorer:
         return g, t
 
     def born_evidence(self, token: int) -> tuple[int | None, int | None, str | None]:
-        """The verdict at `token`: golden node, the test op pinned down (precheck), and the evidence (cached)."""
+        """The `error_born` row at `token`: golden node, the test op pinned down (precheck), the evidence (cached)."""
         cached = self._born.get(token)
         if cached is None:
             cached = self._born[token] = self._born_evidence(token)
@@ -330,6 +332,20 @@ class Explorer:
             return None, None, None
         g, t, ev = rows[0]
         return (None if g is None else int(g)), (None if t is None else int(t)), (None if not ev else str(ev))
+
+    def verdict(self, token: int) -> TokenVerdict:
+        """The verdict at `token` (cached): the op where the error is born (its outputs fail while its inputs pass,
+        or a precheck pinned a test op of it down), else the advisor's first op when it stands out of its peers'
+        noise, else nothing."""
+        cached = self._verdicts.get(token)
+        if cached is None:
+            born_g, born_t, evidence = self.born_evidence(token)
+            why, score = self._born_why(born_g, token, evidence)
+            if born_g is None and evidence is None:
+                born_g, score, evidence = self._standing_out(token)
+                why = BORN_ADVISOR if born_g is not None else None
+            cached = self._verdicts[token] = TokenVerdict(born_g, born_t, evidence, why, score)
+        return cached
 
     def born_all(self) -> dict[int, str | None]:
         """token -> golden op name where the error is born."""
@@ -536,11 +552,8 @@ class Explorer:
                     str(test_node or ""),
                 )
             )
-        born_g, born_t, evidence = self.born_evidence(token)
-        why, score = self._born_why(born_g, token, evidence)
-        if born_g is None and evidence is None:
-            born_g, score, evidence = self._standing_out(token)
-            why = BORN_ADVISOR if born_g is not None else None
+        v = self.verdict(token)
+        born_g, born_t, evidence, why, score = v.golden, v.test, v.evidence, v.why, v.score
         born_name = self._node_name(info.golden_run, born_g)
         born_test = self._node_name(info.test_run, born_t)
         return PairDetail(

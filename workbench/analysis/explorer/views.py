@@ -136,6 +136,18 @@ BORN_PRECHECK = "precheck"
 BORN_ADVISOR = "advisor"
 
 
+@dataclass(frozen=True, slots=True)
+class TokenVerdict:
+    """Where the error is born at a token, and what that rests on: the one verdict the status line, the trees'
+    mark and the detail pane show."""
+
+    golden: int | None  # the golden node named, or None: nothing fails and no op stands out
+    test: int | None  # the test op a precheck pinned down, if any
+    evidence: str | None
+    why: str | None  # BORN_FAILS, BORN_PRECHECK or BORN_ADVISOR
+    score: float | None  # the advisor's score of `golden` at this token, if it ranked it
+
+
 @dataclass(slots=True)
 class PairDetail:
     """Everything the detail pane shows for a golden node at a token."""

@@ -21,7 +21,7 @@ import numpy as np
 from workbench.analysis.explorer.explore import Explorer
 from workbench.analysis.explorer.severity import LEVEL_EDGES, PASS_LEVELS, VERDICT
 from workbench.analysis.explorer.token_view import StripCell
-from workbench.analysis.explorer.views import ComparisonInfo, Heatmap, Side
+from workbench.analysis.explorer.views import BORN_ADVISOR, ComparisonInfo, Heatmap, Side
 from workbench.core.files import package_data
 from workbench.core.owned import check_replaceable
 
@@ -80,8 +80,13 @@ def collect(catalog: Path, cmp_id: int | None = None) -> ReportFacts:
         info = ex.info
         born: dict[int, tuple[str | None, str | None, str | None]] = {}
         for tok in info.tokens:
-            g, t, ev = ex.born_evidence(tok)
-            born[tok] = (ex.node_name("golden", g), ex.node_name("test", t), ev)
+            v = ex.verdict(tok)  # the app's verdict: the born op, else the advisor's op standing out, else none
+            name = ex.node_name("golden", v.golden)
+            if v.why == BORN_ADVISOR and name:
+                score = f"advisor score {v.score:.1f}; " if v.score is not None else ""
+                born[tok] = (f"most likely origin: {name} ({score}no output fails)", None, None)
+            else:
+                born[tok] = (name, ex.node_name("test", v.test), v.evidence)
         advice, note = ex.advice(top=ADVICE_TOP)
         return ReportFacts(
             catalog,
