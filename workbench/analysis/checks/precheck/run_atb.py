@@ -10,7 +10,7 @@ from workbench.analysis.checks.precheck.atb_inputs import UnsupportedLayout, rea
 from workbench.analysis.checks.precheck.atb_kernels import CHECKERS, SUPPORTED_OPS, Ctx, Misfit, Unsupported
 from workbench.analysis.checks.precheck.atb_peers import Peers
 from workbench.analysis.checks.precheck.judge import describe_threshold_failures, judge_by_thresholds, overall
-from workbench.analysis.checks.precheck.result import OutputCheck, PrecheckResult
+from workbench.analysis.checks.precheck.result import NO_REFERENCE, OutputCheck, PrecheckResult
 from workbench.compare.judging.thresholds import Thresholds
 from workbench.formats.atb import TOO_DEEP, leaf_op_folders, parse_op_folder, token_folder_of
 from workbench.formats.model import DumpError
@@ -57,7 +57,7 @@ def _check(op_dir: Path, th: Thresholds, peers: Peers) -> PrecheckResult:
         return result(op_type in CHECKERS, None, f"{op_dir}: missing folder")
     checker = CHECKERS.get(op_type)
     if checker is None:
-        return result(False, None, f"no reference for {op_type} (supported: {', '.join(SUPPORTED_OPS)})")
+        return result(False, None, f"{NO_REFERENCE} for {op_type} (supported: {', '.join(SUPPORTED_OPS)})")
     try:
         op = read_op(op_dir)
         param, ins, outs = op.param, op.ins, op.outs
@@ -101,5 +101,5 @@ def _check(op_dir: Path, th: Thresholds, peers: Peers) -> PrecheckResult:
     res = result(True, passed, "; ".join(r for r in reasons if r) or None, outputs, issues)
     if unchecked and outputs:
         res.not_checked = unchecked
-        res.why = "no reference for these outputs"
+        res.why = f"{NO_REFERENCE} for these outputs"
     return res

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from workbench.analysis.checks.precheck.judge import describe_opcheck_failures, judge_by_opcheck
-from workbench.analysis.checks.precheck.result import CANNOT_RUN, OutputCheck, PrecheckResult
+from workbench.analysis.checks.precheck.result import CANNOT_RUN, NO_REFERENCE, OutputCheck, PrecheckResult
 from workbench.analysis.checks.precheck.torch_inputs import CannotRun, TorchDump, target_of
 from workbench.analysis.checks.precheck.torch_kernels import CHECKERS, SUPPORTED_TYPES, checker_key
 from workbench.formats.model import dtype_name
@@ -24,7 +24,9 @@ def precheck_node(source: TorchDump, node: str, token: int) -> PrecheckResult:
 
     key = checker_key(type_name)
     if key is None:
-        return result(False, None, f"no reference for {type_name or 'an untyped node'} (supported: {SUPPORTED_TYPES})")
+        return result(
+            False, None, f"{NO_REFERENCE} for {type_name or 'an untyped node'} (supported: {SUPPORTED_TYPES})"
+        )
     try:
         op = source.op(node, token)
         checks = CHECKERS[key](op)

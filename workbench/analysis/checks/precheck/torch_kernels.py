@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.analysis.checks.precheck.judge import REL_PASS_RATE, Check, judge_by_opcheck, standard
-from workbench.analysis.checks.precheck.result import WEIGHTS_NOT_DUMPED
+from workbench.analysis.checks.precheck.result import NO_REFERENCE, WEIGHTS_NOT_DUMPED
 from workbench.analysis.checks.precheck.torch_inputs import CannotRun, TorchOp, attr_name
 from workbench.formats.model import dtype_name
 
@@ -272,7 +272,7 @@ def _binary(op: TorchOp) -> list[Check]:
         a, b = b, a
     fn = _BINARY.get(api, torch.div if api in ("rtruediv", "rdiv") else torch.sub if api == "rsub" else None)
     if fn is None:
-        raise CannotRun(f"no reference for {api}")
+        raise CannotRun(f"{NO_REFERENCE} for {api}")
     try:
         if fn is torch.matmul:
             return [Check("out", fn(a, b), op.outs[0], floor=_acc_floor(op.ins[0], op.ins[1]))]
