@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import run_wb
 from tests.fixtures.hostile_files import atb_dump, nested_folders, torch_dump
 from tests.fixtures.peers import HAS_MSIT, MSIT_MISSING
-from workbench.analysis.checks.precheck import precheck_group
+from workbench.analysis.checks.precheck.run_atb import precheck_group
 from workbench.core.text import ascii_int, has_foreign_digit
 from workbench.formats import atb_bin, atb_csv, open_dump
 from workbench.formats.atb import TOO_DEEP, leaf_op_folders

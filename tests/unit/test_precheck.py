@@ -12,7 +12,9 @@ import torch
 from transformers import LlamaForCausalLM
 
 from tests.conftest import atb_test_llama
-from workbench.analysis.checks.precheck import SUPPORTED_OPS, PrecheckResult, precheck_group, precheck_op
+from workbench.analysis.checks.precheck.atb_kernels import SUPPORTED_OPS
+from workbench.analysis.checks.precheck.result import PrecheckResult
+from workbench.analysis.checks.precheck.run_atb import precheck_group, precheck_op
 from workbench.backends import AtbDumpConfig, AtbLlama, Defect
 from workbench.formats import atb_bin
 from workbench.formats.model import DumpError

@@ -21,8 +21,11 @@ from transformers import BertConfig, BertModel
 from tests.conftest import ROOT, run_wb
 from tests.fixtures.peers import PeerDumps
 from tests.fixtures.tiny_models import tiny_llama
-from workbench.analysis.checks.precheck_result import NOT_CHECKED, WEIGHTS_NOT_DUMPED
-from workbench.analysis.checks.precheck_torch import STANDARDS, TorchDump, checker_key, precheck_node, precheck_path
+from workbench.analysis.checks.precheck.judge import STANDARDS
+from workbench.analysis.checks.precheck.result import NOT_CHECKED, WEIGHTS_NOT_DUMPED
+from workbench.analysis.checks.precheck.run_torch import precheck_node, precheck_path
+from workbench.analysis.checks.precheck.torch_inputs import TorchDump
+from workbench.analysis.checks.precheck.torch_kernels import checker_key
 from workbench.dump import DumpConfig, register_hook
 from workbench.formats.detect import open_dump
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from textual.message import Message
 
 if TYPE_CHECKING:
-    from workbench.analysis.checks.precheck_result import PrecheckResult
+    from workbench.analysis.checks.precheck.result import PrecheckResult
     from workbench.analysis.explorer.explore import Explorer, NodePair, ResultSet, Unmatched
     from workbench.analysis.explorer.ranks import RankEntry
     from workbench.analysis.explorer.views import (

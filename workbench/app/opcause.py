@@ -24,7 +24,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Static
 
-from workbench.analysis.checks.precheck_result import (
+from workbench.analysis.checks.precheck.result import (
     CANNOT_RUN,
     DISAGREE,
     NO_REFERENCE,
@@ -201,7 +201,8 @@ class OpCauseActions(_MixinBase):
 
     @work(thread=True, exclusive=True, group="precheck", exit_on_error=False)
     def _precheck_worker(self, node_id: int, token: int) -> None:
-        from workbench.analysis.checks.precheck_torch import CannotRun, precheck_catalog
+        from workbench.analysis.checks.precheck.run_catalog import precheck_catalog
+        from workbench.analysis.checks.precheck.torch_inputs import CannotRun
         from workbench.catalog.readonly import connect_read_only
 
         try:

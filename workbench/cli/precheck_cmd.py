@@ -11,7 +11,7 @@ import typer
 from workbench.cli.common import app, guarded, open_comparison, say
 
 if TYPE_CHECKING:
-    from workbench.analysis.checks.precheck_result import PrecheckResult
+    from workbench.analysis.checks.precheck.result import PrecheckResult
 
 
 @app.command()
@@ -46,7 +46,7 @@ def precheck(
     """
 
     def go() -> int:
-        from workbench.analysis.checks.precheck_result import CANNOT_RUN, DISAGREE, NO_REFERENCE, OK, tally
+        from workbench.analysis.checks.precheck.result import CANNOT_RUN, DISAGREE, NO_REFERENCE, OK, tally
 
         results = _results()
         for r in results:
@@ -77,7 +77,8 @@ def precheck(
         return counts.exit_code
 
     def _results() -> list[PrecheckResult]:
-        from workbench.analysis.checks import precheck_torch as pt
+        from workbench.analysis.checks.precheck.run_torch import precheck_path
+        from workbench.analysis.checks.precheck.torch_inputs import CannotRun
 
         try:
             if catalog is not None:
@@ -90,7 +91,7 @@ def precheck(
 
             tokens_below = token_folders(path)
             if tokens_below or _is_atb(path):
-                from workbench.analysis.checks.precheck import precheck_group
+                from workbench.analysis.checks.precheck.run_atb import precheck_group
                 from workbench.compare.judging.thresholds import Thresholds
 
                 th = Thresholds.load(thresholds)
@@ -107,12 +108,12 @@ def precheck(
                         "folder, a token folder, a layer folder or an op folder)"
                     )
                 return found
-            return pt.precheck_path(path, token, node)
-        except pt.CannotRun as exc:
+            return precheck_path(path, token, node)
+        except CannotRun as exc:
             raise ValueError(str(exc)) from None
 
     def _catalog_results(cat: Path) -> list[PrecheckResult]:
-        from workbench.analysis.checks.precheck_torch import precheck_catalog
+        from workbench.analysis.checks.precheck.run_catalog import precheck_catalog
 
         if node is None:
             raise ValueError("--catalog needs --node (a golden node name)")

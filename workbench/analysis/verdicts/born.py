@@ -181,7 +181,7 @@ def _refine_with_precheck(
     )
     if row is None or row[0] != "atb":
         return {}
-    from workbench.analysis.checks.precheck import precheck_group
+    from workbench.analysis.checks.precheck.run_atb import precheck_group
 
     test_run = int(row[1])
     evidence: dict[int, str] = {}
@@ -249,7 +249,7 @@ def _precheck_rest_of_layer(
     con: duckdb.DuckDBPyConnection, cmp_id: int, test_run: int, name: str, op_dir: Path
 ) -> tuple[str, int | None, int] | None:
     """The first op of `name`'s layer outside `op_dir` failing its precheck: (test op name, golden, test node)."""
-    from workbench.analysis.checks.precheck import precheck_group
+    from workbench.analysis.checks.precheck.run_atb import precheck_group
 
     parts = name.split("/")
     if len(parts) < 2 or len(op_dir.parents) < len(parts) - 1:

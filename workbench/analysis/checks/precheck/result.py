@@ -1,7 +1,7 @@
 """What a precheck says, with no torch: the result types, the verdict words, their tally and the exit code.
 
-The app shows precheck results and must not import torch (docs/architecture.md), so the types the checkers
-(`precheck.py` for ATB ops, `precheck_torch.py` for torch modules) return live here.
+The app shows precheck results and must not import torch (docs/architecture.md), so the types the entry points
+(`run_atb.py` for ATB ops, `run_torch.py` for torch modules, `run_catalog.py` for a compared node) return live here.
 
 A result is `ok` only when every stage of the op ran and passed. `disagree`: a stage or output fails.
 `not checked`: what ran passed, but some stages did not run (`not_checked` names them, `why` says why).
