@@ -24,9 +24,20 @@ def precheck(
         ),
     ] = None,
     token: Annotated[
-        int | None, typer.Option("--token", "-t", help="Token to check (torch; default: the first).")
+        int | None,
+        typer.Option(
+            "--token", "-t", help="Token to check (torch: default the first; ATB: default every token folder)."
+        ),
     ] = None,
-    node: Annotated[str | None, typer.Option("--node", "-n", help="One node by name (torch dump or catalog).")] = None,
+    node: Annotated[
+        str | None,
+        typer.Option(
+            "--node",
+            "-n",
+            help="One node by name: a torch module or API call, an ATB op or group path below its token "
+            "(3_Prefill_layer/1_Attention), or with --catalog a golden node.",
+        ),
+    ] = None,
     catalog: Annotated[
         Path | None, typer.Option("--catalog", "-c", help="Check a node of a comparison in this catalog.")
     ] = None,
@@ -97,6 +108,11 @@ def precheck(
                 th = Thresholds.load(thresholds)
                 found: list[PrecheckResult] = []
                 folders = tokens_below or [path]
+                if token is not None and tokens_below:
+                    folders = [f for f in tokens_below if f.name == str(token)]
+                    if not folders:
+                        names = ", ".join(f.name for f in tokens_below[:8])
+                        raise ValueError(f"{path}: no token folder {token} here (tokens: {names})")
                 for folder in folders:
                     here = precheck_group(folder, thresholds=th)  # an op folder yields itself
                     if len(folders) > 1:  # several tokens: say which one each op ran at
@@ -107,7 +123,7 @@ def precheck(
                         f"{path}: no ATB op folders here or below (give a dump folder, its tensors/{{dev}}_{{pid}} "
                         "folder, a token folder, a layer folder or an op folder)"
                     )
-                return found
+                return _atb_named(found, path, node) if node is not None else found
             return precheck_path(path, token, node)
         except CannotRun as exc:
             raise ValueError(str(exc)) from None
@@ -131,13 +147,22 @@ def precheck(
         raise typer.Exit(code)
 
 
-def folders_to_check(path: Path) -> list[Path]:
-    """Where to look for ops: the token folders when `path` is a dump or lies above its tokens, else `path`
-    itself (a token, layer or op folder)."""
-    from workbench.formats.atb import token_folders
+def _op_path(result: PrecheckResult) -> str:
+    """An ATB result's op path below its token folder (`3_Prefill_layer/1_Attention/1_RopeOperation`)."""
+    return (result.name or result.op_dir).split(": ", 1)[-1]  # several tokens: 'token N: ' comes first
 
-    tokens = token_folders(path)
-    return tokens or [path]
+
+def _atb_named(found: list[PrecheckResult], path: Path, node: str) -> list[PrecheckResult]:
+    """The ATB ops `--node` names: the op itself, or every op of a group (`3_Prefill_layer/1_Attention`)."""
+    want = node.strip("/")
+    named = [r for r in found if _op_path(r) == want or _op_path(r).startswith(want + "/")]
+    if not named:
+        sample = ", ".join(dict.fromkeys(_op_path(r).split("/")[0] for r in found[:40]))
+        raise ValueError(
+            f"{path}: no ATB op or group {node!r} here (ATB dumps name ops by folder path below a token, e.g. "
+            f"{sample}; for a torch module's ATB ops use --catalog with --node)"
+        )
+    return named
 
 
 def _is_atb(path: Path) -> bool:
