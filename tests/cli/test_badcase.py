@@ -173,3 +173,22 @@ def test_a_bad_line_late_in_the_golden_file_leaves_no_half_report(tmp_path: Path
     res = run_wb("badcase", "-gp", str(tmp_path / "g.jsonl"), "-mp", str(tmp_path / "t.jsonl"), "-o", str(out))
     assert res.returncode == 2 and f"{tmp_path / 'g.jsonl'}:101: not valid JSON" in res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.jsonl", "t.jsonl"]  # no report, no partial file
+
+
+def test_a_prompt_starting_with_a_dash_never_reaches_the_program_as_an_option(tmp_path: Path) -> None:
+    """A case's prompt comes from the evaluation file: filled in as a whole argument, `--output=/x` would be an
+    option of the user's program. wb refuses in one line and runs nothing; `--prompt={prompt}` or `-- {prompt}`
+    passes it as a value."""
+    (tmp_path / "g.jsonl").write_text('{"id": "a", "prompt": "--output=/tmp/x", "output_ids": [1, 2, 3]}\n')
+    (tmp_path / "t.jsonl").write_text('{"id": "a", "prompt": "--output=/tmp/x", "output_ids": [1, 5, 3]}\n')
+    record = tmp_path / "args.txt"
+    script = "import sys; open(sys.argv[1], 'w').write('|'.join(sys.argv[2:]))"
+    pairs = ("-gp", str(tmp_path / "g.jsonl"), "-mp", str(tmp_path / "t.jsonl"))
+    res = run_wb("badcase", *pairs, "--run", f'{sys.executable} -c "{script}" {record} {{prompt}}')
+    assert res.returncode == 2 and not record.exists(), res.stdout + res.stderr
+    assert "starts with '-'" in res.stderr and "would reach" in res.stderr and res.stderr.count("\n") == 1
+    for template in (f"{record} --prompt={{prompt}}", f"{record} -- {{prompt}}"):
+        res = run_wb("badcase", *pairs, "--run", f'{sys.executable} -c "{script}" {template}')
+        assert res.returncode == 0, res.stderr
+        assert record.read_text().endswith("--output=/tmp/x")
+        record.unlink()

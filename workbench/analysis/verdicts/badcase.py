@@ -403,6 +403,13 @@ def run_command(template: str, case: BadCase) -> tuple[list[str], int]:
         raise BadCaseError(
             f"--run {template!r}: unknown placeholder {exc} (use {{prompt}}, {{key}}, {{tokens}}, {{last_token}})"
         ) from None
+    for i, (part, arg) in enumerate(zip(parts, argv)):
+        # a case's text (a prompt from the evaluation file) must not reach the program as one of its options
+        if arg.startswith("-") and not part.startswith("-") and "--" not in parts[:i]:
+            raise BadCaseError(
+                f"--run {template!r}: the case's {part} starts with '-' ({arg[:30]!r}) and would reach "
+                f"{argv[0]} as an option; pass it as a value (--prompt={part}) or after --"
+            )
     try:
         proc = subprocess.run(argv, check=False)
     except OSError as exc:
