@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import io
-import time
 from pathlib import Path
 
 import duckdb
@@ -57,13 +56,11 @@ def test_precheck_of_an_atb_dump_honours_token_and_node(demo_catalog: Path) -> N
 
 def test_demo_rejects_an_unknown_defect_before_any_work(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    start = time.perf_counter()
     res = run_wb("demo", "--defect", "bogus", "--out", str(out), "--no-tui")
     assert res.returncode == 2 and not out.exists()  # nothing built, nothing deleted
     assert res.stderr.strip().count("\n") == 0 and "--defect 'bogus'" in res.stderr and "rmsnorm_eps" in res.stderr
     res = run_wb("demo", "--defect", "down_proj", "--out", str(out), "--no-tui")  # a torch-stack defect
     assert res.returncode == 2 and "is a defect of --stack torch" in res.stderr and not out.exists()
-    assert time.perf_counter() - start < 120  # a refusal, not a golden run (generous for a loaded machine)
     listing = run_wb("demo", "--list-defects").stdout
     assert "--stack atb" in listing and "--stack torch" in listing
     atb, torch_part = listing.split("--stack torch:")
