@@ -216,3 +216,20 @@ def test_int_tensor_without_a_scale_compared_as_integers_and_said_why(
         )
         assert max_abs > 1  # raw int8 values against a golden of magnitude ~1: integers, not dequantized
     assert len(evidence) == 1 and act in evidence[0][0]
+
+
+def test_advise_fallback_as_csv_and_json(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`--fallback` follows `--format` like the rest of `wb advise`: the rows on stdout, the notes on stderr."""
+    catalog, _ = _built(tmp_path_factory, None, "w8a8")
+    r = run_wb("advise", "--catalog", str(catalog), "--fallback", "3", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [row["rank"] for row in rows] == [1, 2, 3] and all(row["linear"].startswith("root.") for row in rows)
+    assert all(row["final_after"] <= row["final_before"] for row in rows)
+    assert r.stderr.startswith("measured gain (the demo re-run with these 3 in float") and "logits KL" in r.stderr
+    c = run_wb("advise", "--catalog", str(catalog), "--fallback", "3", "--format", "csv")
+    lines = c.stdout.splitlines()
+    assert c.returncode == 0 and lines[0] == "rank,linear,added,gain,final_before,final_after,golden_node_id"
+    assert [ln.split(",")[1] for ln in lines[1:]] == [row["linear"] for row in rows]
+    bad = run_wb("advise", "--catalog", str(catalog), "--fallback", "3", "--format", "xml")
+    assert bad.returncode == 2 and "--format 'xml'" in bad.stderr and bad.stdout == ""

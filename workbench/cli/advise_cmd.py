@@ -38,7 +38,8 @@ def advise(
             with open_comparison(catalog, cmp_id) as (_, cid):
                 return cid
 
-        print_fallback(catalog, guarded(pick), fallback)
+        guarded(lambda: check_format(fmt))
+        print_fallback(catalog, guarded(pick), fallback, fmt)
         return
     from workbench.analysis.verdicts.advisor import NAN_INF_SCORE, ORDER_RULE, SIGNIFICANT, above_higher, inputs_differ
     from workbench.analysis.verdicts.advisor import advise as run_advise
@@ -106,9 +107,13 @@ def _table(
     return "\n".join([head, rule, *text_table(heads, cells)]) + "\n"
 
 
-def print_fallback(catalog: Path, cmp_id: int, k: int) -> None:
-    """Print the fallback list of a quantized comparison; on `wb demo --stack quant`'s runs, measure its gain
-    (the demo re-run with those linears in float: logits KL and top-1 agreement against fp32, before and after)."""
+FALLBACK_COLUMNS = ("rank", "linear", "added", "gain", "final_before", "final_after", "golden_node_id")
+
+
+def print_fallback(catalog: Path, cmp_id: int, k: int, fmt: str = "table") -> None:
+    """Print the fallback list of a quantized comparison (a table, or its rows as CSV or JSON); on `wb demo --stack
+    quant`'s runs, measure its gain (the demo re-run with those linears in float: logits KL and top-1 agreement
+    against fp32, before and after), printed after the table or on stderr beside CSV and JSON."""
     from workbench.analysis.verdicts.fallback import demo_recipe
     from workbench.analysis.verdicts.fallback import fallback as rank_fallback
     from workbench.catalog.store import open_catalog
@@ -121,18 +126,29 @@ def print_fallback(catalog: Path, cmp_id: int, k: int) -> None:
             con.close()
 
     items, recipe = guarded(ranked)
+    err = fmt != "table"  # beside CSV and JSON, stdout is data: the notes go to stderr
     if not items:
-        typer.echo(f"comparison {cmp_id}: no quantized linear with a compared output")
+        if err:
+            typer.echo("[]" if fmt == "json" else ",".join(FALLBACK_COLUMNS))
+        say(f"comparison {cmp_id}: no quantized linear with a compared output", err=err)
         return
-    typer.echo(
-        f"fallback (comparison {cmp_id}): keep in float, best first; final output rel. error "
-        f"{items[0].final_before:.3g} (estimated after each)"
-    )
-    cells = [[str(f.rank), f.linear, f"{f.added:.3g}", f"{f.gain:.3g}", f"{f.final_after:.3g}"] for f in items]
-    for line in text_table(("rank", "linear", "adds", "est. gain", "est. final error"), cells):
-        typer.echo(line)
+
+    def table() -> str:
+        cells = [[str(f.rank), f.linear, f"{f.added:.3g}", f"{f.gain:.3g}", f"{f.final_after:.3g}"] for f in items]
+        head = (
+            f"fallback (comparison {cmp_id}): keep in float, best first; final output rel. error "
+            f"{items[0].final_before:.3g} (estimated after each)"
+        )
+        return "\n".join([head, *text_table(("rank", "linear", "adds", "est. gain", "est. final error"), cells)]) + "\n"
+
+    rows = [{c: getattr(f, c) for c in FALLBACK_COLUMNS} for f in items]
+    text = render(fmt, rows, FALLBACK_COLUMNS, table)
+    if fmt == "json":
+        typer.echo(text, nl=False)
+    else:
+        say_lines(text)
     if recipe is None:
-        typer.echo("measured gain: only on `wb demo --stack quant` runs (re-run your model with these in float)")
+        say("measured gain: only on `wb demo --stack quant` runs (re-run your model with these in float)", err=err)
         return
     from workbench import demo as demo_mod
 
@@ -141,7 +157,8 @@ def print_fallback(catalog: Path, cmp_id: int, k: int) -> None:
         return demo_mod.measure_fallback(recipe[0], recipe[1], [f.linear for f in items])
 
     (kl0, top0), (kl1, top1) = guarded(measure)
-    typer.echo(
+    say(
         f"measured gain (the demo re-run with these {len(items)} in float, against fp32): logits KL "
-        f"{kl0:.3g} -> {kl1:.3g}, top-1 agreement {top0:.0%} -> {top1:.0%}"
+        f"{kl0:.3g} -> {kl1:.3g}, top-1 agreement {top0:.0%} -> {top1:.0%}",
+        err=err,
     )
