@@ -55,11 +55,11 @@ class WbResult:
     stderr: str
 
 
-def invoke_wb(*args: str, cwd: Path | None = None, input: str | None = None) -> WbResult:
+def invoke_wb(*args: str, cwd: Path | None = None, input: str | None = None, columns: int = 200) -> WbResult:
     """`wb ARGS` in this process, through typer's CliRunner: for argument checks, refusals, help text and error
     lines, where nothing needs a process of its own (a signal, a terminal, start-up, the environment it reads at
     import: those use `run_wb`). It does what `workbench.cli.main` does before typer (`--debug`), on the same
-    app (the commands' `guarded` errors included), with COLUMNS=200 as `run_wb`; an exception that would reach
+    app (the commands' `guarded` errors included), `columns` wide (200, as `run_wb`); an exception that would reach
     `main`'s crash line fails the test instead. os.environ, the working directory, sys.argv and the SIGINT and
     SIGTERM handlers are put back afterwards, so tests stay independent of their order."""
     from typer.testing import CliRunner
@@ -67,7 +67,7 @@ def invoke_wb(*args: str, cwd: Path | None = None, input: str | None = None) -> 
     from workbench.cli.common import app
 
     argv = list(args)
-    env = {"COLUMNS": "200"}
+    env = {"COLUMNS": str(columns)}
     if "--debug" in argv:
         argv.remove("--debug")
         env["WB_DEBUG"] = "1"
