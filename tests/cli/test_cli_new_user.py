@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import csv
 import io
+import os
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -89,6 +92,15 @@ def test_query_open_version_and_help(demo_catalog: Path, tmp_path: Path) -> None
     assert "GOLDEN [TEST]" in help_open and "{golden}" not in help_open and "--cmp" in help_open
     help_demo = invoke_wb("demo", "--help").stdout
     assert "--no-tui" in help_demo and "<bool>" not in help_demo
+
+
+def test_in_process_runs_leave_no_trace(tmp_path: Path) -> None:
+    """`invoke_wb` (the in-process runs above) puts back what `wb` changes: WB_DEBUG from `--debug`, the working
+    directory, sys.argv and the signal handlers, so the tests that share the process stay independent."""
+    before = (dict(os.environ), os.getcwd(), list(sys.argv), signal.getsignal(signal.SIGINT))
+    res = invoke_wb("--debug", "--version", cwd=tmp_path)
+    assert res.returncode == 0 and res.stdout.startswith("wb ") and res.stderr == ""
+    assert (dict(os.environ), os.getcwd(), list(sys.argv), signal.getsignal(signal.SIGINT)) == before
 
 
 def test_one_default_catalog_for_ingest_and_query(demo_catalog: Path, tmp_path: Path) -> None:
