@@ -170,6 +170,7 @@ SLOW_MODULES = [
     "test_demo_torchair",
     "test_dump_msit_compat",
     "test_errcheck",
+    "test_exec_follow",
     "test_exec_redump",
     "test_formats_torchair",
     "test_guide",
