@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,47 @@ def run_wb(*args: str, cwd: Path | None = None, timeout: int = 300) -> subproces
     """The real CLI, as a subprocess."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     return subprocess.run([*WB, *args], capture_output=True, text=True, cwd=cwd or ROOT, env=env, timeout=timeout)
+
+
+@dataclass(frozen=True)
+class WbResult:
+    """What `invoke_wb` saw, named as `subprocess.CompletedProcess` names it."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def invoke_wb(*args: str, cwd: Path | None = None, input: str | None = None, columns: int = 200) -> WbResult:
+    """`wb ARGS` in this process, through typer's CliRunner: for argument checks, refusals, help text and error
+    lines, where nothing needs a process of its own (a signal, a terminal, start-up, the environment it reads at
+    import: those use `run_wb`). It does what `workbench.cli.main` does before typer (`--debug`), on the same
+    app (the commands' `guarded` errors included), `columns` wide (200, as `run_wb`); an exception that would reach
+    `main`'s crash line fails the test instead. os.environ, the working directory, sys.argv and the SIGINT and
+    SIGTERM handlers are put back afterwards, so tests stay independent of their order."""
+    from typer.testing import CliRunner
+
+    from workbench.cli.common import app
+
+    argv = list(args)
+    env = {"COLUMNS": str(columns)}
+    if "--debug" in argv:
+        argv.remove("--debug")
+        env["WB_DEBUG"] = "1"
+    saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv
+    saved_signals = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    sys.argv = ["wb", *argv]  # what a dump's manifest records as its command
+    os.chdir(cwd or ROOT)
+    try:
+        res = CliRunner(env=env).invoke(app, argv, input=input, prog_name="wb", catch_exceptions=False)
+    finally:
+        os.chdir(saved_cwd)
+        sys.argv = saved_argv
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for sig, handler in saved_signals.items():
+            signal.signal(sig, handler)
+    return WbResult(res.exit_code, res.stdout, res.stderr)
 
 
 def run_python(code: str, timeout: int = 60) -> subprocess.CompletedProcess[str]:
@@ -128,6 +170,7 @@ SLOW_MODULES = [
     "test_demo_torchair",
     "test_dump_msit_compat",
     "test_errcheck",
+    "test_exec_follow",
     "test_exec_redump",
     "test_formats_torchair",
     "test_guide",

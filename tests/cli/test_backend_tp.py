@@ -12,7 +12,7 @@ import duckdb
 import pytest
 import torch
 
-from tests.conftest import run_wb
+from tests.conftest import invoke_wb, run_wb
 from tests.fixtures import tp_atb
 from workbench.analysis.checks.allreduce import check_allreduce
 from workbench.backends import AtbLlama, Defect
@@ -147,11 +147,11 @@ def test_compare_golden_with_tp_ranks(tmp_path: Path, shape: str, dtype: torch.d
 
 def test_demo_tp_refusals_before_any_work(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    res = run_wb("demo", "--tp", "2", "--stack", "torch", "--out", str(out), "--no-tui")
+    res = invoke_wb("demo", "--tp", "2", "--stack", "torch", "--out", str(out), "--no-tui")
     assert res.returncode == 2 and "tensor parallelism is a mode of the ATB stack" in res.stderr
-    res = run_wb("demo", "--defect", "allreduce_scale", "--out", str(out), "--no-tui")
+    res = invoke_wb("demo", "--defect", "allreduce_scale", "--out", str(out), "--no-tui")
     assert res.returncode == 2 and "lives in an all-reduce; give --tp 2" in res.stderr
-    res = run_wb("demo", "--tp", "3", "--out", str(out), "--no-tui")
+    res = invoke_wb("demo", "--tp", "3", "--out", str(out), "--no-tui")
     assert res.returncode == 2 and "8 attention heads do not divide by 3 ranks" in res.stderr
     assert not out.exists()
-    assert "allreduce_scale" in run_wb("demo", "--list-defects").stdout
+    assert "allreduce_scale" in invoke_wb("demo", "--list-defects").stdout

@@ -7,14 +7,13 @@ import csv
 import importlib.util
 import io
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_wb
+from tests.conftest import invoke_wb, run_wb
 
 QUERIES = ["what is 1+1", "capital of France", "say hello", "count to 3"]
 INPUTS = [[1, 2, 3], [1, 4], [1], [7, 8]]
@@ -115,7 +114,7 @@ def test_malformed_files_one_line(tmp_path: Path, content: str, suffix: str, lin
     good.write_text('{"id": "a", "output": "x"}\n' if suffix == "jsonl" else "key,passed\n1,true\n")
     bad = tmp_path / f"bad.{suffix}"
     bad.write_text(content)
-    res = run_wb("badcase", "-gp", str(good), "-mp", str(bad))
+    res = invoke_wb("badcase", "-gp", str(good), "-mp", str(bad))
     assert res.returncode == 2
     err = res.stderr.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
@@ -123,14 +122,7 @@ def test_malformed_files_one_line(tmp_path: Path, content: str, suffix: str, lin
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    res = subprocess.run(
-        [sys.executable, "-m", "workbench.cli", "badcase", "-gp", str(tmp_path / "nope.csv"), "-mp", "x.csv"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-    )
+    res = invoke_wb("badcase", "-gp", str(tmp_path / "nope.csv"), "-mp", "x.csv")
     assert res.returncode == 2 and res.stderr.strip() == f"wb: error: {tmp_path / 'nope.csv'}: no such file"
 
 
@@ -144,7 +136,9 @@ def test_run_command_for_the_first_case(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     assert record.read_text() == "two words|a|0,1|1"
     assert "-> exit 0" in res.stdout
-    res = run_wb("badcase", "-gp", str(tmp_path / "g.jsonl"), "-mp", str(tmp_path / "t.jsonl"), "--run", "echo {nope}")
+    res = invoke_wb(
+        "badcase", "-gp", str(tmp_path / "g.jsonl"), "-mp", str(tmp_path / "t.jsonl"), "--run", "echo {nope}"
+    )
     assert res.returncode == 2 and "unknown placeholder" in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
 
@@ -170,7 +164,7 @@ def test_a_bad_line_late_in_the_golden_file_leaves_no_half_report(tmp_path: Path
     (tmp_path / "g.jsonl").write_text(good + "{broken\n")
     (tmp_path / "t.jsonl").write_text(good.replace("[1, 2]", "[1, 3]"))
     out = tmp_path / "bad.csv"
-    res = run_wb("badcase", "-gp", str(tmp_path / "g.jsonl"), "-mp", str(tmp_path / "t.jsonl"), "-o", str(out))
+    res = invoke_wb("badcase", "-gp", str(tmp_path / "g.jsonl"), "-mp", str(tmp_path / "t.jsonl"), "-o", str(out))
     assert res.returncode == 2 and f"{tmp_path / 'g.jsonl'}:101: not valid JSON" in res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.jsonl", "t.jsonl"]  # no report, no partial file
 

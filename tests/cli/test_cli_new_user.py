@@ -1,4 +1,5 @@
-"""What a new user typed wrong or misread (issue 14), through the real CLI as a subprocess.
+"""What a new user typed wrong or misread (issue 14), through the real CLI: a subprocess where the command does
+its work, typer's CliRunner (`invoke_wb`) where it refuses before any work.
 
 Each wrong input gets one clear line and a non-zero exit before any work; each number that could be
 misread says what it counts.
@@ -8,13 +9,16 @@ from __future__ import annotations
 
 import csv
 import io
+import os
+import signal
+import sys
 from pathlib import Path
 
 import duckdb
 import pytest
 import typer
 
-from tests.conftest import run_python, run_wb
+from tests.conftest import invoke_wb, run_python, run_wb
 from tests.fixtures.app_catalogs import DEFECT
 
 
@@ -30,7 +34,7 @@ def test_precheck_finds_the_ops_below_any_level(demo_catalog: Path) -> None:
     assert "token 0: " in res.stdout and res.returncode == 1
     empty = demo / "test" / "not_a_dump"
     empty.mkdir(exist_ok=True)
-    res = run_wb("precheck", str(empty))  # nothing to re-run below: a clear line and a non-zero exit
+    res = invoke_wb("precheck", str(empty))  # nothing to re-run below: a clear line and a non-zero exit
     empty.rmdir()
     assert res.returncode == 2 and res.stdout == "" and res.stderr.count("\n") == 1, res.stderr
 
@@ -56,12 +60,12 @@ def test_precheck_of_an_atb_dump_honours_token_and_node(demo_catalog: Path) -> N
 
 def test_demo_rejects_an_unknown_defect_before_any_work(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    res = run_wb("demo", "--defect", "bogus", "--out", str(out), "--no-tui")
+    res = invoke_wb("demo", "--defect", "bogus", "--out", str(out), "--no-tui")
     assert res.returncode == 2 and not out.exists()  # nothing built, nothing deleted
     assert res.stderr.strip().count("\n") == 0 and "--defect 'bogus'" in res.stderr and "rmsnorm_eps" in res.stderr
-    res = run_wb("demo", "--defect", "down_proj", "--out", str(out), "--no-tui")  # a torch-stack defect
+    res = invoke_wb("demo", "--defect", "down_proj", "--out", str(out), "--no-tui")  # a torch-stack defect
     assert res.returncode == 2 and "is a defect of --stack torch" in res.stderr and not out.exists()
-    listing = run_wb("demo", "--list-defects").stdout
+    listing = invoke_wb("demo", "--list-defects").stdout
     assert "--stack atb" in listing and "--stack torch" in listing
     atb, torch_part = listing.split("--stack torch:")
     assert "  none " in atb and "rmsnorm_eps" in atb and "down_proj" in torch_part
@@ -70,7 +74,7 @@ def test_demo_rejects_an_unknown_defect_before_any_work(tmp_path: Path) -> None:
 def test_compare_tokens_the_dumps_lack(demo_catalog: Path, tmp_path: Path) -> None:
     demo = demo_catalog.parent
     out = tmp_path / "out"
-    res = run_wb("compare", "-gp", str(demo / "golden"), "-mp", str(demo / "test"), "--tokens", "7", "-o", str(out))
+    res = invoke_wb("compare", "-gp", str(demo / "golden"), "-mp", str(demo / "test"), "--tokens", "7", "-o", str(out))
     assert res.returncode == 2
     assert "--tokens 7: the dumps have no such token; they hold tokens 0-3" in res.stderr
     assert not list(out.glob("*.csv")) if out.exists() else True  # no header-only report
@@ -79,36 +83,40 @@ def test_compare_tokens_the_dumps_lack(demo_catalog: Path, tmp_path: Path) -> No
 def test_open_takes_the_compare_options_with_two_dumps_only(demo_catalog: Path, tmp_path: Path) -> None:
     """`wb open`'s compare options go into the app's compare request; argument checks, run in process through
     typer's CliRunner (no app starts: each fails first)."""
-    from typer.testing import CliRunner
-
-    from workbench.cli.common import app
-
-    runner = CliRunner()
-    res = runner.invoke(app, ["open", str(demo_catalog), "--tokens", "0"])
-    assert res.exit_code == 2 and "--tokens, --workers and --thresholds apply when comparing two dumps" in res.output
+    res = invoke_wb("open", str(demo_catalog), "--tokens", "0")
+    assert res.returncode == 2 and "--tokens, --workers and --thresholds apply when comparing two dumps" in res.stderr
     demo, out = demo_catalog.parent, tmp_path / "o"
-    res = runner.invoke(app, ["open", str(demo / "golden"), str(demo / "test"), "--tokens", "3-1", "-o", str(out)])
-    assert res.exit_code == 2 and "--tokens '3-1': range 3-1 goes backwards" in res.output
+    res = invoke_wb("open", str(demo / "golden"), str(demo / "test"), "--tokens", "3-1", "-o", str(out))
+    assert res.returncode == 2 and "--tokens '3-1': range 3-1 goes backwards" in res.stderr
     assert not out.exists()  # refused before anything was written
 
 
 def test_query_open_version_and_help(demo_catalog: Path, tmp_path: Path) -> None:
-    res = run_wb("query", "nonexistent_query", "-c", str(demo_catalog))
+    res = invoke_wb("query", "nonexistent_query", "-c", str(demo_catalog))
     assert res.returncode == 2 and "'nonexistent_query': no saved query by that name" in res.stderr
     assert "Parser Error" not in res.stderr
     bad = tmp_path / "x.csv"
     bad.write_text("a,b\n1,2\n")
-    res = run_wb("open", str(bad))
+    res = invoke_wb("open", str(bad))
     assert res.returncode == 2 and res.stderr.count("\n") == 1
     assert "x.csv: not a DuckDB catalog" in res.stderr and "in-memory" not in res.stderr
-    res = run_wb("open", str(demo_catalog), "--cmp", "5")
+    res = invoke_wb("open", str(demo_catalog), "--cmp", "5")
     assert res.returncode == 2 and "no comparison 5 (have 1)" in res.stderr
-    res = run_wb("--version")
+    res = invoke_wb("--version")
     assert res.returncode == 0 and res.stdout.startswith("wb ")
-    help_open = run_wb("open", "--help").stdout
+    help_open = invoke_wb("open", "--help").stdout
     assert "GOLDEN [TEST]" in help_open and "{golden}" not in help_open and "--cmp" in help_open
-    help_demo = run_wb("demo", "--help").stdout
+    help_demo = invoke_wb("demo", "--help").stdout
     assert "--no-tui" in help_demo and "<bool>" not in help_demo
+
+
+def test_in_process_runs_leave_no_trace(tmp_path: Path) -> None:
+    """`invoke_wb` (the in-process runs above) puts back what `wb` changes: WB_DEBUG from `--debug`, the working
+    directory, sys.argv and the signal handlers, so the tests that share the process stay independent."""
+    before = (dict(os.environ), os.getcwd(), list(sys.argv), signal.getsignal(signal.SIGINT))
+    res = invoke_wb("--debug", "--version", cwd=tmp_path)
+    assert res.returncode == 0 and res.stdout.startswith("wb ") and res.stderr == ""
+    assert (dict(os.environ), os.getcwd(), list(sys.argv), signal.getsignal(signal.SIGINT)) == before
 
 
 def test_one_default_catalog_for_ingest_and_query(demo_catalog: Path, tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""`wb compare` end to end, as a subprocess, on real dumps of a real (tiny) Llama."""
+"""`wb compare` end to end, as a subprocess, on real dumps of a real (tiny) Llama (its refusals in process,
+through typer's CliRunner)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import duckdb
 import torch
 
-from tests.conftest import TinyDumps, run_wb
+from tests.conftest import TinyDumps, invoke_wb, run_wb
 from workbench.analysis.queries import run_query
 from workbench.catalog.schema import MSIT_CSV_COLUMNS
 from workbench.catalog.store import first_row
@@ -84,7 +85,7 @@ def test_token_selection(tiny_dumps: TinyDumps, tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     born = _born_lines(res.stdout)
     assert [b.rsplit("(", 1)[1] for b in born] == ["token 1)", "token 2)"]
-    bad = run_wb(
+    bad = invoke_wb(
         "compare", "-gp", str(tiny_dumps.golden), "-mp", str(tiny_dumps.defect), "-o", str(tmp_path), "--tokens", "3-1"
     )
     assert bad.returncode == 2 and "backwards" in bad.stderr and "Traceback" not in bad.stderr
@@ -113,7 +114,7 @@ def test_damaged_files_are_reported_and_good_pairs_still_compared(
 def test_nothing_comparable_exits_nonzero(tiny_dumps: TinyDumps, tmp_path: Path) -> None:
     not_a_dump = tmp_path / "empty"
     not_a_dump.mkdir()
-    res = run_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(not_a_dump), "-o", str(tmp_path / "o"))
+    res = invoke_wb("compare", "-gp", str(tiny_dumps.golden), "-mp", str(not_a_dump), "-o", str(tmp_path / "o"))
     assert res.returncode != 0
     assert str(not_a_dump) in res.stderr and "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
@@ -148,7 +149,7 @@ def test_query_saved_and_read_only(tiny_dumps: TinyDumps, tmp_path: Path) -> Non
     assert len(worst_cos) == 5 and worst_cos[0]["value"] <= worst_cos[-1]["value"]
     growth = {(r["token_id"], r["layer"]): r for r in results["layer_error_growth"]}
     assert growth[(0, 1)]["worst_rel_euclid"] > 10 * growth[(0, 0)]["worst_rel_euclid"]
-    write = run_wb("query", "DELETE FROM runs", "-c", cat)
+    write = invoke_wb("query", "DELETE FROM runs", "-c", cat)
     assert write.returncode == 2 and "read-only" in write.stderr.lower()
     assert len(write.stderr.strip().splitlines()) == 1
 
@@ -182,7 +183,7 @@ def test_ingest_cli_is_incremental(tiny_dumps: TinyDumps, tmp_path: Path) -> Non
     assert "ingested as run 1" in first.stdout and "msit_torch" in first.stdout
     again = run_wb("ingest", str(tiny_dumps.golden), "--catalog", cat)
     assert "already in the catalog as run 1" in again.stdout
-    missing = run_wb("ingest", str(tmp_path / "nope"), "--catalog", cat)
+    missing = invoke_wb("ingest", str(tmp_path / "nope"), "--catalog", cat)
     assert missing.returncode == 2 and "nope" in missing.stderr and "Traceback" not in missing.stderr
 
 
@@ -241,7 +242,7 @@ def test_mapping_files_are_read(tiny_dumps: TinyDumps, tmp_path: Path) -> None:
     )
     assert res2.returncode == 0, res2.stderr
     assert "type-map" in res2.stdout
-    bad = run_wb(
+    bad = invoke_wb(
         "compare",
         "-gp",
         str(tiny_dumps.golden),

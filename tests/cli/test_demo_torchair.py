@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import run_wb
+from tests.conftest import invoke_wb, run_wb
 from workbench.analysis.explorer.explore import Explorer
 from workbench.formats import open_dump
 
@@ -48,5 +48,5 @@ def test_torchair_demo_names_the_planted_op_at_every_token(tmp_path: Path) -> No
 
 
 def test_torchair_demo_lists_its_defects() -> None:
-    listing = run_wb("demo", "--list-defects").stdout
+    listing = invoke_wb("demo", "--list-defects").stdout
     assert "--stack torchair" in listing and "down_proj" in listing.split("--stack torchair")[1]

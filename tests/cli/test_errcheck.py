@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import run_wb
+from tests.conftest import invoke_wb, run_wb
 from tests.fixtures.align_dumps import PLANTED, _forwards, llama3, with_planted_inf
 from tests.fixtures.peers import PeerDumps
 from workbench.analysis.checks.errcheck import BF16_MAX, FP16_MAX, end_order, scan_array
@@ -212,10 +212,10 @@ def test_planted_nan_names_the_inner_module_not_its_parent(tmp_path: Path) -> No
 
 
 def test_bad_input_is_one_line(tmp_path: Path) -> None:
-    res = run_wb("errcheck", str(tmp_path))
+    res = invoke_wb("errcheck", str(tmp_path))
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and str(tmp_path) in res.stderr
-    bad_fmt = run_wb("errcheck", str(tmp_path), "--format", "xml")
+    bad_fmt = invoke_wb("errcheck", str(tmp_path), "--format", "xml")
     assert bad_fmt.returncode == 2 and "--format" in bad_fmt.stderr
 
 

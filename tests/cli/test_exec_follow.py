@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_wb
+from tests.conftest import invoke_wb, run_wb
 
 # the same script for both runs; "defect" scales one projection, which changes the greedy tokens
 SCRIPT = textwrap.dedent(
@@ -96,7 +96,7 @@ def test_redump_of_a_followed_run_follows_again(follow_runs: tuple[Path, Path, P
 
 def test_follow_tokens_of_a_dump_without_ids_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "run.py").write_text("print('never run')\n")
-    proc = run_wb(
+    proc = invoke_wb(
         "dump", "--exec", f"{sys.executable} run.py", "-o", str(tmp_path / "d"), "--follow-tokens", str(tmp_path)
     )
     assert proc.returncode == 2 and proc.stderr.startswith("wb: error: --follow-tokens:"), proc.stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.conftest import ROOT, WB, run_wb
+from tests.conftest import invoke_wb, run_wb
 
 SCRIPT = textwrap.dedent(
     """
@@ -72,7 +72,7 @@ def test_exec_dump_writes_msit_layout_and_records_the_command(runs: tuple[Path, 
 
 
 def test_exec_dump_bad_command_is_one_line(tmp_path: Path) -> None:
-    proc = run_wb("dump", "--exec", "no-such-program-xyz", "-o", str(tmp_path / "d"))
+    proc = invoke_wb("dump", "--exec", "no-such-program-xyz", "-o", str(tmp_path / "d"))
     assert proc.returncode == 2 and proc.stderr.startswith("wb: error:") and "Traceback" not in proc.stderr
     (tmp_path / "fail.py").write_text("raise SystemExit(3)\n")
     proc = run_wb("dump", "--exec", f"{sys.executable} fail.py", "-o", str(tmp_path / "d"), cwd=tmp_path)
@@ -130,8 +130,7 @@ def test_redump_brings_full_tensors_into_the_catalog(compared: Path) -> None:
     assert before and all(path is None for path, _ in before)  # statistics only
     # without --yes and no terminal to ask: the command is shown, nothing runs, exit 4
     args = ["redump", NODE, "--token", "1", "--catalog", str(compared)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    shown = subprocess.run([*WB, *args], capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
+    shown = invoke_wb(*args)
     assert shown.returncode == 4, shown.stdout + shown.stderr
     assert f"  command: {sys.executable} run.py bfloat16" in shown.stdout.splitlines()
     assert "warning:" not in shown.stdout  # recorded here by this user: signed, verified
@@ -159,7 +158,7 @@ def test_redump_without_a_recorded_command(tmp_path: Path) -> None:
         _recorded_command({"command": ["/venv/bin/pytest", "-q"], "cwd": "/"})
     argv, cwd, zero = _recorded_command({"command": ["run.py", "x"], "executable": "/py", "cwd": str(tmp_path)})
     assert (argv, cwd, zero) == (["/py", "run.py", "x"], str(tmp_path), False)
-    proc = run_wb("redump", NODE, "--catalog", str(tmp_path / "none.duckdb"))
+    proc = invoke_wb("redump", NODE, "--catalog", str(tmp_path / "none.duckdb"))
     assert proc.returncode == 2 and "no such catalog" in proc.stderr
 
 

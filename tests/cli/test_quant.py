@@ -11,7 +11,7 @@ import duckdb
 import numpy as np
 import pytest
 
-from tests.conftest import run_wb
+from tests.conftest import invoke_wb, run_wb
 from workbench.analysis.verdicts.advisor import advise
 from workbench.analysis.verdicts.fallback import fallback
 from workbench.analysis.verdicts.quant_noise import quant_expectations
@@ -156,9 +156,11 @@ def test_cli_demo_names_the_defect_and_measures_the_fallback(tmp_path: Path) -> 
 
 
 def test_cli_refuses_what_the_stack_cannot_plant(tmp_path: Path) -> None:
-    r = run_wb("demo", "--stack", "quant", "--defect", "act_clip", "--scheme", "w8a16", "--no-tui", "-o", str(tmp_path))
+    r = invoke_wb(
+        "demo", "--stack", "quant", "--defect", "act_clip", "--scheme", "w8a16", "--no-tui", "-o", str(tmp_path)
+    )
     assert r.returncode == 2 and "--scheme w8a8" in r.stderr + r.stdout and "Traceback" not in r.stderr
-    r = run_wb("demo", "--stack", "atb", "--scheme", "w8a8", "--no-tui", "-o", str(tmp_path))
+    r = invoke_wb("demo", "--stack", "atb", "--scheme", "w8a8", "--no-tui", "-o", str(tmp_path))
     assert r.returncode == 2 and "--stack quant" in r.stderr + r.stdout
     assert not any(tmp_path.iterdir())  # refused before anything was built
 
@@ -170,7 +172,7 @@ def test_advise_fallback_on_a_float_run_says_why(tmp_path_factory: pytest.TempPa
     con = duckdb.connect(str(catalog))
     con.execute("UPDATE runs SET meta = ?", [json.dumps({"dtype": "float32"})])
     con.close()
-    r = run_wb("advise", "--catalog", str(catalog), "--fallback", "2")
+    r = invoke_wb("advise", "--catalog", str(catalog), "--fallback", "2")
     assert r.returncode == 2 and "declares no quantized linear" in r.stderr + r.stdout
     assert "Traceback" not in r.stderr
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tests.conftest import run_wb
+from tests.conftest import invoke_wb, run_wb
 from tests.fixtures.app_catalogs import DEFECT_ID
 from workbench.analysis.explorer.explore import Explorer
 from workbench.analysis.explorer.severity import VERDICT
@@ -122,12 +122,12 @@ def test_report_never_overwrites_a_file_it_did_not_write(small_catalog: Path, tm
 
 
 def test_report_on_a_missing_or_broken_catalog_is_one_line(tmp_path: Path) -> None:
-    res = run_wb("report", str(tmp_path / "none.duckdb"), "-o", str(tmp_path / "r.html"))
+    res = invoke_wb("report", str(tmp_path / "none.duckdb"), "-o", str(tmp_path / "r.html"))
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert "none.duckdb: no such catalog" in res.stderr
     bad = tmp_path / "bad.duckdb"
     bad.write_bytes(b"not a catalog at all" * 10)
-    res = run_wb("report", str(bad), "-o", str(tmp_path / "r.html"))
+    res = invoke_wb("report", str(bad), "-o", str(tmp_path / "r.html"))
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert str(bad) in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "r.html").exists()

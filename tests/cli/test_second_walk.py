@@ -1,4 +1,4 @@
-"""What a new user hit the second time (issue 26 items 6 and 8), through the real CLI as a subprocess."""
+"""What a new user hit the second time (issue 26 items 6 and 8), through the real CLI (help text in process)."""
 
 from __future__ import annotations
 
@@ -12,18 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, WB, run_wb
+from tests.conftest import ROOT, WB, invoke_wb
 
 
 def test_help_keeps_each_description_whole() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "80"}
-    res = subprocess.run([*WB, "--help"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    res = invoke_wb("--help", columns=80)
     assert res.returncode == 0, res.stderr
     rows = "".join(line.strip("│ \n") + " " for line in res.stdout.splitlines())
     assert "redump Re-dump one op at one token with full tensors: the run's recorded command, shown first, run " in (
         re.sub(r"\s+", " ", rows)
     )
-    res = subprocess.run([*WB, "redump", "--help"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    res = invoke_wb("redump", "--help", columns=80)
     # paragraphs wrap to the terminal: no line ends mid-sentence where the docstring's line ended
     lines = [ln.strip() for ln in res.stdout.splitlines()]
     assert not any(ln.endswith("or `y` on a") for ln in lines), res.stdout
@@ -78,7 +77,7 @@ def test_compare_progress_on_a_terminal_is_printed_once_and_agrees(demo_catalog:
 
 
 def test_redump_on_an_atb_run_names_the_format(demo_catalog: Path) -> None:
-    res = run_wb("redump", "root.model.layers.1.post_attention_layernorm", "--token", "0", "-c", str(demo_catalog))
+    res = invoke_wb("redump", "root.model.layers.1.post_attention_layernorm", "--token", "0", "-c", str(demo_catalog))
     assert res.returncode == 2, res.stdout + res.stderr
     assert "a atb" not in res.stderr
     assert "this run is an ATB dump: re-dump works only on dumps written by wb's torch dumper" in res.stderr

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from tests.conftest import run_wb
+from tests.conftest import invoke_wb, run_wb
 from tests.fixtures.tiny_models import tiny_llama
 from workbench.dump import DumpConfig, register_hook
 from workbench.formats.detect import open_dump
@@ -75,5 +75,5 @@ def test_precheck_from_the_catalog(compared: tuple[Path, Path]) -> None:
     proc = run_wb("precheck", "--catalog", str(catalog), "--node", "root.model.layers.1.mlp", "--token", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("ok    root.model.layers.1.mlp")  # the op computes right with the weight it has
-    proc = run_wb("precheck", "--catalog", str(catalog), "--node", "root.nope")
+    proc = invoke_wb("precheck", "--catalog", str(catalog), "--node", "root.nope")
     assert proc.returncode == 2 and "root.nope" in proc.stderr and "Traceback" not in proc.stderr

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from bench import advisor_defects
-from tests.conftest import run_wb
+from tests.conftest import invoke_wb, run_wb
 from workbench.analysis.verdicts.advisor import SIGNIFICANT, Advice, advise, compute_advice
 from workbench.compare.judging.thresholds import Thresholds
 
@@ -224,7 +224,7 @@ def test_cli_errors_are_one_line(runs: dict[str, Run], tmp_path: Path) -> None:
         (("-c", cat, "--cmp", "7"), "no comparison 7"),
         (("-c", cat, "--top", "-1"), "--top -1"),
     ):
-        res = run_wb("advise", *args)
+        res = invoke_wb("advise", *args)
         assert res.returncode == 2, (args, res.stdout)
         assert len(res.stderr.strip().splitlines()) == 1 and needle in res.stderr, res.stderr
         assert "Traceback" not in res.stderr

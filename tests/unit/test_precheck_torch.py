@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from transformers import BertConfig, BertModel
 
-from tests.conftest import ROOT, run_wb
+from tests.conftest import ROOT, invoke_wb, run_wb
 from tests.fixtures.peers import PeerDumps
 from tests.fixtures.tiny_models import tiny_llama
 from workbench.analysis.checks.precheck.judge import STANDARDS
@@ -301,7 +301,7 @@ def test_cli_precheck_torch_module_folder(tmp_path: Path) -> None:
     assert any(line.startswith("FAIL  root.model.layers.1.mlp  act(gate) * up") for line in proc.stdout.splitlines())
     proc = run_wb("precheck", str(broken), "--token", "0", "--node", "root.model.layers.1.mlp.down_proj")
     assert proc.returncode == 0 and "1 ops ran: 1 ok, 0 disagree" in proc.stdout
-    proc = run_wb("precheck", str(broken), "--node", "root.nope")
+    proc = invoke_wb("precheck", str(broken), "--node", "root.nope")
     assert proc.returncode == 2 and proc.stderr.startswith("wb: error:") and "root.nope" in proc.stderr
     assert "Traceback" not in proc.stderr
     results = precheck_path(broken / "0" / "root.model.layers.1.mlp")
