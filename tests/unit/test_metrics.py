@@ -301,3 +301,22 @@ def test_blas_runs_on_the_calling_thread() -> None:
     if get is None:
         pytest.skip("no scipy_openblas_get_num_threads64_ in numpy's OpenBLAS")
     assert get() == 1
+
+
+def test_kl_series_that_stops_in_a_later_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The KL's series stops where |m - g| first reaches 0.1 (chunk 12 of 20 here): the sums over m of the chunks
+    before are taken then, and the KL is the one a pass without the series makes, to the last bit."""
+    monkeypatch.setattr(metrics, "CHUNK", 1000)
+    gen = torch.Generator().manual_seed(9)
+    g = torch.randn(20_000, generator=gen) * 2
+    m = g.to(torch.bfloat16).float()
+    m[12_500] += 0.5
+    with_nan = m.clone()
+    with_nan[40] = float("nan")  # a chunk before the stop reduced to its finite positions
+    for label, test in (("finite", m), ("NaN before the stop", with_nan)):
+        stops = compare_tensors(g, test).values["kl_divergence"]
+        keep = torch.isfinite(test)
+        assert stops == pytest.approx(_true_kl(g[keep], test[keep]), rel=1e-4, abs=2e-7), label
+        with monkeypatch.context() as never:
+            never.setattr(metrics, "_SERIES_MAX", -1.0)  # the direct form from the first chunk on
+            assert compare_tensors(g, test).values["kl_divergence"] == stops, label

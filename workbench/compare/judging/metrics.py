@@ -238,7 +238,8 @@ class _Pair:
     kl_b: float = 0.0  # sum e^(g - kl_g) * (expm1(d) - d), while kl_series
     kl_series: bool = True  # every |d| < _SERIES_MAX so far
     kl_m: float = -math.inf  # running max of m
-    kl_zm: float = 0.0  # sum e^(m - kl_m), over every chunk
+    kl_zm: float = 0.0  # sum e^(m - kl_m), once the series stopped (from the first chunk on)
+    m_sum_pending: tuple[float, float] | None = None  # (max, sum) of m in the chunk where the series stopped
     _ulp_const: tuple[int, int, int, float] = field(default=(0, 0, 0, 1.0), repr=False)
 
     def __post_init__(self) -> None:
@@ -324,17 +325,18 @@ class _Pair:
             h *= d
             eg *= d
             b = float(np.dot(eg, h))
-            # the sum over m too, which the series itself does not need: should the series stop in a later chunk,
-            # the direct form has every chunk's (without it, a float64 two-pass KL: 2/3 of the metric CPU on
-            # bf16 dumps of a 2048-hidden Llama)
-            em = np.subtract(m, np.float32(mmax), out=sc.f[:n])
-            np.exp(em, out=em)
-            zm = float(np.dot(em, ones))
         else:
-            self.kl_series, b = False, 0.0
-            em = np.subtract(m, np.float32(mmax), out=sc.f[:n])
-            np.exp(em, out=em)
-            zm = float(np.dot(em, ones))
+            b = 0.0
+            zm = _exp_sum(m, mmax)
+            if self.kl_series:
+                # the series stops here: the direct form needs the sum over m of the chunks before too, which the
+                # caller adds (`add_m_sums`) before this chunk's, so every sum is the one a pass without the series
+                # would have made (not a float64 two-pass KL: that was 2/3 of the metric CPU on bf16 dumps of a
+                # 2048-hidden Llama)
+                self.kl_series = False
+                self.m_sum_pending = (mmax, zm)
+            else:
+                self._add_m_sum(mmax, zm)
         if gmax > self.kl_g:
             k = math.exp(self.kl_g - gmax) if self.kl_g > -math.inf else 0.0
             self.kl_z, self.kl_a, self.kl_b, self.kl_g = self.kl_z * k, self.kl_a * k, self.kl_b * k, gmax
@@ -344,11 +346,24 @@ class _Pair:
         self.kl_z += z
         self.kl_a += a
         self.kl_b += b
+
+    def _add_m_sum(self, mmax: float, zm: float) -> None:
         if mmax > self.kl_m:
             self.kl_zm = self.kl_zm * (math.exp(self.kl_m - mmax) if self.kl_m > -math.inf else 0.0) + zm
             self.kl_m = mmax
         else:
             self.kl_zm += zm * math.exp(mmax - self.kl_m)
+
+    def add_m_sums(self, before: Iterator[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Once the series stopped (`m_sum_pending`): add the sums over m of the chunks `before` the one where it
+        stopped (as `add` received them), then that chunk's."""
+        assert self.m_sum_pending is not None
+        for _g, m in before:
+            if m.size:
+                mmax = float(m.max())
+                self._add_m_sum(mmax, _exp_sum(m, mmax))
+        self._add_m_sum(*self.m_sum_pending)
+        self.m_sum_pending = None
 
     def cosine(self) -> float:
         """The one-pass cosine of the elements added so far (unrounded)."""
@@ -409,6 +424,15 @@ _COSINE_EXACT_BELOW = 0.999  # below this the one-pass cosine may be off in the 
 # chunk is in cache then); only the chunks before that are read again when the final cosine is below 0.999
 _COSINE_TRACK_BELOW = 0.9999
 _DIRECT_MAX_SHIFT = 10.0  # beyond this the one-pass direct KL loses precision: two passes in float64
+
+
+def _exp_sum(m: np.ndarray, mmax: float) -> float:
+    """sum e^(m - mmax) of a float32 chunk whose max is `mmax`."""
+    n = m.size
+    sc = _SCRATCH.get(n)
+    em = np.subtract(m, np.float32(mmax), out=sc.f[:n])
+    np.exp(em, out=em)
+    return float(np.dot(em, sc.ones[:n]))
 
 
 def _sumsq(x: np.ndarray) -> float:
@@ -503,6 +527,8 @@ def _compare(g_raw: RawTensor, t_raw: RawTensor, test_dtype: str | None) -> Pair
             exact, exact_from = [], k
         if exact is not None:
             exact.append(_sums64(g, m))
+        if pair.m_sum_pending is not None:  # last in the loop: it reads the chunks before into the scratch buffers
+            pair.add_m_sums(itertools.islice(_finite_pairs32(g_raw, t_raw), k))
     summ_g, summ_t = gs.summary(g_raw.numel), ts.summary(t_raw.numel)
     finite_only = bool(summ_g.nan_count or summ_g.inf_count or summ_t.nan_count or summ_t.inf_count)
     for side, s in (("golden_data", summ_g), ("my_data", summ_t)):
@@ -622,6 +648,17 @@ def _cosine_exact(
     if g2 == 0.0 and m2 == 0.0:
         return 1.0
     return round(dot / (max(math.sqrt(g2), COSINE_NORM_EPS) * max(math.sqrt(m2), COSINE_NORM_EPS)), 10)
+
+
+def _finite_pairs32(golden: RawTensor, test: RawTensor) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The float32 chunks of both tensors as `_compare` hands them to `_Pair.add`: whole when every element of
+    both is finite, else the positions finite on both sides."""
+    for g, m in zip(_chunks(golden, "g"), _chunks(test, "m"), strict=True):
+        if math.isfinite(float(g.min()) + float(g.max()) + float(m.min()) + float(m.max())):
+            yield g, m
+        else:
+            both = np.isfinite(g) & np.isfinite(m)
+            yield g[both], m[both]
 
 
 def _finite_pairs(golden: RawTensor, test: RawTensor) -> Iterator[tuple[np.ndarray, np.ndarray]]:
