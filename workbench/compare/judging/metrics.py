@@ -289,7 +289,8 @@ class _Pair:
             ad_m = ad
         self.rel_max = max(self.rel_max, float(r.max()))
         self.rel_sum += _sum(r)
-        self.abs_max = max(self.abs_max, float(ad_m.max()))
+        ad_m_max = float(ad_m.max())
+        self.abs_max = max(self.abs_max, ad_m_max)
         self.abs_sum += _sum(ad_m)
         # msprobe's RE = |m-g|/|g|, with |g| = 0 replaced by float64 eps (msprobe adds eps to both)
         if ag_min < _F64_EPS:
@@ -297,7 +298,7 @@ class _Pair:
         rp = np.divide(ad, ag, out=r)
         self.n_lt1 += int(np.count_nonzero(np.less(rp, np.float32(0.001), out=sc.mask[:n])))
         self.n_lt5 += int(np.count_nonzero(np.less(rp, np.float32(0.005), out=sc.mask[:n])))
-        d_max = float(ad.max())
+        d_max = ad_m_max if ad_m is ad else float(ad.max())
         if self.ulp is not None:
             top, floor, _s, _f = self._ulp_const
             # bit arithmetic modulo 2^32: the float32 whose bits are (top - exponent bits) is the scale
