@@ -543,7 +543,7 @@ def _compare(g_raw: RawTensor, t_raw: RawTensor, test_dtype: str | None) -> Pair
     values = pair.values()
     cos = values["cosine_similarity"]
     if cos is not None and cos < _COSINE_EXACT_BELOW:
-        values["cosine_similarity"] = _cosine_exact(g_raw, t_raw, exact_from, exact or [], finite_only)
+        values["cosine_similarity"] = _cosine_exact(g_raw, t_raw, exact_from, exact or [])
     if values["kl_divergence"] is None:
         values["kl_divergence"] = _kl_direct(g_raw, t_raw)
     return PairMetrics(values, summ_g, summ_t, finite_only, "; ".join(reasons) or None)
@@ -628,19 +628,12 @@ def _sums64(g: np.ndarray, m: np.ndarray) -> tuple[float, float, float]:
 
 
 def _cosine_exact(
-    golden: RawTensor,
-    test: RawTensor,
-    exact_from: int | None,
-    tail: list[tuple[float, float, float]],
-    finite_only: bool,
+    golden: RawTensor, test: RawTensor, exact_from: int | None, tail: list[tuple[float, float, float]]
 ) -> float:
     """msit's cosine (float64 dot, torch's per-norm eps clamp) for dissimilar pairs: the float64 sums of the chunks
     before chunk `exact_from` (all when None) are computed here, one more pass over them; `tail` holds those of the
-    chunks from it on. `finite_only`: a side has NaN or Inf (only the positions finite on both sides count)."""
-    chunks: Iterator[tuple[np.ndarray, np.ndarray]] = zip(_chunks(golden, "g"), _chunks(test, "m"), strict=True)
-    if finite_only:
-        chunks = ((g[both], m[both]) for g, m in chunks for both in [np.isfinite(g) & np.isfinite(m)])
-    head = [_sums64(g, m) for g, m in itertools.islice(chunks, exact_from)]
+    chunks from it on (over the positions finite on both sides)."""
+    head = [_sums64(g, m) for g, m in itertools.islice(_finite_pairs32(golden, test), exact_from)]
     dot = g2 = m2 = 0.0
     for c_dot, c_g2, c_m2 in itertools.chain(head, tail):  # chunk order: the same sums whichever pass made them
         dot += c_dot
