@@ -8,7 +8,11 @@ peak memory (max RSS of the process tree), the load average, and the msit/wb wal
 and per round.
 
     .venv/bin/python bench/bench_compare.py [--quick] [--size 620mb|1.6gb ...] [--keep DIR] [--workers N]
-        [--repeat R] [--no-ours]
+        [--repeat R] [--no-ours] [--no-msit] [--ref CHECKOUT]
+
+`--ref` names another checkout (say /work/main): its `wb compare` runs in every round next to this checkout's, on
+the same dumps, so the two are compared under the same load. Every wb run also prints the CPU time of each of its
+processes (the main process, the forkserver and each worker), sampled from /proc.
 
 Besides the ratios it prints, per dump: the metric pass's speed (GB of golden + test per CPU second), and the
 machine's floor: every byte read once from the page cache on all cores, plus a Python start.
@@ -17,6 +21,7 @@ machine's floor: every byte read once from the page cache on all cores, plus a P
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -26,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,21 +197,83 @@ def _drop_cgroup(cg: Path) -> None:
             time.sleep(0.1)
 
 
-def run_timed(cmd: list[str], cwd: Path) -> tuple[float, float, int, str]:
+class ProcessCpu:
+    """CPU seconds (user + system) of every process below one pid, sampled from /proc every 20 ms in a thread (a
+    process's last 20 ms are missed; the compare's processes live seconds)."""
+
+    def __init__(self, pid: int) -> None:
+        self.root = pid
+        self.cpu: dict[int, float] = {}
+        self.names: dict[int, str] = {}
+        self._stop = threading.Event()
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            stats: dict[int, tuple[int, float]] = {}
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit():
+                    continue
+                try:
+                    text = Path(f"/proc/{entry}/stat").read_text()
+                except OSError:
+                    continue
+                f = text[text.rfind(")") + 2 :].split()
+                stats[int(entry)] = (int(f[1]), (int(f[11]) + int(f[12])) / self._tick)
+            tree, grew = {self.root}, True
+            while grew:
+                grew = False
+                for pid, (ppid, _cpu) in stats.items():
+                    if ppid in tree and pid not in tree:
+                        tree.add(pid)
+                        grew = True
+            for pid in tree & stats.keys():
+                self.cpu[pid] = stats[pid][1]
+                if pid not in self.names:
+                    with contextlib.suppress(OSError):
+                        self.names[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+    def stop(self) -> str:
+        """'main X s, forkserver Y s, workers A, B s': the wb processes by role."""
+        self._stop.set()
+        self._thread.join()
+        main = fork = 0.0
+        workers: list[float] = []
+        for pid, cpu in sorted(self.cpu.items()):
+            name = self.names.get(pid, "")
+            if "forkserver" in name:
+                if fork == 0.0 and cpu < 0.5:  # the forkserver itself; its children are the workers
+                    fork = cpu
+                else:
+                    workers.append(cpu)
+            elif "workbench.cli" in name or name.rstrip().split(" ")[0].endswith("/wb") or " compare " in name:
+                main = max(main, cpu)
+        return f"main {main:.2f} s, forkserver {fork:.2f} s, workers {', '.join(f'{w:.2f}' for w in workers)} s"
+
+
+def run_timed(cmd: list[str], cwd: Path, root: Path = ROOT) -> tuple[float, float, int, str, str]:
     """Wall time, CPU time (user + system of every process the command started), peak RSS (KiB, the largest
-    single process), output."""
+    single process), output, and the CPU of each process by role (`ProcessCpu`). `root`: the checkout whose
+    workbench runs."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     cg = _new_cgroup()
     prefix = ["sh", "-c", 'echo $$ > "$0/tasks" && exec "$@"', str(cg)] if cg is not None else []
     t0 = time.perf_counter()
-    proc = subprocess.run(
+    child = subprocess.Popen(
         [*prefix, "/usr/bin/time", "-f", "MAXRSS_KB=%M", *cmd],
         cwd=cwd,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)},  # this checkout's workbench
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(root)},  # that checkout's workbench
     )
+    sampler = ProcessCpu(child.pid)
+    stdout, stderr = child.communicate()
     dt = time.perf_counter() - t0
+    per_process = sampler.stop()
+    proc = subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if cg is not None:
@@ -219,7 +287,7 @@ def run_timed(cmd: list[str], cwd: Path) -> tuple[float, float, int, str]:
             rss = int(line.split("=")[1])
     if proc.returncode != 0:
         print(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{out[-3000:]}")
-    return dt, cpu, rss, out
+    return dt, cpu, rss, out, per_process
 
 
 def measure_floor(golden: Path, test: Path, distinct_only: bool = False) -> tuple[float, float, int]:
@@ -314,18 +382,22 @@ class Runs:
     test: Path
     wb: list[tuple[float, int, int, float]] = field(default_factory=list)  # wall, peak RSS KiB, pairs, CPU s
     msit: list[tuple[float, int, int, float]] = field(default_factory=list)
+    ref: list[tuple[float, int, int, float]] = field(default_factory=list)  # `--ref`'s wb
 
 
-def run_wb(runs: Runs, out: Path, workers: int, size_mb: float, i: int) -> None:
+def run_wb(runs: Runs, out: Path, workers: int, size_mb: float, i: int, ref: Path | None = None) -> None:
+    """One `wb compare` of the pair: this checkout's, or with `ref` that checkout's (kept in `runs.ref`)."""
     wb = shutil.which("wb") or str(Path(sys.executable).with_name("wb"))
     shutil.rmtree(out, ignore_errors=True)
     cmd = [wb, "compare", "-gp", str(runs.golden), "-mp", str(runs.test), "-o", str(out), "--workers", str(workers)]
-    t_wb, cpu_wb, rss_wb, log_wb = run_timed(cmd, out.parent)
+    t_wb, cpu_wb, rss_wb, log_wb, per_process = run_timed(cmd, out.parent, ref or ROOT)
     pairs = next((int(line.split()[2]) for line in log_wb.splitlines() if line.startswith("pairs compared:")), 0)
-    runs.wb.append((t_wb, rss_wb, pairs, cpu_wb))
+    (runs.wb if ref is None else runs.ref).append((t_wb, rss_wb, pairs, cpu_wb))
+    who = "wb compare " if ref is None else "wb (--ref) "
     print(
-        f"run {i + 1} [{runs.label}]: wb compare   {t_wb:6.2f} s  {pairs} pairs  {pairs / t_wb:7.1f} pairs/s  "
-        f"{size_mb / t_wb:6.1f} MB/s  CPU {cpu_wb:5.2f} s  peak RSS {rss_wb / 1024:.0f} MiB (workers {workers})",
+        f"run {i + 1} [{runs.label}]: {who}  {t_wb:6.2f} s  {pairs} pairs  {pairs / t_wb:7.1f} pairs/s  "
+        f"{size_mb / t_wb:6.1f} MB/s  CPU {cpu_wb:5.2f} s  peak RSS {rss_wb / 1024:.0f} MiB (workers {workers}); "
+        f"CPU per process: {per_process}",
         flush=True,
     )
 
@@ -334,7 +406,7 @@ def run_msit(runs: Runs, out: Path, msit: str, i: int) -> None:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     cmd = [msit, "llm", "compare", "-gp", str(runs.golden), "-mp", str(runs.test), "-o", str(out)]
-    t_ms, cpu_ms, rss_ms, _log = run_timed(cmd, out.parent)
+    t_ms, cpu_ms, rss_ms, _log, _per_process = run_timed(cmd, out.parent)
     reports = list(out.glob("msit_cmp_report_*"))
     msit_pairs = count_msit_rows(reports)
     runs.msit.append((t_ms, rss_ms, msit_pairs, cpu_ms))
@@ -354,8 +426,17 @@ def summarise(runs: Runs) -> None:
         f"wb compare:   median {wb_med:.2f} s, best {min(r[0] for r in runs.wb):.2f} s of {len(runs.wb)}: "
         f"{wb_pairs / wb_med:.1f} pairs/s (median), peak RSS {max(r[1] for r in runs.wb) / 1024:.0f} MiB"
     )
+    if runs.ref:
+        ref_med = statistics.median(r[0] for r in runs.ref)
+        ref_cpu = statistics.median(r[3] for r in runs.ref)
+        per_run = sorted(r[0] / w[0] for w, r in zip(runs.wb, runs.ref))
+        print(
+            f"[{runs.label}] --ref wb: median {ref_med:.2f} s, CPU {ref_cpu:.2f} s (all processes, median); this "
+            f"checkout {wb_med:.2f} s, CPU {statistics.median(r[3] for r in runs.wb):.2f} s; wall ratio ref/this "
+            f"{ref_med / wb_med:.2f}x (per interleaved run {', '.join(f'{r:.2f}' for r in per_run)})"
+        )
     if not runs.msit:
-        print("msit not installed (pip install msit && msit install llm): no reference measured")
+        print("msit not run (--no-msit, or not installed: pip install msit && msit install llm)")
         return
     ms_med = statistics.median(r[0] for r in runs.msit)
     ms_pairs = runs.msit[0][2]
@@ -377,6 +458,11 @@ def summarise(runs: Runs) -> None:
     print(f"largest tensor pair {largest_pair_mb(runs.golden, runs.test):.0f} MB")
 
 
+def _of_msit(ms_wall: float | None, wall: float) -> str:
+    """' = msit/N' for a wall time, or nothing when msit was not timed."""
+    return "" if ms_wall is None else f" = msit/{ms_wall / wall:.1f}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a small model, for a smoke run (= --size quick)")
@@ -387,6 +473,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--repeat", type=int, default=5, help="interleaved runs of each tool (medians are reported)")
     ap.add_argument("--no-ours", action="store_true", help="measure msit-made dumps only")
+    ap.add_argument("--no-msit", action="store_true", help="do not time msit (its dumps are still used)")
+    ap.add_argument("--ref", type=Path, help="another checkout whose wb runs in every round too (e.g. /work/main)")
     ap.add_argument("--dump-one", nargs=3, metavar=("DUMPER", "SIDE", "BASE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.dump_one:
@@ -397,8 +485,9 @@ def main() -> None:
     base = args.keep or Path(tempfile.mkdtemp(prefix="wb_bench_compare_"))
     base.mkdir(parents=True, exist_ok=True)
     msit = shutil.which("msit") or str(Path(sys.executable).with_name("msit"))
-    has_msit = Path(msit).exists()
-    dumpers = (["msit"] if has_msit else []) + ([] if args.no_ours else ["wb"])
+    can_dump_msit = Path(msit).exists()
+    has_msit = can_dump_msit and not args.no_msit
+    dumpers = (["msit"] if can_dump_msit else []) + ([] if args.no_ours else ["wb"])
     all_runs: list[Runs] = []
     for size, dumper in [(z, d) for z in sizes for d in dumpers]:
         # 620mb keeps the folder name earlier runs used, so a --keep folder is reused
@@ -415,11 +504,17 @@ def main() -> None:
             f"{n_files} golden files"
         )
         all_runs.append(Runs(f"{dumper}-made {size}", golden, test))
+    for checkout in [ROOT, *([args.ref] if args.ref else [])]:
+        # the byte code of each timed checkout, written now: under PYTHONDONTWRITEBYTECODE (set on some machines)
+        # every wb run would compile workbench's sources again (~0.3 s of the main process), which users never pay
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(checkout) / "workbench")], check=True)
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for i in range(args.repeat):  # interleaved, so both tools see the same machine load
         for runs in all_runs:
             size_mb = (du(runs.golden) + du(runs.test)) / 1e6
             run_wb(runs, base / "out_wb", args.workers, size_mb, i)
+            if args.ref is not None:
+                run_wb(runs, base / "out_wb", args.workers, size_mb, i, args.ref.resolve())
             if has_msit:
                 run_msit(runs, base / "out_msit", msit, i)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
@@ -443,7 +538,7 @@ def main() -> None:
         print(
             f"[{runs.label}] start of a Python process importing numpy, DuckDB and typer: {start:.2f} s; "
             f"with the distinct-content metric pass on {cores} cores: {floor_wall:.2f} s, the least wall time "
-            f"of a compare in this stack = msit/{(ms_wall or 0) / floor_wall:.1f}; wb is {wb_wall / floor_wall:.1f}x it"
+            f"of a compare in this stack{_of_msit(ms_wall, floor_wall)}; wb is {wb_wall / floor_wall:.1f}x it"
         )
         _wall, all_cpu, _n = min((f for d, f in rounds if not d), key=lambda f: f[1])
         gb = pair_bytes(runs.golden, runs.test) / 1e9
@@ -454,8 +549,8 @@ def main() -> None:
         rd = read_floor(runs.golden, runs.test, cores)
         print(
             f"[{runs.label}] machine floor: every byte read once from the page cache on {cores} cores {rd:.2f} s "
-            f"({gb / rd:.1f} GB/s) + a Python start {start:.2f} s = {rd + start:.2f} s = msit/"
-            f"{(ms_wall or 0) / (rd + start):.1f}; wb is {wb_wall / (rd + start):.1f}x it"
+            f"({gb / rd:.1f} GB/s) + a Python start {start:.2f} s = {rd + start:.2f} s"
+            f"{_of_msit(ms_wall, rd + start)}; wb is {wb_wall / (rd + start):.1f}x it"
         )
     if not args.keep:
         shutil.rmtree(base, ignore_errors=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -250,3 +251,72 @@ def test_memory_mapped_input_is_read_in_chunks(tmp_path: Any) -> None:
     r = compare_tensors(g, mapped)
     assert r.values["max_ulp_error"] <= 0.5  # type: ignore[operator]
     assert r.test == summarize(g.to(torch.bfloat16))
+
+
+def _cosine64(g: torch.Tensor, m: torch.Tensor) -> float:
+    """msit's cosine in float64 over the positions finite on both sides, chunk by chunk as `metrics` sums it."""
+    g, m = g.reshape(-1).float(), m.reshape(-1).float()
+    keep = torch.isfinite(g) & torch.isfinite(m)
+    dot = gg = mm = 0.0
+    for start in range(0, g.numel(), metrics.CHUNK):
+        k = keep[start : start + metrics.CHUNK]
+        a = g[start : start + metrics.CHUNK][k].double().numpy()
+        b = m[start : start + metrics.CHUNK][k].double().numpy()
+        dot, gg, mm = dot + float(np.dot(a, b)), gg + float(np.dot(a, a)), mm + float(np.dot(b, b))
+    return round(dot / (math.sqrt(gg) * math.sqrt(mm)), 10)
+
+
+def test_dissimilar_pairs_get_the_float64_cosine_wherever_they_diverge(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pair whose running cosine falls below 0.999 only in a later chunk: the float64 sums of the chunks before are
+    computed again, those after come from the pass; the cosine is msit's float64 one either way."""
+    monkeypatch.setattr(metrics, "CHUNK", 1000)
+    gen = torch.Generator().manual_seed(5)
+    g = torch.randn(20_000, generator=gen)
+    late = g.to(torch.bfloat16).float()
+    late[15_000:] = torch.randn(5_000, generator=gen)  # similar for 15 chunks, then not
+    early = g.flip(0)  # dissimilar from the first chunk
+    between = g + 0.02 * torch.randn(20_000, generator=gen)  # cosine in [0.999, 0.9999): tracked, one-pass kept
+    with_nan = late.clone()
+    with_nan[3] = float("nan")
+    with_nan[17_000] = float("inf")
+    for label, m in (("late", late), ("early", early), ("with NaN and Inf", with_nan)):
+        assert compare_tensors(g, m).values["cosine_similarity"] == _cosine64(g, m), label
+    cos = compare_tensors(g, between).values["cosine_similarity"]
+    assert cos is not None and 0.999 <= cos < 0.9999
+    assert cos == pytest.approx(_cosine64(g, between), abs=2e-10)
+
+
+def test_blas_runs_on_the_calling_thread() -> None:
+    """The kernel's dots are one chunk long: OpenBLAS's thread pool would only spin (see `_one_blas_thread`)."""
+    import ctypes
+
+    compare_tensors(torch.ones(10), torch.ones(10))
+    if not os.path.exists("/proc/self/maps"):
+        pytest.skip("not Linux: the BLAS library is not looked up")
+    with open("/proc/self/maps") as maps:
+        libs = {line.split()[-1] for line in maps if "scipy_openblas" in line}
+    if not libs:
+        pytest.skip("numpy's BLAS is not the scipy-openblas of numpy's wheels")
+    get = getattr(ctypes.CDLL(sorted(libs)[0]), "scipy_openblas_get_num_threads64_", None)
+    if get is None:
+        pytest.skip("no scipy_openblas_get_num_threads64_ in numpy's OpenBLAS")
+    assert get() == 1
+
+
+def test_kl_series_that_stops_in_a_later_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The KL's series stops where |m - g| first reaches 0.1 (chunk 12 of 20 here): the sums over m of the chunks
+    before are taken then, and the KL is the one a pass without the series makes, to the last bit."""
+    monkeypatch.setattr(metrics, "CHUNK", 1000)
+    gen = torch.Generator().manual_seed(9)
+    g = torch.randn(20_000, generator=gen) * 2
+    m = g.to(torch.bfloat16).float()
+    m[12_500] += 0.5
+    with_nan = m.clone()
+    with_nan[40] = float("nan")  # a chunk before the stop reduced to its finite positions
+    for label, test in (("finite", m), ("NaN before the stop", with_nan)):
+        stops = compare_tensors(g, test).values["kl_divergence"]
+        keep = torch.isfinite(test)
+        assert stops == pytest.approx(_true_kl(g[keep], test[keep]), rel=1e-4, abs=2e-7), label
+        with monkeypatch.context() as never:
+            never.setattr(metrics, "_SERIES_MAX", -1.0)  # the direct form from the first chunk on
+            assert compare_tensors(g, test).values["kl_divergence"] == stops, label

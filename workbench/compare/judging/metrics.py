@@ -13,6 +13,7 @@ worker never imports torch (torch tensors are accepted too, viewed as arrays wit
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from collections.abc import Iterator
@@ -106,10 +107,58 @@ class _Scratch(threading.local):
             self.f = np.empty(f, np.float32)
             self.mask = np.empty(f, np.bool_)
             self.ones = np.ones(f, np.float32)
+            self.g64 = np.empty(f, np.float64)
+            self.m64 = np.empty(f, np.float64)
         return self
 
 
 _SCRATCH = _Scratch()
+
+# numpy's OpenBLAS, by the names its builds give the call (numpy 2 wheels prefix and suffix their symbols)
+_BLAS_SET_THREADS = (
+    "scipy_openblas_set_num_threads64_",
+    "scipy_openblas_set_num_threads",
+    "openblas_set_num_threads64_",
+    "openblas_set_num_threads",
+)
+_blas_pinned = False
+
+
+def _one_blas_thread() -> None:
+    """Make numpy's OpenBLAS run every call on the calling thread, once per process.
+
+    The kernel's dots are over one chunk (32 Ki elements), above OpenBLAS's threading threshold (10^4): a dot then
+    wakes its thread pool, which on a busy machine costs far more than it saves (a float64 dot of one chunk
+    measured 34 us wall and 26 us of CPU against 3 us on one thread, with two compare workers on two cores). The
+    compare's parallelism is its worker processes. Linux only (the library is found in /proc/self/maps); a no-op
+    elsewhere or when numpy's BLAS is not OpenBLAS.
+    """
+    global _blas_pinned
+    if _blas_pinned:
+        return
+    _blas_pinned = True
+    try:
+        with open("/proc/self/maps") as maps:
+            # torch's own BLAS (some builds bundle an OpenBLAS) is left alone: torch sets its threads itself
+            libs = {
+                path
+                for line in maps
+                if "openblas" in (path := line.split()[-1]).lower() and "torch" not in path.lower()
+            }
+    except OSError:
+        return
+    import ctypes
+
+    for path in sorted(libs):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in _BLAS_SET_THREADS:
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn(1)
+                break
 
 
 # ----------------------------------------------------------------------------------------------
@@ -189,7 +238,8 @@ class _Pair:
     kl_b: float = 0.0  # sum e^(g - kl_g) * (expm1(d) - d), while kl_series
     kl_series: bool = True  # every |d| < _SERIES_MAX so far
     kl_m: float = -math.inf  # running max of m
-    kl_zm: float = 0.0  # sum e^(m - kl_m), over every chunk
+    kl_zm: float = 0.0  # sum e^(m - kl_m), once the series stopped (from the first chunk on)
+    m_sum_pending: tuple[float, float] | None = None  # (max, sum) of m in the chunk where the series stopped
     _ulp_const: tuple[int, int, int, float] = field(default=(0, 0, 0, 1.0), repr=False)
 
     def __post_init__(self) -> None:
@@ -239,7 +289,8 @@ class _Pair:
             ad_m = ad
         self.rel_max = max(self.rel_max, float(r.max()))
         self.rel_sum += _sum(r)
-        self.abs_max = max(self.abs_max, float(ad_m.max()))
+        ad_m_max = float(ad_m.max())
+        self.abs_max = max(self.abs_max, ad_m_max)
         self.abs_sum += _sum(ad_m)
         # msprobe's RE = |m-g|/|g|, with |g| = 0 replaced by float64 eps (msprobe adds eps to both)
         if ag_min < _F64_EPS:
@@ -247,7 +298,7 @@ class _Pair:
         rp = np.divide(ad, ag, out=r)
         self.n_lt1 += int(np.count_nonzero(np.less(rp, np.float32(0.001), out=sc.mask[:n])))
         self.n_lt5 += int(np.count_nonzero(np.less(rp, np.float32(0.005), out=sc.mask[:n])))
-        d_max = float(ad.max())
+        d_max = ad_m_max if ad_m is ad else float(ad.max())
         if self.ulp is not None:
             top, floor, _s, _f = self._ulp_const
             # bit arithmetic modulo 2^32: the float32 whose bits are (top - exponent bits) is the scale
@@ -275,17 +326,18 @@ class _Pair:
             h *= d
             eg *= d
             b = float(np.dot(eg, h))
-            # the sum over m too, which the series itself does not need: should the series stop in a later chunk,
-            # the direct form has every chunk's (without it, a float64 two-pass KL: 2/3 of the metric CPU on
-            # bf16 dumps of a 2048-hidden Llama)
-            em = np.subtract(m, np.float32(mmax), out=sc.f[:n])
-            np.exp(em, out=em)
-            zm = float(np.dot(em, ones))
         else:
-            self.kl_series, b = False, 0.0
-            em = np.subtract(m, np.float32(mmax), out=sc.f[:n])
-            np.exp(em, out=em)
-            zm = float(np.dot(em, ones))
+            b = 0.0
+            zm = _exp_sum(m, mmax)
+            if self.kl_series:
+                # the series stops here: the direct form needs the sum over m of the chunks before too, which the
+                # caller adds (`add_m_sums`) before this chunk's, so every sum is the one a pass without the series
+                # would have made (not a float64 two-pass KL: that was 2/3 of the metric CPU on bf16 dumps of a
+                # 2048-hidden Llama)
+                self.kl_series = False
+                self.m_sum_pending = (mmax, zm)
+            else:
+                self._add_m_sum(mmax, zm)
         if gmax > self.kl_g:
             k = math.exp(self.kl_g - gmax) if self.kl_g > -math.inf else 0.0
             self.kl_z, self.kl_a, self.kl_b, self.kl_g = self.kl_z * k, self.kl_a * k, self.kl_b * k, gmax
@@ -295,22 +347,37 @@ class _Pair:
         self.kl_z += z
         self.kl_a += a
         self.kl_b += b
+
+    def _add_m_sum(self, mmax: float, zm: float) -> None:
         if mmax > self.kl_m:
             self.kl_zm = self.kl_zm * (math.exp(self.kl_m - mmax) if self.kl_m > -math.inf else 0.0) + zm
             self.kl_m = mmax
         else:
             self.kl_zm += zm * math.exp(mmax - self.kl_m)
 
+    def add_m_sums(self, before: Iterator[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Once the series stopped (`m_sum_pending`): add the sums over m of the chunks `before` the one where it
+        stopped (as `add` received them), then that chunk's."""
+        assert self.m_sum_pending is not None
+        for _g, m in before:
+            if m.size:
+                mmax = float(m.max())
+                self._add_m_sum(mmax, _exp_sum(m, mmax))
+        self._add_m_sum(*self.m_sum_pending)
+        self.m_sum_pending = None
+
+    def cosine(self) -> float:
+        """The one-pass cosine of the elements added so far (unrounded)."""
+        if self.g2 == 0.0 and self.m2 == 0.0:
+            return 1.0
+        # g.m = (|g|^2 + |m|^2 - |m-g|^2) / 2: |m-g|^2 carries the rounding of the small
+        # difference only, so this is as exact as msit's float64 dot product
+        dot = 0.5 * (self.g2 + self.m2 - self.d2) if self.g2 and self.m2 else 0.0
+        return dot / (max(math.sqrt(self.g2), COSINE_NORM_EPS) * max(math.sqrt(self.m2), COSINE_NORM_EPS))
+
     def values(self) -> dict[str, float | None]:
         n = self.n
-        if self.g2 == 0.0 and self.m2 == 0.0:
-            cos = 1.0
-        else:
-            # g.m = (|g|^2 + |m|^2 - |m-g|^2) / 2: |m-g|^2 carries the rounding of the small
-            # difference only, so this is as exact as msit's float64 dot product
-            dot = 0.5 * (self.g2 + self.m2 - self.d2) if self.g2 and self.m2 else 0.0
-            cos = dot / (max(math.sqrt(self.g2), COSINE_NORM_EPS) * max(math.sqrt(self.m2), COSINE_NORM_EPS))
-            cos = round(min(max(cos, -1.0), 1.0), 10)
+        cos = 1.0 if self.g2 == 0.0 and self.m2 == 0.0 else round(min(max(self.cosine(), -1.0), 1.0), 10)
         if math.sqrt(self.g2) <= FLOAT_EPS:
             red = 0.0
         else:
@@ -354,7 +421,19 @@ class _Pair:
 _F64_EPS = 2.220446049250313e-16  # np.finfo(float).eps, msprobe's
 _SERIES_MAX = 0.1  # largest |m - g| for which KL uses the series for expm1(d) - d
 _COSINE_EXACT_BELOW = 0.999  # below this the one-pass cosine may be off in the 10th decimal: redo in float64
+# once the running one-pass cosine falls below this, every further chunk also gets its float64 sums in the pass (the
+# chunk is in cache then); only the chunks before that are read again when the final cosine is below 0.999
+_COSINE_TRACK_BELOW = 0.9999
 _DIRECT_MAX_SHIFT = 10.0  # beyond this the one-pass direct KL loses precision: two passes in float64
+
+
+def _exp_sum(m: np.ndarray, mmax: float) -> float:
+    """sum e^(m - mmax) of a float32 chunk whose max is `mmax`."""
+    n = m.size
+    sc = _SCRATCH.get(n)
+    em = np.subtract(m, np.float32(mmax), out=sc.f[:n])
+    np.exp(em, out=em)
+    return float(np.dot(em, sc.ones[:n]))
 
 
 def _sumsq(x: np.ndarray) -> float:
@@ -387,6 +466,7 @@ TensorLike = Any  # a RawTensor, a numpy array or a torch tensor
 
 def summarize(t: TensorLike) -> TensorSummary:
     """numel, min, max, mean, std, L2 norm (over the finite elements) and NaN/Inf counts of `t`."""
+    _one_blas_thread()
     raw = as_raw(t)
     if raw.array.dtype.kind == "c":
         return TensorSummary(raw.numel)
@@ -405,6 +485,7 @@ def compare_tensors(golden: TensorLike, test: TensorLike, test_dtype: str | None
     layout rule relates them (`workbench.compare.pairing.layout`: squeezed batch, merged heads); otherwise the
     pair is `not comparable` (no metrics), never silently flattened.
     """
+    _one_blas_thread()
     with np.errstate(all="ignore"):  # overflow to Inf and 0/0 are data here, handled, not warnings
         return _compare(as_raw(golden), as_raw(test), test_dtype)
 
@@ -430,16 +511,25 @@ def _compare(g_raw: RawTensor, t_raw: RawTensor, test_dtype: str | None) -> Pair
         return PairMetrics(none, summarize(g_raw), summarize(t_raw), False, not_comparable(gshape, tshape))
     dtype = canonical_dtype(test_dtype) or canonical_dtype(t_raw.dtype)
     gs, ts, pair = _Side(), _Side(), _Pair(_ULP_PARAMS.get(dtype or ""))
-    for g, m in zip(_chunks(g_raw, "g"), _chunks(t_raw, "m"), strict=True):
+    exact: list[tuple[float, float, float]] | None = None  # float64 sums of each chunk from chunk `exact_from` on
+    exact_from: int | None = None
+    for k, (g, m) in enumerate(zip(_chunks(g_raw, "g"), _chunks(t_raw, "m"), strict=True)):
         g_lo, g_hi = float(g.min()), float(g.max())
         m_lo, m_hi = float(m.min()), float(m.max())
         if math.isfinite(g_lo + g_hi + m_lo + m_hi):  # NaN propagates through min/max
             g2, m2 = gs.add(g, g_lo, g_hi), ts.add(m, m_lo, m_hi)
             pair.add(g, m, g2, m2, g_hi, m_hi)
-            continue
-        fg, fm = _add_side(gs, g), _add_side(ts, m)
-        both = fg & fm
-        pair.add(g[both], m[both])
+        else:
+            fg, fm = _add_side(gs, g), _add_side(ts, m)
+            both = fg & fm
+            g, m = g[both], m[both]
+            pair.add(g, m)
+        if exact is None and pair.cosine() < _COSINE_TRACK_BELOW:
+            exact, exact_from = [], k
+        if exact is not None:
+            exact.append(_sums64(g, m))
+        if pair.m_sum_pending is not None:  # last in the loop: it reads the chunks before into the scratch buffers
+            pair.add_m_sums(itertools.islice(_finite_pairs32(g_raw, t_raw), k))
     summ_g, summ_t = gs.summary(g_raw.numel), ts.summary(t_raw.numel)
     finite_only = bool(summ_g.nan_count or summ_g.inf_count or summ_t.nan_count or summ_t.inf_count)
     for side, s in (("golden_data", summ_g), ("my_data", summ_t)):
@@ -453,7 +543,7 @@ def _compare(g_raw: RawTensor, t_raw: RawTensor, test_dtype: str | None) -> Pair
     values = pair.values()
     cos = values["cosine_similarity"]
     if cos is not None and cos < _COSINE_EXACT_BELOW:
-        values["cosine_similarity"] = _cosine_exact(g_raw, t_raw)
+        values["cosine_similarity"] = _cosine_exact(g_raw, t_raw, exact_from, exact or [])
     if values["kl_divergence"] is None:
         values["kl_divergence"] = _kl_direct(g_raw, t_raw)
     return PairMetrics(values, summ_g, summ_t, finite_only, "; ".join(reasons) or None)
@@ -527,16 +617,42 @@ def _kl_direct(golden: RawTensor, test: RawTensor) -> float | None:
     return max(kl, 0.0) if math.isfinite(kl) else None
 
 
-def _cosine_exact(golden: RawTensor, test: RawTensor) -> float:
-    """msit's cosine (float64 dot, torch's per-norm eps clamp), one more pass, for dissimilar pairs."""
+def _sums64(g: np.ndarray, m: np.ndarray) -> tuple[float, float, float]:
+    """(g.m, g.g, m.m) of two float32 chunks in float64 (every product exact, as msit's float64 cosine)."""
+    n = g.size
+    sc = _SCRATCH.get(n)
+    a, b = sc.g64[:n], sc.m64[:n]
+    np.copyto(a, g)
+    np.copyto(b, m)
+    return float(np.dot(a, b)), float(np.dot(a, a)), float(np.dot(b, b))
+
+
+def _cosine_exact(
+    golden: RawTensor, test: RawTensor, exact_from: int | None, tail: list[tuple[float, float, float]]
+) -> float:
+    """msit's cosine (float64 dot, torch's per-norm eps clamp) for dissimilar pairs: the float64 sums of the chunks
+    before chunk `exact_from` (all when None) are computed here, one more pass over them; `tail` holds those of the
+    chunks from it on (over the positions finite on both sides)."""
+    head = [_sums64(g, m) for g, m in itertools.islice(_finite_pairs32(golden, test), exact_from)]
     dot = g2 = m2 = 0.0
-    for g, m in _finite_pairs(golden, test):
-        dot += float(np.dot(g, m))
-        g2 += float(np.dot(g, g))
-        m2 += float(np.dot(m, m))
+    for c_dot, c_g2, c_m2 in itertools.chain(head, tail):  # chunk order: the same sums whichever pass made them
+        dot += c_dot
+        g2 += c_g2
+        m2 += c_m2
     if g2 == 0.0 and m2 == 0.0:
         return 1.0
     return round(dot / (max(math.sqrt(g2), COSINE_NORM_EPS) * max(math.sqrt(m2), COSINE_NORM_EPS)), 10)
+
+
+def _finite_pairs32(golden: RawTensor, test: RawTensor) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The float32 chunks of both tensors as `_compare` hands them to `_Pair.add`: whole when every element of
+    both is finite, else the positions finite on both sides."""
+    for g, m in zip(_chunks(golden, "g"), _chunks(test, "m"), strict=True):
+        if math.isfinite(float(g.min()) + float(g.max()) + float(m.min()) + float(m.max())):
+            yield g, m
+        else:
+            both = np.isfinite(g) & np.isfinite(m)
+            yield g[both], m[both]
 
 
 def _finite_pairs(golden: RawTensor, test: RawTensor) -> Iterator[tuple[np.ndarray, np.ndarray]]:
