@@ -114,13 +114,6 @@ class _Scratch(threading.local):
 
 _SCRATCH = _Scratch()
 
-# numpy's OpenBLAS, by the names its builds give the call (numpy 2 wheels prefix and suffix their symbols)
-_BLAS_SET_THREADS = (
-    "scipy_openblas_set_num_threads64_",
-    "scipy_openblas_set_num_threads",
-    "openblas_set_num_threads64_",
-    "openblas_set_num_threads",
-)
 _blas_pinned = False
 
 
@@ -130,35 +123,19 @@ def _one_blas_thread() -> None:
     The kernel's dots are over one chunk (32 Ki elements), above OpenBLAS's threading threshold (10^4): a dot then
     wakes its thread pool, which on a busy machine costs far more than it saves (a float64 dot of one chunk
     measured 34 us wall and 26 us of CPU against 3 us on one thread, with two compare workers on two cores). The
-    compare's parallelism is its worker processes. Linux only (the library is found in /proc/self/maps); a no-op
-    elsewhere or when numpy's BLAS is not OpenBLAS.
+    compare's parallelism is its worker processes. The BLAS libraries loaded are found and set through
+    threadpoolctl.
     """
     global _blas_pinned
     if _blas_pinned:
         return
     _blas_pinned = True
-    try:
-        with open("/proc/self/maps") as maps:
-            # torch's own BLAS (some builds bundle an OpenBLAS) is left alone: torch sets its threads itself
-            libs = {
-                path
-                for line in maps
-                if "openblas" in (path := line.split()[-1]).lower() and "torch" not in path.lower()
-            }
-    except OSError:
-        return
-    import ctypes
+    from threadpoolctl import ThreadpoolController
 
-    for path in sorted(libs):
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for name in _BLAS_SET_THREADS:
-            fn = getattr(lib, name, None)
-            if fn is not None:
-                fn(1)
-                break
+    for lib in ThreadpoolController().select(user_api="blas").lib_controllers:
+        # torch's own BLAS (MKL, or an OpenBLAS some builds bundle) is left alone: torch sets its threads itself
+        if "torch" not in str(lib.filepath).lower():
+            lib.set_num_threads(1)
 
 
 # ----------------------------------------------------------------------------------------------
