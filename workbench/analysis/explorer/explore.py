@@ -24,7 +24,6 @@ import numpy as np
 
 from workbench.analysis.explorer.ranks import RankEntry, rank_group
 from workbench.analysis.explorer.severity import VERDICT, colouring, severity, severity_array, verdict_columns
-from workbench.analysis.explorer.tensor_diff import tensor_diff
 from workbench.analysis.explorer.token_view import StripCell, strip_cells
 from workbench.analysis.explorer.views import (
     BORN_ADVISOR,
@@ -623,6 +622,8 @@ class Explorer:
 
     def tensor_diff(self, pair: PairRow, k: int = 8) -> TensorDiff:
         """Histogram of log10|error| and the k worst elements of ONE pair, read from its two files (no torch)."""
+        from workbench.analysis.explorer.tensor_diff import tensor_diff  # the array readers: detail pane only
+
         return tensor_diff(pair, k)
 
     def node_tensors(self, side: Side, node_id: int, token: int) -> NodeTensors:
