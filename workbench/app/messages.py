@@ -95,6 +95,7 @@ class StatusReady(Message):
     born_test: int | None
     evidence: str | None
     shapes: dict[str, dict[int, str]]  # side -> node id -> output shape at this token
+    request: int = 0  # the screen's status load it answers: an answer to an earlier one is dropped
 
 
 @dataclass

@@ -42,6 +42,7 @@ from workbench.analysis.explorer.views import (
     Side,
     TensorDiff,
     TensorStats,
+    TokenStatus,
     TreeRow,
     Unmatched,
 )
@@ -58,6 +59,7 @@ __all__ = ["POST", "PRE", "ExploreError", "Explorer"]
 # heatmap row groups outside the decoder layers (layers are numbered from 0)
 PRE = -1  # ops before the first layer
 POST = 1_000_000_000  # ops after the last layer
+SIDES: tuple[Side, Side] = ("golden", "test")
 STATUS_CACHE = 64  # per-token roll-ups kept (a token's is one dict of its nodes' NodeStatus)
 STAT_COLUMNS = ("dtype", "shape", "min", "max", "mean", "std", "norm", "nan_count", "inf_count", "path")
 
@@ -96,6 +98,7 @@ class Explorer:
         except CatalogError as exc:
             raise ExploreError(str(exc)) from None
         self._lock = threading.Lock()
+        self._cache_lock = threading.Lock()  # the per-token caches below: workers fill them, the UI thread peeks
         self._shapes: dict[tuple[str, int], dict[int, str]] = {}
         self._status: OrderedDict[tuple[int, str], dict[int, NodeStatus]] = OrderedDict()
         self._born: dict[int, tuple[int | None, int | None, str | None]] = {}
@@ -255,7 +258,8 @@ class Explorer:
     def shapes_at(self, side: Side, token: int) -> dict[int, str]:
         """node id -> its first output's shape at `token` (a prefill and a decode step differ); cached per token."""
         key = (side, token)
-        cached = self._shapes.get(key)
+        with self._cache_lock:
+            cached = self._shapes.get(key)
         if cached is not None:
             return cached
         rows = self._rows(
@@ -264,7 +268,8 @@ class Explorer:
             [self.run_id(side), token],
         )
         shapes = {int(r[0]): _shape_text(r[1]) for r in rows}
-        self._shapes[key] = shapes
+        with self._cache_lock:
+            self._shapes[key] = shapes
         return shapes
 
     def node_status(self, token: int, colour_by: str = VERDICT) -> dict[int, NodeStatus]:
@@ -273,15 +278,38 @@ class Explorer:
         Cached per (token, colouring) for this connection's life (the catalog is read-only here; an edit
         reopens a new Explorer): going back to a token costs nothing. Callers must not modify the dict."""
         key = (token, colour_by)
-        cached = self._status.get(key)
-        if cached is not None:
-            self._status.move_to_end(key)
-            return cached
+        with self._cache_lock:
+            cached = self._status.get(key)
+            if cached is not None:
+                self._status.move_to_end(key)
+                return cached
         out = self._node_status(token, colour_by)
-        self._status[key] = out
-        while len(self._status) > STATUS_CACHE:
-            self._status.popitem(last=False)
+        with self._cache_lock:
+            self._status[key] = out
+            while len(self._status) > STATUS_CACHE:
+                self._status.popitem(last=False)
         return out
+
+    def token_status(self, token: int, colour_by: str = VERDICT) -> TokenStatus:
+        """Everything the trees show at `token` (roll-ups, verdict, shapes), each part cached after its query."""
+        born, born_test, evidence = self.born_evidence(token)
+        shapes: dict[str, dict[int, str]] = {side: self.shapes_at(side, token) for side in SIDES}
+        return TokenStatus(token, self.node_status(token, colour_by), born, born_test, evidence, shapes)
+
+    def cached_token_status(self, token: int, colour_by: str = VERDICT) -> TokenStatus | None:
+        """`token_status` when every part of it is cached, else None: runs no query, so the UI thread may ask."""
+        with self._cache_lock:
+            status = self._status.get((token, colour_by))
+            born = self._born.get(token)
+            shapes = {side: self._shapes.get((side, token)) for side in SIDES}
+            if status is not None:
+                self._status.move_to_end((token, colour_by))
+        if status is None or born is None:
+            return None
+        ready: dict[str, dict[int, str]] = {side: shape for side, shape in shapes.items() if shape is not None}
+        if len(ready) != len(SIDES):
+            return None
+        return TokenStatus(token, status, *born, ready)
 
     def _node_status(self, token: int, colour_by: str) -> dict[int, NodeStatus]:
         info = self.info
@@ -315,9 +343,12 @@ class Explorer:
 
     def born_evidence(self, token: int) -> tuple[int | None, int | None, str | None]:
         """The verdict at `token`: golden node, the test op pinned down (precheck), and the evidence (cached)."""
-        cached = self._born.get(token)
+        with self._cache_lock:
+            cached = self._born.get(token)
         if cached is None:
-            cached = self._born[token] = self._born_evidence(token)
+            cached = self._born_evidence(token)
+            with self._cache_lock:
+                self._born[token] = cached
         return cached
 
     def _born_evidence(self, token: int) -> tuple[int | None, int | None, str | None]:
