@@ -102,6 +102,7 @@ class Explorer:
         self._shapes: dict[tuple[str, int], dict[int, str]] = {}
         self._status: OrderedDict[tuple[int, str], dict[int, NodeStatus]] = OrderedDict()
         self._born: dict[int, tuple[int | None, int | None, str | None]] = {}
+        self._first_shape: dict[tuple[int, int], Any] | None = None
         try:
             self.info = self._load_info(cmp_id)
         except duckdb.Error as exc:
@@ -220,25 +221,20 @@ class Explorer:
         me, other = ("golden_node_id", "test_node_id") if side == "golden" else ("test_node_id", "golden_node_id")
         rows = self._rows(
             f"""
-            WITH shapes AS (
-                SELECT node_id, arg_min(shape, token_id * 1000000 + idx) AS shape
-                FROM tensors WHERE run_id = ? AND io = 'out' GROUP BY node_id
-            ), anyt AS (
-                SELECT DISTINCT node_id FROM tensors WHERE run_id = ?
-            ), cp AS (
+            WITH cp AS (
                 SELECT {me} AS node_id, min({other}) AS counterpart FROM node_matches
                 WHERE cmp_id = ? GROUP BY {me}
             )
             SELECT n.node_id, n.name, coalesce(n.type, ''), n.parent_id, coalesce(n.depth, 0), n.exec_order,
-                   n.layer, s.shape, cp.counterpart, a.node_id IS NOT NULL
+                   n.layer, cp.counterpart
             FROM nodes n
-            LEFT JOIN shapes s USING (node_id)
-            LEFT JOIN anyt a USING (node_id)
             LEFT JOIN cp USING (node_id)
             WHERE n.run_id = ?
             ORDER BY n.exec_order NULLS LAST, n.node_id""",
-            [run, run, self.info.cmp_id, run],
+            [self.info.cmp_id, run],
         )
+        first = self._first_shapes()
+        rows = [(*r[:7], first.get((run, int(r[0]))), r[7], (run, int(r[0])) in first) for r in rows]
         return [
             TreeRow(
                 int(r[0]),
@@ -254,6 +250,22 @@ class Explorer:
             )
             for r in rows
         ]
+
+    def _first_shapes(self) -> dict[tuple[int, int], Any]:
+        """(run, node) -> the first output's shape at the first token it has tensors at (None: no output), for
+        every node of both sides with tensors: one scan of `tensors` for both trees (it was four), kept."""
+        with self._cache_lock:
+            cached = self._first_shape
+        if cached is None:
+            rows = self._rows(
+                "SELECT run_id, node_id, arg_min(shape, token_id * 1000000 + idx) FILTER (WHERE io = 'out') "
+                "FROM tensors WHERE run_id IN (?, ?) GROUP BY run_id, node_id",
+                [self.info.golden_run, self.info.test_run],
+            )
+            cached = {(int(r[0]), int(r[1])): r[2] for r in rows}
+            with self._cache_lock:
+                self._first_shape = cached
+        return cached
 
     def shapes_at(self, side: Side, token: int) -> dict[int, str]:
         """node id -> its first output's shape at `token` (a prefill and a decode step differ); cached per token."""
@@ -520,23 +532,43 @@ class Explorer:
         gname, gtype, tname, ttype, tid = names[0] if names else (f"#{golden_node_id}", "", None, None, None)
         keys = list(STAT_COLUMNS)
         n_metrics = len(ALL_METRICS)
-        rows = self._rows(
+        tensor_rows = self._rows(
             f"""
             SELECT m.pair_id, m.io, gt.idx, tt.idx,
-                   {", ".join("x." + c for c in ALL_METRICS)},
-                   x.failed_metrics, x.passed, x.cmp_fail_reason,
                    {", ".join("gt." + c for c in keys)},
                    {", ".join("tt." + c for c in keys)},
-                   x.golden_nan_count, x.golden_inf_count, x.my_nan_count, x.my_inf_count, tt.io, tn.name
+                   tt.io, tn.name
             FROM matches m
             JOIN tensors gt ON gt.run_id = ? AND gt.tensor_id = m.golden_tensor_id
             JOIN tensors tt ON tt.run_id = ? AND tt.tensor_id = m.test_tensor_id
             LEFT JOIN nodes tn ON tn.run_id = tt.run_id AND tn.node_id = tt.node_id
-            LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
             WHERE m.cmp_id = ? AND m.golden_node_id = ? AND m.token_id = ?
             ORDER BY m.io DESC, gt.idx, tn.exec_order NULLS LAST, tt.io DESC, tt.idx""",
             [info.golden_run, info.test_run, info.cmp_id, golden_node_id, token],
         )
+        # the metrics of those few pairs by their ids: joined in the query above, DuckDB hashed the whole metrics
+        # table (50-100 ms on a 1.9M-pair catalog, at every selection and token change)
+        pair_ids = [int(r[0]) for r in tensor_rows]
+        metric_cols = [*ALL_METRICS, "failed_metrics", "passed", "cmp_fail_reason"]
+        count_cols = ["golden_nan_count", "golden_inf_count", "my_nan_count", "my_inf_count"]
+        by_pair = {
+            int(x[0]): x[1:]
+            for x in (
+                self._rows(
+                    f"SELECT pair_id, {', '.join(metric_cols + count_cols)} FROM metrics "
+                    f"WHERE cmp_id = ? AND pair_id IN ({', '.join('?' * len(pair_ids))})",
+                    [info.cmp_id, *pair_ids],
+                )
+                if pair_ids
+                else []
+            )
+        }
+        absent = (None,) * (len(metric_cols) + len(count_cols))
+        rows = []
+        for r in tensor_rows:
+            x = by_pair.get(int(r[0]), absent)
+            stats_end = 4 + 2 * len(keys)
+            rows.append((*r[:4], *x[: len(metric_cols)], *r[4:stats_end], *x[len(metric_cols) :], *r[stats_end:]))
         pairs = []
         s0 = 4 + n_metrics + 3
         for r in rows:
