@@ -29,6 +29,8 @@ class KeysFooter(Footer):
     async def recompose(self) -> None:
         # the screen publishes "bindings updated" on every focus change; building the keys again when they are the
         # same was most of the footer's cost at the first paint (every key restyled, twice)
+        if not self.is_attached or self._pruning:  # as Textual's recompose: a footer being removed has no screen
+            return
         shown = self._bindings_shown()
         if shown == self._composed_for:
             return
