@@ -13,7 +13,6 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.worker import Worker, WorkerState
 
 from workbench.analysis.explorer.explore import ExploreError, Explorer
-from workbench.analysis.verdicts.advisor import SIGNIFICANT
 from workbench.app.actions import ACTIONS, bindings
 from workbench.app.main_screen import MainScreen
 from workbench.app.messages import (
@@ -35,10 +34,10 @@ from workbench.app.screens import (
     WorkbenchScreen,
 )
 from workbench.app.themes import DEFAULT_THEME, DOMAIN_DEFAULTS, THEMES_DIR, load_themes
-from workbench.jobs.compare_dumps import CompareRequest
 
 if TYPE_CHECKING:
     from workbench.compare.pairing.mapping import PairSpec
+    from workbench.jobs.compare_dumps import CompareRequest
 
 
 class WorkbenchCommands(Provider):
@@ -78,6 +77,8 @@ def start_selection(explorer: Explorer) -> tuple[int | None, int | None]:
     first_bad = next((t for t, name in born.items() if name is not None), None)
     if first_bad is not None:
         return first_bad, explorer.born(first_bad)[0]
+    from workbench.analysis.verdicts.advisor import SIGNIFICANT  # the advisor (and pandas) only when nothing fails
+
     rows, _ = explorer.advice(top=1)
     standing_out = [r for r in rows if r.score >= SIGNIFICANT]
     if standing_out:
@@ -109,6 +110,8 @@ class WorkbenchApp(App[int]):
         super().__init__()
         self.catalog = Path(catalog)
         if request is None and golden is not None and test is not None:
+            from workbench.jobs.compare_dumps import CompareRequest
+
             request = CompareRequest(golden, test, self.catalog, mapping=mapping)
         self.request = request  # the compare to run first (progress screen), if any
         self.mapping_path = request.mapping if request is not None else mapping

@@ -15,7 +15,26 @@ class KeysFooter(Footer):
     """Textual's footer, except that a key that does not fit is left out instead of shown cut in half, and that
     keys are drawn compact on a narrow terminal, or wherever every key fits only compact."""
 
+    _composed_for: tuple[object, ...] | None = None  # the bindings the keys were last composed from
+
+    def _bindings_shown(self) -> tuple[object, ...]:
+        """What `compose` draws the keys from: the screen's bindings, once they are ready."""
+        if not self._bindings_ready:
+            return ()
+        return tuple(
+            (b.key, b.action, b.description, b.show, enabled, tooltip)
+            for _node, b, enabled, tooltip in self.screen.active_bindings.values()
+        )
+
     async def recompose(self) -> None:
+        # the screen publishes "bindings updated" on every focus change; building the keys again when they are the
+        # same was most of the footer's cost at the first paint (every key restyled, twice)
+        if not self.is_attached or self._pruning:  # as Textual's recompose: a footer being removed has no screen
+            return
+        shown = self._bindings_shown()
+        if shown == self._composed_for:
+            return
+        self._composed_for = shown
         await super().recompose()
         self.call_after_refresh(self._fit)
 

@@ -76,7 +76,11 @@ class LogitsStrip(Static):
         colours = self._colours()
         bg = {"pass": colours["ok"], "fail": colours["fail"], "differ": colours["unmatched"], "none": ""}
         text = Text(LABEL, style="bold")
-        for c in self.cells:
+        # the strip is one line high: the cells past its width are never seen, so they are not drawn (a 1,000-token
+        # comparison drew them all at each token change). One cell more than fits keeps the line as it was cut.
+        width = self.content_size.width
+        shown = self.cells[: (width - len(LABEL)) // self.width_per_cell + 1] if width else self.cells
+        for c in shown:
             kind = self.style_of(c)
             style = f"on {bg[kind]}" if bg[kind] else "dim"
             if kind == "differ":
@@ -94,7 +98,7 @@ class LogitsStrip(Static):
         self._redraw()
 
     def _redraw(self) -> None:
-        self.update(self.render_text())
+        self.update(self.render_text(), layout=False)  # one line high whatever it holds: no layout pass
 
     def _cell_at(self, x: int) -> StripCell | None:
         pos = x - 1 - len(LABEL)  # padding, then the label

@@ -27,7 +27,7 @@ from workbench.analysis.explorer.severity import (
     Scale,
     value_at,
 )
-from workbench.analysis.explorer.views import BORN_ADVISOR, Heatmap, NodeStatus, TreeRow
+from workbench.analysis.explorer.views import BORN_ADVISOR, Heatmap, NodeStatus, TokenStatus, TreeRow
 from workbench.app.actions import bindings
 from workbench.app.detail import render_detail, render_node_tensors
 from workbench.app.footer import KeysFooter
@@ -83,8 +83,10 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self.evidence: str | None = None
         self.status: dict[int, NodeStatus] = {}
         self.status_token: int | None = None  # token the trees are coloured for
+        self._status_request = 0  # status loads asked for; StatusReady carries the number it answers
         self._detail_shown: DetailReady | NodeTensorsReady | None = None  # drawn again on a theme change
         self._legend_key: tuple[object, ...] = ()
+        self._heat_title = ""
         self._vars: dict[str, str] = {}
         self.first_paint_at: float | None = None
         self._pending_select: int | None = select
@@ -205,16 +207,48 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
     def load_trees(self) -> None:
         self.post_message(TreesReady(self.explorer.tree_rows("golden"), self.explorer.tree_rows("test")))
 
-    @work(thread=True, exclusive=True, group="status", exit_on_error=False)
     def load_status(self, token: int) -> None:
-        by_added = self.color_by_added or self.color_by_quant
-        status = self.explorer.node_status(token, ADDED_ERROR if by_added else self.metric)
-        if self.color_by_quant:  # the advisor's score against the expected quantization noise, bound STANDS_OUT
+        """Colour the trees for `token`: at once when the explorer has the token's roll-ups cached (a token seen
+        before, or a neighbour read ahead), else from a worker."""
+        self._status_request += 1
+        colour = ADDED_ERROR if self.color_by_added or self.color_by_quant else self.metric
+        if not self.color_by_quant:
+            view = self.explorer.cached_token_status(token, colour)
+            if view is not None:
+                self.on_status_ready(self._status_ready(view, view.status, self._status_request))
+                return
+        self._load_status(token, colour, self.color_by_quant, self._status_request)
+
+    @staticmethod
+    def _status_ready(view: TokenStatus, status: dict[int, NodeStatus], request: int) -> StatusReady:
+        return StatusReady(view.token, status, view.verdict, view.shapes, request)
+
+    @work(thread=True, exclusive=True, group="status", exit_on_error=False)
+    def _load_status(self, token: int, colour: str, by_quant: bool, request: int) -> None:
+        view = self.explorer.token_status(token, colour)
+        status = view.status
+        if by_quant:  # the advisor's score against the expected quantization noise, bound STANDS_OUT
             score = self.explorer.beyond_noise(token)
             status = {g: replace(st, added_error=score.get(g)) for g, st in status.items()}
-        verdict = self.explorer.verdict(token)
-        shapes = {side: self.explorer.shapes_at(side, token) for side in ("golden", "test")}
-        self.post_message(StatusReady(token, status, verdict, shapes))
+        self.post_message(self._status_ready(view, status, request))
+
+    @work(thread=True, exclusive=True, group="read-ahead", exit_on_error=False)
+    def _read_ahead(self, tokens: list[int], colour: str) -> None:
+        for token in tokens:
+            self.explorer.token_status(token, colour)
+
+    def _read_ahead_neighbours(self, token: int) -> None:
+        """Read the tokens either side of `token` in a worker, so that the next token change finds them cached
+        (after the first paint: until then the heatmap's and the trees' queries come first)."""
+        if self.color_by_quant or self.first_paint_at is None:
+            return
+        tokens = self.explorer.info.tokens
+        colour = ADDED_ERROR if self.color_by_added else self.metric
+        i = tokens.index(token) if token in tokens else -1
+        near = [tokens[j] for j in (i + 1, i - 1) if i >= 0 and 0 <= j < len(tokens)]
+        missing = [t for t in near if self.explorer.cached_token_status(t, colour) is None]
+        if missing:
+            self._read_ahead(missing, colour)
 
     @work(thread=True, exclusive=True, group="detail", exit_on_error=False)
     def load_detail(self, node_id: int, token: int) -> None:
@@ -306,8 +340,9 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self._mark_loaded("trees")
 
     def on_status_ready(self, msg: StatusReady) -> None:
-        if msg.token != self.token:
-            return
+        if msg.token != self.token or msg.request != self._status_request:
+            return  # a load of another token, or of this one in a colouring since changed
+        self._read_ahead_neighbours(msg.token)
         self.status = msg.status
         self.status_token = msg.token
         self.born_id = msg.verdict.golden
@@ -407,6 +442,8 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
     def _painted(self) -> None:
         if self.first_paint_at is None:
             self.first_paint_at = time.perf_counter()
+            if self.status_token is not None:
+                self._read_ahead_neighbours(self.status_token)
 
     # ------------------------------------------------------------------ helpers
     def _tree(self, side: str) -> TopologyTree:
@@ -465,7 +502,10 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
             where = "layers"
         else:
             where = f"ops of {_group_name(self.drill_layer)} (u: back)"
-        self.query_one("#heat-pane").border_title = f"{label} by token x {where}"
+        title = f"{label} by token x {where}"
+        if title != self._heat_title:  # setting a border title repaints the whole pane, even to the same text
+            self._heat_title = title
+            self.query_one("#heat-pane").border_title = title
         colour = "added error" if self.color_by_added else "beyond int8 noise" if self.color_by_quant else label
         # the verdict first: it is what a narrow terminal must still show
         status = Text.assemble(

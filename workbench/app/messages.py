@@ -101,6 +101,7 @@ class StatusReady(Message):
     status: dict[int, NodeStatus]
     verdict: TokenVerdict
     shapes: dict[str, dict[int, str]]  # side -> node id -> output shape at this token
+    request: int = 0  # the screen's status load it answers: an answer to an earlier one is dropped
 
 
 @dataclass

@@ -24,7 +24,6 @@ import numpy as np
 
 from workbench.analysis.explorer.ranks import RankEntry, rank_group
 from workbench.analysis.explorer.severity import VERDICT, colouring, severity, severity_array, verdict_columns
-from workbench.analysis.explorer.tensor_diff import tensor_diff
 from workbench.analysis.explorer.token_view import StripCell, strip_cells
 from workbench.analysis.explorer.views import (
     BORN_ADVISOR,
@@ -43,6 +42,7 @@ from workbench.analysis.explorer.views import (
     Side,
     TensorDiff,
     TensorStats,
+    TokenStatus,
     TokenVerdict,
     TreeRow,
     Unmatched,
@@ -60,6 +60,7 @@ __all__ = ["POST", "PRE", "ExploreError", "Explorer"]
 # heatmap row groups outside the decoder layers (layers are numbered from 0)
 PRE = -1  # ops before the first layer
 POST = 1_000_000_000  # ops after the last layer
+SIDES: tuple[Side, Side] = ("golden", "test")
 STATUS_CACHE = 64  # per-token roll-ups kept (a token's is one dict of its nodes' NodeStatus)
 STAT_COLUMNS = ("dtype", "shape", "min", "max", "mean", "std", "norm", "nan_count", "inf_count", "path")
 
@@ -98,10 +99,12 @@ class Explorer:
         except CatalogError as exc:
             raise ExploreError(str(exc)) from None
         self._lock = threading.Lock()
+        self._cache_lock = threading.Lock()  # the per-token caches below: workers fill them, the UI thread peeks
         self._shapes: dict[tuple[str, int], dict[int, str]] = {}
         self._status: OrderedDict[tuple[int, str], dict[int, NodeStatus]] = OrderedDict()
         self._born: dict[int, tuple[int | None, int | None, str | None]] = {}
         self._verdicts: dict[int, TokenVerdict] = {}
+        self._first_shape: dict[tuple[int, int], Any] | None = None
         try:
             self.info = self._load_info(cmp_id)
         except duckdb.Error as exc:
@@ -220,25 +223,20 @@ class Explorer:
         me, other = ("golden_node_id", "test_node_id") if side == "golden" else ("test_node_id", "golden_node_id")
         rows = self._rows(
             f"""
-            WITH shapes AS (
-                SELECT node_id, arg_min(shape, token_id * 1000000 + idx) AS shape
-                FROM tensors WHERE run_id = ? AND io = 'out' GROUP BY node_id
-            ), anyt AS (
-                SELECT DISTINCT node_id FROM tensors WHERE run_id = ?
-            ), cp AS (
+            WITH cp AS (
                 SELECT {me} AS node_id, min({other}) AS counterpart FROM node_matches
                 WHERE cmp_id = ? GROUP BY {me}
             )
             SELECT n.node_id, n.name, coalesce(n.type, ''), n.parent_id, coalesce(n.depth, 0), n.exec_order,
-                   n.layer, s.shape, cp.counterpart, a.node_id IS NOT NULL
+                   n.layer, cp.counterpart
             FROM nodes n
-            LEFT JOIN shapes s USING (node_id)
-            LEFT JOIN anyt a USING (node_id)
             LEFT JOIN cp USING (node_id)
             WHERE n.run_id = ?
             ORDER BY n.exec_order NULLS LAST, n.node_id""",
-            [run, run, self.info.cmp_id, run],
+            [self.info.cmp_id, run],
         )
+        first = self._first_shapes()
+        rows = [(*r[:7], first.get((run, int(r[0]))), r[7], (run, int(r[0])) in first) for r in rows]
         return [
             TreeRow(
                 int(r[0]),
@@ -255,10 +253,27 @@ class Explorer:
             for r in rows
         ]
 
+    def _first_shapes(self) -> dict[tuple[int, int], Any]:
+        """(run, node) -> the first output's shape at the first token it has tensors at (None: no output), for
+        every node of both sides with tensors: one scan of `tensors` for both trees (it was four), kept."""
+        with self._cache_lock:
+            cached = self._first_shape
+        if cached is None:
+            rows = self._rows(
+                "SELECT run_id, node_id, arg_min(shape, token_id * 1000000 + idx) FILTER (WHERE io = 'out') "
+                "FROM tensors WHERE run_id IN (?, ?) GROUP BY run_id, node_id",
+                [self.info.golden_run, self.info.test_run],
+            )
+            cached = {(int(r[0]), int(r[1])): r[2] for r in rows}
+            with self._cache_lock:
+                self._first_shape = cached
+        return cached
+
     def shapes_at(self, side: Side, token: int) -> dict[int, str]:
         """node id -> its first output's shape at `token` (a prefill and a decode step differ); cached per token."""
         key = (side, token)
-        cached = self._shapes.get(key)
+        with self._cache_lock:
+            cached = self._shapes.get(key)
         if cached is not None:
             return cached
         rows = self._rows(
@@ -267,7 +282,8 @@ class Explorer:
             [self.run_id(side), token],
         )
         shapes = {int(r[0]): _shape_text(r[1]) for r in rows}
-        self._shapes[key] = shapes
+        with self._cache_lock:
+            self._shapes[key] = shapes
         return shapes
 
     def node_status(self, token: int, colour_by: str = VERDICT) -> dict[int, NodeStatus]:
@@ -276,15 +292,38 @@ class Explorer:
         Cached per (token, colouring) for this connection's life (the catalog is read-only here; an edit
         reopens a new Explorer): going back to a token costs nothing. Callers must not modify the dict."""
         key = (token, colour_by)
-        cached = self._status.get(key)
-        if cached is not None:
-            self._status.move_to_end(key)
-            return cached
+        with self._cache_lock:
+            cached = self._status.get(key)
+            if cached is not None:
+                self._status.move_to_end(key)
+                return cached
         out = self._node_status(token, colour_by)
-        self._status[key] = out
-        while len(self._status) > STATUS_CACHE:
-            self._status.popitem(last=False)
+        with self._cache_lock:
+            self._status[key] = out
+            while len(self._status) > STATUS_CACHE:
+                self._status.popitem(last=False)
         return out
+
+    def token_status(self, token: int, colour_by: str = VERDICT) -> TokenStatus:
+        """Everything the trees show at `token` (roll-ups, verdict, shapes), each part cached after its query."""
+        verdict = self.verdict(token)
+        shapes: dict[str, dict[int, str]] = {side: self.shapes_at(side, token) for side in SIDES}
+        return TokenStatus(token, self.node_status(token, colour_by), verdict, shapes)
+
+    def cached_token_status(self, token: int, colour_by: str = VERDICT) -> TokenStatus | None:
+        """`token_status` when every part of it is cached, else None: runs no query, so the UI thread may ask."""
+        with self._cache_lock:
+            status = self._status.get((token, colour_by))
+            verdict = self._verdicts.get(token)
+            shapes = {side: self._shapes.get((side, token)) for side in SIDES}
+            if status is not None:
+                self._status.move_to_end((token, colour_by))
+        if status is None or verdict is None:
+            return None
+        ready: dict[str, dict[int, str]] = {side: shape for side, shape in shapes.items() if shape is not None}
+        if len(ready) != len(SIDES):
+            return None
+        return TokenStatus(token, status, verdict, ready)
 
     def _node_status(self, token: int, colour_by: str) -> dict[int, NodeStatus]:
         info = self.info
@@ -318,9 +357,12 @@ class Explorer:
 
     def born_evidence(self, token: int) -> tuple[int | None, int | None, str | None]:
         """The `error_born` row at `token`: golden node, the test op pinned down (precheck), the evidence (cached)."""
-        cached = self._born.get(token)
+        with self._cache_lock:
+            cached = self._born.get(token)
         if cached is None:
-            cached = self._born[token] = self._born_evidence(token)
+            cached = self._born_evidence(token)
+            with self._cache_lock:
+                self._born[token] = cached
         return cached
 
     def _born_evidence(self, token: int) -> tuple[int | None, int | None, str | None]:
@@ -337,14 +379,17 @@ class Explorer:
         """The verdict at `token` (cached): the op where the error is born (its outputs fail while its inputs pass,
         or a precheck pinned a test op of it down), else the advisor's first op when it stands out of its peers'
         noise, else nothing."""
-        cached = self._verdicts.get(token)
+        with self._cache_lock:
+            cached = self._verdicts.get(token)
         if cached is None:
             born_g, born_t, evidence = self.born_evidence(token)
             why, score = self._born_why(born_g, token, evidence)
             if born_g is None and evidence is None:
                 born_g, score, evidence = self._standing_out(token)
                 why = BORN_ADVISOR if born_g is not None else None
-            cached = self._verdicts[token] = TokenVerdict(born_g, born_t, evidence, why, score)
+            cached = TokenVerdict(born_g, born_t, evidence, why, score)
+            with self._cache_lock:
+                self._verdicts[token] = cached
         return cached
 
     def born_all(self) -> dict[int, str | None]:
@@ -506,23 +551,43 @@ class Explorer:
         gname, gtype, tname, ttype, tid = names[0] if names else (f"#{golden_node_id}", "", None, None, None)
         keys = list(STAT_COLUMNS)
         n_metrics = len(ALL_METRICS)
-        rows = self._rows(
+        tensor_rows = self._rows(
             f"""
             SELECT m.pair_id, m.io, gt.idx, tt.idx,
-                   {", ".join("x." + c for c in ALL_METRICS)},
-                   x.failed_metrics, x.passed, x.cmp_fail_reason,
                    {", ".join("gt." + c for c in keys)},
                    {", ".join("tt." + c for c in keys)},
-                   x.golden_nan_count, x.golden_inf_count, x.my_nan_count, x.my_inf_count, tt.io, tn.name
+                   tt.io, tn.name
             FROM matches m
             JOIN tensors gt ON gt.run_id = ? AND gt.tensor_id = m.golden_tensor_id
             JOIN tensors tt ON tt.run_id = ? AND tt.tensor_id = m.test_tensor_id
             LEFT JOIN nodes tn ON tn.run_id = tt.run_id AND tn.node_id = tt.node_id
-            LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
             WHERE m.cmp_id = ? AND m.golden_node_id = ? AND m.token_id = ?
             ORDER BY m.io DESC, gt.idx, tn.exec_order NULLS LAST, tt.io DESC, tt.idx""",
             [info.golden_run, info.test_run, info.cmp_id, golden_node_id, token],
         )
+        # the metrics of those few pairs by their ids: joined in the query above, DuckDB hashed the whole metrics
+        # table (50-100 ms on a 1.9M-pair catalog, at every selection and token change)
+        pair_ids = [int(r[0]) for r in tensor_rows]
+        metric_cols = [*ALL_METRICS, "failed_metrics", "passed", "cmp_fail_reason"]
+        count_cols = ["golden_nan_count", "golden_inf_count", "my_nan_count", "my_inf_count"]
+        by_pair = {
+            int(x[0]): x[1:]
+            for x in (
+                self._rows(
+                    f"SELECT pair_id, {', '.join(metric_cols + count_cols)} FROM metrics "
+                    f"WHERE cmp_id = ? AND pair_id IN ({', '.join('?' * len(pair_ids))})",
+                    [info.cmp_id, *pair_ids],
+                )
+                if pair_ids
+                else []
+            )
+        }
+        absent = (None,) * (len(metric_cols) + len(count_cols))
+        rows = []
+        for r in tensor_rows:
+            x = by_pair.get(int(r[0]), absent)
+            stats_end = 4 + 2 * len(keys)
+            rows.append((*r[:4], *x[: len(metric_cols)], *r[4:stats_end], *x[len(metric_cols) :], *r[stats_end:]))
         pairs = []
         s0 = 4 + n_metrics + 3
         for r in rows:
@@ -636,6 +701,8 @@ class Explorer:
 
     def tensor_diff(self, pair: PairRow, k: int = 8) -> TensorDiff:
         """Histogram of log10|error| and the k worst elements of ONE pair, read from its two files (no torch)."""
+        from workbench.analysis.explorer.tensor_diff import tensor_diff  # the array readers: detail pane only
+
         return tensor_diff(pair, k)
 
     def node_tensors(self, side: Side, node_id: int, token: int) -> NodeTensors:

@@ -84,6 +84,16 @@ class NodeStatus:
     born: bool
 
 
+@dataclass(frozen=True, slots=True)
+class TokenStatus:
+    """What the trees show at one token: the golden nodes' roll-ups, the verdict and each side's output shapes."""
+
+    token: int
+    status: dict[int, NodeStatus]  # by golden node id
+    verdict: TokenVerdict
+    shapes: dict[str, dict[int, str]]  # side -> node id -> first output's shape at this token
+
+
 @dataclass(slots=True)
 class Heatmap:
     """Rows (layers, or ops of one layer) x tokens of one metric, plus failing and NaN/Inf marks."""
