@@ -12,6 +12,7 @@ import pytest
 
 from tests.app.test_app_pilot import ready, trees, wait_for
 from workbench.analysis.explorer.explore import Explorer
+from workbench.analysis.explorer.views import TokenVerdict
 from workbench.app.launch import make_app
 from workbench.app.messages import StatusReady
 
@@ -32,7 +33,7 @@ def test_cached_token_status_is_none_until_read_then_the_same_view(small_catalog
         cached = ex.cached_token_status(token)
         assert cached == view and cached is not None
         assert cached.status is ex.node_status(token)  # the cache's own roll-up, not a second read
-        assert (cached.born, cached.born_test, cached.evidence) == ex.born_evidence(token)
+        assert cached.verdict == ex.verdict(token) and cached.verdict.golden == ex.born_evidence(token)[0]
         assert cached.shapes == {"golden": ex.shapes_at("golden", token), "test": ex.shapes_at("test", token)}
         assert ex.cached_token_status(token, "cosine_similarity") is None  # keyed by colouring
     finally:
@@ -72,6 +73,8 @@ async def test_an_answer_to_an_earlier_status_load_is_dropped(small_catalog: Pat
     async with app.run_test(size=(120, 30)) as pilot:
         screen = await ready(pilot, app)
         shown = screen.status
-        stale = StatusReady(screen.token, {}, None, None, None, {}, request=screen._status_request - 1)
+        stale = StatusReady(
+            screen.token, {}, TokenVerdict(None, None, None, None, None), {}, request=screen._status_request - 1
+        )
         screen.on_status_ready(stale)  # e.g. the last colouring's worker, finishing after the colouring changed
         assert screen.status is shown and screen.born_id is not None
