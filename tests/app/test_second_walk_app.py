@@ -135,3 +135,52 @@ async def test_trees_show_the_shapes_of_the_token_shown(demo_catalog: Path) -> N
         await pilot.press("right_square_bracket")
         await wait_for(pilot, lambda: screen.token == 1 and second in label(), timeout=30)
         assert first not in label()
+
+
+# ---- the second walk-through (80x24, 120x30, 200x50): what it still found
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 30)])
+async def test_mapping_editor_tensor_labels_are_whole(small_catalog: Path, size: tuple[int, int]) -> None:
+    app = make_app(catalog=small_catalog)
+    async with app.run_test(size=size) as pilot:
+        await ready(pilot, app)
+        await pilot.press("e")
+        await wait_for(pilot, lambda: bool(app.screen.query("#test-sel")), timeout=30)
+        await pilot.pause(0.2)
+        from rich.text import Text
+        from textual.widgets import Label
+
+        labels = list(app.screen.query(".sel-label").results(Label))
+        assert len(labels) == 2
+        for label in labels:
+            # within its column and tall enough for its wrapped lines: not cut after "pair" (80) or "out:0" (120)
+            column = label.parent.content_region  # type: ignore[union-attr]
+            assert column.x <= label.region.x and label.region.right <= column.right, (label.region, column)
+            words = str(label.render())
+            lines = Text(words).wrap(app.console, label.content_region.width)
+            assert label.content_region.height >= len(lines) and "in:1)" in words, (words, label.region)
+
+
+async def test_picker_footer_shows_enter(small_catalog: Path) -> None:
+    app = make_app(catalog=small_catalog)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot, app)
+        await pilot.press("c")
+        await wait_for(pilot, lambda: bool(app.screen.query("#picker")), timeout=30)
+        await pilot.pause(0.2)
+        footer = _screen_text(app)
+        assert "enter" in footer and "Go" in footer, footer  # it showed only `esc Back`
+        await pilot.press("enter")  # and Enter still chooses the highlighted entry
+        await wait_for(pilot, lambda: not app.screen.query("#picker"), timeout=10)
+
+
+async def test_help_gives_the_action_column_the_width(small_catalog: Path) -> None:
+    app = make_app(catalog=small_catalog)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot, app)
+        await pilot.press("f1")
+        await pilot.pause(0.3)
+        text = _screen_text(app)
+        # the key column was as wide as its longest entry, so short descriptions wrapped at 80 columns
+        assert "Previous failing node" in text and "Go to where the error is born" in text, text
