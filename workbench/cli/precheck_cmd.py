@@ -24,9 +24,18 @@ def precheck(
         ),
     ] = None,
     token: Annotated[
-        int | None, typer.Option("--token", "-t", help="Token to check (torch; default: the first).")
+        int | None,
+        typer.Option("--token", "-t", help="Token to check (torch: default the first; ATB: default every token)."),
     ] = None,
-    node: Annotated[str | None, typer.Option("--node", "-n", help="One node by name (torch dump or catalog).")] = None,
+    node: Annotated[
+        str | None,
+        typer.Option(
+            "--node",
+            "-n",
+            help="One node: a torch module by name, an ATB op or group by its folder path below the token "
+            "(3_Prefill_layer/1_Attention), or a catalog's golden node.",
+        ),
+    ] = None,
     catalog: Annotated[
         Path | None, typer.Option("--catalog", "-c", help="Check a node of a comparison in this catalog.")
     ] = None,
@@ -95,12 +104,19 @@ def precheck(
 
                 th = Thresholds.load(thresholds)
                 found: list[PrecheckResult] = []
-                folders = tokens_below or [path]
+                folders = _atb_token_folders(path, tokens_below, token)
                 for folder in folders:
                     here = precheck_group(folder, thresholds=th)  # an op folder yields itself
+                    if node is not None:  # the whole token ran (an op's params are judged against its peers)
+                        here = [r for r in here if (r.name or "") == node or (r.name or "").startswith(node + "/")]
                     if len(folders) > 1:  # several tokens: say which one each op ran at
                         here = [replace(r, name=f"token {folder.name}: {r.name or r.op_dir}") for r in here]
                     found += here
+                if not found and node is not None:
+                    raise ValueError(
+                        f"{path}: no ATB op {node!r} here (ATB ops and groups are named by their folder path below "
+                        "the token folder, e.g. 3_Prefill_layer/3_RmsNormOperation)"
+                    )
                 if not found:
                     raise ValueError(
                         f"{path}: no ATB op folders here or below (give a dump folder, its tensors/{{dev}}_{{pid}} "
@@ -128,6 +144,19 @@ def precheck(
     code = guarded(go)
     if code:
         raise typer.Exit(code)
+
+
+def _atb_token_folders(path: Path, tokens_below: list[Path], token: int | None) -> list[Path]:
+    """The folders `--token` leaves to check in an ATB dump (all of them without it)."""
+    if token is None:
+        return tokens_below or [path]
+    if not tokens_below:
+        raise ValueError(f"{path}: --token needs a folder above the token folders (this one is inside a token)")
+    picked = [f for f in tokens_below if f.name == str(token)]
+    if not picked:
+        held = ", ".join(sorted({f.name for f in tokens_below}, key=lambda n: (len(n), n)))
+        raise ValueError(f"{path}: no token {token} here (tokens: {held})")
+    return picked
 
 
 def folders_to_check(path: Path) -> list[Path]:
