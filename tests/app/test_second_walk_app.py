@@ -184,3 +184,52 @@ async def test_help_gives_the_action_column_the_width(small_catalog: Path) -> No
         text = _screen_text(app)
         # the key column was as wide as its longest entry, so short descriptions wrapped at 80 columns
         assert "Previous failing node" in text and "Go to where the error is born" in text, text
+
+
+@pytest.fixture(scope="module")
+def quant_catalogs(tmp_path_factory: pytest.TempPathFactory) -> dict[str | None, Path]:
+    """The quantized demo, clean (W8A16) and with its act_clip defect (W8A8), compared."""
+    from workbench.demo import make_demo
+    from workbench.jobs.compare import run_compare
+
+    out: dict[str | None, Path] = {}
+    for defect, scheme in ((None, "w8a16"), ("act_clip", "w8a8")):
+        folder = tmp_path_factory.mktemp(f"walk_quant_{defect}")
+        plan = make_demo(folder, stack="quant", defect=defect, scheme=scheme, log=lambda _s: None)
+        run_compare(plan.golden, plan.test, folder / "catalog.duckdb", workers=1)
+        out[defect] = folder / "catalog.duckdb"
+    return out
+
+
+def _status_line(screen: object) -> str:
+    return str(screen.query_one("#status", Static).render())  # type: ignore[attr-defined]
+
+
+async def test_quantized_run_verdict_is_the_advisors_as_in_the_summary(quant_catalogs: dict[str | None, Path]) -> None:
+    """The app said `error born at: ...layers.0.self_attn.q_proj` (the first quantized linear, failing the float
+    thresholds as every one does) where `wb compare` names the op beyond its int8 noise, or none."""
+    planted = "root.model.layers.2.mlp.down_proj"
+    app = make_app(catalog=quant_catalogs["act_clip"])
+    async with app.run_test(size=(120, 30)) as pilot:
+        screen = await ready(pilot, app)
+        await wait_for(pilot, lambda: "most likely origin: " + planted in _status_line(screen), timeout=30)
+        assert "error born at" not in _status_line(screen)
+        detail = screen.query_one("#detail", Static)
+        await wait_for(pilot, lambda: "◆ most likely origin at token 0" in _plain(detail), timeout=30)
+        text = " ".join(_plain(detail).split())
+        # its outputs fail the float thresholds too: the verdict does not say they pass
+        assert "no output fails" not in text and "the error it adds has advisor score" in text, text
+        origin = screen.origin_id
+        await pilot.press("down", "down", "enter")  # somewhere else, then `b` goes back to the origin
+        await pilot.pause(0.3)
+        await pilot.press("b")
+        await wait_for(pilot, lambda: screen.selected == origin, timeout=30)
+    app = make_app(catalog=quant_catalogs[None])
+    async with app.run_test(size=(120, 30)) as pilot:
+        screen = await ready(pilot, app)
+        await wait_for(pilot, lambda: "none stands out" in _status_line(screen), timeout=30)
+        line = _status_line(screen)
+        assert "error born at" not in line and "nothing fails" not in line, line  # every quantized linear fails
+        await pilot.press("b")
+        await wait_for(pilot, lambda: any("none stands out" in str(n.message) for n in app._notifications), 10)
+        assert not any("every output passes" in str(n.message) for n in app._notifications)

@@ -77,6 +77,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self.drill_layer: int | None = None  # drilled-down row group (a layer, PRE or POST), None = layers view
         self.selected: int | None = None  # golden node id
         self.born_id: int | None = None
+        self.origin_id: int | None = None  # no op born at this token: the advisor's op standing out, if any
         self.born_test_id: int | None = None
         self.evidence: str | None = None
         self.status: dict[int, NodeStatus] = {}
@@ -212,7 +213,8 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
             status = {g: replace(st, added_error=score.get(g)) for g, st in status.items()}
         born, born_test, evidence = self.explorer.born_evidence(token)
         shapes = {side: self.explorer.shapes_at(side, token) for side in ("golden", "test")}
-        self.post_message(StatusReady(token, status, born, born_test, evidence, shapes))
+        origin = self.explorer.standing_out(token) if born is None else None
+        self.post_message(StatusReady(token, status, born, born_test, evidence, shapes, origin))
 
     @work(thread=True, exclusive=True, group="detail", exit_on_error=False)
     def load_detail(self, node_id: int, token: int) -> None:
@@ -309,6 +311,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self.status = msg.status
         self.status_token = msg.token
         self.born_id = msg.born
+        self.origin_id = msg.origin
         self.born_test_id = msg.born_test
         self.evidence = msg.evidence
         for side in ("golden", "test"):
@@ -444,7 +447,14 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
                 if self.evidence and "precheck" in self.evidence:
                     born += " (precheck)"
             return born
-        return "nothing fails" if self.status else "…"
+        if self.origin_id is not None:
+            row = self._tree("golden").rows.get(self.origin_id)
+            return row.name if row else f"node {self.origin_id}"
+        if not self.status:
+            return "…"
+        # no op born: "nothing fails" only when nothing does (a run failing everywhere has no born op either)
+        failing = any(st.passed is False for st in self.status.values())
+        return "no op where the error is born, none stands out" if failing else "nothing fails"
 
     def _update_titles(self) -> None:
         info = self.explorer.info
@@ -457,10 +467,13 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self.query_one("#heat-pane").border_title = f"{label} by token x {where}"
         colour = "added error" if self.color_by_added else "beyond int8 noise" if self.color_by_quant else label
         # the verdict first: it is what a narrow terminal must still show
+        named = "error born at: " if self.born_id is not None else ""
+        if self.born_id is None and self.origin_id is not None:
+            named = "most likely origin: "
         status = Text.assemble(
-            ("◆ " if self.born_id is not None else "", self._domain_colours()["born"]),
+            ("◆ " if named else "", self._domain_colours()["born"]),
             (f"token {self.token} ", "bold"),
-            ("error born at: " if self.born_id is not None else "", "bold"),
+            (named, "bold"),
             (self._born_text(), self._domain_colours()["born"]),
             "  │ ",
             (f"cmp {info.cmp_id} ", "bold"),
@@ -678,10 +691,11 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self._step_failing(-1)
 
     def action_goto_born(self) -> None:
-        if self.born_id is None:
-            self.notify(f"token {self.token}: every output passes")
+        target = self.born_id if self.born_id is not None else self.origin_id  # else the advisor's origin
+        if target is None:
+            self.notify(f"token {self.token}: {self._born_text()}")
             return
-        self.select(self.born_id)
+        self.select(target)
 
     def action_toggle_color(self) -> None:
         if self._quantized is None:

@@ -95,6 +95,7 @@ class StatusReady(Message):
     born_test: int | None
     evidence: str | None
     shapes: dict[str, dict[int, str]]  # side -> node id -> output shape at this token
+    origin: int | None = None  # no op born here: the advisor's first op, when it stands out of the noise
 
 
 @dataclass
