@@ -233,3 +233,7 @@ async def test_quantized_run_verdict_is_the_advisors_as_in_the_summary(quant_cat
         await pilot.press("b")
         await wait_for(pilot, lambda: any("none stands out" in str(n.message) for n in app._notifications), 10)
         assert not any("every output passes" in str(n.message) for n in app._notifications)
+        await pilot.press("enter")  # into the ops before the first layer: the model, failing at its output
+        detail = screen.query_one("#detail", Static)
+        await wait_for(pilot, lambda: "no op where the error is born" in _plain(detail), timeout=30)
+        assert "✗" in _plain(detail) and "every output passes" not in _plain(detail)

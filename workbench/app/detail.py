@@ -197,6 +197,9 @@ def _verdict(detail: PairDetail, styles: dict[str, str]) -> Text:
         verdict.append(f" at token {detail.token}: outputs fail while inputs pass")
     elif detail.born_name:
         verdict.append(f"error born at: {detail.born_name} (token {detail.token})", style=born_style)
+    elif any(p.passed is False for p in detail.pairs if p.io == "out"):  # failing, yet not where it is born
+        verdict.append(f"token {detail.token}: no op where the error is born (none fails with passing inputs), none")
+        verdict.append(" stands out of the noise")
     else:
         verdict.append(f"token {detail.token}: every output passes", style=styles.get("ok", "green"))
     pinned = detail.born_test_name
