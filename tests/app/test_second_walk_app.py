@@ -237,3 +237,31 @@ async def test_quantized_run_verdict_is_the_advisors_as_in_the_summary(quant_cat
         detail = screen.query_one("#detail", Static)
         await wait_for(pilot, lambda: "no op where the error is born" in _plain(detail), timeout=30)
         assert "✗" in _plain(detail) and "every output passes" not in _plain(detail)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 30), (200, 50)])
+async def test_heatmap_title_is_whole_for_every_colouring_and_drill(demo_catalog: Path, size: tuple[int, int]) -> None:
+    """At 80 columns `max rel err by token x laye…`, at 120 `verdict by token x ops of the ops…` were cut."""
+    from workbench.analysis.explorer.severity import HEATMAP_COLOURINGS
+
+    app = make_app(catalog=demo_catalog)
+    async with app.run_test(size=size) as pilot:
+        screen = await ready(pilot, app)
+        pane = screen.query_one("#heat-pane")
+
+        def whole() -> bool:
+            title = str(pane.border_title or "")
+            return bool(title) and len(title) <= pane.outer_size.width - 6  # corners, padding, spaces
+
+        seen = set()
+        for _ in HEATMAP_COLOURINGS:
+            await pilot.press("m")
+            await wait_for(pilot, lambda: screen.metric not in seen, timeout=10)
+            seen.add(screen.metric)
+            await pilot.pause(0.1)
+            assert whole(), (pane.border_title, pane.outer_size.width)
+        for row in ("home", "end"):  # the ops before the layers, then after them
+            await pilot.press("u", row, "enter")
+            await wait_for(pilot, lambda: screen.drill_layer is not None, timeout=30)
+            await pilot.pause(0.2)
+            assert whole() and "(u" in str(pane.border_title), (pane.border_title, pane.outer_size.width)

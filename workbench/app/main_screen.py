@@ -78,6 +78,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self.selected: int | None = None  # golden node id
         self.born_id: int | None = None
         self.origin_id: int | None = None  # no op born at this token: the advisor's op standing out, if any
+        self._heat_w = 0  # the heatmap pane's width as last laid out (0: not yet)
         self.born_test_id: int | None = None
         self.evidence: str | None = None
         self.status: dict[int, NodeStatus] = {}
@@ -172,6 +173,8 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         floor = int(width * WIDE_HEAT_SHARE) if width >= WIDE_FROM else LEGEND_W + 4
         pane_w = min(max(pane_w, floor, LEGEND_W + 4), max(width - 36, 24))
         self.query_one("#heat-pane").styles.width = pane_w
+        self._heat_w = pane_w
+        self._set_heat_title()  # as long as this width shows it whole
         legend = self.query_one("#legend", Static)
         legend_lines = len(self._legend(view).wrap(self.app.console, max(pane_w - 4, 10)))
         rows = view.data.values.shape[0] if view.data is not None else 4
@@ -456,15 +459,15 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         failing = any(st.passed is False for st in self.status.values())
         return "no op where the error is born, none stands out" if failing else "nothing fails"
 
+    def _set_heat_title(self) -> None:
+        pane = self.query_one("#heat-pane")
+        pane.border_title = _heat_title(COLOURINGS[self.metric].label, self.drill_layer, self._heat_w)
+
     def _update_titles(self) -> None:
         info = self.explorer.info
         view = self.query_one(HeatmapView)
         label = COLOURINGS[self.metric].label
-        if self.drill_layer is None:
-            where = "layers"
-        else:
-            where = f"ops of {_group_name(self.drill_layer)} (u: back)"
-        self.query_one("#heat-pane").border_title = f"{label} by token x {where}"
+        self._set_heat_title()
         colour = "added error" if self.color_by_added else "beyond int8 noise" if self.color_by_quant else label
         # the verdict first: it is what a narrow terminal must still show
         named = "error born at: " if self.born_id is not None else ""
@@ -762,14 +765,16 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self.app.push_screen(PickerScreen("Comparisons in this catalog (Enter: show it)", entries), chosen)
 
 
-def _group_name(group: int) -> str:
-    return (
-        "the ops before the layers"
-        if group == PRE
-        else "the ops after the layers"
-        if group == POST
-        else f"layer {group}"
-    )
+def _heat_title(label: str, group: int | None, width: int) -> str:
+    """The heatmap pane's title: what is coloured and what the rows are, as long as the pane's border shows it whole
+    (`width` is the pane's; its corners and padding take 6 columns)."""
+    if group is None:
+        forms = [f"{label} by token x layers", f"{label}: layers"]
+    else:
+        rows = {PRE: "ops before the layers", POST: "ops after the layers"}.get(group, f"ops of layer {group}")
+        brief = {PRE: "pre", POST: "post"}.get(group, f"L{group}")
+        forms = [f"{label} by token x {rows} (u: back)", f"{label}: {rows} (u)", f"{label}: {brief} ops (u)"]
+    return next((f for f in forms if not width or len(f) <= width - 6), forms[-1])
 
 
 def _edge_value(sev: float, metric: str, bound: float) -> str:
