@@ -265,3 +265,20 @@ async def test_heatmap_title_is_whole_for_every_colouring_and_drill(demo_catalog
             await wait_for(pilot, lambda: screen.drill_layer is not None, timeout=30)
             await pilot.pause(0.2)
             assert whole() and "(u" in str(pane.border_title), (pane.border_title, pane.outer_size.width)
+
+
+async def test_tree_colouring_is_named_where_the_status_line_is_cut(small_catalog: Path) -> None:
+    """At 80 columns the status line shows only the verdict: `a` recoloured the trees with no word of it."""
+    from workbench.app.trees import TopologyTree
+
+    app = make_app(catalog=small_catalog)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await ready(pilot, app)
+        golden, test = screen.query_one("#golden-tree", TopologyTree), screen.query_one("#test-tree", TopologyTree)
+        assert (golden.border_title, test.border_title) == ("golden", "test")
+        await pilot.press("a")
+        await wait_for(pilot, lambda: golden.border_title == "golden · by added error", timeout=10)
+        assert test.border_title == "test · by added error"
+        assert "golden · by added error" in _screen_text(app)
+        await pilot.press("a")  # a float comparison: back to the heatmap's colouring
+        await wait_for(pilot, lambda: golden.border_title == "golden", timeout=10)

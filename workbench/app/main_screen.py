@@ -469,6 +469,9 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         label = COLOURINGS[self.metric].label
         self._set_heat_title()
         colour = "added error" if self.color_by_added else "beyond int8 noise" if self.color_by_quant else label
+        by = "added error" if self.color_by_added else "beyond int8 noise" if self.color_by_quant else ""
+        for side in ("golden", "test"):  # where the status line is cut (80 columns), `a` still shows what it did
+            self._tree(side).border_title = f"{side} · by {by}" if by else side
         # the verdict first: it is what a narrow terminal must still show
         named = "error born at: " if self.born_id is not None else ""
         if self.born_id is None and self.origin_id is not None:
