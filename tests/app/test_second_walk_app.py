@@ -282,3 +282,40 @@ async def test_tree_colouring_is_named_where_the_status_line_is_cut(small_catalo
         assert "golden · by added error" in _screen_text(app)
         await pilot.press("a")  # a float comparison: back to the heatmap's colouring
         await wait_for(pilot, lambda: golden.border_title == "golden", timeout=10)
+
+
+def test_nan_inf_the_same_on_both_sides_leaves_the_failing_mark(small_catalog: Path) -> None:
+    """On the TorchAir demo every layer's cell showed `!` instead of the `×` of the layer where the error is born:
+    the attention mask's -inf, the same on both sides, counted as NaN/Inf. Only NaN/Inf one side lacks is marked."""
+    import duckdb
+
+    from tests.fixtures.app_catalogs import DEFECT
+    from workbench.analysis.explorer.explore import Explorer
+    from workbench.analysis.explorer.severity import VERDICT
+    from workbench.analysis.verdicts.born import refresh_verdicts
+
+    con = duckdb.connect(str(small_catalog))
+    try:
+        cmp_id = int(con.execute("SELECT max(cmp_id) FROM comparisons").fetchone()[0])  # type: ignore[index]
+        # the defect's output at token 2 (failing) gets a mask's -inf on both sides, at the same count
+        con.execute(
+            "UPDATE metrics SET golden_inf_count = 3, my_inf_count = 3 WHERE cmp_id = ? AND pair_id IN ("
+            "SELECT m.pair_id FROM matches m JOIN comparisons c USING (cmp_id) JOIN nodes n ON n.run_id = c.golden_run"
+            " AND n.node_id = m.golden_node_id WHERE m.cmp_id = ? AND m.token_id = 2 AND m.io = 'out' AND n.name = ?)",
+            [cmp_id, cmp_id, DEFECT],
+        )
+        assert con.execute("SELECT count(*) FROM metrics WHERE golden_inf_count = 3").fetchone()[0] > 0  # type: ignore[index]
+        refresh_verdicts(con, cmp_id)
+    finally:
+        con.close()
+    ex = Explorer(small_catalog)
+    try:
+        hm = ex.heatmap(VERDICT)
+        row = hm.row_labels.index("L1")
+        assert hm.failed[row, 2] and not hm.nan_inf[row, 2]  # drawn `×`, not `!`
+        assert hm.nan_inf[row, 4]  # the NaN planted on the test side alone still is
+        status = ex.node_status(2, VERDICT)
+        defect = ex.golden_node_id(DEFECT)
+        assert defect is not None and status[defect].passed is False and not status[defect].has_nan_inf
+    finally:
+        ex.close()
