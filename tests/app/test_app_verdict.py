@@ -247,4 +247,4 @@ def test_report_names_the_advisors_origin(subtle_catalog: Path, tmp_path: Path) 
     proc = run_wb("report", str(subtle_catalog), "-o", str(out))
     assert proc.returncode == 0, proc.stderr
     html = out.read_text(encoding="utf-8")
-    assert "most likely origin: root.model.layers.1.mlp.down_proj (advisor score" in html
+    assert "most likely origin: root.model.layers.1.mlp.down_proj (the advisor)" in html

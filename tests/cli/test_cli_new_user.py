@@ -39,25 +39,6 @@ def test_precheck_finds_the_ops_below_any_level(demo_catalog: Path) -> None:
     assert res.returncode == 2 and res.stdout == "" and res.stderr.count("\n") == 1, res.stderr
 
 
-def test_precheck_of_an_atb_dump_honours_token_and_node(demo_catalog: Path) -> None:
-    """`--token` picks one token folder of an ATB dump and `--node` an op or a group by its path (both were
-    ignored: every op of every token was re-run)."""
-    demo = demo_catalog.parent
-    res = run_wb("precheck", str(demo / "test"), "--token", "1", "--node", "11_Decoder_layer", "--all")
-    assert res.returncode == 1, res.stdout + res.stderr  # the planted RMSNorm of layer 1 disagrees at token 1
-    ops = [line.split()[1] for line in res.stdout.splitlines() if line.startswith(("ok", "FAIL", "?", "skip"))]
-    assert ops and all(op.startswith("11_Decoder_layer/") for op in ops), res.stdout
-    assert "11_Decoder_layer/3_RmsNormOperation" in ops and "token 0" not in res.stdout
-    one = run_wb("precheck", str(demo / "test"), "--token", "1", "--node", "11_Decoder_layer/3_RmsNormOperation")
-    assert one.returncode == 1 and one.stdout.startswith("FAIL  11_Decoder_layer/3_RmsNormOperation"), one.stdout
-    for args, words in (
-        (("--token", "9"), "no token folder 9 here (tokens: 0, 1"),
-        (("--node", "root.model.layers.1.mlp"), "no ATB op or group 'root.model.layers.1.mlp' here"),
-    ):
-        bad = run_wb("precheck", str(demo / "test"), *args)
-        assert bad.returncode == 2 and words in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
-
-
 def test_demo_rejects_an_unknown_defect_before_any_work(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     res = invoke_wb("demo", "--defect", "bogus", "--out", str(out), "--no-tui")

@@ -141,6 +141,25 @@ def test_clean_quantized_run_recommends_by_gain_and_calls_nothing_a_defect(
     assert sorted((f.added for f in ranked), reverse=True) == [f.added for f in ranked]
 
 
+@pytest.mark.parametrize(("defect", "scheme", "first"), [(None, "w8a16", None), ("act_clip", "w8a8", 0)])
+def test_summary_first_token_follows_the_quantized_verdict(
+    tmp_path_factory: pytest.TempPathFactory, defect: str | None, scheme: str, first: int | None
+) -> None:
+    """A clean quantized run said `first token with an error born: 0` above `token 0: no quantized op adds more
+    than its int8 rounding predicts` (the float thresholds' verdict, which the quantized summary does not use)."""
+    from workbench.analysis.reporting.report import format_summary
+
+    catalog, _ = _built(tmp_path_factory, defect, scheme)
+    res = run_compare(catalog.parent / "golden", catalog.parent / "test", catalog, workers=1)  # computed already
+    lines = format_summary(res, "golden", "test", None)
+    said = [ln for ln in lines if ln.startswith("first token with an error born")]
+    if first is None:
+        assert said == [] and sum("no quantized op adds more" in ln for ln in lines) == 4, lines
+    else:
+        assert said == [f"first token with an error born: {first}"], lines
+        assert any(ln.startswith(f"most likely origin: {CASES[(defect, scheme)][0]} (token {first})") for ln in lines)
+
+
 def test_cli_demo_names_the_defect_and_measures_the_fallback(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     r = run_wb("demo", "--stack", "quant", "--defect", "act_clip", "--no-tui", "--out", str(out), timeout=600)

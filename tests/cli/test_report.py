@@ -70,6 +70,7 @@ def test_report_holds_every_section_with_the_apps_numbers(small_catalog: Path, t
     try:
         hm = ex.heatmap(VERDICT)
         born = ex.born_all()
+        origins = {t: ex.node_name("golden", ex.standing_out(t)) for t in ex.info.tokens}
         advice, _ = ex.advice(top=5)
         tokens = ex.info.tokens
     finally:
@@ -80,11 +81,14 @@ def test_report_holds_every_section_with_the_apps_numbers(small_catalog: Path, t
     heat_text = p.section_text("heatmap")
     for label in hm.row_labels:
         assert label in heat_text
-    # the verdict: the op where the error is born at each token, as the app shows it
+    # the verdict: the op where the error is born at each token, else the advisor's op standing out, as the app
+    # shows it
     verdict = p.section_text("verdict")
+    assert any(origins[t] and not born.get(t) for t in tokens)  # the small catalog has a token of each kind
     for tok in tokens:
         name = born.get(tok)
-        assert (name or "nothing: every compared output passes") in verdict
+        origin = f"most likely origin: {origins[tok]} (the advisor)" if origins[tok] else None
+        assert (name or origin or "nothing: every compared output passes") in verdict
     assert "root.model.layers.1.down_proj" in verdict
     # the advisor's top ops with their reasons
     advisor = p.section_text("advisor")
@@ -159,3 +163,21 @@ def test_report_renders_and_prints_one_page_per_section(small_catalog: Path, tmp
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     pages = len(re.findall(rb"/Type\s*/Page[^s]", pdf.read_bytes()))
     assert pages >= len(SECTIONS), pages  # @media print: each section starts a page
+
+
+@pytest.mark.parametrize(("defect", "scheme"), [(None, "w8a16"), ("act_clip", "w8a8")])
+def test_report_verdict_on_a_quantized_run_is_the_summarys(tmp_path: Path, defect: str | None, scheme: str) -> None:
+    """The verdict column said `nothing: every compared output passes` at tokens where every quantized linear fails
+    and `wb compare` names the op beyond its int8 noise (act_clip) or none (a clean run)."""
+    from workbench.demo import make_demo
+    from workbench.jobs.compare import run_compare
+
+    plan = make_demo(tmp_path / "demo", stack="quant", defect=defect, scheme=scheme, log=lambda _s: None)
+    catalog = tmp_path / "demo" / "catalog.duckdb"
+    run_compare(plan.golden, plan.test, catalog, workers=1)
+    verdict = _report(catalog, tmp_path / "r.html").section_text("verdict")
+    assert "every compared output passes" not in verdict, verdict
+    if defect is None:
+        assert verdict.count("none named: outputs fail, but no op is born there and none stands out") == 4, verdict
+    else:
+        assert verdict.count("most likely origin: root.model.layers.2.mlp.down_proj (the advisor)") == 4, verdict

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, WB, invoke_wb
+from tests.conftest import ROOT, WB, invoke_wb, run_wb
 
 
 def test_help_keeps_each_description_whole() -> None:
@@ -81,3 +81,23 @@ def test_redump_on_an_atb_run_names_the_format(demo_catalog: Path) -> None:
     assert res.returncode == 2, res.stdout + res.stderr
     assert "a atb" not in res.stderr
     assert "this run is an ATB dump: re-dump works only on dumps written by wb's torch dumper" in res.stderr
+
+
+def test_precheck_of_an_atb_dump_honours_token_and_node(demo_catalog: Path) -> None:
+    """`--token` and `--node` on an ATB dump were ignored: every op of every token ran (the guide's example)."""
+    test = next((demo_catalog.parent / "test").glob("msit_dump_*"))
+    res = run_wb("precheck", str(test), "--token", "2", "--node", "11_Decoder_layer/3_RmsNormOperation")
+    assert res.returncode == 1, res.stdout + res.stderr  # the demo's planted epsilon, judged against its peers
+    assert res.stdout.splitlines()[-1].startswith("1 ops ran: 0 ok, 1 disagree"), res.stdout
+    assert "FAIL  11_Decoder_layer/3_RmsNormOperation" in res.stdout and "token 1" not in res.stdout
+    group = run_wb("precheck", str(test), "--token", "2", "--node", "13_Decoder_layer/1_Attention")
+    assert group.returncode == 0 and "ops ran: " in group.stdout, group.stdout + group.stderr
+    ran = int(group.stdout.splitlines()[-1].split()[0])
+    assert 1 < ran < 10, group.stdout  # the attention group's ops, not the token's
+    for args, said in (
+        (("--node", "root.model.layers.3.self_attn"), "no ATB op 'root.model.layers.3.self_attn' here"),
+        (("--token", "9"), "no token 9 here (tokens: 0, 1, 2, 3)"),
+    ):
+        bad = run_wb("precheck", str(test), *args)
+        assert bad.returncode == 2 and said in bad.stderr, bad.stdout + bad.stderr
+        assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

@@ -23,6 +23,7 @@ class ActionSpec:
     show: bool = True  # shown in the footer (the help screen shows all)
     palette: bool = True  # offered by the command palette
     footer: str = ""  # the footer's label when the description is too long for it (whole words)
+    priority: bool = False  # before the focused widget's own binding of the key (and so shown in the footer)
 
     @property
     def footer_label(self) -> str:
@@ -84,7 +85,9 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("history_next", "ctrl+down", "^↓", "Next query in history", "sql", footer="Next query"),
     ActionSpec("close", "escape", "esc", "Back", "sql"),
     ActionSpec("close", "escape,q", "esc", "Close", "help"),
-    ActionSpec("choose", "enter", "enter", "Go to the highlighted entry", "picker", palette=False, footer="Go"),
+    ActionSpec(
+        "choose", "enter", "enter", "Go to the highlighted entry", "picker", palette=False, footer="Go", priority=True
+    ),
     ActionSpec("close", "escape", "esc", "Back", "picker"),
 )
 
@@ -98,6 +101,7 @@ def bindings(scope: str) -> list[BindingType]:
             a.footer_label,
             show=a.show,
             key_display=a.label,
+            priority=a.priority,
             id=f"{scope}.{a.action}",
         )
         for a in ACTIONS

@@ -176,7 +176,10 @@ def _verdict(detail: PairDetail, styles: dict[str, str]) -> Text:
     if detail.born_why == BORN_ADVISOR:
         if detail.born_here:
             verdict.append("◆ most likely origin", style=f"bold {born_style}")
-            verdict.append(f" at token {detail.token}: no output fails, but the error it adds has {stands}")
+            # its outputs may fail too (a quantized linear, a run failing everywhere): say so only when true
+            passing = not any(p.passed is False for p in detail.pairs if p.io == "out")
+            but = "no output fails, but " if passing else ""
+            verdict.append(f" at token {detail.token}: {but}the error it adds has {stands}")
         else:
             verdict.append(f"token {detail.token}: no op where the error is born; ", style=styles.get("ok", "green"))
             verdict.append(f"most likely origin: {detail.born_name} ({score}, stands out)", style=born_style)
@@ -194,6 +197,9 @@ def _verdict(detail: PairDetail, styles: dict[str, str]) -> Text:
         verdict.append(f" at token {detail.token}: outputs fail while inputs pass")
     elif detail.born_name:
         verdict.append(f"error born at: {detail.born_name} (token {detail.token})", style=born_style)
+    elif any(p.passed is False for p in detail.pairs if p.io == "out"):  # failing, yet not where it is born
+        verdict.append(f"token {detail.token}: no op where the error is born (none fails with passing inputs), none")
+        verdict.append(" stands out of the noise")
     else:
         verdict.append(f"token {detail.token}: every output passes", style=styles.get("ok", "green"))
     pinned = detail.born_test_name

@@ -79,6 +79,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self.born_id: int | None = None
         self.born_why: str | None = None  # what the verdict rests on (views.BORN_FAILS / BORN_PRECHECK / BORN_ADVISOR)
         self.born_score: float | None = None
+        self._heat_w = 0  # the heatmap pane's width as last laid out (0: not yet)
         self.born_test_id: int | None = None
         self.evidence: str | None = None
         self.status: dict[int, NodeStatus] = {}
@@ -175,6 +176,8 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         floor = int(width * WIDE_HEAT_SHARE) if width >= WIDE_FROM else LEGEND_W + 4
         pane_w = min(max(pane_w, floor, LEGEND_W + 4), max(width - 36, 24))
         self.query_one("#heat-pane").styles.width = pane_w
+        self._heat_w = pane_w
+        self._set_heat_title()  # as long as this width shows it whole
         legend = self.query_one("#legend", Static)
         legend_lines = len(self._legend(view).wrap(self.app.console, max(pane_w - 4, 10)))
         rows = view.data.values.shape[0] if view.data is not None else 4
@@ -485,9 +488,19 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
                 if self.evidence and "precheck" in self.evidence:
                     born += " (precheck)"
             if self.born_why == BORN_ADVISOR and self.born_score is not None:
-                born += f" (advisor score {self.born_score:.1f}; no output fails)"
+                born += f" (advisor score {self.born_score:.1f})"
             return born
-        return "nothing fails" if self.status else "…"
+        if not self.status:
+            return "…"
+        # no op born: "nothing fails" only when nothing does (a run failing everywhere has no born op either)
+        failing = any(st.passed is False for st in self.status.values())
+        return "no op where the error is born, none stands out" if failing else "nothing fails"
+
+    def _set_heat_title(self) -> None:
+        title = _heat_title(COLOURINGS[self.metric].label, self.drill_layer, self._heat_w)
+        if title != self._heat_title:  # setting a border title repaints the whole pane, even to the same text
+            self._heat_title = title
+            self.query_one("#heat-pane").border_title = title
 
     def _verdict_label(self) -> str:
         if self.born_id is None:
@@ -498,18 +511,15 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         info = self.explorer.info
         view = self.query_one(HeatmapView)
         label = COLOURINGS[self.metric].label
-        if self.drill_layer is None:
-            where = "layers"
-        else:
-            where = f"ops of {_group_name(self.drill_layer)} (u: back)"
-        title = f"{label} by token x {where}"
-        if title != self._heat_title:  # setting a border title repaints the whole pane, even to the same text
-            self._heat_title = title
-            self.query_one("#heat-pane").border_title = title
+        self._set_heat_title()
         colour = "added error" if self.color_by_added else "beyond int8 noise" if self.color_by_quant else label
+        by = "added error" if self.color_by_added else "beyond int8 noise" if self.color_by_quant else ""
+        for side in ("golden", "test"):  # where the status line is cut (80 columns), `a` still shows what it did
+            self._tree(side).border_title = f"{side} · by {by}" if by else side
         # the verdict first: it is what a narrow terminal must still show
+        named = self._verdict_label()
         status = Text.assemble(
-            ("◆ " if self.born_id is not None else "", self._domain_colours()["born"]),
+            ("◆ " if named else "", self._domain_colours()["born"]),
             (f"token {self.token} ", "bold"),
             (self._verdict_label(), "bold"),
             (self._born_text(), self._domain_colours()["born"]),
@@ -729,10 +739,11 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self._step_failing(-1)
 
     def action_goto_born(self) -> None:
-        if self.born_id is None:
-            self.notify(f"token {self.token}: every output passes")
+        target = self.born_id  # the op where the error is born, else the advisor's op standing out
+        if target is None:
+            self.notify(f"token {self.token}: {self._born_text()}")
             return
-        self.select(self.born_id)
+        self.select(target)
 
     def action_toggle_color(self) -> None:
         if self._quantized is None:
@@ -799,14 +810,16 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self.app.push_screen(PickerScreen("Comparisons in this catalog (Enter: show it)", entries), chosen)
 
 
-def _group_name(group: int) -> str:
-    return (
-        "the ops before the layers"
-        if group == PRE
-        else "the ops after the layers"
-        if group == POST
-        else f"layer {group}"
-    )
+def _heat_title(label: str, group: int | None, width: int) -> str:
+    """The heatmap pane's title: what is coloured and what the rows are, as long as the pane's border shows it whole
+    (`width` is the pane's; its corners and padding take 6 columns)."""
+    if group is None:
+        forms = [f"{label} by token x layers", f"{label}: layers"]
+    else:
+        rows = {PRE: "ops before the layers", POST: "ops after the layers"}.get(group, f"ops of layer {group}")
+        brief = {PRE: "pre", POST: "post"}.get(group, f"L{group}")
+        forms = [f"{label} by token x {rows} (u: back)", f"{label}: {rows} (u)", f"{label}: {brief} ops (u)"]
+    return next((f for f in forms if not width or len(f) <= width - 6), forms[-1])
 
 
 def _edge_value(sev: float, metric: str, bound: float) -> str:

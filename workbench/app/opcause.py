@@ -129,9 +129,23 @@ def _within(rate: float | None, passed: bool | None, failed: list[str]) -> str:
 class PrecheckPanel(Static):
     """The precheck section under the detail pane."""
 
+    _reveal = False
+
     def show(self, results: list[PrecheckResult] | None, error: str | None, token: int) -> None:
+        """Draw the results and scroll them to the detail pane's top (the verdict and the judged outputs in view,
+        not only the first line at the pane's bottom): once drawn, and again once laid out at their new height."""
         self.display = True
         self.update(render_precheck(results, error, token))
+        self._reveal = True
+        self.call_after_refresh(self._scroll_to_top)
+
+    def on_resize(self) -> None:
+        if self._reveal:
+            self._reveal = False
+            self._scroll_to_top()
+
+    def _scroll_to_top(self) -> None:
+        self.scroll_visible(animate=False, top=True)
 
 
 class ConfirmRedumpScreen(ModalScreen[bool]):
@@ -219,8 +233,7 @@ class OpCauseActions(_MixinBase):
     def on_precheck_ready(self, msg: PrecheckReady) -> None:
         panel = self.query_one(PrecheckPanel)
         panel.show(msg.results, msg.error, msg.token)
-        # the panel sits under the detail: bring it into view, and say the verdict where it is seen at once
-        self.call_after_refresh(lambda: self.query_one("#detail-pane").scroll_to_widget(panel, animate=False))
+        # the panel scrolls itself into view under the detail; say the verdict where it is seen at once too
         verdict = group_verdict(msg.results) if msg.results and msg.error is None else NOT_CHECKED
         if msg.error is not None:
             self.notify(f"precheck: {msg.error}", severity="warning", markup=False)

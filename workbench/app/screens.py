@@ -208,9 +208,10 @@ class ProgressScreen(Screen[None]):
 def help_table() -> Table:
     """Every key of every screen, from the action table."""
     table = Table(box=None, header_style="bold", expand=True)
-    table.add_column("where")
-    table.add_column("key", style="bold")
-    table.add_column("action")
+    # the action takes the width; the scope and the key wrap at a few words (a narrow terminal keeps room for it)
+    table.add_column("where", max_width=15)
+    table.add_column("key", style="bold", max_width=10)
+    table.add_column("action", ratio=1)
     last = ""
     for a in ACTIONS:
         where = SCOPE_TITLES.get(a.scope, a.scope) if a.scope != last else ""

@@ -25,17 +25,15 @@ def precheck(
     ] = None,
     token: Annotated[
         int | None,
-        typer.Option(
-            "--token", "-t", help="Token to check (torch: default the first; ATB: default every token folder)."
-        ),
+        typer.Option("--token", "-t", help="Token to check (torch: default the first; ATB: default every token)."),
     ] = None,
     node: Annotated[
         str | None,
         typer.Option(
             "--node",
             "-n",
-            help="One node by name: a torch module or API call, an ATB op or group path below its token "
-            "(3_Prefill_layer/1_Attention), or with --catalog a golden node.",
+            help="One node: a torch module by name, an ATB op or group by its folder path below the token "
+            "(3_Prefill_layer/1_Attention), or a catalog's golden node.",
         ),
     ] = None,
     catalog: Annotated[
@@ -107,23 +105,25 @@ def precheck(
 
                 th = Thresholds.load(thresholds)
                 found: list[PrecheckResult] = []
-                folders = tokens_below or [path]
-                if token is not None and tokens_below:
-                    folders = [f for f in tokens_below if f.name == str(token)]
-                    if not folders:
-                        names = ", ".join(f.name for f in tokens_below[:8])
-                        raise ValueError(f"{path}: no token folder {token} here (tokens: {names})")
+                folders = _atb_token_folders(path, tokens_below, token)
                 for folder in folders:
                     here = precheck_group(folder, thresholds=th)  # an op folder yields itself
+                    if node is not None:  # the whole token ran (an op's params are judged against its peers)
+                        here = [r for r in here if (r.name or "") == node or (r.name or "").startswith(node + "/")]
                     if len(folders) > 1:  # several tokens: say which one each op ran at
                         here = [replace(r, name=f"token {folder.name}: {r.name or r.op_dir}") for r in here]
                     found += here
+                if not found and node is not None:
+                    raise ValueError(
+                        f"{path}: no ATB op {node!r} here (ATB ops and groups are named by their folder path below "
+                        "the token folder, e.g. 3_Prefill_layer/3_RmsNormOperation)"
+                    )
                 if not found:
                     raise ValueError(
                         f"{path}: no ATB op folders here or below (give a dump folder, its tensors/{{dev}}_{{pid}} "
                         "folder, a token folder, a layer folder or an op folder)"
                     )
-                return _atb_named(found, path, node) if node is not None else found
+                return found
             return precheck_path(path, token, node)
         except CannotRun as exc:
             raise ValueError(str(exc)) from None
@@ -147,22 +147,17 @@ def precheck(
         raise typer.Exit(code)
 
 
-def _op_path(result: PrecheckResult) -> str:
-    """An ATB result's op path below its token folder (`3_Prefill_layer/1_Attention/1_RopeOperation`)."""
-    return (result.name or result.op_dir).split(": ", 1)[-1]  # several tokens: 'token N: ' comes first
-
-
-def _atb_named(found: list[PrecheckResult], path: Path, node: str) -> list[PrecheckResult]:
-    """The ATB ops `--node` names: the op itself, or every op of a group (`3_Prefill_layer/1_Attention`)."""
-    want = node.strip("/")
-    named = [r for r in found if _op_path(r) == want or _op_path(r).startswith(want + "/")]
-    if not named:
-        sample = ", ".join(dict.fromkeys(_op_path(r).split("/")[0] for r in found[:40]))
-        raise ValueError(
-            f"{path}: no ATB op or group {node!r} here (ATB dumps name ops by folder path below a token, e.g. "
-            f"{sample}; for a torch module's ATB ops use --catalog with --node)"
-        )
-    return named
+def _atb_token_folders(path: Path, tokens_below: list[Path], token: int | None) -> list[Path]:
+    """The folders `--token` leaves to check in an ATB dump (all of them without it)."""
+    if token is None:
+        return tokens_below or [path]
+    if not tokens_below:
+        raise ValueError(f"{path}: --token needs a folder above the token folders (this one is inside a token)")
+    picked = [f for f in tokens_below if f.name == str(token)]
+    if not picked:
+        held = ", ".join(sorted({f.name for f in tokens_below}, key=lambda n: (len(n), n)))
+        raise ValueError(f"{path}: no token {token} here (tokens: {held})")
+    return picked
 
 
 def _is_atb(path: Path) -> bool:

@@ -105,6 +105,7 @@ class Explorer:
         self._born: dict[int, tuple[int | None, int | None, str | None]] = {}
         self._verdicts: dict[int, TokenVerdict] = {}
         self._first_shape: dict[tuple[int, int], Any] | None = None
+        self._quant_noise: bool | None = None  # a quantized comparison (see _judged_by_quant_noise), read once
         try:
             self.info = self._load_info(cmp_id)
         except duckdb.Error as exc:
@@ -366,6 +367,8 @@ class Explorer:
         return cached
 
     def _born_evidence(self, token: int) -> tuple[int | None, int | None, str | None]:
+        if self._judged_by_quant_noise():  # as `wb compare` says: the advisor names the origin, not error_born
+            return None, None, None
         rows = self._rows(
             "SELECT golden_node_id, test_node_id, evidence FROM error_born WHERE cmp_id = ? AND token_id = ?",
             [self.info.cmp_id, token],
@@ -394,6 +397,8 @@ class Explorer:
 
     def born_all(self) -> dict[int, str | None]:
         """token -> golden op name where the error is born."""
+        if self._judged_by_quant_noise():
+            return {t: None for t in self.info.tokens}
         return {
             int(r[0]): r[1]
             for r in self._rows(
@@ -658,6 +663,17 @@ class Explorer:
         fails = bool(born and born[0][0])
         why = BORN_PRECHECK if not fails and (evidence or "").startswith("precheck:") else BORN_FAILS
         return why, self._advice_score(born_g, token)
+
+    def _judged_by_quant_noise(self) -> bool:
+        """A quantized comparison: every quantized linear fails the float thresholds, so the stored `error born`
+        (the first of them) says nothing; its ops are judged by the int8 noise their scales predict (the advisor)."""
+        if self._quant_noise is None:
+            self._quant_noise = self.quantized()
+        return self._quant_noise
+
+    def standing_out(self, token: int) -> int | None:
+        """The advisor's first op at `token` when it stands out of its peers' noise (golden node), else None."""
+        return self._standing_out(token)[0]
 
     def _standing_out(self, token: int) -> tuple[int | None, float | None, str | None]:
         """The advisor's first op at `token` (node, score, evidence) when it stands out of its peers' noise."""

@@ -12,7 +12,7 @@ import json
 import math
 import shlex
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,7 @@ class ReportFacts:
     advice: list[Any]
     advice_note: str
     commands: list[tuple[str, str]]  # (what, command line)
+    origins: dict[int, str] = field(default_factory=dict)  # token with no op born -> the advisor's op standing out
 
 
 def _e(value: object) -> str:
@@ -79,12 +80,13 @@ def collect(catalog: Path, cmp_id: int | None = None) -> ReportFacts:
     try:
         info = ex.info
         born: dict[int, tuple[str | None, str | None, str | None]] = {}
+        origins: dict[int, str] = {}
         for tok in info.tokens:
             v = ex.verdict(tok)  # the app's verdict: the born op, else the advisor's op standing out, else none
             name = ex.node_name("golden", v.golden)
-            if v.why == BORN_ADVISOR and name:
-                score = f"advisor score {v.score:.1f}; " if v.score is not None else ""
-                born[tok] = (f"most likely origin: {name} ({score}no output fails)", None, None)
+            if v.why == BORN_ADVISOR and name is not None:  # as the app's status line and `wb compare`
+                born[tok] = (None, None, None)
+                origins[tok] = name
             else:
                 born[tok] = (name, ex.node_name("test", v.test), v.evidence)
         advice, note = ex.advice(top=ADVICE_TOP)
@@ -97,6 +99,7 @@ def collect(catalog: Path, cmp_id: int | None = None) -> ReportFacts:
             advice,
             note,
             _commands(ex, catalog),
+            origins,
         )
     finally:
         ex.close()
@@ -316,6 +319,7 @@ def _summary(facts: ReportFacts) -> str:
 
 def _verdict_table(facts: ReportFacts) -> str:
     strip = {c.token: c for c in facts.strip}
+    hm = facts.heatmap
     rows = []
     for tok in facts.info.tokens:
         c = strip.get(tok)
@@ -324,7 +328,15 @@ def _verdict_table(facts: ReportFacts) -> str:
         else:
             logits = f'<td class="{"pass" if c.passed else "fail"}">{_e("pass" if c.passed else "FAIL")}</td>'
         g, t, _ = facts.born.get(tok, (None, None, None))
-        born = _e(g) if g else "nothing: every compared output passes"
+        failing = tok in hm.tokens and bool(hm.failed[:, hm.tokens.index(tok)].any())
+        if g:
+            born = _e(g)
+        elif tok in facts.origins:
+            born = _e(f"most likely origin: {facts.origins[tok]} (the advisor)")
+        elif failing:  # a run failing everywhere (or a quantized one) has no born op either
+            born = "none named: outputs fail, but no op is born there and none stands out of the noise"
+        else:
+            born = "nothing: every compared output passes"
         test = _e(t) if t else ""
         rows.append(f"<tr><td>{_e(tok)}</td>{logits}<td>{born}</td><td>{test}</td></tr>")
     head = "<tr><th>token</th><th>logits</th><th>error born at (golden)</th><th>test op</th></tr>"

@@ -195,6 +195,8 @@ def summarize_comparison(
         )
     )
     res.quantized = _is_quantized(None if meta is None else meta[0])
+    if res.quantized:  # judged by its int8 noise, not the float thresholds: the first token whose origin stands out
+        res.first_failing_token = next((t for t, o in sorted(res.origins.items()) if o.stands_out), None)
     return res
 
 
