@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import duckdb
 
-from workbench.catalog.store import first_row
+from workbench.catalog import first_row
 from workbench.formats.quant_links import quant_links
 
 

@@ -38,7 +38,7 @@ import duckdb
 import numpy as np
 
 from workbench.analysis.verdicts.causes import CAUSE_LEAD
-from workbench.catalog.store import first_row
+from workbench.catalog import first_row
 from workbench.core.advice import STANDS_OUT
 from workbench.formats.arrays import read_array
 from workbench.formats.model import DumpError
