@@ -31,14 +31,14 @@ from bench_compare import Runs, build_dumps, du, model_config, run_wb  # noqa: E
 TOKENS = 4
 
 
-def dump_torchair(base: Path, quick: bool) -> tuple[Path, Path]:
+def dump_torchair(base: Path, size: str) -> tuple[Path, Path]:
     """FX golden (fp32) and GE test (bf16) of the bench model; returns the two dump folders."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from workbench.backends.torchair import GeDumper
     from workbench.dump.fx import FxDumper
 
-    cfg, prompt_len = model_config(quick)
+    cfg, prompt_len = model_config(size)
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**cfg, max_position_embeddings=1024, tie_word_embeddings=False)).eval()
     prompt = torch.randint(3, cfg["vocab_size"], (1, prompt_len), generator=torch.Generator().manual_seed(1))
@@ -71,8 +71,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--dump-torchair", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    size = "quick" if args.quick else "620mb"
     if args.dump_torchair is not None:  # a fresh process per build: the compiled graphs and caches go with it
-        dump_torchair(args.dump_torchair, args.quick)
+        dump_torchair(args.dump_torchair, size)
         return
     base = args.keep or Path(tempfile.mkdtemp(prefix="wb_bench_torchair_"))
     ta = base / "torchair"
@@ -81,12 +82,12 @@ def main() -> None:
         subprocess.run(cmd, check=True, cwd=ROOT)
     ref_base = base / "msit"
     try:
-        ref = build_dumps(ref_base, "msit", args.quick) if not (ref_base / "test").is_dir() else None
+        ref = build_dumps(ref_base, "msit", size) if not (ref_base / "test").is_dir() else None
     except subprocess.CalledProcessError:
         ref = None
     if ref is None and not (ref_base / "test").is_dir():
         ref_base = base / "wb"
-        ref = build_dumps(ref_base, "wb", args.quick)
+        ref = build_dumps(ref_base, "wb", size)
     from bench_compare import dump_dirs
 
     ref_golden, ref_test = ref or dump_dirs(ref_base)

@@ -168,6 +168,29 @@ def test_device_layout_is_named_not_compared(tmp_path: Path) -> None:
         read_array(ge_dump.tensor_path(f, "in", 0))
 
 
+def test_ge_tensors_read_again_after_the_file_changed(tmp_path: Path) -> None:
+    """A file's header is parsed once for all its tensors: a rewritten file is parsed again, a file cut short
+    since its header was read gives one line, and a payload over 64 KiB (mapped, not read) reads the same."""
+    big = np.arange(40_000, dtype=np.float32).reshape(200, 200)  # 160 KB: memory-mapped
+    small = np.arange(6, dtype=np.float32)
+    f = tmp_path / "Mul.Mul.1.1.1"
+    f.write_bytes(_ge_file_by_hand([(1, 2, [6], small.tobytes())], [(1, 2, [200, 200], big.tobytes())], "Mul"))
+    assert np.array_equal(read_array(ge_dump.tensor_path(f, "in", 0)).array, small)
+    assert np.array_equal(read_array(ge_dump.tensor_path(f, "out", 0)).array, big)
+    other = np.full(3, 7, dtype=np.float16)
+    f.write_bytes(_ge_file_by_hand([(2, 2, [3], other.tobytes())], [(2, 2, [3], other.tobytes())], "Mul"))
+    raw = read_array(ge_dump.tensor_path(f, "out", 0))
+    assert raw.dtype == "float16" and np.array_equal(raw.array, other)
+    data = _ge_file_by_hand([(1, 2, [6], small.tobytes())], [(1, 2, [200, 200], big.tobytes())], "Mul")
+    f.write_bytes(data)
+    read_array(ge_dump.tensor_path(f, "in", 0))
+    with open(f, "r+b") as fh:  # cut short after its header was read and kept: the size differs, read again
+        fh.truncate(len(data) - 100)
+    with pytest.raises(DumpError, match="truncated payload") as err:
+        read_array(ge_dump.tensor_path(f, "out", 0))
+    assert "\n" not in str(err.value)
+
+
 MSIT_GRAPH = """
 name: "graph_1"
 op {
