@@ -392,6 +392,40 @@ def test_fx_dumper_and_ge_writer_on_a_compiled_model(tmp_path: Path) -> None:
     assert "error born at: mm_2-aten.mm.default (token 0)  [test op: MatMulV2_2]" in res.stdout, res.stdout
 
 
+def test_fx_dumper_links_unchanged_weights_across_tokens(tmp_path: Path) -> None:
+    """A weight saved at every token is one file, hard-linked into each token folder (msit's layout kept, msit's
+    FX reader sees plain files); a weight changed in place is written again; activations are never linked."""
+    from msit_llm.compare.torchair_acc_cmp import init_fx_dump_data_from_path
+
+    from workbench.dump.fx import FxDumper
+
+    torch.manual_seed(0)
+    model = _Mlp().eval()
+    fx = FxDumper(tmp_path / "golden")
+    compiled = torch.compile(model, backend=fx, dynamic=False)
+    with torch.no_grad():
+        for step in range(3):
+            if step == 2:
+                model.up.weight.mul_(2)  # in place: the same tensor object, a new version
+            fx.step()
+            compiled(torch.randn(3, 8, generator=torch.Generator().manual_seed(step)))
+    torch._dynamo.reset()
+    d = open_dump(tmp_path / "golden")
+    assert d.problems == [] and d.tokens == [0, 1, 2]
+    by_place = {(t.token, t.node, t.role, t.index): Path(str(t.path)) for t in d.tensors if t.node != "graph"}
+    ups = [n.name for n in d.nodes if n.params == {"module": "up"} and n.type == "aten.t.default"]
+    assert len(ups) == 1
+    w0, w1, w2 = (by_place[(k, ups[0], "in", 0)] for k in range(3))
+    assert w0.stat().st_ino == w1.stat().st_ino != w2.stat().st_ino  # linked, then written again once changed
+    assert np.array_equal(np.load(w2), model.up.weight.detach().numpy())
+    assert np.array_equal(np.load(w0) * 2, np.load(w2))
+    linked = {p for p in by_place.values() if p.stat().st_nlink > 1}
+    assert linked and all(by_place[k] not in linked for k in by_place if k[1].startswith("silu"))  # activations
+    gathered = init_fx_dump_data_from_path(str(tmp_path / "golden" / "msit_fx_dump"), rank_info_existed=True)
+    msit_files = {f for tok in gathered[0].values() for op in tok.values() for files in op.values() for f in files}
+    assert {str(p) for p in by_place.values()} <= msit_files  # msit's reader takes every token's files, links too
+
+
 def test_fused_ge_against_unfused_ge_by_name(tmp_path: Path) -> None:
     from workbench.backends.torchair import GeDumper
 

@@ -10,17 +10,23 @@ so the graph is at aten level as TorchAir's is). Each compiled graph is run node
 
 plus `fx_node_modules.json` (node -> the module it ran in; msit's reader ignores it). A token is one call of
 the compiled model (`FxDumper.step()` before each, or `dump_fx` that does it). bfloat16 tensors are saved
-as float32 (`.npy` has no bfloat16). The test side of the TorchAir demo (`workbench.backends.torchair`)
-runs the same interpreter with another sink.
+as float32 (`.npy` has no bfloat16). A tensor that is, at the same place (node, input/output, index), the very
+tensor an earlier token saved and unchanged since (a weight or buffer: the same object or a view of it, same
+version counter) is a hard link to that file: every token folder keeps its full set of plain files, as msit's
+reader wants them, and the bytes are stored once (the weights are `t`/`mm` inputs at every token). The test
+side of the TorchAir demo (`workbench.backends.torchair`) runs the same interpreter with another sink.
 """
 
 from __future__ import annotations
 
 import json
 import operator
+import os
 import re
 import time
+import weakref
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -150,6 +156,27 @@ def interpreting_backend(
     return aot_autograd(fw_compiler=compile_fw)
 
 
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """A file saved for one place of the graph: the tensor it holds (weakly) and how it viewed which bytes."""
+
+    base: weakref.ref[torch.Tensor]
+    view: tuple[Any, ...]
+    path: Path
+
+
+def _view_of(t: torch.Tensor) -> tuple[torch.Tensor, tuple[Any, ...]] | None:
+    """(the tensor owning `t`'s bytes, how `t` views them at which version); None for a tensor without a
+    version counter (inference mode), which is never taken for unchanged."""
+    try:
+        version = t._version
+    except RuntimeError:
+        return None
+    base = t._base if t._base is not None else t
+    view = (version, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+    return base, view
+
+
 class FxDumper:
     """A compile backend writing msit's FX layout; `step()` starts the next token (the first is 0)."""
 
@@ -168,6 +195,7 @@ class FxDumper:
         self.modules: dict[str, str] = {}
         self.manifest: dict[str, Any] = {}
         self._last_ts = 0
+        self._kept: dict[tuple[str, str, int], _Kept] = {}  # (node, role, index) -> its last written file
         self._backend = interpreting_backend(self._save, self._graph)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
@@ -204,8 +232,25 @@ class FxDumper:
         name, ts = fx_name(node), self._timestamp()
         for role, items in (("in", inputs), ("out", tensors_of(output))):
             for i, t in enumerate(items):
-                np.save(folder / file_name(name, role, i, ts), to_numpy(t))
+                self._write(t, (name, role, i), folder / file_name(name, role, i, ts))
         return output
+
+    def _write(self, t: torch.Tensor, place: tuple[str, str, int], path: Path) -> None:
+        """Save `t` at `path`, or hard-link the file of an earlier token when `t` is the tensor saved at this
+        place then, unchanged (its owner still alive, so its bytes cannot have moved)."""
+        seen = _view_of(t)
+        kept = self._kept.get(place)
+        if seen is not None and kept is not None and kept.base() is seen[0] and kept.view == seen[1]:
+            try:
+                os.link(kept.path, path)
+                return
+            except OSError:  # no hard links here (or the earlier file is gone): written again
+                pass
+        np.save(path, to_numpy(t))
+        if seen is not None:
+            self._kept[place] = _Kept(weakref.ref(seen[0]), seen[1], path)
+        else:
+            self._kept.pop(place, None)
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
