@@ -3,6 +3,7 @@ FX `.npy` dumps in msit's three layouts, bad files, and GE ops matched to FX nod
 
 from __future__ import annotations
 
+import os
 import struct
 import sys
 from pathlib import Path
@@ -189,6 +190,13 @@ def test_ge_tensors_read_again_after_the_file_changed(tmp_path: Path) -> None:
     with pytest.raises(DumpError, match="truncated payload") as err:
         read_array(ge_dump.tensor_path(f, "out", 0))
     assert "\n" not in str(err.value)
+
+
+def test_ge_fifo_is_one_line_not_a_hang(tmp_path: Path) -> None:
+    fifo = tmp_path / "Abs.Abs.1.1.1"
+    os.mkfifo(fifo)
+    with pytest.raises(DumpError, match="cannot read"):
+        ge_dump.read_header(fifo)
 
 
 MSIT_GRAPH = """

@@ -154,7 +154,7 @@ def read_header(path: str | Path) -> GeHeader:
 
 def _open(path: str) -> int:
     try:
-        return os.open(path, os.O_RDONLY)
+        return os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO fails at its first read instead of blocking
     except OSError as exc:
         raise DumpError(path, f"cannot read: {exc.strerror or exc}") from None
 
