@@ -202,8 +202,9 @@ def main() -> None:
     ]
     for p in pairs:
         p.mb = (du(p.golden) + du(p.test)) / 1e6
-        files = sum(1 for f in [*p.golden.rglob("*"), *p.test.rglob("*")] if f.is_file())
-        print(f"{p.label}: {p.golden} + {p.test}: {files} files, {p.mb:.0f} MB")
+        found = [f.stat() for f in [*p.golden.rglob("*"), *p.test.rglob("*")] if f.is_file()]
+        disk = sum({(st.st_dev, st.st_ino): st.st_size for st in found}.values()) / 1e6  # a hard link once
+        print(f"{p.label}: {p.golden} + {p.test}: {len(found)} files, {p.mb:.0f} MB ({disk:.0f} MB on disk)")
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for i in range(args.repeat):  # alternated, so both pairs see the same machine load
         for p in pairs:
