@@ -412,21 +412,26 @@ def test_fx_dumper_links_unchanged_weights_across_tokens(tmp_path: Path) -> None
     fx = FxDumper(tmp_path / "golden")
     compiled = torch.compile(model, backend=fx, dynamic=False)
     with torch.no_grad():
-        for step in range(3):
+        for step in range(4):
             if step == 2:
                 model.up.weight.mul_(2)  # in place: the same tensor object, a new version
+            if step == 3:
+                model.gate.weight.data.add_(1)  # through `.data`: the version counter does not move
             fx.step()
             compiled(torch.randn(3, 8, generator=torch.Generator().manual_seed(step)))
     torch._dynamo.reset()
     d = open_dump(tmp_path / "golden")
-    assert d.problems == [] and d.tokens == [0, 1, 2]
+    assert d.problems == [] and d.tokens == [0, 1, 2, 3]
     by_place = {(t.token, t.node, t.role, t.index): Path(str(t.path)) for t in d.tensors if t.node != "graph"}
     ups = [n.name for n in d.nodes if n.params == {"module": "up"} and n.type == "aten.t.default"]
     assert len(ups) == 1
-    w0, w1, w2 = (by_place[(k, ups[0], "in", 0)] for k in range(3))
-    assert w0.stat().st_ino == w1.stat().st_ino != w2.stat().st_ino  # linked, then written again once changed
+    w0, w1, w2, w3 = (by_place[(k, ups[0], "in", 0)] for k in range(4))
+    assert w0.stat().st_ino == w1.stat().st_ino != w2.stat().st_ino == w3.stat().st_ino  # written again once changed
     assert np.array_equal(np.load(w2), model.up.weight.detach().numpy())
     assert np.array_equal(np.load(w0) * 2, np.load(w2))
+    gates = [n.name for n in d.nodes if n.params == {"module": "gate"} and n.type == "aten.t.default"]
+    g2, g3 = (by_place[(k, gates[0], "in", 0)] for k in (2, 3))
+    assert g2.stat().st_ino != g3.stat().st_ino and np.array_equal(np.load(g3), model.gate.weight.detach().numpy())
     linked = {p for p in by_place.values() if p.stat().st_nlink > 1}
     assert linked and all(by_place[k] not in linked for k in by_place if k[1].startswith("silu"))  # activations
     gathered = init_fx_dump_data_from_path(str(tmp_path / "golden" / "msit_fx_dump"), rank_info_existed=True)
