@@ -439,6 +439,61 @@ def test_fx_dumper_links_unchanged_weights_across_tokens(tmp_path: Path) -> None
     assert {str(p) for p in by_place.values()} <= msit_files  # msit's reader takes every token's files, links too
 
 
+def test_a_weight_linked_at_every_token_is_compared_once_per_content(tmp_path: Path) -> None:
+    """Pairs reading one hard-linked golden weight file (our FX dumper's) go to a worker with the first of them:
+    where the test bytes match, that pair's result is copied under each pair's own tensors; where they do not (the
+    test side's `up` weight scaled at token 2), the pair is computed."""
+    import duckdb
+
+    from workbench.backends.torchair import GeDumper
+    from workbench.cli.compare_cmd import compare_request
+    from workbench.core.metrics import ALL_METRICS
+    from workbench.dump.fx import FxDumper
+    from workbench.jobs.compare_dumps import compare_dumps
+
+    torch.manual_seed(0)
+    model = _Mlp().eval()
+    xs = [torch.randn(3, 8, generator=torch.Generator().manual_seed(k)) for k in range(3)]
+    for side, dumper in (("golden", FxDumper(tmp_path / "golden")), ("test", GeDumper(tmp_path / "test"))):
+        compiled = torch.compile(model, backend=dumper, dynamic=False)
+        with torch.no_grad():
+            for k, x in enumerate(xs):
+                if side == "test" and k == 2:
+                    model.up.weight.mul_(1.5)
+                dumper.step()
+                compiled(x)
+        torch._dynamo.reset()
+    stages: list[str] = []
+    request = compare_request(tmp_path / "golden", tmp_path / "test", tmp_path / "o", workers=1)
+    compare_dumps(request, progress=lambda p: stages.append(p.stage), emit=lambda _line: None)
+    con = duckdb.connect(str(tmp_path / "o" / "catalog.duckdb"), read_only=True)
+    try:
+        cols = ", ".join(f"x.{m}" for m in ALL_METRICS)
+        rows = con.execute(
+            f"SELECT m.token_id, n.name, m.io, g.idx, g.path, t.tensor_id, t.min, t.max, {cols} FROM matches m "
+            "JOIN comparisons c USING (cmp_id) JOIN metrics x USING (cmp_id, pair_id) "
+            "JOIN tensors g ON g.run_id = c.golden_run AND g.tensor_id = m.golden_tensor_id "
+            "JOIN tensors t ON t.run_id = c.test_run AND t.tensor_id = m.test_tensor_id "
+            "JOIN nodes n ON n.run_id = c.golden_run AND n.node_id = m.golden_node_id "
+            "WHERE n.params->>'module' = 'up' AND n.type = 'aten.t.default' AND m.io = 'in' ORDER BY m.token_id"
+        ).fetchall()
+        n_pairs, n_metrics = con.execute(
+            "SELECT (SELECT count(*) FROM matches), (SELECT count(*) FROM metrics)"
+        ).fetchone() or (0, 0)
+    finally:
+        con.close()
+    assert n_pairs == n_metrics > 0
+    planned = [x for x in stages if x.startswith("compare (")]
+    assert planned and f"({n_pairs} pairs in " in planned[0], planned  # the weights' repeats ride with the first
+    assert [r[0] for r in rows] == [0, 1, 2]
+    inodes = {Path(r[4]).stat().st_ino for r in rows}
+    assert len(inodes) == 1  # one golden file for the three tokens
+    first, same, scaled = rows
+    assert len({first[5], same[5], scaled[5]}) == 3  # each pair under its own test tensor
+    assert same[6:] == first[6:]  # copied: the test bytes are the same, statistics included
+    assert scaled[7] != first[7] and scaled[8:] != first[8:]  # computed: the test weight changed
+
+
 def test_fused_ge_against_unfused_ge_by_name(tmp_path: Path) -> None:
     from workbench.backends.torchair import GeDumper
 
