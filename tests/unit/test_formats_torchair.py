@@ -3,6 +3,7 @@ FX `.npy` dumps in msit's three layouts, bad files, and GE ops matched to FX nod
 
 from __future__ import annotations
 
+import os
 import struct
 import sys
 from pathlib import Path
@@ -166,6 +167,36 @@ def test_device_layout_is_named_not_compared(tmp_path: Path) -> None:
     assert t.layout == "FRACTAL_NZ" and t.error is not None and "FRACTAL_NZ" in t.error
     with pytest.raises(DumpError, match="FRACTAL_NZ"):
         read_array(ge_dump.tensor_path(f, "in", 0))
+
+
+def test_ge_tensors_read_again_after_the_file_changed(tmp_path: Path) -> None:
+    """A file's header is parsed once for all its tensors: a rewritten file is parsed again, a file cut short
+    since its header was read gives one line, and a payload over 64 KiB (mapped, not read) reads the same."""
+    big = np.arange(40_000, dtype=np.float32).reshape(200, 200)  # 160 KB: memory-mapped
+    small = np.arange(6, dtype=np.float32)
+    f = tmp_path / "Mul.Mul.1.1.1"
+    f.write_bytes(_ge_file_by_hand([(1, 2, [6], small.tobytes())], [(1, 2, [200, 200], big.tobytes())], "Mul"))
+    assert np.array_equal(read_array(ge_dump.tensor_path(f, "in", 0)).array, small)
+    assert np.array_equal(read_array(ge_dump.tensor_path(f, "out", 0)).array, big)
+    other = np.full(3, 7, dtype=np.float16)
+    f.write_bytes(_ge_file_by_hand([(2, 2, [3], other.tobytes())], [(2, 2, [3], other.tobytes())], "Mul"))
+    raw = read_array(ge_dump.tensor_path(f, "out", 0))
+    assert raw.dtype == "float16" and np.array_equal(raw.array, other)
+    data = _ge_file_by_hand([(1, 2, [6], small.tobytes())], [(1, 2, [200, 200], big.tobytes())], "Mul")
+    f.write_bytes(data)
+    read_array(ge_dump.tensor_path(f, "in", 0))
+    with open(f, "r+b") as fh:  # cut short after its header was read and kept: the size differs, read again
+        fh.truncate(len(data) - 100)
+    with pytest.raises(DumpError, match="truncated payload") as err:
+        read_array(ge_dump.tensor_path(f, "out", 0))
+    assert "\n" not in str(err.value)
+
+
+def test_ge_fifo_is_one_line_not_a_hang(tmp_path: Path) -> None:
+    fifo = tmp_path / "Abs.Abs.1.1.1"
+    os.mkfifo(fifo)
+    with pytest.raises(DumpError, match="cannot read"):
+        ge_dump.read_header(fifo)
 
 
 MSIT_GRAPH = """
@@ -367,6 +398,100 @@ def test_fx_dumper_and_ge_writer_on_a_compiled_model(tmp_path: Path) -> None:
     res = run_wb("compare", "-gp", str(golden), "-mp", str(test), "-o", str(tmp_path / "out"))
     assert res.returncode in (0, 1), res.stderr
     assert "error born at: mm_2-aten.mm.default (token 0)  [test op: MatMulV2_2]" in res.stdout, res.stdout
+
+
+def test_fx_dumper_links_unchanged_weights_across_tokens(tmp_path: Path) -> None:
+    """A weight saved at every token is one file, hard-linked into each token folder (msit's layout kept, msit's
+    FX reader sees plain files); a weight changed in place is written again; activations are never linked."""
+    from msit_llm.compare.torchair_acc_cmp import init_fx_dump_data_from_path
+
+    from workbench.dump.fx import FxDumper
+
+    torch.manual_seed(0)
+    model = _Mlp().eval()
+    fx = FxDumper(tmp_path / "golden")
+    compiled = torch.compile(model, backend=fx, dynamic=False)
+    with torch.no_grad():
+        for step in range(4):
+            if step == 2:
+                model.up.weight.mul_(2)  # in place: the same tensor object, a new version
+            if step == 3:
+                model.gate.weight.data.add_(1)  # through `.data`: the version counter does not move
+            fx.step()
+            compiled(torch.randn(3, 8, generator=torch.Generator().manual_seed(step)))
+    torch._dynamo.reset()
+    d = open_dump(tmp_path / "golden")
+    assert d.problems == [] and d.tokens == [0, 1, 2, 3]
+    by_place = {(t.token, t.node, t.role, t.index): Path(str(t.path)) for t in d.tensors if t.node != "graph"}
+    ups = [n.name for n in d.nodes if n.params == {"module": "up"} and n.type == "aten.t.default"]
+    assert len(ups) == 1
+    w0, w1, w2, w3 = (by_place[(k, ups[0], "in", 0)] for k in range(4))
+    assert w0.stat().st_ino == w1.stat().st_ino != w2.stat().st_ino == w3.stat().st_ino  # written again once changed
+    assert np.array_equal(np.load(w2), model.up.weight.detach().numpy())
+    assert np.array_equal(np.load(w0) * 2, np.load(w2))
+    gates = [n.name for n in d.nodes if n.params == {"module": "gate"} and n.type == "aten.t.default"]
+    g2, g3 = (by_place[(k, gates[0], "in", 0)] for k in (2, 3))
+    assert g2.stat().st_ino != g3.stat().st_ino and np.array_equal(np.load(g3), model.gate.weight.detach().numpy())
+    linked = {p for p in by_place.values() if p.stat().st_nlink > 1}
+    assert linked and all(by_place[k] not in linked for k in by_place if k[1].startswith("silu"))  # activations
+    gathered = init_fx_dump_data_from_path(str(tmp_path / "golden" / "msit_fx_dump"), rank_info_existed=True)
+    msit_files = {f for tok in gathered[0].values() for op in tok.values() for files in op.values() for f in files}
+    assert {str(p) for p in by_place.values()} <= msit_files  # msit's reader takes every token's files, links too
+
+
+def test_a_weight_linked_at_every_token_is_compared_once_per_content(tmp_path: Path) -> None:
+    """Pairs reading one hard-linked golden weight file (our FX dumper's) go to a worker with the first of them:
+    where the test bytes match, that pair's result is copied under each pair's own tensors; where they do not (the
+    test side's `up` weight scaled at token 2), the pair is computed."""
+    import duckdb
+
+    from workbench.backends.torchair import GeDumper
+    from workbench.cli.compare_cmd import compare_request
+    from workbench.core.metrics import ALL_METRICS
+    from workbench.dump.fx import FxDumper
+    from workbench.jobs.compare_dumps import compare_dumps
+
+    torch.manual_seed(0)
+    model = _Mlp().eval()
+    xs = [torch.randn(3, 8, generator=torch.Generator().manual_seed(k)) for k in range(3)]
+    for side, dumper in (("golden", FxDumper(tmp_path / "golden")), ("test", GeDumper(tmp_path / "test"))):
+        compiled = torch.compile(model, backend=dumper, dynamic=False)
+        with torch.no_grad():
+            for k, x in enumerate(xs):
+                if side == "test" and k == 2:
+                    model.up.weight.mul_(1.5)
+                dumper.step()
+                compiled(x)
+        torch._dynamo.reset()
+    stages: list[str] = []
+    request = compare_request(tmp_path / "golden", tmp_path / "test", tmp_path / "o", workers=1)
+    compare_dumps(request, progress=lambda p: stages.append(p.stage), emit=lambda _line: None)
+    con = duckdb.connect(str(tmp_path / "o" / "catalog.duckdb"), read_only=True)
+    try:
+        cols = ", ".join(f"x.{m}" for m in ALL_METRICS)
+        rows = con.execute(
+            f"SELECT m.token_id, n.name, m.io, g.idx, g.path, t.tensor_id, t.min, t.max, {cols} FROM matches m "
+            "JOIN comparisons c USING (cmp_id) JOIN metrics x USING (cmp_id, pair_id) "
+            "JOIN tensors g ON g.run_id = c.golden_run AND g.tensor_id = m.golden_tensor_id "
+            "JOIN tensors t ON t.run_id = c.test_run AND t.tensor_id = m.test_tensor_id "
+            "JOIN nodes n ON n.run_id = c.golden_run AND n.node_id = m.golden_node_id "
+            "WHERE n.params->>'module' = 'up' AND n.type = 'aten.t.default' AND m.io = 'in' ORDER BY m.token_id"
+        ).fetchall()
+        n_pairs, n_metrics = con.execute(
+            "SELECT (SELECT count(*) FROM matches), (SELECT count(*) FROM metrics)"
+        ).fetchone() or (0, 0)
+    finally:
+        con.close()
+    assert n_pairs == n_metrics > 0
+    planned = [x for x in stages if x.startswith("compare (")]
+    assert planned and f"({n_pairs} pairs in " in planned[0], planned  # the weights' repeats ride with the first
+    assert [r[0] for r in rows] == [0, 1, 2]
+    inodes = {Path(r[4]).stat().st_ino for r in rows}
+    assert len(inodes) == 1  # one golden file for the three tokens
+    first, same, scaled = rows
+    assert len({first[5], same[5], scaled[5]}) == 3  # each pair under its own test tensor
+    assert same[6:] == first[6:]  # copied: the test bytes are the same, statistics included
+    assert scaled[7] != first[7] and scaled[8:] != first[8:]  # computed: the test weight changed
 
 
 def test_fused_ge_against_unfused_ge_by_name(tmp_path: Path) -> None:

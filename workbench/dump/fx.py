@@ -10,17 +10,24 @@ so the graph is at aten level as TorchAir's is). Each compiled graph is run node
 
 plus `fx_node_modules.json` (node -> the module it ran in; msit's reader ignores it). A token is one call of
 the compiled model (`FxDumper.step()` before each, or `dump_fx` that does it). bfloat16 tensors are saved
-as float32 (`.npy` has no bfloat16). The test side of the TorchAir demo (`workbench.backends.torchair`)
-runs the same interpreter with another sink.
+as float32 (`.npy` has no bfloat16). A tensor that is, at the same place (node, input/output, index), the very
+tensor an earlier token saved and unchanged since (a weight or buffer: the same object or a view of it, same
+version counter, the same bits at 256 spread positions, which a write through `.data` would change without the
+counter) is a hard link to that file: every token folder keeps its full set of plain files, as msit's
+reader wants them, and the bytes are stored once (the weights are `t`/`mm` inputs at every token). The test
+side of the TorchAir demo (`workbench.backends.torchair`) runs the same interpreter with another sink.
 """
 
 from __future__ import annotations
 
 import json
 import operator
+import os
 import re
 import time
+import weakref
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -150,6 +157,43 @@ def interpreting_backend(
     return aot_autograd(fw_compiler=compile_fw)
 
 
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """A file saved for one place of the graph: the tensor it holds (weakly), how it viewed which bytes, and
+    values of its owner at spread positions."""
+
+    base: weakref.ref[torch.Tensor]
+    view: tuple[Any, ...]
+    sample: torch.Tensor
+    path: Path
+
+
+_SAMPLES = 256
+
+
+def _view_of(t: torch.Tensor) -> tuple[torch.Tensor, tuple[Any, ...]] | None:
+    """(the tensor owning `t`'s bytes, how `t` views them at which version); None for a tensor never taken for
+    unchanged: one without a version counter (inference mode), or whose owner is not contiguous."""
+    try:
+        version = t._version
+    except RuntimeError:
+        return None
+    base = t._base if t._base is not None else t
+    if not base.is_contiguous():
+        return None
+    view = (version, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+    return base, view
+
+
+def _sample(base: torch.Tensor) -> torch.Tensor:
+    """Values of a contiguous tensor at up to `_SAMPLES` spread positions, as their bits (a copy): a write through
+    `.data`, which no version counter sees, shows here."""
+    flat = base.detach().reshape(-1)
+    if flat.numel() > _SAMPLES:
+        flat = flat[torch.linspace(0, flat.numel() - 1, _SAMPLES).long()]
+    return flat.clone().view(torch.uint8)
+
+
 class FxDumper:
     """A compile backend writing msit's FX layout; `step()` starts the next token (the first is 0)."""
 
@@ -168,6 +212,7 @@ class FxDumper:
         self.modules: dict[str, str] = {}
         self.manifest: dict[str, Any] = {}
         self._last_ts = 0
+        self._kept: dict[tuple[str, str, int], _Kept] = {}  # (node, role, index) -> its last written file
         self._backend = interpreting_backend(self._save, self._graph)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
@@ -204,8 +249,34 @@ class FxDumper:
         name, ts = fx_name(node), self._timestamp()
         for role, items in (("in", inputs), ("out", tensors_of(output))):
             for i, t in enumerate(items):
-                np.save(folder / file_name(name, role, i, ts), to_numpy(t))
+                self._write(t, (name, role, i), folder / file_name(name, role, i, ts))
         return output
+
+    def _write(self, t: torch.Tensor, place: tuple[str, str, int], path: Path) -> None:
+        """Save `t` at `path`, or hard-link the file of an earlier token when `t` is the tensor saved at this
+        place then, unchanged: its owner still alive (so its bytes cannot have moved), the same version and view,
+        and the same values at spread positions."""
+        seen = _view_of(t)
+        kept = self._kept.get(place)
+        sample = _sample(seen[0]) if seen is not None else None
+        if (
+            seen is not None
+            and sample is not None
+            and kept is not None
+            and kept.base() is seen[0]
+            and kept.view == seen[1]
+            and torch.equal(kept.sample, sample)
+        ):
+            try:
+                os.link(kept.path, path)
+                return
+            except OSError:  # no hard links here (or the earlier file is gone): written again
+                pass
+        np.save(path, to_numpy(t))
+        if seen is not None and sample is not None:
+            self._kept[place] = _Kept(weakref.ref(seen[0]), seen[1], sample, path)
+        else:
+            self._kept.pop(place, None)
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:

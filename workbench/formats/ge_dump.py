@@ -13,6 +13,7 @@ NCHW, NHWC, ...) are read directly, device layouts (FRACTAL_NZ, NC1HWC0, ...) ar
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 import struct
@@ -67,6 +68,9 @@ PLAIN_FORMATS = frozenset({0, 1, 2, 14, 16, 27, 30})
 FORMAT_ND = 2
 FUSION_OP_TYPE = "AutomaticBufferFusionOp"
 ROLE_NAMES = {"in": "inputs", "out": "outputs"}
+_FIRST_READ = 64 * 1024  # bytes read at once from the start of a file: the header, and small files whole
+_HEADER_CACHE = 64  # headers kept per process: the pairs of one file's tensors are read one after the other
+_HEADERS: dict[str, tuple[tuple[int, int, int, int], GeHeader]] = {}
 _SELECTOR_RE = re.compile(r"^(?P<file>.+),(?P<role>inputs|outputs),(?P<idx>[0-9]{1,6})$")
 
 
@@ -141,18 +145,34 @@ def _numel(shape: tuple[int, ...]) -> int:
 def read_header(path: str | Path) -> GeHeader:
     """Parse and check a GE dump file's header against the file; `DumpError` (one line) when it cannot be read."""
     p = str(path)
+    fd = _open(p)
     try:
-        size = os.path.getsize(p)
-        with open(p, "rb") as fh:
-            head = fh.read(8)
-            if len(head) < 8:
-                raise DumpError(p, f"not a GE dump file: {size} bytes, shorter than the 8-byte header length")
-            (hlen,) = struct.unpack("<Q", head)
-            if hlen > size - 8 or hlen > MAX_HEADER_BYTES:
-                raise DumpError(p, f"bad header: header length {hlen} runs past the end of the file ({size} bytes)")
-            raw = fh.read(hlen)
+        return _header(fd, p, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+
+
+def _open(path: str) -> int:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO fails at its first read instead of blocking
+    except OSError as exc:
+        raise DumpError(path, f"cannot read: {exc.strerror or exc}") from None
+
+
+def _header(fd: int, p: str, size: int) -> GeHeader:
+    """The header of the open GE dump file `fd` (`size` bytes), checked against the file."""
+    try:
+        head = os.pread(fd, min(size, _FIRST_READ), 0)  # the header and, for a small file, its payloads
+        if len(head) < 8:
+            raise DumpError(p, f"not a GE dump file: {size} bytes, shorter than the 8-byte header length")
+        (hlen,) = struct.unpack_from("<Q", head)
+        if hlen > size - 8 or hlen > MAX_HEADER_BYTES:
+            raise DumpError(p, f"bad header: header length {hlen} runs past the end of the file ({size} bytes)")
+        raw = head[8 : 8 + hlen] if 8 + hlen <= len(head) else os.pread(fd, hlen, 8)
     except OSError as exc:
         raise DumpError(p, f"cannot read: {exc.strerror or exc}") from None
+    if len(raw) < hlen:
+        raise DumpError(p, f"truncated header: {len(raw)} of {hlen} bytes")
     try:
         msg = ge_proto.dump_data().FromString(raw)
     except (DecodeError, RuntimeError, ValueError) as exc:
@@ -194,20 +214,53 @@ def _tensor(path: str, role: TensorRole, index: int, t: Any, offset: int) -> GeT
 
 
 def read_tensor(path: str, role: TensorRole, index: int, header: GeHeader | None = None) -> tuple[np.ndarray, str]:
-    """One tensor of a GE dump file, memory-mapped: (array, dtype name; bfloat16 as its uint16 words)."""
-    hdr = header or read_header(path)
-    found = [t for t in hdr.tensors if t.role == role and t.index == index]
-    if not found:
-        raise DumpError(tensor_path(path, role, index), f"the file has {len(hdr.of(role))} {ROLE_NAMES[role]}")
-    t = found[0]
-    if t.error is not None or t.dtype is None:
-        raise DumpError(tensor_path(path, role, index), t.error or "unknown data type")
-    np_dtype = np.dtype(GE_DTYPES[DTYPE_TO_GE[t.dtype]][1])
-    n = _numel(t.shape)
-    if n == 0:
-        return np.empty(t.shape, dtype=np_dtype), t.dtype
-    arr = np.memmap(path, dtype=np_dtype, mode="r", offset=t.offset, shape=(n,))
-    return np.asarray(arr).reshape(t.shape), t.dtype
+    """One tensor of a GE dump file, memory-mapped (read whole when small): (array, dtype name; bfloat16 as its
+    uint16 words). A file's header is parsed once for all its tensors while the file stays the same."""
+    fd = _open(path)
+    try:
+        st = os.fstat(fd)
+        hdr = header or _cached_header(fd, path, st)
+        found = [t for t in hdr.tensors if t.role == role and t.index == index]
+        if not found:
+            raise DumpError(tensor_path(path, role, index), f"the file has {len(hdr.of(role))} {ROLE_NAMES[role]}")
+        t = found[0]
+        if t.error is not None or t.dtype is None:
+            raise DumpError(tensor_path(path, role, index), t.error or "unknown data type")
+        np_dtype = np.dtype(GE_DTYPES[DTYPE_TO_GE[t.dtype]][1])
+        n = _numel(t.shape)
+        if n == 0:
+            return np.empty(t.shape, dtype=np_dtype), t.dtype
+        return _payload(fd, path, t, np_dtype, n).reshape(t.shape), t.dtype
+    finally:
+        os.close(fd)
+
+
+def _cached_header(fd: int, path: str, st: os.stat_result) -> GeHeader:
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    hit = _HEADERS.get(path)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    hdr = _header(fd, path, st.st_size)
+    if len(_HEADERS) >= _HEADER_CACHE:
+        _HEADERS.clear()
+    _HEADERS[path] = (key, hdr)
+    return hdr
+
+
+def _payload(fd: int, path: str, t: GeTensor, np_dtype: np.dtype[Any], n: int) -> np.ndarray:
+    """The `n` elements of `t`'s payload: read when small (a map costs more than the bytes), else mapped."""
+    where = tensor_path(path, t.role, t.index)
+    try:
+        if t.size <= _FIRST_READ:
+            data = os.pread(fd, t.size, t.offset)
+            if len(data) < t.size:
+                raise DumpError(where, f"truncated payload: {len(data)} of {t.size} bytes")
+            return np.frombuffer(data, np_dtype, count=n)
+        start = t.offset - t.offset % mmap.ALLOCATIONGRANULARITY
+        mapped = mmap.mmap(fd, t.offset + t.size - start, access=mmap.ACCESS_READ, offset=start)
+    except (OSError, ValueError) as exc:  # ValueError: the file shrank below the header's sizes
+        raise DumpError(where, f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    return np.frombuffer(mapped, np_dtype, count=n, offset=t.offset - start)
 
 
 def encode(op_name: str, inputs: list[tuple[np.ndarray, str]], outputs: list[tuple[np.ndarray, str]]) -> bytes:

@@ -26,6 +26,7 @@ def _pool() -> descriptor_pool.DescriptorPool:
     return pool
 
 
+@functools.cache
 def message_class(full_name: str) -> Any:
     """The message class of `full_name` (`toolkit.dumpdata.DumpData`, `ge.proto.GraphDef`, ...)."""
     return message_factory.GetMessageClass(_pool().FindMessageTypeByName(full_name))

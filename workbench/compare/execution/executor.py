@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import replace
 from typing import Any, Protocol
 
 import duckdb
@@ -67,6 +68,9 @@ class ResultSink:
         # pairs that read exactly the files of another pair (hard-linked dumps): computed once, copied;
         # pair id -> its copies as flat (pair id, golden tensor id, test tensor id) triples
         self.aliases: dict[int, array[int]] = {}
+        # pairs sent as twins of a pair reading the same golden file (a weight hard-linked across tokens): the
+        # worker copies that pair's result when the test bytes match too; pair id -> its own tensor ids
+        self.twin_ids: dict[int, tuple[int, int]] = {}
 
     def is_done(self, task: PairTask | StatsTask) -> bool:
         if isinstance(task, PairTask):
@@ -91,6 +95,9 @@ class ResultSink:
                 }
             )
             return
+        ids = self.twin_ids.pop(res.pair_id, None)
+        if ids is not None:  # a twin's result comes with its owner's tensor ids (or none, when computed)
+            res = res.under(res.pair_id, ids[0], ids[1])
         copies = self.aliases.get(res.pair_id)
         if copies is not None:
             for k in range(0, len(copies), 3):
@@ -463,6 +470,8 @@ def compute_pending(
     first_of: dict[PairKey, int] = {}
     aliases: dict[int, array[int]] = {}
     claims: dict[PairKey, PairTask] = {}
+    owners: dict[tuple[tuple[int, int], str | None, int | None], int] = {}  # golden file, test dtype, numel -> task
+    twin_ids: dict[int, tuple[int, int]] = {}
     g_stats, t_stats = _recorded_stats(con, golden.run_id), _recorded_stats(con, test.run_id)
     if early is not None:
         early.wait_submitted()
@@ -491,13 +500,27 @@ def compute_pending(
                     task = PairTask(pair_id, g_path, t_path, t_dtype, g_tid, t_tid, transform, gs, ts, numel)
                 else:
                     task = PairTask(pair_id, g_path, t_path, t_dtype, g_tid, t_tid, transform)
+                nbytes = (tensor_bytes(g_numel, g_dtype) if g_path else 0) + (
+                    tensor_bytes(t_numel, t_dtype) if t_path else 0
+                )
                 if early is not None and key is not None and early.has(key):
                     claims[key] = task
+                elif cluster is None and g_file is not None and t_path is not None and transform is None:
+                    # the golden file of an earlier pair (a weight at every token, hard-linked by our FX dumper):
+                    # sent with it; the worker checks the test bytes and copies its result or computes this one
+                    # (not on a cluster, whose progress counts results)
+                    owner_key = (g_file, t_dtype, t_numel)
+                    owner = owners.get(owner_key)
+                    if owner is not None:
+                        first = tasks[owner]
+                        assert isinstance(first, PairTask)
+                        tasks[owner] = replace(first, twins=(*first.twins, (pair_id, g_path, t_path)))
+                        sizes[owner] += nbytes // 8
+                        twin_ids[pair_id] = (g_tid, t_tid)
+                        continue
+                    owners[owner_key] = len(tasks)
                 tasks.append(task)
-                sizes.append(
-                    (tensor_bytes(g_numel, g_dtype) if g_path else 0)
-                    + (tensor_bytes(t_numel, t_dtype) if t_path else 0)
-                )
+                sizes.append(nbytes)
     finally:
         con.unregister("_todo")
     if stats_for_unpaired:
@@ -543,6 +566,7 @@ def compute_pending(
 
     sink = ResultSink(con, cmp_id, golden.run_id, test.run_id, judge)
     sink.aliases = aliases
+    sink.twin_ids = twin_ids
     n_stats = sum(1 for t in tasks if isinstance(t, StatsTask))
     # the progress counts tasks: the pairs to compute (files shared by several pairs once) and the statistics
     # of tensors without a counterpart; the label says both, so its total and the summary's `pairs compared` agree

@@ -284,7 +284,7 @@ def run_batch(tasks: Sequence[PairTask | StatsTask]) -> list[dict[str, Any]]:
     for t in tasks:
         if isinstance(t, StatsTask):
             out.append(run_stats(t))
-        elif t.twins:  # early pairs only: never a statistics-only side
+        elif t.twins:  # never a statistics-only side
             out.extend(_run_with_twins(t))
         else:
             out.append(run_pair(t))
