@@ -12,14 +12,15 @@ plus `fx_node_modules.json` (node -> the module it ran in; msit's reader ignores
 the compiled model (`FxDumper.step()` before each, or `dump_fx` that does it). bfloat16 tensors are saved
 as float32 (`.npy` has no bfloat16). A tensor that is, at the same place (node, input/output, index), the very
 tensor an earlier token saved and unchanged since (a weight or buffer: the same object or a view of it, same
-version counter, the same bits at 256 spread positions, which a write through `.data` would change without the
-counter) is a hard link to that file: every token folder keeps its full set of plain files, as msit's
+version counter, the same digest of every byte, which a write through `.data` changes without the counter)
+is a hard link to that file: every token folder keeps its full set of plain files, as msit's
 reader wants them, and the bytes are stored once (the weights are `t`/`mm` inputs at every token). The test
 side of the TorchAir demo (`workbench.backends.torchair`) runs the same interpreter with another sink.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import operator
 import os
@@ -159,16 +160,13 @@ def interpreting_backend(
 
 @dataclass(frozen=True, slots=True)
 class _Kept:
-    """A file saved for one place of the graph: the tensor it holds (weakly), how it viewed which bytes, and
-    values of its owner at spread positions."""
+    """A file saved for one place of the graph: the tensor it holds (weakly), how it viewed which bytes, and the
+    digest of every byte of its owner."""
 
     base: weakref.ref[torch.Tensor]
     view: tuple[Any, ...]
-    sample: torch.Tensor
+    digest: bytes
     path: Path
-
-
-_SAMPLES = 256
 
 
 def _view_of(t: torch.Tensor) -> tuple[torch.Tensor, tuple[Any, ...]] | None:
@@ -185,13 +183,11 @@ def _view_of(t: torch.Tensor) -> tuple[torch.Tensor, tuple[Any, ...]] | None:
     return base, view
 
 
-def _sample(base: torch.Tensor) -> torch.Tensor:
-    """Values of a contiguous tensor at up to `_SAMPLES` spread positions, as their bits (a copy): a write through
-    `.data`, which no version counter sees, shows here."""
-    flat = base.detach().reshape(-1)
-    if flat.numel() > _SAMPLES:
-        flat = flat[torch.linspace(0, flat.numel() - 1, _SAMPLES).long()]
-    return flat.clone().view(torch.uint8)
+def _digest(base: torch.Tensor) -> bytes:
+    """A digest of every byte of a contiguous tensor: a write through `.data`, which no version counter sees,
+    changes it wherever it lands (reading the bytes once costs far less than writing them again)."""
+    raw = base.detach().reshape(-1).view(torch.uint8).numpy()
+    return hashlib.blake2b(raw.data, digest_size=16).digest()
 
 
 class FxDumper:
@@ -255,17 +251,17 @@ class FxDumper:
     def _write(self, t: torch.Tensor, place: tuple[str, str, int], path: Path) -> None:
         """Save `t` at `path`, or hard-link the file of an earlier token when `t` is the tensor saved at this
         place then, unchanged: its owner still alive (so its bytes cannot have moved), the same version and view,
-        and the same values at spread positions."""
+        and the same bytes (their digest)."""
         seen = _view_of(t)
         kept = self._kept.get(place)
-        sample = _sample(seen[0]) if seen is not None else None
+        digest = _digest(seen[0]) if seen is not None else None
         if (
             seen is not None
-            and sample is not None
+            and digest is not None
             and kept is not None
             and kept.base() is seen[0]
             and kept.view == seen[1]
-            and torch.equal(kept.sample, sample)
+            and kept.digest == digest
         ):
             try:
                 os.link(kept.path, path)
@@ -273,8 +269,8 @@ class FxDumper:
             except OSError:  # no hard links here (or the earlier file is gone): written again
                 pass
         np.save(path, to_numpy(t))
-        if seen is not None and sample is not None:
-            self._kept[place] = _Kept(weakref.ref(seen[0]), seen[1], sample, path)
+        if seen is not None and digest is not None:
+            self._kept[place] = _Kept(weakref.ref(seen[0]), seen[1], digest, path)
         else:
             self._kept.pop(place, None)
 
