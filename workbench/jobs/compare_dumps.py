@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
@@ -92,6 +93,7 @@ def compare_dumps(
     """Compare `request`'s dumps (see the module docstring); raises `CompareCancelled` when `cancel` is set,
     keeping what was committed."""
     say: Emit = emit or (lambda _line: None)
+    _numpy_one_blas_thread()
     if request.ray is not None:
         from workbench.compare.execution.ray_exec import import_ray
 
@@ -107,6 +109,20 @@ def compare_dumps(
         return _compare_ranks(request, cluster, progress, say, cancel)
     finally:
         cluster.shutdown()
+
+
+def _numpy_one_blas_thread() -> None:
+    """Load numpy (when no one has yet) with its OpenBLAS on one thread. OpenBLAS starts a thread per core as it
+    loads, and on a busy machine they cost ~0.08 s of CPU at start; this process never uses them (a metric pass
+    run here sets one BLAS thread anyway, `metrics._one_blas_thread`). Only the load sees the setting: nothing
+    started later (the pool's workers, torch) inherits it, and a user's own `OPENBLAS_NUM_THREADS` is kept."""
+    if "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ:
+        return
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        import numpy  # noqa: F401
+    finally:
+        os.environ.pop("OPENBLAS_NUM_THREADS", None)
 
 
 @dataclass(frozen=True, slots=True)
