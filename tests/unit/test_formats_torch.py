@@ -235,3 +235,28 @@ def test_not_a_dump(tmp_path: Path) -> None:
         open_dump(tmp_path / "nope")
     with pytest.raises(DumpError, match="is a file"):
         open_dump(tmp_path / "stuff" / "notes.txt")
+
+
+def test_content_digest_is_the_same_read_by_runs_or_by_map(tmp_path: Path) -> None:
+    """A large contiguous payload is hashed by reading its sampled runs; a strided view of the same values goes
+    through the memory map: both give one digest (data-flow order and twins rely on it), other values another,
+    and a payload cut short is one line naming the file."""
+    from workbench.formats.scan import SMALL_HASH_BYTES, content_key
+
+    torch.manual_seed(0)
+    values = torch.randn(256, 300)  # 300 KiB of float32: above SMALL_HASH_BYTES
+    assert values.numel() * 4 > SMALL_HASH_BYTES
+    torch.save(values.clone(), tmp_path / "flat.pth")
+    torch.save(values.t().contiguous().t(), tmp_path / "strided.pth")
+    other = values.clone()
+    other[0, 5] += 1.0  # in the first sampled run
+    torch.save(other, tmp_path / "other.pth")
+    flat, strided, changed = (content_key(str(tmp_path / f"{n}.pth")) for n in ("flat", "strided", "other"))
+    assert flat[:2] == ("float32", (256, 300)) and strided[:2] == flat[:2]
+    assert flat[2] == strided[2]
+    assert changed[2] != flat[2]
+    data = (tmp_path / "flat.pth").read_bytes()
+    (tmp_path / "cut.pth").write_bytes(data[: len(data) // 2] + data[-4096:])  # the zip's directory kept
+    with pytest.raises(DumpError) as err:
+        content_key(str(tmp_path / "cut.pth"))
+    assert "cut.pth" in str(err.value)

@@ -160,3 +160,29 @@ def test_one_request_in_one_outcome_out(tiny_dumps: TinyDumps, tmp_path: Path) -
     app_side = compare_dumps(quiet)
     assert app_side.ranks[0].report is None and not list((tmp_path / "app").glob("*.csv"))
     assert app_side.result.pairs > rank.result.pairs  # every token, not two
+
+
+_BLAS_PROBE = """
+import os, sys
+from threadpoolctl import threadpool_info
+from workbench.jobs.compare_dumps import _numpy_one_blas_thread
+_numpy_one_blas_thread()
+import numpy
+blas = [x["num_threads"] for x in threadpool_info() if x["internal_api"] == "openblas" and "torch" not in x["filepath"]]
+print(blas, os.environ.get("OPENBLAS_NUM_THREADS"))
+"""
+
+
+@pytest.mark.parametrize(("user", "want"), [(None, "[1] None"), ("2", "[2] 2")])
+def test_compare_loads_numpy_with_one_blas_thread_and_leaves_the_environment(user: str | None, want: str) -> None:
+    """A compare's process loads numpy's OpenBLAS on one thread (its threads are never used there); the setting
+    is not left for what starts later, and a user's own OPENBLAS_NUM_THREADS is kept."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if user is not None:
+        env["OPENBLAS_NUM_THREADS"] = user
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run([sys.executable, "-c", _BLAS_PROBE], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == want, out.stderr

@@ -38,6 +38,13 @@ def connect(path: Path, *, read_only: bool, lock: bool = True) -> duckdb.DuckDBP
 
 def _shadowing_macros(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
     """(name, type) of the catalog's macros that share a name with a DuckDB function."""
+    # the catalog's own macros first: most have none, and then DuckDB's functions are not listed a second time
+    # to be matched against them (~15 ms of each open)
+    if not con.execute(
+        "SELECT 1 FROM duckdb_functions() WHERE NOT internal AND database_name = current_database() "
+        "AND function_type IN ('macro', 'table_macro') LIMIT 1"
+    ).fetchall():
+        return []
     rows = con.execute(
         "SELECT DISTINCT function_name, function_type FROM duckdb_functions() "
         "WHERE NOT internal AND database_name = current_database() AND function_type IN ('macro', 'table_macro') "

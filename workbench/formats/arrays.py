@@ -23,7 +23,7 @@ import numpy as np
 
 from workbench.formats import atb_bin
 from workbench.formats.model import DumpError, dtype_name
-from workbench.formats.pth_header import plain_tensor
+from workbench.formats.pth_header import PlainTensor, plain_tensor
 
 NUMPY_STORAGE: dict[str, str] = {
     "float32": "<f4",
@@ -77,7 +77,13 @@ def as_raw(x: Any) -> RawTensor:
 def _plain_pth(path: str, file_size: int) -> RawTensor | None:
     """Memory-map a plain `torch.save(tensor)` zip; None when it is not plain (torch's loader decides then)."""
     found = plain_tensor(path, file_size)
-    if found is None or found.dtype not in NUMPY_STORAGE:
+    return None if found is None else plain_array(path, found)
+
+
+def plain_array(path: str, found: PlainTensor) -> RawTensor | None:
+    """The array of a plain saved tensor `plain_tensor` located (memory-mapped unless the file was read whole);
+    None for a dtype numpy cannot hold."""
+    if found.dtype not in NUMPY_STORAGE:
         return None
     np_dtype = np.dtype(NUMPY_STORAGE[found.dtype])
     size = found.size
@@ -88,7 +94,7 @@ def _plain_pth(path: str, file_size: int) -> RawTensor | None:
     else:
         # a plain ndarray over the map: memmap's subclass hooks cost on every operation
         flat = np.asarray(np.memmap(path, dtype=np_dtype, mode="r", offset=found.data_offset, shape=(found.numel,)))
-    if found.stride == _contiguous_strides(size):
+    if found.stride == contiguous_strides(size):
         arr = flat[found.offset : found.offset + found.span].reshape(size)
     else:
         arr = np.lib.stride_tricks.as_strided(
@@ -97,7 +103,7 @@ def _plain_pth(path: str, file_size: int) -> RawTensor | None:
     return RawTensor(arr, found.dtype)
 
 
-def _contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
+def contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
     strides, step = [], 1
     for d in reversed(size):
         strides.append(step)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import gc
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +55,7 @@ def run_compare(
     freeze_gc: bool = False,
     follow_symlinks: bool = False,
     cluster: Cluster | None = None,
+    then: Callable[[duckdb.DuckDBPyConnection, CompareResult], None] | None = None,
 ) -> CompareResult:
     """Read (unless given read), ingest, match and compare two dumps into `catalog`; see the module docstring.
 
@@ -68,6 +69,8 @@ def run_compare(
     `follow_symlinks` reads files whose links leave a dump (refused by default).
     `cluster` (`workbench.compare.execution.ray_exec.RayCluster`, connected by the caller) computes the pairs instead of
     the local pool, on the nodes that hold the files (docs/scaling.md).
+    `then` is called with the catalog's connection and the result before the connection closes: the caller's
+    own reads and writes (the report) share this one open of the catalog (each open checks it, ~50 ms).
     Raises `CompareCancelled` when `cancel` is set; what was committed is kept.
     """
     n_workers = workers or default_workers()
@@ -81,7 +84,7 @@ def run_compare(
         th = thresholds if isinstance(thresholds, Thresholds) else Thresholds.load(thresholds)
         mf = mapping if isinstance(mapping, MappingFile) or mapping is None else MappingFile.load(mapping)
         settings = _Settings(
-            Path(catalog), mf, th, n_workers, progress, cancel, auto, pool, freeze_gc, follow_symlinks, cluster
+            Path(catalog), mf, th, n_workers, progress, cancel, auto, pool, freeze_gc, follow_symlinks, cluster, then
         )
         return _read_ingest_compare(golden, test, tokens, settings, early)
     finally:
@@ -109,6 +112,7 @@ class _Settings:
     freeze_gc: bool
     follow_symlinks: bool
     cluster: Cluster | None
+    then: Callable[[duckdb.DuckDBPyConnection, CompareResult], None] | None
 
 
 def _read_ingest_compare(
@@ -164,7 +168,10 @@ def _read_ingest_compare(
             if job.cancel is not None and job.cancel.is_set():
                 raise CompareCancelled()
             problems = [*g_ing.problems, *t_ing.problems]
-            return _compare_runs(con, g_ing.run_id, t_ing.run_id, tokens, job, problems, early)
+            res = _compare_runs(con, g_ing.run_id, t_ing.run_id, tokens, job, problems, early)
+            if job.then is not None:
+                job.then(con, res)
+            return res
         finally:
             con.close()
     finally:

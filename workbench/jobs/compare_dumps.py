@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
@@ -92,6 +93,7 @@ def compare_dumps(
     """Compare `request`'s dumps (see the module docstring); raises `CompareCancelled` when `cancel` is set,
     keeping what was committed."""
     say: Emit = emit or (lambda _line: None)
+    _numpy_one_blas_thread()
     if request.ray is not None:
         from workbench.compare.execution.ray_exec import import_ray
 
@@ -107,6 +109,20 @@ def compare_dumps(
         return _compare_ranks(request, cluster, progress, say, cancel)
     finally:
         cluster.shutdown()
+
+
+def _numpy_one_blas_thread() -> None:
+    """Load numpy (when no one has yet) with its OpenBLAS on one thread. OpenBLAS starts a thread per core as it
+    loads, and on a busy machine they cost ~0.08 s of CPU at start; this process never uses them (a metric pass
+    run here sets one BLAS thread anyway, `metrics._one_blas_thread`). Only the load sees the setting: nothing
+    started later (the pool's workers, torch) inherits it, and a user's own `OPENBLAS_NUM_THREADS` is kept."""
+    if "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ:
+        return
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        import numpy  # noqa: F401
+    finally:
+        os.environ.pop("OPENBLAS_NUM_THREADS", None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,6 +349,7 @@ def _compare_one(
     from workbench.jobs.compare import run_compare  # light: the pool starts before pandas and DuckDB load
 
     catalog = req.catalog
+    done = _Written()
     res = catalog_guard(
         catalog,
         lambda: run_compare(
@@ -348,52 +365,63 @@ def _compare_one(
             follow_symlinks=req.follow_symlinks,
             cluster=cluster,
             cancel=cancel,
+            then=functools.partial(_write_reports, req, pair, done),  # on run_compare's open of the catalog
         ),
     )
-    from workbench.analysis.reporting.report import format_summary, write_msit_csv, write_msit_stats_csv
-    from workbench.analysis.verdicts.token_inputs import token_lines
-    from workbench.catalog.store import open_catalog
+    from workbench.analysis.reporting.report import format_summary
 
-    con = catalog_guard(catalog, lambda: open_catalog(catalog))
-    try:
-        if pair.rank is not None:  # a single-rank side partnering every rank keeps rank NULL
-            sides = [run for run, is_rank in zip((res.golden_run, res.test_run), pair.sides) if is_rank]
-            for run_id in sides:
-                con.execute("UPDATE runs SET rank = ? WHERE run_id = ?", [pair.rank, run_id])
-        tok = None if req.tokens is None else req.tokens.among(_run_tokens(con, res.golden_run))
-        suffix = "" if pair.rank is None else f"_rank{pair.rank}"
-        report_dir = req.report_dir
-        csv_path = (
-            None
-            if report_dir is None
-            else catalog_guard(catalog, lambda: write_msit_csv(con, res.cmp_id, report_dir, tok, suffix))
-        )
-        stats_path = (
-            None
-            if report_dir is None
-            else catalog_guard(catalog, lambda: write_msit_stats_csv(con, res.cmp_id, report_dir, tok, suffix))
-        )
-        first_divergent, inputs_differ = token_lines(con, res.cmp_id)
-        labels = {}
-        for run_id in (res.golden_run, res.test_run):
-            row = first_row(con.execute("SELECT kind, path FROM runs WHERE run_id = ?", [run_id]))
-            labels[run_id] = f"{row[1]} ({row[0]})" if row else str(run_id)
-    finally:
-        con.close()
-    golden_label, test_label = labels[res.golden_run], labels[res.test_run]
-    for line in format_summary(res, golden_label, test_label, csv_path, first_divergent, inputs_differ, req.show_stale):
+    golden_label, test_label = done.labels[res.golden_run], done.labels[res.test_run]
+    for line in format_summary(
+        res, golden_label, test_label, done.csv, done.first_divergent, done.inputs_differ, req.show_stale
+    ):
         say(line)
-    if stats_path is not None:
-        say(f"statistics report (msit's statistics comparison columns): {stats_path}")
+    if done.stats is not None:
+        say(f"statistics report (msit's statistics comparison columns): {done.stats}")
     return RankOutcome(
         pair.rank,
         res,
         golden_label,
         test_label,
-        None if tok is None else frozenset(tok),
-        csv_path,
-        stats_report=stats_path,
+        None if done.tokens is None else frozenset(done.tokens),
+        done.csv,
+        stats_report=done.stats,
     )
+
+
+@dataclass(slots=True)
+class _Written:
+    """What `_write_reports` read and wrote on the catalog's connection, for `_compare_one`'s summary."""
+
+    tokens: set[int] | None = None
+    csv: Path | None = None
+    stats: Path | None = None
+    first_divergent: str = ""
+    inputs_differ: dict[int, str] = field(default_factory=dict)
+    labels: dict[int, str] = field(default_factory=dict)
+
+
+def _write_reports(
+    req: CompareRequest, pair: _RankPair, out: _Written, con: duckdb.DuckDBPyConnection, res: CompareResult
+) -> None:
+    """On the compare's own connection: the rank of each side, the `--tokens` among the golden run's tokens,
+    the msit CSVs, the token lines and the run labels (into `out`)."""
+    from workbench.analysis.reporting.report import write_msit_csv, write_msit_stats_csv
+    from workbench.analysis.verdicts.token_inputs import token_lines
+
+    if pair.rank is not None:  # a single-rank side partnering every rank keeps rank NULL
+        sides = [run for run, is_rank in zip((res.golden_run, res.test_run), pair.sides) if is_rank]
+        for run_id in sides:
+            con.execute("UPDATE runs SET rank = ? WHERE run_id = ?", [pair.rank, run_id])
+    tok = None if req.tokens is None else req.tokens.among(_run_tokens(con, res.golden_run))
+    out.tokens = tok
+    suffix = "" if pair.rank is None else f"_rank{pair.rank}"
+    if req.report_dir is not None:
+        out.csv = write_msit_csv(con, res.cmp_id, req.report_dir, tok, suffix)
+        out.stats = write_msit_stats_csv(con, res.cmp_id, req.report_dir, tok, suffix)
+    out.first_divergent, out.inputs_differ = token_lines(con, res.cmp_id)
+    for run_id in (res.golden_run, res.test_run):
+        row = first_row(con.execute("SELECT kind, path FROM runs WHERE run_id = ?", [run_id]))
+        out.labels[run_id] = f"{row[1]} ({row[0]})" if row else str(run_id)
 
 
 def _run_tokens(con: duckdb.DuckDBPyConnection, run_id: int) -> list[int]:
