@@ -78,3 +78,24 @@ async def test_an_answer_to_an_earlier_status_load_is_dropped(small_catalog: Pat
         )
         screen.on_status_ready(stale)  # e.g. the last colouring's worker, finishing after the colouring changed
         assert screen.status is shown and screen.born_id is not None
+
+
+async def test_detail_pane_follows_the_last_token_after_the_repaint(small_catalog: Path) -> None:
+    """The detail pane loads a frame after a token change (its layout pass would hold back the trees' repaint); keys
+    pressed in a row end with the detail of the last token and the op still selected, never an earlier one."""
+    from textual.widgets import Static
+
+    from tests.app.test_app_pilot import _text
+
+    app = make_app(catalog=small_catalog)
+    async with app.run_test(size=(160, 48)) as pilot:
+        screen = await ready(pilot, app)
+        selected, tokens = screen.selected, screen.explorer.info.tokens
+        assert selected is not None and screen.token == tokens[1]
+        await pilot.press("left", "right", "right")
+        detail = screen.query_one("#detail", Static)
+        await wait_for(pilot, lambda: f"token {tokens[2]}" in _text(detail) and screen._detail_timer is None)
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert screen.token == tokens[2] and screen.selected == selected
+        assert f"token {tokens[2]}" in _text(detail) and f"token {tokens[0]}" not in _text(detail)

@@ -13,6 +13,7 @@ from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.timer import Timer
 from textual.widgets import Static, Tree
 
 from workbench.analysis.explorer.explore import POST, PRE, Explorer
@@ -57,6 +58,7 @@ MIN_TREES_H = 6  # rows the trees keep whatever the terminal
 LEGEND_W = 30  # the heatmap pane is at least this wide, for the legend
 WIDE_FROM = 160  # columns from which the heatmap pane takes at least WIDE_HEAT_SHARE of the width
 WIDE_HEAT_SHARE = 0.45
+DETAIL_AFTER_TOKEN_S = 2 / 60  # two frames at Textual's 60 per second: the token's repaint comes first
 TOP_SHARE = 0.6  # of the rows below the status line: heatmap and detail pane
 
 
@@ -77,6 +79,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self.drill_layer: int | None = None  # drilled-down row group (a layer, PRE or POST), None = layers view
         self.selected: int | None = None  # golden node id
         self.born_id: int | None = None
+        self._detail_timer: Timer | None = None
         self.born_why: str | None = None  # what the verdict rests on (views.BORN_FAILS / BORN_PRECHECK / BORN_ADVISOR)
         self.born_score: float | None = None
         self._heat_w = 0  # the heatmap pane's width as last laid out (0: not yet)
@@ -684,7 +687,21 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self.query_one(LogitsStrip).set_token(token)
         self.load_status(token)
         if self.selected is not None:
-            self.load_detail(self.selected, token)
+            self._detail_after_paint()
+
+    def _detail_after_paint(self) -> None:
+        """Load the detail pane a frame after a token change: its new content needs a layout pass, which in the
+        same frame would hold back the heatmap's and the trees' repaint (what a user stepping through tokens
+        watches); the selection and token are read when it fires, so it never shows an earlier one."""
+        if self._detail_timer is not None:
+            self._detail_timer.stop()
+
+        def load() -> None:
+            self._detail_timer = None
+            if self.selected is not None:
+                self.load_detail(self.selected, self.token)
+
+        self._detail_timer = self.set_timer(DETAIL_AFTER_TOKEN_S, load)
 
     @on(HeatmapView.CellSelected)
     def _cell_selected(self, event: HeatmapView.CellSelected) -> None:
