@@ -358,9 +358,13 @@ async def test_help_lists_every_key(small_catalog: Path) -> None:
         assert isinstance(app.screen, MainScreen)
     from workbench.app.screens import help_table
 
-    text = _text(help_table())
+    table = help_table()
+    text = _text(table)
     for a in ACTIONS:
         assert a.description in text and a.label in text
+    where = [str(cell) for cell in table.columns[0]._cells if str(cell)]
+    assert len(where) == len(set(where)), where  # each scope's title once ("Heatmap" was listed twice)
+    assert "Move the cell cursor (columns are tokens)" in text and "Mouse" in where
 
 
 async def test_mouse_click_moves_the_heatmap_cursor(small_catalog: Path) -> None:

@@ -38,7 +38,14 @@ SCOPE_TITLES = {
     "sql": "SQL console",
     "help": "Help",
     "picker": "Lists (advisor, comparisons)",
+    "mouse": "Mouse",
 }
+# keys the widgets carry themselves (not in the action table): shown in the help under their scope
+BUILT_IN_KEYS = (
+    ("heatmap", "arrows PgUp PgDn Home End", "Move the cell cursor (columns are tokens)"),
+    ("tree", "arrows enter space", "Move, expand/collapse; the other side follows"),
+    ("mouse", "click", "Focus, move the cursor; double-click a heatmap cell selects it"),
+)
 R = TypeVar("R")
 
 
@@ -212,14 +219,14 @@ def help_table() -> Table:
     table.add_column("where", max_width=15)
     table.add_column("key", style="bold", max_width=10)
     table.add_column("action", ratio=1)
-    last = ""
+    rows: dict[str, list[tuple[str, str]]] = {}  # scope -> (key, action), in the table's order
     for a in ACTIONS:
-        where = SCOPE_TITLES.get(a.scope, a.scope) if a.scope != last else ""
-        last = a.scope
-        table.add_row(where, a.label, a.description)
-    table.add_row("Heatmap", "arrows PgUp PgDn Home End", "Move the cell cursor (columns are tokens)")
-    table.add_row("Trees", "arrows enter space", "Move, expand/collapse; the other side follows")
-    table.add_row("Mouse", "click", "Focus, move the cursor; double-click a heatmap cell selects it")
+        rows.setdefault(a.scope, []).append((a.label, a.description))
+    for scope, key, action in BUILT_IN_KEYS:  # each under its own scope's title, after the scope's actions
+        rows.setdefault(scope, []).append((key, action))
+    for scope, entries in rows.items():
+        for i, (key, action) in enumerate(entries):
+            table.add_row(SCOPE_TITLES.get(scope, scope) if i == 0 else "", key, action)
     return table
 
 
