@@ -219,6 +219,8 @@ async def test_quantized_run_verdict_is_the_advisors_as_in_the_summary(quant_cat
         text = " ".join(_plain(detail).split())
         # its outputs fail the float thresholds too: the verdict does not say they pass
         assert "no output fails" not in text and "the error it adds has advisor score" in text, text
+        # its score is over the int8 rounding its own scales predict, not over its peers' noise
+        assert "beyond its expected int8 rounding" in text and "peers' noise" not in text, text
         origin = screen.born_id  # the advisor's op standing out: the verdict where no op is born
         await pilot.press("down", "down", "enter")  # somewhere else, then `b` goes back to the origin
         await pilot.pause(0.3)

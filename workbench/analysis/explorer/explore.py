@@ -105,6 +105,7 @@ class Explorer:
         self._born: dict[int, tuple[int | None, int | None, str | None]] = {}
         self._verdicts: dict[int, TokenVerdict] = {}
         self._first_shape: dict[tuple[int, int], Any] | None = None
+        self._quant_names: frozenset[str] | None = None
         self._quant_noise: bool | None = None  # a quantized comparison (see _judged_by_quant_noise), read once
         try:
             self.info = self._load_info(cmp_id)
@@ -641,6 +642,7 @@ class Explorer:
             None if tid is None else int(tid),
             why,
             score,
+            born_name is not None and born_name in self.quantized_linears(),
         )
 
     def _advice_score(self, golden_node_id: int, token: int) -> float | None:
@@ -771,13 +773,19 @@ class Explorer:
     # ------------------------------------------------------------------ quantized runs
     def quantized(self) -> bool:
         """Whether the comparison's test run declares quantized linears (`formats/quant_links.py`)."""
-        from workbench.analysis.verdicts.fallback import quantized_linears
+        return bool(self.quantized_linears())
 
-        cur = self._cur()
-        try:
-            return bool(quantized_linears(cur, self.info.cmp_id))
-        finally:
-            cur.close()
+    def quantized_linears(self) -> frozenset[str]:
+        """The names of the quantized linears the comparison's test run declares (read once)."""
+        if self._quant_names is None:
+            from workbench.analysis.verdicts.fallback import quantized_linears
+
+            cur = self._cur()
+            try:
+                self._quant_names = frozenset(quantized_linears(cur, self.info.cmp_id))
+            finally:
+                cur.close()
+        return self._quant_names
 
     def beyond_noise(self, token: int) -> dict[int, float]:
         """golden node -> the advisor's score at `token`: for a quantized op, its error over the int8 rounding its

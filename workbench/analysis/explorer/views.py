@@ -178,6 +178,7 @@ class PairDetail:
     # test op of it disagrees with its own re-run) or BORN_ADVISOR (no born op: the advisor's first op stands out)
     born_why: str | None = None
     born_score: float | None = None  # the advisor's score of `born_name` at this token, if it ranked it
+    born_quantized: bool = False  # `born_name` is a quantized linear: its score is over its expected int8 rounding
 
 
 @dataclass(frozen=True, slots=True)
