@@ -84,3 +84,27 @@ async def test_logits_strip_cells_label_hover_and_click(diverging_catalog: tuple
         await pilot.click(strip, offset=(x, 0))
         await wait_for(pilot, lambda: screen.token == 3)
         assert screen.query_one(HeatmapView).cursor[1] == 3
+
+
+def test_a_long_strip_shows_a_window_around_the_current_token_and_its_line() -> None:
+    """A 1,000-token comparison: the strip is one line, so it shows the cells around the current token and keeps
+    room for that token's line (KL, cosine, top-1), which the cells used to push off the line."""
+    from workbench.analysis.explorer.token_view import StripCell
+    from workbench.app.logits_strip import LABEL, LINE_ROOM, LogitsStrip
+
+    strip = LogitsStrip()
+    strip.cells = [StripCell(t, t % 7 != 3, 0.01 * t, 0.99, 5, 5, False, None) for t in range(1000)]
+    strip.width_per_cell = 4
+    width = 120
+    fit = (width - len(LABEL) - LINE_ROOM) // strip.width_per_cell
+    for token in (0, 500, 501, 999, 20):
+        strip.token = token
+        shown = [c.token for c in strip._shown(width)]
+        assert token in shown and len(shown) == fit, (token, shown)
+        assert len(LABEL) + len(shown) * strip.width_per_cell + LINE_ROOM <= width
+    strip.token = 500
+    first = strip._shown(width)[0].token
+    strip.token = 501  # a step inside the window does not scroll it
+    assert strip._shown(width)[0].token == first
+    strip.cells = strip.cells[:5]  # few tokens: all of them, from the first
+    assert [c.token for c in strip._shown(width)] == [0, 1, 2, 3, 4]

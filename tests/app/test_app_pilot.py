@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import duckdb
@@ -38,6 +39,22 @@ async def wait_for(pilot, cond, timeout: float = 10.0) -> None:  # type: ignore[
         if cond():
             return
     raise AssertionError("condition not reached in time")
+
+
+async def settle(pilot, quiet: int = 3, step: float = 0.05, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    """Wait until the app is idle before a snapshot: no worker running, and every scrollable widget's size and
+    scroll offset unchanged over `quiet` checks in a row (a fixed pause was too short under load: a tree centred
+    before the last resize came out one line apart)."""
+    app = pilot.app
+    last: object = None
+    same = 0
+    deadline = time.monotonic() + timeout
+    while same < quiet and time.monotonic() < deadline:
+        await app.workers.wait_for_complete()
+        await pilot.pause(step)
+        state = [(w.id, w.size, w.virtual_size, w.scroll_offset) for w in app.screen.query("*") if w.is_scrollable]
+        same = same + 1 if state == last else 0
+        last = state
 
 
 async def ready(pilot, app: WorkbenchApp) -> MainScreen:  # type: ignore[no-untyped-def]

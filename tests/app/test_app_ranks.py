@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.app.test_app_pilot import ready, wait_for
+from tests.app.test_app_pilot import ready, settle, wait_for
 from workbench.app.launch import make_app
 from workbench.app.main_screen import MainScreen
 from workbench.app.rank_bar import RankBar
@@ -80,7 +80,6 @@ def test_snapshot_tp_ranks_80x24(snap_compare, tp_demo_catalog: Path) -> None:  
     async def before(pilot) -> None:  # type: ignore[no-untyped-def]
         screen = await ready(pilot, app)
         await wait_for(pilot, lambda: len(screen.query_one(RankBar).entries) == 2)
-        await pilot.app.workers.wait_for_complete()
-        await pilot.pause(0.3)
+        await settle(pilot)
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=before)

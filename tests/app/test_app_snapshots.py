@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from textual.widgets import DataTable, Input, OptionList, TextArea
 
-from tests.app.test_app_pilot import open_mapping_editor, ready, wait_for
+from tests.app.test_app_pilot import open_mapping_editor, ready, settle, wait_for
 from tests.fixtures.app_catalogs import SIZE
 from workbench.app.launch import make_app
 
@@ -24,6 +24,7 @@ def test_snapshot_demo_main(snap_compare, demo_catalog: Path) -> None:  # type: 
 
     async def before(pilot) -> None:  # type: ignore[no-untyped-def]
         await ready(pilot, app)
+        await settle(pilot)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=before)
 
@@ -35,8 +36,7 @@ def test_snapshot_demo_born(snap_compare, demo_catalog: Path) -> None:  # type: 
         screen = await ready(pilot, app)
         await pilot.press("b")
         await wait_for(pilot, lambda: screen.selected is not None)
-        await pilot.app.workers.wait_for_complete()
-        await pilot.pause(0.3)
+        await settle(pilot)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=before)
 
@@ -46,6 +46,7 @@ def test_snapshot_main(snap_compare, small_catalog_master: Path) -> None:  # typ
 
     async def before(pilot) -> None:  # type: ignore[no-untyped-def]
         await ready(pilot, app)
+        await settle(pilot)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=before)
 
@@ -57,8 +58,7 @@ def test_snapshot_drilled_op_detail(snap_compare, small_catalog_master: Path) ->
         screen = await ready(pilot, app)
         await pilot.press("right", "enter")  # the cursor starts on the born op's layer (L1)
         await wait_for(pilot, lambda: screen.drill_layer == 1 and screen.selected is not None)
-        await pilot.app.workers.wait_for_complete()
-        await pilot.pause(0.2)
+        await settle(pilot)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=before)
 
@@ -70,8 +70,7 @@ def test_snapshot_high_contrast(snap_compare, small_catalog_master: Path) -> Non
         screen = await ready(pilot, app)
         await pilot.press("b")
         await wait_for(pilot, lambda: screen.selected is not None)
-        await pilot.app.workers.wait_for_complete()
-        await pilot.pause(0.2)
+        await settle(pilot)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=before)
 
@@ -140,7 +139,6 @@ def test_snapshot_demo_sizes(snap_compare, demo_catalog: Path, size: tuple[int, 
 
     async def before(pilot) -> None:  # type: ignore[no-untyped-def]
         await ready(pilot, app)
-        await pilot.app.workers.wait_for_complete()
-        await pilot.pause(0.3)
+        await settle(pilot)
 
     assert snap_compare(app, terminal_size=size, run_before=before)

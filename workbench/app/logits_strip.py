@@ -18,6 +18,7 @@ from workbench.analysis.explorer.token_view import StripCell
 from workbench.app.themes import DOMAIN_DEFAULTS
 
 LABEL = "logits "
+LINE_ROOM = 40  # columns kept for the current token's line (KL, cosine, top-1) when the cells would fill the strip
 
 
 class LogitsStrip(Static):
@@ -32,6 +33,7 @@ class LogitsStrip(Static):
         self.cells: list[StripCell] = []
         self.token: int | None = None
         self.width_per_cell = 2
+        self._first = 0  # index of the first cell drawn: the strip shows a window of cells around the current token
 
     # ------------------------------------------------------------------ data
     def load(self, explorer: Explorer) -> None:
@@ -76,10 +78,10 @@ class LogitsStrip(Static):
         colours = self._colours()
         bg = {"pass": colours["ok"], "fail": colours["fail"], "differ": colours["unmatched"], "none": ""}
         text = Text(LABEL, style="bold")
-        # the strip is one line high: the cells past its width are never seen, so they are not drawn (a 1,000-token
-        # comparison drew them all at each token change). One cell more than fits keeps the line as it was cut.
+        # the strip is one line high: only the cells that fit are drawn (a 1,000-token comparison drew them all at
+        # each token change), a window around the current token that leaves room for its line
         width = self.content_size.width
-        shown = self.cells[: (width - len(LABEL)) // self.width_per_cell + 1] if width else self.cells
+        shown = self._shown(width) if width else self.cells
         for c in shown:
             kind = self.style_of(c)
             style = f"on {bg[kind]}" if bg[kind] else "dim"
@@ -94,6 +96,21 @@ class LogitsStrip(Static):
             text.append("  " + current.describe_within(room))
         return text
 
+    def _shown(self, width: int) -> list[StripCell]:
+        """The window of cells drawn at `width` columns: all when they fit with the current token's line, else as
+        many as leave `LINE_ROOM` columns for it, the current token kept inside (near the middle when it moves
+        past an edge)."""
+        cells = self.cells
+        if len(cells) * self.width_per_cell + len(LABEL) + LINE_ROOM <= width:
+            self._first = 0
+            return cells
+        fit = max(1, (width - len(LABEL) - min(LINE_ROOM, width // 2)) // self.width_per_cell)
+        idx = next((i for i, c in enumerate(cells) if c.token == self.token), 0)
+        if not self._first <= idx < self._first + fit:  # scroll only when the current token leaves the window
+            self._first = idx - fit // 2
+        self._first = max(0, min(self._first, len(cells) - fit))
+        return cells[self._first : self._first + fit]
+
     def on_resize(self) -> None:
         self._redraw()
 
@@ -104,7 +121,7 @@ class LogitsStrip(Static):
         pos = x - 1 - len(LABEL)  # padding, then the label
         if pos < 0:
             return None
-        idx = pos // self.width_per_cell
+        idx = self._first + pos // self.width_per_cell
         return self.cells[idx] if idx < len(self.cells) else None
 
     # ------------------------------------------------------------------ mouse
