@@ -154,6 +154,13 @@ class TopologyTree(Tree[TreeRow]):
         self.call_after_refresh(self._center_on, target)
         return True
 
+    def watch_virtual_size(self) -> None:
+        # lines added or removed after a reveal (a branch expanded as the other side follows, rows arriving) move
+        # the revealed node: centre it again while the cursor still rests on it, as after a resize
+        revealed = getattr(self, "_revealed", None)  # (the tree sets its size before this class's __init__ ends)
+        if revealed is not None and self.cursor_node is revealed:
+            self.call_after_refresh(self._center_on, revealed)
+
     def on_resize(self) -> None:
         # the tree's height changes after a reveal when a bar above it appears (the rank bar, once its data
         # is in): keep the revealed node centred while the cursor still rests on it
