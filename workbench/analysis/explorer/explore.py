@@ -106,7 +106,6 @@ class Explorer:
         self._verdicts: dict[int, TokenVerdict] = {}
         self._first_shape: dict[tuple[int, int], Any] | None = None
         self._quant_names: frozenset[str] | None = None
-        self._quant_noise: bool | None = None  # a quantized comparison (see _judged_by_quant_noise), read once
         try:
             self.info = self._load_info(cmp_id)
         except duckdb.Error as exc:
@@ -669,9 +668,7 @@ class Explorer:
     def _judged_by_quant_noise(self) -> bool:
         """A quantized comparison: every quantized linear fails the float thresholds, so the stored `error born`
         (the first of them) says nothing; its ops are judged by the int8 noise their scales predict (the advisor)."""
-        if self._quant_noise is None:
-            self._quant_noise = self.quantized()
-        return self._quant_noise
+        return self.quantized()  # the linears' names are read once (`quantized_linears`)
 
     def standing_out(self, token: int) -> int | None:
         """The advisor's first op at `token` when it stands out of its peers' noise (golden node), else None."""
