@@ -126,11 +126,14 @@ def _read_ingest_compare(
 
     if job.progress:
         job.progress(Progress("read dumps", 0, 2))
-    # a worker reads the test dump while this process reads the golden one
+    # a worker reads the test dump while this process reads the golden one; when no worker has started on it by
+    # then (the pool's start loads numba and the kernels, ~0.3 s), this process reads it too
     remote = _read_in_worker(test, job.pool, job.follow_symlinks) if isinstance(test, str | Path) else None
     g_dump = open_dump(golden, follow_symlinks=job.follow_symlinks) if isinstance(golden, str | Path) else golden
     if job.progress:
         job.progress(Progress("read dumps", 1, 2))
+    if remote is not None and remote.cancel():  # no worker has started reading it yet: faster read here
+        remote = None
     if remote is not None and not remote.done():
         _import_heavy()  # while the worker finishes reading
     t_dump = _test_dump(remote, test, job.follow_symlinks) if isinstance(test, str | Path) else test

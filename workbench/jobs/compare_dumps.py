@@ -113,9 +113,9 @@ def compare_dumps(
 
 def _numpy_one_blas_thread() -> None:
     """Load numpy (when no one has yet) with its OpenBLAS on one thread. OpenBLAS starts a thread per core as it
-    loads, and on a busy machine they cost ~0.08 s of CPU at start; this process never uses them (a metric pass
-    run here sets one BLAS thread anyway, `metrics._one_blas_thread`). Only the load sees the setting: nothing
-    started later (the pool's workers, torch) inherits it, and a user's own `OPENBLAS_NUM_THREADS` is kept."""
+    loads, and on a busy machine they cost ~0.08 s of CPU at start; this process never uses them (the metric
+    kernels call no BLAS). Only the load sees the setting: nothing started later (torch, the pool, which sets its
+    own in `forkserver_preload`) inherits it, and a user's own `OPENBLAS_NUM_THREADS` is kept."""
     if "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ:
         return
     os.environ["OPENBLAS_NUM_THREADS"] = "1"

@@ -1,9 +1,9 @@
 """The compare worker pool, kept free of torch so a caller can start it before importing anything heavy.
 
-Workers are forked from a forkserver that has already imported the worker module (numpy and the
-metrics: about 0.15 s), so every worker starts warm; starting the pool first lets that overlap with
-the caller's own start-up and with reading the dumps. Every pool process dies with the process that started
-it (`lifeline`).
+Workers are forked from a forkserver that has already imported the worker module and loaded the metric kernels
+(`forkserver_preload`: numpy, numba and the kernels, about 0.3 s), so every worker starts warm; starting the pool
+first lets that overlap with the caller's own start-up and with reading the dumps. Every pool process dies with
+the process that started it (`lifeline`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def default_workers() -> int:
 def _pool_context() -> multiprocessing.context.BaseContext:
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["workbench.compare.execution.lifeline", "workbench.compare.execution.worker"])
+        ctx.set_forkserver_preload(["workbench.compare.execution.forkserver_preload"])
         return ctx
     return multiprocessing.get_context("spawn")
 
@@ -139,10 +139,13 @@ class PoolStarter:
 
     def submit(self, fn: Callable[..., T], /, *args: Any) -> Future[T]:
         """`fn(*args)` in a worker as soon as the pool is up; the future raises `PoolUnavailable` when the pool
-        could not start or was shut down before the task got in."""
+        could not start or was shut down before the task got in. Cancelling the future before the pool is up keeps
+        the task out of it."""
         out: Future[T] = Future()
 
         def started(pool: Future[ProcessPoolExecutor]) -> None:
+            if not out.set_running_or_notify_cancel():
+                return
             try:
                 inner = pool.result().submit(fn, *args)
             except Exception as exc:
