@@ -344,3 +344,38 @@ def test_kernels_load_without_scipy_linalg() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_a_pair_passed_in_parts_on_threads_gives_the_numbers_of_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A huge pair is cut into parts of whole chunks, passed on threads and merged: every metric is the one pass's
+    to float64 rounding (the KL's running maxes, NaN/Inf in one part), the statistics to float32's (each part sums
+    its side around a shift of its own)."""
+    gen = torch.Generator().manual_seed(21)
+    g = torch.randn(200_000, generator=gen) * 3 + 50  # |mean| >> std: the sides' sums are kept around a shift
+    g[150_000:] -= 80  # the later parts have other means (and the KL's running max moves)
+    cases = {
+        "bf16 series": g.to(torch.bfloat16),
+        "direct KL": g + 0.5 * torch.randn(200_000, generator=gen),
+    }
+    with_bad = g.to(torch.bfloat16).float()
+    with_bad[123_456], with_bad[7] = float("nan"), float("inf")
+    cases["NaN and Inf"] = with_bad
+    monkeypatch.setattr(metrics, "CHUNK", 4096)
+    whole = {label: compare_tensors(g, m) for label, m in cases.items()}
+    monkeypatch.setattr(metrics, "PART_BYTES", 4096 * 8 * 5)  # parts of 5 chunks: 10 parts
+    for label, m in cases.items():
+        split, one = compare_tensors(g, m), whole[label]
+        assert split.reason == one.reason and split.finite_only == one.finite_only, label
+        for key in ALL_METRICS:
+            assert split.values[key] == pytest.approx(one.values[key], rel=1e-9, abs=1e-10), (label, key)
+        for side in ("golden", "test"):
+            a, b = getattr(split, side), getattr(one, side)
+            assert (a.numel, a.min, a.max, a.nan_count, a.inf_count) == (
+                b.numel,
+                b.min,
+                b.max,
+                b.nan_count,
+                b.inf_count,
+            )
+            for stat in ("mean", "std", "norm"):
+                assert getattr(a, stat) == pytest.approx(getattr(b, stat), rel=1e-7), (label, side, stat)

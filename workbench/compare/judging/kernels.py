@@ -361,14 +361,21 @@ def _add_pair_sums(st: np.ndarray, n: int, c: np.ndarray, g_max: Any, m_max: Any
 
 @njit(**_JIT)
 def pass_pair(
-    g: np.ndarray, m: np.ndarray, first: int, chunk: int, st: np.ndarray, ulp_top: int, ulp_floor: int, sides: bool
+    g: np.ndarray,
+    m: np.ndarray,
+    first: int,
+    stop: int,
+    chunk: int,
+    st: np.ndarray,
+    ulp_top: int,
+    ulp_floor: int,
+    sides: bool,
 ) -> int:
-    """Add chunks `first`, `first + 1`, ... of the pair to `st` (each side's statistics too when `sides`); returns
-    the index of the first chunk holding a NaN or an Inf (not added), or -1 when every chunk was added."""
+    """Add chunks `first` .. `stop - 1` of the pair to `st` (each side's statistics too when `sides`); returns the
+    index of the first chunk holding a NaN or an Inf (not added), or -1 when every chunk was added."""
     n = g.size
     out = np.empty(_OUT, np.float64)
-    n_chunks = (n + chunk - 1) // chunk
-    for c in range(first, n_chunks):
+    for c in range(first, min(stop, (n + chunk - 1) // chunk)):
         lo = c * chunk
         hi = min(lo + chunk, n)
         g_lo, g_hi, m_lo, m_hi, bad, g_sum, m_sum = _scan(g, m, lo, hi)
@@ -425,7 +432,39 @@ def warm() -> None:
     for g in (f32, bf16):
         add_side(g, 4, st, G_SIDE)
         for m in (f32, bf16):
-            pass_pair(g, m, 0, 4, st, 0, 0, True)
+            pass_pair(g, m, 0, 1, 4, st, 0, 0, True)
+
+
+def merge_state(into: np.ndarray, part: np.ndarray) -> None:
+    """Add the state of a later part of the pair (`part`) to `into`: both as one pass over both parts would hold
+    them, up to the rounding of the float64 sums (a side's sums are moved to `into`'s shift)."""
+    for side in (G_SIDE, M_SIDE):
+        if part[side + S_N] == 0:
+            continue
+        if into[side + S_DECIDED] == 0.0:
+            into[side + S_DECIDED], into[side + S_SHIFT] = 1.0, part[side + S_SHIFT]
+        n, s1 = part[side + S_N], part[side + S_S1]
+        delta = part[side + S_SHIFT] - into[side + S_SHIFT]  # x - c_into = (x - c_part) + delta
+        into[side + S_N] += n
+        into[side + S_S1] += s1 + n * delta
+        into[side + S_S2] += part[side + S_S2] + 2.0 * delta * s1 + n * delta * delta
+        into[side + S_LO] = min(into[side + S_LO], part[side + S_LO])
+        into[side + S_HI] = max(into[side + S_HI], part[side + S_HI])
+    if part[P_N] == 0:
+        return
+    for slot in (P_N, P_DOT, P_GG, P_MM, P_D2, P_REL_SUM, P_ABS_SUM, P_N_LT1, P_N_LT5):
+        into[slot] += part[slot]
+    for slot in (P_REL_MAX, P_ABS_MAX, P_ULP_MAX, P_D_MAX):
+        into[slot] = max(into[slot], part[slot])
+    # the KL's sums against the larger running max of each side (an empty `into` has -inf: its factor is 0)
+    top = max(into[P_KL_G], part[P_KL_G])
+    k_into, k_part = np.exp(into[P_KL_G] - top), np.exp(part[P_KL_G] - top)
+    for slot in (P_KL_Z, P_KL_A, P_KL_B):
+        into[slot] = into[slot] * k_into + part[slot] * k_part
+    into[P_KL_G] = top
+    top_m = max(into[P_KL_M], part[P_KL_M])
+    into[P_KL_ZM] = into[P_KL_ZM] * np.exp(into[P_KL_M] - top_m) + part[P_KL_ZM] * np.exp(part[P_KL_M] - top_m)
+    into[P_KL_M] = top_m
 
 
 def read_only(a: np.ndarray) -> np.ndarray:

@@ -15,7 +15,9 @@ accepted too, viewed as arrays without a copy).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +32,7 @@ FLOAT_EPS = float(np.finfo(np.float32).eps)  # msit's FLOAT_EPSILON, 1.1920929e-
 COSINE_NORM_EPS = 1e-8  # torch.cosine_similarity's default eps (clamps each norm)
 SNR_CAP_DB = 400.0  # |SNR| is clamped to this; identical tensors give +SNR_CAP_DB
 CHUNK = 1 << 15  # elements per chunk: its float32 sums are added in float64; a chunk stays in the L2 cache
+PART_BYTES = 64 * 1024 * 1024  # a pair of more than twice this (golden + test) is passed in parts, on threads
 
 # (mantissa bits, minimum exponent) per test dtype, as in msprobe's ULP standard.
 _ULP_PARAMS: dict[str, tuple[int, int]] = {
@@ -227,21 +230,7 @@ def _compare(g_raw: RawTensor, t_raw: RawTensor, test_dtype: str | None) -> Pair
     if gshape != tshape and layout_rule(gshape, tshape) is None:
         return PairMetrics(none, summarize(g_raw), summarize(t_raw), False, not_comparable(gshape, tshape))
     top, floor, ulp_scale = _ulp_constants(canonical_dtype(test_dtype) or canonical_dtype(t_raw.dtype))
-    st = k.new_state()
-    counts = [0, 0, 0, 0]  # golden NaN, Inf, test NaN, Inf
-    g_whole, t_whole = _kernel_array(g_raw), _kernel_array(t_raw)
-    if g_whole is not None and t_whole is not None:
-        g_arr, t_arr = k.read_only(g_whole), k.read_only(t_whole)
-        first = 0
-        while (bad := k.pass_pair(g_arr, t_arr, first, CHUNK, st, top, floor, True)) >= 0:
-            part = slice(bad * CHUNK, (bad + 1) * CHUNK)
-            _add_not_finite(g_arr[part], t_arr[part], st, counts, top, floor)
-            first = bad + 1
-    else:
-        for g, m in zip(_chunks(g_raw), _chunks(t_raw), strict=True):
-            g, m = k.read_only(g), k.read_only(m)
-            if k.pass_pair(g, m, 0, CHUNK, st, top, floor, True) == 0:
-                _add_not_finite(g, m, st, counts, top, floor)
+    st, counts = _pass(g_raw, t_raw, top, floor)
     summ_g = _side_summary(st, k.G_SIDE, g_raw.numel, counts[0], counts[1])
     summ_t = _side_summary(st, k.M_SIDE, t_raw.numel, counts[2], counts[3])
     finite_only = any(counts)
@@ -264,6 +253,61 @@ def _compare(g_raw: RawTensor, t_raw: RawTensor, test_dtype: str | None) -> Pair
 # helpers
 
 
+def _pass(g_raw: RawTensor, t_raw: RawTensor, top: int, floor: int) -> tuple[np.ndarray, list[int]]:
+    """The kernels' state of the pair, and the (golden NaN, Inf, test NaN, Inf) counts. A pair of more than two
+    `PART_BYTES` is cut into parts of whole chunks, each passed on a thread of its own (the kernels run without the
+    GIL) and merged in order: one huge tensor keeps every core busy, with the same numbers on any machine."""
+    from workbench.compare.judging import kernels as k
+
+    g_whole, t_whole = _kernel_array(g_raw), _kernel_array(t_raw)
+    if g_whole is None or t_whole is None:
+        st, counts = k.new_state(), [0, 0, 0, 0]
+        for g, m in zip(_chunks(g_raw), _chunks(t_raw), strict=True):
+            g, m = k.read_only(g), k.read_only(m)
+            if k.pass_pair(g, m, 0, 1, CHUNK, st, top, floor, True) == 0:
+                _add_not_finite(g, m, st, counts, top, floor)
+        return st, counts
+    g_arr, t_arr = k.read_only(g_whole), k.read_only(t_whole)
+    n_chunks = -(-g_arr.size // CHUNK)
+    parts = max(1, min(n_chunks, (g_arr.nbytes + t_arr.nbytes) // PART_BYTES))
+    if parts < 2:
+        return _pass_chunks(g_arr, t_arr, 0, n_chunks, top, floor)
+    per = -(-n_chunks // parts)
+    ranges = [(first, min(first + per, n_chunks)) for first in range(0, n_chunks, per)]
+    done = list(_part_threads().map(lambda r: _pass_chunks(g_arr, t_arr, r[0], r[1], top, floor), ranges))
+    st, counts = done[0]
+    for part, part_counts in done[1:]:
+        k.merge_state(st, part)
+        counts = [a + b for a, b in zip(counts, part_counts, strict=True)]
+    return st, counts
+
+
+def _pass_chunks(
+    g: np.ndarray, m: np.ndarray, first: int, stop: int, top: int, floor: int
+) -> tuple[np.ndarray, list[int]]:
+    """The state of chunks first .. stop - 1 of two arrays the kernels read in place."""
+    from workbench.compare.judging import kernels as k
+
+    st, counts = k.new_state(), [0, 0, 0, 0]
+    with np.errstate(all="ignore"):  # a thread of its own: numpy's error state is per thread
+        while (bad := k.pass_pair(g, m, first, stop, CHUNK, st, top, floor, True)) >= 0:
+            part = slice(bad * CHUNK, (bad + 1) * CHUNK)
+            _add_not_finite(g[part], m[part], st, counts, top, floor)
+            first = bad + 1
+    return st, counts
+
+
+_threads: ThreadPoolExecutor | None = None
+
+
+def _part_threads() -> ThreadPoolExecutor:
+    """The threads that pass the parts of a huge pair (one per core), started on first use in this process."""
+    global _threads
+    if _threads is None:
+        _threads = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1), thread_name_prefix="wb-metric-part")
+    return _threads
+
+
 def _add_not_finite(g: np.ndarray, m: np.ndarray, st: np.ndarray, counts: list[int], top: int, floor: int) -> None:
     """A chunk holding NaN or Inf: each side's finite part to its statistics, the positions finite on both sides to
     the pair's."""
@@ -277,7 +321,7 @@ def _add_not_finite(g: np.ndarray, m: np.ndarray, st: np.ndarray, counts: list[i
     both = np.isfinite(g32) & np.isfinite(m32)
     n = int(np.count_nonzero(both))
     if n:
-        k.pass_pair(k.read_only(g32[both]), k.read_only(m32[both]), 0, n, st, top, floor, False)
+        k.pass_pair(k.read_only(g32[both]), k.read_only(m32[both]), 0, 1, n, st, top, floor, False)
 
 
 def _kernel_array(raw: RawTensor) -> np.ndarray | None:
