@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 MSIT_STAMP := $(VENV)/.wb-msit
 
 install: $(STAMP)
-	@$(PY) -c "from workbench.compare.judging import kernels; kernels.warm()" \
+	@$(PY) -c "from workbench.compare.judging import kernels; kernels.warm(every=True)" \
 	  || echo "make: the metric kernels did not compile now: each compare compiles them on first use"
 
 # msit (the peer we replace) for the compatibility tests only, never a runtime dependency. msit pins numpy<2,

@@ -307,18 +307,28 @@ def test_kl_series_that_stops_in_a_later_chunk(monkeypatch: pytest.MonkeyPatch) 
             assert compare_tensors(g, test).values["kl_divergence"] == stops, label
 
 
-def test_bfloat16_read_in_place_gives_the_numbers_of_its_float32_copy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The kernels read bfloat16 words in place: the same numbers as the same values handed over as float32,
-    on both sides, in one chunk and in many."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_half_words_read_in_place_give_the_numbers_of_their_float32_copy(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernels read bfloat16 and float16 words in place: the same numbers as the same values handed over as
+    float32, on both sides, in one chunk and in many (float16 subnormals, Inf and NaN included)."""
     gen = torch.Generator().manual_seed(12)
     g = torch.randn(70_001, generator=gen)
-    m = (g * 1.01 + 0.01 * torch.randn(70_001, generator=gen)).to(torch.bfloat16)
+    m = (g * 1.01 + 0.01 * torch.randn(70_001, generator=gen)).to(dtype)
+    m[:3] = torch.tensor([1e-7, -3e-6, float("inf")]).to(dtype)  # float16 subnormals, an Inf
+    m[5] = float("nan")
+    name = str(dtype).removeprefix("torch.")
     for chunk in (metrics.CHUNK, 4096):
         monkeypatch.setattr(metrics, "CHUNK", chunk)
-        in_place, copied = compare_tensors(g, m), compare_tensors(g, m.float(), test_dtype="bfloat16")
-        assert in_place.values == copied.values and in_place.test == copied.test
-        both = compare_tensors(g.to(torch.bfloat16), m)
-        assert both.values == compare_tensors(g.to(torch.bfloat16).float(), m.float(), "bfloat16").values
+        in_place, copied = compare_tensors(g, m), compare_tensors(g, m.float(), test_dtype=name)
+        assert in_place.values == copied.values
+        a, b = in_place.test, copied.test  # float32 block sums: the loops may group the lanes otherwise
+        assert (a.numel, a.min, a.max, a.nan_count, a.inf_count) == (b.numel, b.min, b.max, 1, 1)
+        for stat in ("mean", "std", "norm"):
+            assert getattr(a, stat) == pytest.approx(getattr(b, stat), rel=1e-7), stat
+        both = compare_tensors(g.to(dtype), m)
+        assert both.values == compare_tensors(g.to(dtype).float(), m.float(), name).values
 
 
 def test_float32_overflow_in_a_sum_is_redone_in_float64() -> None:

@@ -8,7 +8,8 @@ pair's state, `st`, a float64 array laid out by the `S_*`/`P_*` offsets below. T
 the first element (msit's float64 dot). The KL's sums are kept online against a running max of each side, so the
 series form (while every |m - g| < `SERIES_MAX`) and the direct form are both ready at the end.
 
-Golden and test arrays are 1-D and contiguous: float32, or uint16 holding bfloat16 bits (read in place). A chunk with a
+Golden and test arrays are 1-D and contiguous: float32, uint16 holding bfloat16 bits or int16 holding float16 bits
+(read in place). A chunk with a
 NaN or an Inf stops the walk (`pass_pair` returns its index) and is handed back to the caller, which adds each side's
 finite part (`add_side`) and the positions finite on both sides (`pass_pair` on those) to the same state.
 """
@@ -101,7 +102,8 @@ _bits_of_f32: Any = intrinsic(_bits_of_f32_typing)
 
 
 def _load(a: np.ndarray, i: int) -> Any:
-    """Element i of a float32 array, or of a uint16 array of bfloat16 bits, as float32."""
+    """Element i as float32 of a float32 array, a uint16 array of bfloat16 bits or an int16 array of float16 bits
+    (numba has no float16 on the CPU)."""
     raise NotImplementedError  # replaced by the overload in compiled code
 
 
@@ -114,10 +116,21 @@ def _load_impl(a: Any, i: Any) -> Any:
     def bfloat16_at(a: Any, i: Any) -> Any:
         return _f32_from_bits(np.uint32(a[i]) << np.uint32(16))
 
+    def float16_at(a: Any, i: Any) -> Any:
+        # exponent and mantissa moved into float32's places and scaled by 2^112 (normal and subnormal halves
+        # alike); Inf and NaN keep float32's top exponent; then the sign
+        h = np.uint32(a[i]) & np.uint32(0xFFFF)
+        em = (h & np.uint32(0x7FFF)) << np.uint32(13)
+        v = _bits_of_f32(_f32_from_bits(em) * _F(5.192296858534828e33))
+        v = v if em < np.uint32(0x0F800000) else em | np.uint32(0x7F800000)
+        return _f32_from_bits(v | ((h & np.uint32(0x8000)) << np.uint32(16)))
+
     if a.dtype == types.float32:
         return float32_at
     if a.dtype == types.uint16:
         return bfloat16_at
+    if a.dtype == types.int16:
+        return float16_at
     return None
 
 
@@ -425,13 +438,15 @@ def add_side(x: np.ndarray, chunk: int, st: np.ndarray, side: int) -> tuple[int,
     return nan, not_finite - nan
 
 
-def warm() -> None:
-    """Compile (or load from numba's cache) every variant a compare uses: before a pool forks its workers."""
+def warm(every: bool = False) -> None:
+    """Compile, or load from numba's cache, the variants for a float32 golden (before a pool forks its workers:
+    ~5 ms each once cached); `every`: all nine dtype pairs (at install: ~2 s each to compile)."""
     st = new_state()
-    f32, bf16 = read_only(np.ones(4, np.float32)), read_only(np.full(4, 0x3F80, np.uint16))
-    for g in (f32, bf16):
+    f32 = read_only(np.ones(4, np.float32))
+    bf16, f16 = read_only(np.full(4, 0x3F80, np.uint16)), read_only(np.full(4, 0x3C00, np.int16))
+    for g in (f32, bf16, f16) if every else (f32,):
         add_side(g, 4, st, G_SIDE)
-        for m in (f32, bf16):
+        for m in (f32, bf16, f16):
             pass_pair(g, m, 0, 1, 4, st, 0, 0, True)
 
 

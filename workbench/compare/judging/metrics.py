@@ -325,20 +325,24 @@ def _add_not_finite(g: np.ndarray, m: np.ndarray, st: np.ndarray, counts: list[i
 
 
 def _kernel_array(raw: RawTensor) -> np.ndarray | None:
-    """The tensor as the flat array the kernels read in place (float32, or bfloat16's uint16 words); None for any
-    other dtype (converted chunk by chunk)."""
+    """The tensor as the flat array the kernels read in place (float32, bfloat16's uint16 words, float16's as int16);
+    None for any other dtype (converted chunk by chunk)."""
     flat = np.asarray(raw.array).reshape(-1)  # a plain ndarray: memmap's subclass hooks cost per call
     if flat.dtype == np.float32 and flat.dtype.isnative:
         return flat
     if raw.dtype == "bfloat16" and flat.dtype == np.uint16 and flat.dtype.isnative:
         return flat
+    if flat.dtype == np.float16 and flat.dtype.isnative:
+        return flat.view(np.int16)  # the kernels' float16 (numba has none on the CPU)
     return None
 
 
 def _as_float32(x: np.ndarray) -> np.ndarray:
-    """A chunk the kernels read (float32 or bfloat16 words) as float32."""
+    """A chunk the kernels read (float32, bfloat16 or float16 words) as float32."""
     if x.dtype == np.float32:
         return x
+    if x.dtype == np.int16:
+        return x.view(np.float16).astype(np.float32)
     out = np.empty(x.size, np.float32)
     np.left_shift(x, 16, out=out.view(np.uint32), dtype=np.uint32)
     return out
