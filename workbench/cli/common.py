@@ -32,10 +32,11 @@ if TYPE_CHECKING:
 
 
 class _PlainHelp:
-    """How `wb` shows its parameters, through click's own hooks (`get_params`, `collect_usage_pieces`) on the
-    command classes typer lets an app choose (`cls`): an on/off flag takes no value, so no `<bool>` beside it
-    (typer shows `--no-tui <bool>`, `--help <bool>`, which reads as if they took one), and arguments read as
-    people write them in the usage line, `GOLDEN [TEST]`, not `{golden} [test]`."""
+    """How `wb` shows and reads its parameters, through click's own hooks (`get_params`, `collect_usage_pieces`,
+    `parse_args`) on the command classes typer lets an app choose (`cls`): plain option values (a string, a
+    number, a path) coerced without loading pydantic (`plain_values`); an on/off flag takes no value, so no
+    `<bool>` beside it (typer shows `--no-tui <bool>`, `--help <bool>`, which reads as if they took one), and
+    arguments read as people write them in the usage line, `GOLDEN [TEST]`, not `{golden} [test]`."""
 
     # typer vendors click (`typer._click`, private): the hooks' types are left as Any rather than imported from it
     def get_params(self, ctx: Any) -> list[Any]:
@@ -44,6 +45,12 @@ class _PlainHelp:
             if getattr(param, "is_flag", False) and param.metavar is None:  # typer's flags and click's --help
                 param.metavar = ""  # typer shows the metavar instead of the type: an empty one shows nothing
         return params
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        from workbench.cli import plain_values
+
+        plain_values.install(self.get_params(ctx))  # plain option values coerced without pydantic
+        return list(super().parse_args(ctx, args))  # type: ignore[misc]
 
 
 class WbGroup(_PlainHelp, TyperGroup):
