@@ -22,9 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from google.protobuf.message import DecodeError
 
-from workbench.formats import ge_proto
 from workbench.formats.model import DumpError, TensorRole, check_shape
 
 MAX_HEADER_BYTES = 64 * 1024 * 1024
@@ -173,6 +171,10 @@ def _header(fd: int, p: str, size: int) -> GeHeader:
         raise DumpError(p, f"cannot read: {exc.strerror or exc}") from None
     if len(raw) < hlen:
         raise DumpError(p, f"truncated header: {len(raw)} of {hlen} bytes")
+    from google.protobuf.message import DecodeError  # protobuf loads when a GE dump is read, not to detect one
+
+    from workbench.formats import ge_proto
+
     try:
         msg = ge_proto.dump_data().FromString(raw)
     except (DecodeError, RuntimeError, ValueError) as exc:
@@ -265,6 +267,8 @@ def _payload(fd: int, path: str, t: GeTensor, np_dtype: np.dtype[Any], n: int) -
 
 def encode(op_name: str, inputs: list[tuple[np.ndarray, str]], outputs: list[tuple[np.ndarray, str]]) -> bytes:
     """A GE dump file's bytes: `(array, dtype name)` per input and output, ND layout (bfloat16 as uint16 words)."""
+    from workbench.formats import ge_proto
+
     msg = ge_proto.dump_data()(version="2.0", op_name=op_name)
     payloads: list[bytes] = []
     for items, field in ((inputs, msg.input), (outputs, msg.output)):
