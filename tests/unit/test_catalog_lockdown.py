@@ -13,6 +13,7 @@ from tests.fixtures.hostile_catalog import SECRET, plant, plant_works
 from workbench.analysis.explorer.explore import ExploreError, Explorer
 from workbench.catalog import CatalogError
 from workbench.catalog.readonly import connect_read_only
+from workbench.catalog.schema import SCHEMA_VERSION
 from workbench.catalog.store import open_catalog
 
 
@@ -133,3 +134,26 @@ def test_a_table_in_place_of_a_view_and_a_view_in_place_of_a_table(tmp_path: Pat
         assert ro.execute("SELECT count(*) FROM rank_summary").fetchall() == [(0,)]
     finally:
         ro.close()
+
+
+def test_a_catalog_created_now_is_the_one_the_full_checks_make(tmp_path: Path) -> None:
+    """A catalog `open_catalog` creates skips the search for planted objects (there can be none); it ends up as
+    one made from an existing empty DuckDB file, which goes through every check."""
+    empty = tmp_path / "empty.duckdb"
+    duckdb.connect(str(empty)).close()
+    made: list[list[tuple[object, ...]]] = []
+    for cat in (tmp_path / "new.duckdb", empty):
+        open_catalog(cat).close()
+        ro = connect_read_only(cat)  # refuses views, tables or macros that are not wb's
+        try:
+            made.append(
+                ro.execute(
+                    "SELECT 'table', table_name, sql FROM duckdb_tables() WHERE database_name = current_database() "
+                    "UNION ALL SELECT 'view', view_name, sql FROM duckdb_views() WHERE NOT internal "
+                    "AND database_name = current_database() UNION ALL SELECT 'meta', key, value FROM meta ORDER BY 1, 2"
+                ).fetchall()
+            )
+        finally:
+            ro.close()
+    assert made[0] == made[1]
+    assert ("meta", "schema_version", str(SCHEMA_VERSION)) in made[0] and len(made[0]) > 10
