@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis.reporting.summary import CompareResult
+from workbench.catalog import first_row
 from workbench.catalog.schema import MSIT_CSV_COLUMNS
 from workbench.core.text import csv_safe_columns
 from workbench.core.tokens import token_text
@@ -24,34 +25,60 @@ def write_msit_csv(
     """msit's report columns by msit's names, rows in token then execution order; returns the file
     (`suffix`, e.g. `_rank1`, keeps the reports of several ranks apart).
 
-    The row order is read first (pair ids only), then the rows a slice of tokens at a time: sorting the
-    full-width rows at once held every path and name of the comparison in DuckDB (~2 KB per pair)."""
+    Up to `CSV_SLICE` rows are read sorted in one query. Above that the row order is read first (pair ids only),
+    then the rows a slice of tokens at a time: sorting the full-width rows at once held every path and name of
+    the comparison in DuckDB (~2 KB per pair)."""
     path = _fresh_path(out_dir, f"msit_cmp_report{suffix}")
-    tok = "" if tokens is None else f" AND golden_token_id IN ({','.join(str(int(t)) for t in sorted(tokens))})"
+    listed = None if tokens is None else ",".join(str(int(t)) for t in sorted(tokens))
+    tok = "" if listed is None else f" AND golden_token_id IN ({listed})"
+    # the view has a row per match of the comparison, at most (every other table joins one row to a match)
+    n = first_row(
+        con.execute(
+            f"SELECT count(*) FROM matches WHERE cmp_id = ?{'' if listed is None else f' AND token_id IN ({listed})'}",
+            [cmp_id],
+        )
+    )
+    done = 0
+    with open(path, "x", encoding="utf-8", newline="") as fh:
+        if n is None or int(n[0]) <= CSV_SLICE:
+            sql = f"SELECT {', '.join(MSIT_CSV_COLUMNS)}, passed FROM comparison WHERE cmp_id = ?{tok} ORDER BY data_id"
+            done = _write_result(fh, con.execute(sql, [cmp_id]), done)
+        else:
+            done = _write_sliced(con, fh, cmp_id, tok)
+        if not done:  # the header alone
+            empty = con.execute(f"SELECT {', '.join(MSIT_CSV_COLUMNS)}, passed FROM comparison LIMIT 0").df()
+            _write_rows(fh, empty, 0)
+    return path
+
+
+def _write_sliced(con: duckdb.DuckDBPyConnection, fh: TextIO, cmp_id: int, tok: str) -> int:
+    """The report's rows a slice of tokens at a time (see `write_msit_csv`); the number of rows written."""
     order = con.execute(
         f"SELECT pair_id, golden_token_id FROM comparison WHERE cmp_id = ?{tok} ORDER BY data_id", [cmp_id]
     ).fetchnumpy()
     pair_ids, row_tokens = np.asarray(order["pair_id"]), np.asarray(order["golden_token_id"])
     cols = ", ".join("s.pos AS data_id" if c == "data_id" else f"c.{c}" for c in MSIT_CSV_COLUMNS)
     done = 0
-    with open(path, "x", encoding="utf-8", newline="") as fh:
-        for lo, hi in _token_slices(row_tokens):
-            con.register("_csv_slice", pd.DataFrame({"pair_id": pair_ids[lo:hi], "pos": np.arange(lo, hi)}))
-            try:
-                result = con.execute(
-                    f"SELECT {cols}, c.passed FROM comparison c JOIN _csv_slice s ON s.pair_id = c.pair_id "
-                    "WHERE c.cmp_id = ? AND c.golden_token_id BETWEEN ? AND ? ORDER BY s.pos",
-                    [cmp_id, int(row_tokens[lo]), int(row_tokens[hi - 1])],
-                )
-                while len(df := result.fetch_df_chunk(2)):  # 4096 rows: a DataFrame of Python strings each
-                    _write_rows(fh, df, done)
-                    done += len(df)
-            finally:
-                con.unregister("_csv_slice")
-        if not done:  # the header alone
-            empty = con.execute(f"SELECT {', '.join(MSIT_CSV_COLUMNS)}, passed FROM comparison LIMIT 0").df()
-            _write_rows(fh, empty, 0)
-    return path
+    for lo, hi in _token_slices(row_tokens):
+        con.register("_csv_slice", pd.DataFrame({"pair_id": pair_ids[lo:hi], "pos": np.arange(lo, hi)}))
+        try:
+            result = con.execute(
+                f"SELECT {cols}, c.passed FROM comparison c JOIN _csv_slice s ON s.pair_id = c.pair_id "
+                "WHERE c.cmp_id = ? AND c.golden_token_id BETWEEN ? AND ? ORDER BY s.pos",
+                [cmp_id, int(row_tokens[lo]), int(row_tokens[hi - 1])],
+            )
+            done = _write_result(fh, result, done)
+        finally:
+            con.unregister("_csv_slice")
+    return done
+
+
+def _write_result(fh: TextIO, result: duckdb.DuckDBPyConnection, done: int) -> int:
+    """Every row of `result` written after the `done` already written; the rows written in all."""
+    while len(df := result.fetch_df_chunk(2)):  # 4096 rows: a DataFrame of Python strings each
+        _write_rows(fh, df, done)
+        done += len(df)
+    return done
 
 
 # msit's statistics comparison report (`CSV_STATISTICS_HEADER` of msit_llm.common.constant), in its order
