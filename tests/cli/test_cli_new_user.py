@@ -91,6 +91,17 @@ def test_query_open_version_and_help(demo_catalog: Path, tmp_path: Path) -> None
     assert "--no-tui" in help_demo and "<bool>" not in help_demo
 
 
+def test_a_named_command_is_built_alone_and_the_others_stay_reachable() -> None:
+    """`wb`'s `main` builds only the command a line names; a misspelt name still gets typer's suggestion, and
+    `--help` lists every command."""
+    res = run_wb("compar")
+    assert res.returncode == 2 and "Did you mean 'compare'?" in res.stderr
+    listed = run_wb("--help").stdout
+    assert all(name in listed for name in ("compare", "open", "demo", "report", "queries", "ingest"))
+    res = run_wb("report", "--help")
+    assert res.returncode == 0 and "Usage: " in res.stdout and "report" in res.stdout
+
+
 def test_in_process_runs_leave_no_trace(tmp_path: Path) -> None:
     """`invoke_wb` (the in-process runs above) puts back what `wb` changes: WB_DEBUG from `--debug`, the working
     directory, sys.argv and the signal handlers, so the tests that share the process stay independent."""

@@ -48,6 +48,7 @@ def main() -> None:
     if "--debug" in sys.argv[1:]:
         sys.argv.remove("--debug")
         os.environ["WB_DEBUG"] = "1"
+    _only_the_named_command(sys.argv[1:2])
     with contextlib.suppress(ValueError):  # not the main thread (embedded): leave signals alone
         signal.signal(signal.SIGTERM, on_sigterm)
     code: int = 0
@@ -79,6 +80,22 @@ def main() -> None:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(code)
+
+
+def _only_the_named_command(first: list[str]) -> None:
+    """A command line that starts with a command's name builds that command alone: typer builds the click command
+    of every registered one (their parameters, from the signatures) whatever the line, ~10 ms, and only the named
+    one runs. Anything else (no command, `--help`, a misspelt name: its suggestions) sees them all."""
+    if not first:
+        return
+    chosen = [
+        info
+        for info in app.registered_commands
+        if info.callback is not None
+        and (info.name or info.callback.__name__.lower().replace("_", "-")) == first[0]  # typer's naming
+    ]
+    if len(chosen) == 1:
+        app.registered_commands[:] = chosen
 
 
 def _interrupt_typer_swallowed(exc: SystemExit) -> KeyboardInterrupt | None:
