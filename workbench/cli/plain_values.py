@@ -32,7 +32,10 @@ def install(params: list[Any]) -> None:
         desc = getattr(param, "type_descriptor", None)
         if desc is None or getattr(param, "_runtime_param", False) is not None or not _plain(param, desc):
             continue
-        param._runtime_param = _PlainParam(parameter_info=desc.parameter_info, annotation=desc.annotation)
+        try:
+            param._runtime_param = _PlainParam(parameter_info=desc.parameter_info, annotation=desc.annotation)
+        except TypeError:  # a typer whose coercion contract changed: its own coercion, as without this module
+            return
 
 
 def _plain(param: Any, desc: Any) -> bool:
