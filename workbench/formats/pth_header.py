@@ -71,6 +71,9 @@ REPEAT_BUDGET = 1 << 24
 _EOCD = b"PK\x05\x06"
 _CENTRAL = b"PK\x01\x02"
 _LOCAL = b"PK\x03\x04"
+# a central directory entry's 46 bytes, the fields read: signature, flags, method, stored size, the lengths of
+# the name, extra field and comment, local header offset (`x` skips the others)
+_CD_ENTRY = struct.Struct("<4s2x2xHH2x2x4xI4xHHH2x2x4xI")
 _HEAD_BYTES = 4096  # data.pkl and the payload's local header come first in torch's zips
 _WHOLE_FILE_BYTES = 64 * 1024  # smaller files are read in one go
 
@@ -125,12 +128,11 @@ def _central_directory(buf: _Bytes) -> dict[str, tuple[int, int, int]] | None:
     entries: dict[str, tuple[int, int, int]] = {}
     pos = 0
     for _ in range(count):
-        if cd[pos : pos + 4] != _CENTRAL or len(cd) < pos + 46:
+        if len(cd) < pos + 46:
             return None
-        flags, method = struct.unpack_from("<HH", cd, pos + 8)
-        (stored,) = struct.unpack_from("<I", cd, pos + 20)
-        name_len, extra_len, comment_len = struct.unpack_from("<HHH", cd, pos + 28)
-        (local,) = struct.unpack_from("<I", cd, pos + 42)
+        sig, flags, method, stored, name_len, extra_len, comment_len, local = _CD_ENTRY.unpack_from(cd, pos)
+        if sig != _CENTRAL:
+            return None
         if flags & 1 or 0xFFFFFFFF in (stored, local):
             return None
         entries[cd[pos + 46 : pos + 46 + name_len].decode("utf-8", "replace")] = (local, method, stored)
