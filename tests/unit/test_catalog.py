@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 
 import duckdb
 import pytest
 
 from workbench.catalog.schema import SCHEMA_VERSION
-from workbench.catalog.store import CatalogError, first_row, ingest_dump, open_catalog
+from workbench.catalog.store import CatalogError, dump_fingerprint, first_row, ingest_dump, open_catalog
 from workbench.formats.model import Dump, Node, TensorEntry, TensorStats
 
 
@@ -120,3 +122,22 @@ def test_older_catalog_gains_new_tables_once(tmp_path: Path) -> None:
         assert first_row(con.execute("SELECT count(*) FROM comparison")) == (0,)
     finally:
         con.close()
+
+
+def test_dump_fingerprint_is_the_digest_of_every_file_line(tmp_path: Path) -> None:
+    """`runs.fingerprint`: SHA-256 of the sorted `relative path NUL size NUL mtime_ns` lines of every file below the
+    dump (nested folders, a name that is not UTF-8 included), each line ending in a newline; 32 hex digits."""
+    (tmp_path / "0" / "root.model").mkdir(parents=True)
+    (tmp_path / "0" / "root.model" / "output.pth").write_bytes(b"x" * 7)
+    (tmp_path / "model_tree.json").write_text("{}")
+    odd = os.fsencode(tmp_path) + b"/a\xff\xfeb"
+    with open(odd, "wb") as fh:
+        fh.write(b"12")
+    lines = []
+    for folder, _dirs, files in os.walk(os.fsencode(tmp_path)):
+        for name in files:
+            st = os.stat(os.path.join(folder, name))
+            rel = os.path.relpath(os.path.join(folder, name), os.fsencode(tmp_path))
+            lines.append(b"%s\0%d\0%d\n" % (rel, st.st_size, st.st_mtime_ns))
+    expected = hashlib.sha256(b"".join(sorted(lines))).hexdigest()[:32]
+    assert len(lines) == 3 and dump_fingerprint(tmp_path) == expected
