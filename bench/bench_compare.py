@@ -317,6 +317,29 @@ def measure_floor(golden: Path, test: Path, distinct_only: bool = False) -> tupl
     return time.perf_counter() - t0, time.process_time() - c0, len(pairs)
 
 
+def measure_pass(golden: Path, test: Path) -> float:
+    """CPU seconds of the metric pass alone over every same-place pair: the files are opened, mapped and every page
+    touched before the timing, so it times `compare_tensors` only (the kernels, loaded before too)."""
+    import numpy as np
+
+    from workbench.compare.judging.metrics import compare_tensors
+    from workbench.formats.arrays import read_array
+
+    pairs = [
+        (read_array(g), read_array(test / g.relative_to(golden)))
+        for g in sorted(golden.rglob("*.pth"))
+        if (test / g.relative_to(golden)).exists()
+    ]
+    for g, t in pairs:  # page every byte in (a checksum the interpreter cannot skip)
+        for raw in (g, t):
+            np.asarray(raw.array).reshape(-1).view(np.uint8)[::4096].sum()
+    compare_tensors(np.ones(4, np.float32), np.ones(4, np.float32))
+    c0 = time.process_time()
+    for g, t in pairs:
+        compare_tensors(g, t)
+    return time.process_time() - c0
+
+
 def pair_bytes(golden: Path, test: Path) -> int:
     """Bytes of every same-place pair's two files (what a compare reads)."""
     total = 0
@@ -545,8 +568,13 @@ def main() -> None:
         _wall, all_cpu, _n = min((f for d, f in rounds if not d), key=lambda f: f[1])
         gb = pair_bytes(runs.golden, runs.test) / 1e9
         print(
-            f"[{runs.label}] metric pass: {gb:.2f} GB of pairs in {all_cpu:.2f} s of CPU = {gb / all_cpu:.2f} GB/s per "
-            f"core (golden + test bytes, read from the page cache)"
+            f"[{runs.label}] read + metric pass: {gb:.2f} GB of pairs in {all_cpu:.2f} s of CPU = {gb / all_cpu:.2f} "
+            f"GB/s per core (golden + test bytes, read from the page cache, each file opened and mapped)"
+        )
+        pass_cpu = min(measure_pass(runs.golden, runs.test) for _ in range(3))
+        print(
+            f"[{runs.label}] metric pass alone (the pairs mapped and their pages touched first, best of 3): {gb:.2f} "
+            f"GB in {pass_cpu:.2f} s of CPU = {gb / pass_cpu:.2f} GB/s per core (issue 23's target: 2)"
         )
         rd = read_floor(runs.golden, runs.test, cores)
         print(
