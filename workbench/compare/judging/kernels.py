@@ -2,16 +2,17 @@
 count the catalog reports.
 
 A pair is walked in chunks of `chunk` elements. Per chunk, one loop finds both sides' min and max (and whether any
-element is NaN or Inf), a second computes everything else into float32 accumulators (vectorised: LLVM may reorder the
-sums, never the NaN/Inf semantics or the rounding of a division), and the chunk's sums are added in float64 to the
+element is NaN or Inf), further loops compute the rest: float32 sums over blocks of `BLOCK` elements, added in
+float64 (vectorised: LLVM may reorder the sums, never the NaN/Inf semantics or the rounding of a division), into the
 pair's state, `st`, a float64 array laid out by the `S_*`/`P_*` offsets below. The cosine's three sums are float64 from
 the first element (msit's float64 dot). The KL's sums are kept online against a running max of each side, so the
-series form (while every |m - g| < `SERIES_MAX`) and the direct form are both ready at the end.
+series form (while every |m - g| < `SERIES_MAX`) and the direct form are both ready at the end. Loops index slices
+from 0: a loop from a variable start keeps numba's negative-index check on every load, and LLVM does not vectorise it.
 
 Golden and test arrays are 1-D and contiguous: float32, uint16 holding bfloat16 bits or int16 holding float16 bits
-(read in place). A chunk with a
-NaN or an Inf stops the walk (`pass_pair` returns its index) and is handed back to the caller, which adds each side's
-finite part (`add_side`) and the positions finite on both sides (`pass_pair` on those) to the same state.
+(read in place). A chunk with a NaN or an Inf stops the walk (`pass_pair` returns its index) and is handed back to the
+caller, which adds each side's finite part (`add_side`) and the positions finite on both sides (`pass_pair` on those)
+to the same state. States of consecutive parts of a pair merge (`merge_state`).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ _FASTMATH = {"reassoc", "contract", "nsz"}  # reorder sums and fuse multiply-add
 _JIT: dict[str, Any] = dict(fastmath=_FASTMATH, cache=True, nogil=True, boundscheck=False, error_model="numpy")
 
 _F = np.float32
-_EPS = _F(1.1920929e-07)  # msit's FLOAT_EPSILON: |golden| at or below it is masked
+_EPS = _F(np.finfo(np.float32).eps)  # msit's FLOAT_EPSILON (`metrics.FLOAT_EPS`): |golden| at or below it is masked
 _F64_EPS = _F(2.220446049250313e-16)  # msprobe's eps (float64's), as float32
 _F32_MAX = _F(3.4028235e38)
 _EXP_FLOOR = _F(-87.3)  # below it e^x leaves float32's normal range: taken as 0 (against a sum of at least 1)
