@@ -613,6 +613,10 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
 
     def _follow(self, side: str, node_id: int) -> None:
         """Make the other tree show the counterpart of `node_id` (of `side`) at the current token."""
+        if self.status_token != self.token:
+            # the counterpart is this token's (prefill and decode graphs differ): followed once its status is in
+            # (`on_status_ready`), not first to a fallback whose expanded branch would stay open beside it
+            return
         src = self._tree(side)
         other = self._tree("test" if side == "golden" else "golden")
         row = src.rows.get(node_id)
