@@ -44,14 +44,21 @@ async def wait_for(pilot, cond, timeout: float = 10.0) -> None:  # type: ignore[
 async def settle(pilot, quiet: int = 3, step: float = 0.05, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
     """Wait until the app is idle before a snapshot: no worker running, and every scrollable widget's size and
     scroll offset unchanged over `quiet` checks in a row (a fixed pause was too short under load). Then each
-    topology tree is centred on its cursor once more: where a centred node lands could still differ by one line
-    with the order in which rows, expansions and resizes arrived (seen in a fresh clone, whose first imports are
+    topology tree shows its start-up branches and its cursor's path only, centred on the cursor: which other branches
+    a follow had opened on the way, and so the tree's line count and scrollbar, could differ with the order in which
+    the rows, the token's status and the trees' cursor events arrived (seen in fresh clones, whose first imports are
     slower), and the picture is of the rendering, not of that order."""
     app = pilot.app
     await _settled(pilot, quiet, step, timeout)
     for tree in app.screen.query(TopologyTree):
-        if tree.cursor_node is not None:
-            tree._center_on(tree.cursor_node)
+        node = tree.cursor_node
+        if node is None or node.data is None:
+            continue
+        for top in tree.root.children:
+            top.collapse_all()
+            if top.data is not None and top.data.parent_id is None:
+                top.expand()  # what `set_rows` opens
+        tree.reveal(node.data.node_id)
     await _settled(pilot, quiet, step, timeout)
 
 
