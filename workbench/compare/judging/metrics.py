@@ -190,7 +190,7 @@ def summarize(t: TensorLike) -> TensorSummary:
     nan = inf = 0
     whole = _kernel_array(raw)
     with np.errstate(all="ignore"):
-        for x in [whole] if whole is not None else _chunks(raw):
+        for x in [whole] if whole is not None else _chunks(raw, None):
             x_nan, x_inf = k.add_side(k.read_only(x), CHUNK, st, k.G_SIDE)
             nan, inf = nan + x_nan, inf + x_inf
     return _side_summary(st, k.G_SIDE, raw.numel, nan, inf)
@@ -259,42 +259,43 @@ def _pass(g_raw: RawTensor, t_raw: RawTensor, top: int, floor: int) -> tuple[np.
     GIL) and merged in order: one huge tensor keeps every core busy, with the same numbers on any machine."""
     from workbench.compare.judging import kernels as k
 
+    st, counts = k.new_state(), [0, 0, 0, 0]
     g_whole, t_whole = _kernel_array(g_raw), _kernel_array(t_raw)
     if g_whole is None or t_whole is None:
-        st, counts = k.new_state(), [0, 0, 0, 0]
-        for g, m in zip(_chunks(g_raw), _chunks(t_raw), strict=True):
-            g, m = k.read_only(g), k.read_only(m)
-            if k.pass_pair(g, m, 0, 1, CHUNK, st, top, floor, True) == 0:
-                _add_not_finite(g, m, st, counts, top, floor)
+        for g, m in zip(_chunks(g_raw, g_whole), _chunks(t_raw, t_whole), strict=True):
+            _add_chunks(k.read_only(g), k.read_only(m), 0, 1, st, counts, top, floor)
         return st, counts
     g_arr, t_arr = k.read_only(g_whole), k.read_only(t_whole)
     n_chunks = -(-g_arr.size // CHUNK)
     parts = max(1, min(n_chunks, (g_arr.nbytes + t_arr.nbytes) // PART_BYTES))
     if parts < 2:
-        return _pass_chunks(g_arr, t_arr, 0, n_chunks, top, floor)
+        _add_chunks(g_arr, t_arr, 0, n_chunks, st, counts, top, floor)
+        return st, counts
     per = -(-n_chunks // parts)
-    ranges = [(first, min(first + per, n_chunks)) for first in range(0, n_chunks, per)]
-    done = list(_part_threads().map(lambda r: _pass_chunks(g_arr, t_arr, r[0], r[1], top, floor), ranges))
-    st, counts = done[0]
-    for part, part_counts in done[1:]:
-        k.merge_state(st, part)
+
+    def part(first: int) -> tuple[np.ndarray, list[int]]:
+        part_st, part_counts = k.new_state(), [0, 0, 0, 0]
+        _add_chunks(g_arr, t_arr, first, min(first + per, n_chunks), part_st, part_counts, top, floor)
+        return part_st, part_counts
+
+    for part_st, part_counts in _part_threads().map(part, range(0, n_chunks, per)):
+        k.merge_state(st, part_st)  # into the empty state, the first part's sums as they are
         counts = [a + b for a, b in zip(counts, part_counts, strict=True)]
     return st, counts
 
 
-def _pass_chunks(
-    g: np.ndarray, m: np.ndarray, first: int, stop: int, top: int, floor: int
-) -> tuple[np.ndarray, list[int]]:
-    """The state of chunks first .. stop - 1 of two arrays the kernels read in place."""
+def _add_chunks(
+    g: np.ndarray, m: np.ndarray, first: int, stop: int, st: np.ndarray, counts: list[int], top: int, floor: int
+) -> None:
+    """Add chunks first .. stop - 1 of two arrays the kernels read in place to `st`; a chunk holding NaN or Inf by
+    its finite parts (`_add_not_finite`)."""
     from workbench.compare.judging import kernels as k
 
-    st, counts = k.new_state(), [0, 0, 0, 0]
-    with np.errstate(all="ignore"):  # a thread of its own: numpy's error state is per thread
+    with np.errstate(all="ignore"):  # on a part's thread too: numpy's error state is per thread
         while (bad := k.pass_pair(g, m, first, stop, CHUNK, st, top, floor, True)) >= 0:
-            part = slice(bad * CHUNK, (bad + 1) * CHUNK)
-            _add_not_finite(g[part], m[part], st, counts, top, floor)
+            chunk = slice(bad * CHUNK, (bad + 1) * CHUNK)
+            _add_not_finite(g[chunk], m[chunk], st, counts, top, floor)
             first = bad + 1
-    return st, counts
 
 
 _threads: ThreadPoolExecutor | None = None
@@ -348,16 +349,13 @@ def _as_float32(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _chunks(raw: RawTensor) -> Iterator[np.ndarray]:
-    """Contiguous chunks of a tensor, flattened, as the kernels read them: views when it is float32 or bfloat16,
-    else converted to float32."""
-    flat = np.asarray(raw.array).reshape(-1)
-    whole = _kernel_array(raw)
+def _chunks(raw: RawTensor, whole: np.ndarray | None) -> Iterator[np.ndarray]:
+    """Contiguous chunks of a tensor, flattened, as the kernels read them: views of `whole` (its `_kernel_array`,
+    flattened once) when there is one, else converted to float32."""
+    flat = whole if whole is not None else np.asarray(raw.array).reshape(-1)
     for start in range(0, flat.size, CHUNK):
-        if whole is not None:
-            yield whole[start : start + CHUNK]
-        else:
-            yield flat[start : start + CHUNK].astype(np.float32)
+        part = flat[start : start + CHUNK]
+        yield part if whole is not None else part.astype(np.float32)
 
 
 def _logsumexp(x: np.ndarray) -> float:
@@ -391,7 +389,7 @@ def _kl_direct(golden: RawTensor, test: RawTensor) -> float | None:
 
 
 def _finite_pairs(golden: RawTensor, test: RawTensor) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    for g, m in zip(_chunks(golden), _chunks(test), strict=True):
+    for g, m in zip(_chunks(golden, _kernel_array(golden)), _chunks(test, _kernel_array(test)), strict=True):
         g, m = _as_float32(g), _as_float32(m)
         both = np.isfinite(g) & np.isfinite(m)
         yield g[both].astype(np.float64), m[both].astype(np.float64)
