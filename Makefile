@@ -22,8 +22,8 @@ $(STAMP): pyproject.toml
 MSIT_STAMP := $(VENV)/.wb-msit
 
 install: $(STAMP)
-	@$(PY) -c "from workbench.compare.judging import kernels; kernels.warm(every=True)" \
-	  || echo "make: the metric kernels did not compile now: each compare compiles them on first use"
+	@$(PY) -c "from workbench.compare.judging.kernel_code import kernel_code; kernel_code().build()" \
+	  || echo "make: the metric kernels did not compile now: a compare compiles the ones it needs on first use"
 
 # msit (the peer we replace) for the compatibility tests only, never a runtime dependency. msit pins numpy<2,
 # so it is installed without its deps and with numpy held where it is; if it fails those tests skip, saying why.

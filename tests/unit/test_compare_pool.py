@@ -128,6 +128,12 @@ def test_twins_whose_bytes_differ_are_computed_on_their_own(tmp_path: Path) -> N
     nan = x.clone()
     nan[0, 0] = float("nan")
     assert same_bytes(as_raw(nan), as_raw(nan.clone()))  # bit-identical, NaN included
+    # compared as 64-bit words, the last bytes of an odd size as bytes: one bit anywhere tells them apart
+    odd = torch.arange(1003, dtype=torch.uint8)
+    for where in (0, 500, 999, 1002):
+        other = odd.clone()
+        other[where] ^= 1
+        assert same_bytes(as_raw(odd), as_raw(odd.clone())) and not same_bytes(as_raw(odd), as_raw(other)), where
 
 
 def test_worker_never_imports_torch(tiny_dumps: TinyDumps) -> None:

@@ -22,8 +22,40 @@ from typing import Any
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import carray, cfunc, njit, types
 from numba.extending import intrinsic, overload
+
+from workbench.compare.judging.kernel_state import (
+    G_SIDE,
+    M_SIDE,
+    P_ABS_MAX,
+    P_ABS_SUM,
+    P_D2,
+    P_D_MAX,
+    P_DOT,
+    P_GG,
+    P_KL_A,
+    P_KL_B,
+    P_KL_G,
+    P_KL_M,
+    P_KL_Z,
+    P_KL_ZM,
+    P_MM,
+    P_N,
+    P_N_LT1,
+    P_N_LT5,
+    P_REL_MAX,
+    P_REL_SUM,
+    P_ULP_MAX,
+    S_DECIDED,
+    S_HI,
+    S_LO,
+    S_N,
+    S_S1,
+    S_S2,
+    S_SHIFT,
+    STATE_LEN,
+)
 
 
 def _array_math_without_scipy() -> None:
@@ -43,22 +75,10 @@ def _array_math_without_scipy() -> None:
 _array_math_without_scipy()
 
 BLOCK = 256  # elements summed in float32 before their sum is added in float64
-SERIES_MAX = 0.1  # largest |m - g| for which the KL's series form for expm1(d) - d holds (truncation < 3e-7)
-
-# side statistics: golden at G_SIDE, test at M_SIDE, each S_LEN slots
-S_DECIDED, S_SHIFT, S_N, S_S1, S_S2, S_LO, S_HI = range(7)
-S_LEN = 7
-G_SIDE, M_SIDE = 0, S_LEN
-# pair sums (over the positions finite on both sides)
-_P = 2 * S_LEN
-P_N, P_DOT, P_GG, P_MM, P_D2 = _P, _P + 1, _P + 2, _P + 3, _P + 4
-P_REL_MAX, P_REL_SUM, P_ABS_MAX, P_ABS_SUM, P_N_LT1, P_N_LT5 = _P + 5, _P + 6, _P + 7, _P + 8, _P + 9, _P + 10
-P_ULP_MAX, P_D_MAX = _P + 11, _P + 12
-P_KL_G, P_KL_Z, P_KL_A, P_KL_B, P_KL_M, P_KL_ZM = _P + 13, _P + 14, _P + 15, _P + 16, _P + 17, _P + 18
-STATE_LEN = _P + 19
 
 _FASTMATH = {"reassoc", "contract", "nsz"}  # reorder sums and fuse multiply-adds; NaN, Inf and division stay exact
-_JIT: dict[str, Any] = dict(fastmath=_FASTMATH, cache=True, nogil=True, boundscheck=False, error_model="numpy")
+# the helpers are inlined into the entry points (C functions, compiled by `compile_entry`)
+_JIT: dict[str, Any] = dict(fastmath=_FASTMATH, boundscheck=False, error_model="numpy")
 
 _F = np.float32
 _EPS = _F(np.finfo(np.float32).eps)  # msit's FLOAT_EPSILON (`metrics.FLOAT_EPS`): |golden| at or below it is masked
@@ -68,15 +88,6 @@ _EXP_FLOOR = _F(-87.3)  # below it e^x leaves float32's normal range: taken as 0
 _LOG2E = _F(1.44269504088896341)
 _LN2_HI = _F(0.693359375)
 _LN2_LO = _F(-2.12194440e-4)
-
-
-def new_state() -> np.ndarray:
-    """An empty pair state."""
-    st = np.zeros(STATE_LEN, np.float64)
-    for side in (G_SIDE, M_SIDE):
-        st[side + S_LO], st[side + S_HI] = np.inf, -np.inf
-    st[P_KL_G] = st[P_KL_M] = -np.inf
-    return st
 
 
 # ----------------------------------------------------------------------------------------------
@@ -263,9 +274,8 @@ def _fused(
     m_max: Any,
     ulp_top: int,
     ulp_floor: int,
-    out: np.ndarray,
-) -> None:
-    """Every pair sum, max and count of elements lo..hi (all finite) into `out` (float64, `_OUT` slots)."""
+) -> Any:
+    """Every pair sum, max and count of elements lo..hi (all finite), 16 float64 values (read by `_add_pair_sums`)."""
     zero: Any = 0.0
     dot = gg = mm = d2 = rel_sum = abs_sum = z = a = b = zm = zero
     rel_max = abs_max = d_max = ulp_max = np.uint32(0)  # float32 bits of non-negative values: ordered as ints
@@ -322,15 +332,25 @@ def _fused(
         a += b_a
         b += b_b
         zm += b_zm
-    out[0], out[1], out[2], out[3] = dot, gg, mm, d2
-    out[4], out[5] = rel_sum, _f32_from_bits(rel_max)
-    out[6], out[7] = abs_sum, _f32_from_bits(abs_max)
-    out[8], out[9], out[10] = n1, n5, _f32_from_bits(ulp_max)
-    out[11], out[12], out[13], out[14] = z, a, b, zm
-    out[15] = _f32_from_bits(d_max)
-
-
-_OUT = 16
+    f6 = np.float64
+    return (
+        dot,
+        gg,
+        mm,
+        d2,
+        rel_sum,
+        f6(_f32_from_bits(rel_max)),
+        abs_sum,
+        f6(_f32_from_bits(abs_max)),
+        f6(n1),
+        f6(n5),
+        f6(_f32_from_bits(ulp_max)),
+        z,
+        a,
+        b,
+        zm,
+        f6(_f32_from_bits(d_max)),
+    )
 
 
 @njit(inline="always", **_JIT)
@@ -343,7 +363,7 @@ def _rescaled(total_max: Any, total: Any, part_max: Any, part: Any) -> Any:
 
 
 @njit(inline="always", **_JIT)
-def _add_pair_sums(st: np.ndarray, n: int, c: np.ndarray, g_max: Any, m_max: Any) -> None:
+def _add_pair_sums(st: np.ndarray, n: int, c: Any, g_max: Any, m_max: Any) -> None:
     st[P_N] += n
     st[P_DOT] += c[0]
     st[P_GG] += c[1]
@@ -373,8 +393,8 @@ def _add_pair_sums(st: np.ndarray, n: int, c: np.ndarray, g_max: Any, m_max: Any
 # entry points
 
 
-@njit(**_JIT)
-def pass_pair(
+@njit(inline="always", **_JIT)
+def _pass_chunks(
     g: np.ndarray,
     m: np.ndarray,
     first: int,
@@ -388,7 +408,6 @@ def pass_pair(
     """Add chunks `first` .. `stop - 1` of the pair to `st` (each side's statistics too when `sides`); returns the
     index of the first chunk holding a NaN or an Inf (not added), or -1 when every chunk was added."""
     n = g.size
-    out = np.empty(_OUT, np.float64)
     for c in range(first, min(stop, (n + chunk - 1) // chunk)):
         lo = c * chunk
         hi = min(lo + chunk, n)
@@ -402,13 +421,12 @@ def pass_pair(
             _decide_shift(st, M_SIDE, _finite_sum(m, lo, hi, m_sum), hi - lo, m_lo, m_hi)
             s1, s2 = _side_sums(m, lo, hi, _F(st[M_SIDE + S_SHIFT]))
             _add_side_sums(st, M_SIDE, hi - lo, s1, s2, m_lo, m_hi)
-        _fused(g, m, lo, hi, g_hi, m_hi, ulp_top, ulp_floor, out)
-        _add_pair_sums(st, hi - lo, out, g_hi, m_hi)
+        _add_pair_sums(st, hi - lo, _fused(g, m, lo, hi, g_hi, m_hi, ulp_top, ulp_floor), g_hi, m_hi)
     return -1
 
 
-@njit(**_JIT)
-def add_side(x: np.ndarray, chunk: int, st: np.ndarray, side: int) -> tuple[int, int]:
+@njit(inline="always", **_JIT)
+def _add_side_chunks(x: np.ndarray, chunk: int, st: np.ndarray, side: int) -> tuple[int, int]:
     """Add the finite elements of `x` to one side's statistics in `st`, chunk by chunk; returns its (NaN, Inf)
     counts."""
     n = x.size
@@ -439,54 +457,43 @@ def add_side(x: np.ndarray, chunk: int, st: np.ndarray, side: int) -> tuple[int,
     return nan, not_finite - nan
 
 
-def warm(every: bool = False) -> None:
-    """Compile, or load from numba's cache, the variants for a float32 golden (before a pool forks its workers:
-    ~5 ms each once cached); `every`: all nine dtype pairs (at install: ~2 s each to compile)."""
-    st = new_state()
-    f32 = read_only(np.ones(4, np.float32))
-    bf16, f16 = read_only(np.full(4, 0x3F80, np.uint16)), read_only(np.full(4, 0x3C00, np.int16))
-    for g in (f32, bf16, f16) if every else (f32,):
-        add_side(g, 4, st, G_SIDE)
-        for m in (f32, bf16, f16):
-            pass_pair(g, m, 0, 1, 4, st, 0, 0, True)
+# ----------------------------------------------------------------------------------------------
+# entry points: C functions on raw pointers, one per element kind of each array (`kernel_code` calls them through
+# ctypes, without the GIL, and keeps their machine code between processes)
+
+ELEMENT_TYPES = {"float32": types.float32, "bfloat16": types.uint16, "float16": types.int16}
 
 
-def merge_state(into: np.ndarray, part: np.ndarray) -> None:
-    """Add the state of a later part of the pair (`part`) to `into`: both as one pass over both parts would hold
-    them, up to the rounding of the float64 sums (a side's sums are moved to `into`'s shift)."""
-    for side in (G_SIDE, M_SIDE):
-        if part[side + S_N] == 0:
-            continue
-        if into[side + S_DECIDED] == 0.0:
-            into[side + S_DECIDED], into[side + S_SHIFT] = 1.0, part[side + S_SHIFT]
-        n, s1 = part[side + S_N], part[side + S_S1]
-        delta = part[side + S_SHIFT] - into[side + S_SHIFT]  # x - c_into = (x - c_part) + delta
-        into[side + S_N] += n
-        into[side + S_S1] += s1 + n * delta
-        into[side + S_S2] += part[side + S_S2] + 2.0 * delta * s1 + n * delta * delta
-        into[side + S_LO] = min(into[side + S_LO], part[side + S_LO])
-        into[side + S_HI] = max(into[side + S_HI], part[side + S_HI])
-    if part[P_N] == 0:
-        return
-    for slot in (P_N, P_DOT, P_GG, P_MM, P_D2, P_REL_SUM, P_ABS_SUM, P_N_LT1, P_N_LT5):
-        into[slot] += part[slot]
-    for slot in (P_REL_MAX, P_ABS_MAX, P_ULP_MAX, P_D_MAX):
-        into[slot] = max(into[slot], part[slot])
-    # the KL's sums against the larger running max of each side (an empty `into` has -inf: its factor is 0)
-    top = max(into[P_KL_G], part[P_KL_G])
-    k_into, k_part = np.exp(into[P_KL_G] - top), np.exp(part[P_KL_G] - top)
-    for slot in (P_KL_Z, P_KL_A, P_KL_B):
-        into[slot] = into[slot] * k_into + part[slot] * k_part
-    into[P_KL_G] = top
-    top_m = max(into[P_KL_M], part[P_KL_M])
-    into[P_KL_ZM] = into[P_KL_ZM] * np.exp(into[P_KL_M] - top_m) + part[P_KL_ZM] * np.exp(part[P_KL_M] - top_m)
-    into[P_KL_M] = top_m
+def _pass_pair(
+    gp: Any, mp: Any, n: int, first: int, stop: int, chunk: int, stp: Any, ulp_top: int, ulp_floor: int, sides: int
+) -> int:
+    """Add chunks `first` .. `stop - 1` of the pair (n elements each side) to the state (each side's statistics too
+    when `sides`); returns the index of the first chunk holding a NaN or an Inf (not added), or -1 when every chunk
+    was added."""
+    st = carray(stp, STATE_LEN)
+    return _pass_chunks(carray(gp, n), carray(mp, n), first, stop, chunk, st, ulp_top, ulp_floor, sides != 0)
 
 
-def read_only(a: np.ndarray) -> np.ndarray:
-    """A read-only view: numba compiles a variant per writeable flag, so every array reaches the kernels read-only."""
-    if not a.flags.writeable:
-        return a
-    v = a.view()
-    v.flags.writeable = False
-    return v
+def _add_side(xp: Any, n: int, chunk: int, stp: Any, side: int, countp: Any) -> int:
+    """Add the finite elements of one side (n elements) to its statistics in the state, chunk by chunk; its (NaN, Inf)
+    counts into `countp`."""
+    nan, inf = _add_side_chunks(carray(xp, n), chunk, carray(stp, STATE_LEN), side)
+    counts = carray(countp, 2)
+    counts[0], counts[1] = nan, inf
+    return 0
+
+
+def compile_entry(entry: str, kinds: tuple[str, ...]) -> Any:
+    """numba's C function for `entry` ("pass_pair": golden and test kinds; "add_side": one kind), kinds named as in
+    `ELEMENT_TYPES`: its `address`, `native_name` and `_library` (the machine code)."""
+    i8, state = types.int64, types.CPointer(types.float64)
+    ptrs = [types.CPointer(ELEMENT_TYPES[k]) for k in kinds]
+    # no numba cache: a function loaded from it has no object code left to keep (`kernel_code` keeps its own)
+    options: dict[str, Any] = dict(fastmath=_FASTMATH, boundscheck=False, error_model="numpy")
+    if entry == "pass_pair":
+        g, m = ptrs
+        return cfunc(i8(g, m, i8, i8, i8, i8, state, i8, i8, i8), **options)(_pass_pair)
+    if entry == "add_side":
+        (x,) = ptrs
+        return cfunc(i8(x, i8, i8, state, i8, types.CPointer(i8)), **options)(_add_side)
+    raise ValueError(f"no kernel entry {entry!r}")

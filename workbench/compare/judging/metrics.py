@@ -5,10 +5,11 @@ machine eps, mask |golden| <= eps, ...); the extra metrics (ULP, SNR, msprobe's 
 ratios) and the per-side statistics come from the same pass. Definitions, and where our numbers
 differ from msit's in the last bits, are documented in `docs/metrics.md`.
 
-The pass is `kernels.pass_pair`, a numba loop that reads each element once (float32 and bfloat16 in place) in
-chunks of `CHUNK` elements (a memory-mapped tensor is paged in chunk by chunk): nothing the size of the pair is
-allocated. This module picks the arrays, hands the chunks holding NaN or Inf to the kernels by their finite parts,
-and turns the kernel's state into the reported numbers. A compare worker never imports torch (torch tensors are
+The pass is `kernels`' fused loop (`kernel_code().pass_pair`: numba-compiled machine code, called without the GIL),
+which reads each element once (float32, bfloat16 and float16 in place) in chunks of `CHUNK` elements (a
+memory-mapped tensor is paged in chunk by chunk): nothing the size of the pair is allocated. This module picks the
+arrays, hands the chunks holding NaN or Inf to the kernels by their finite parts, and turns the kernel's state
+(`kernel_state`) into the reported numbers. A compare worker never imports torch (torch tensors are
 accepted too, viewed as arrays without a copy).
 """
 
@@ -24,6 +25,8 @@ from typing import Any
 import numpy as np
 
 from workbench.catalog.schema import ALL_METRICS
+from workbench.compare.judging import kernel_state as k
+from workbench.compare.judging.kernel_code import kernel_code
 from workbench.compare.pairing.layout import layout_rule, not_comparable
 from workbench.formats.arrays import RawTensor, as_raw
 from workbench.formats.model import canonical_dtype
@@ -92,8 +95,6 @@ _DIRECT_MAX_SHIFT = 10.0  # beyond this the one-pass direct KL loses precision: 
 
 
 def _side_summary(st: np.ndarray, side: int, numel: int, nan: int, inf: int) -> TensorSummary:
-    from workbench.compare.judging import kernels as k
-
     n = int(st[side + k.S_N])
     if n == 0:
         return TensorSummary(numel, nan_count=nan, inf_count=inf)
@@ -110,8 +111,6 @@ def _side_summary(st: np.ndarray, side: int, numel: int, nan: int, inf: int) -> 
 
 def _pair_values(st: np.ndarray, ulp_scale: float | None) -> dict[str, float | None]:
     """The reported metrics from the pair sums (`st` holds at least one position finite on both sides)."""
-    from workbench.compare.judging import kernels as k
-
     n = st[k.P_N]
     dot, g2, m2, d2 = st[k.P_DOT], st[k.P_GG], st[k.P_MM], st[k.P_D2]
     if g2 == 0.0 and m2 == 0.0:
@@ -143,8 +142,6 @@ def _pair_values(st: np.ndarray, ulp_scale: float | None) -> dict[str, float | N
 
 def _kl(st: np.ndarray) -> float | None:
     """KL(softmax(g) || softmax(m)) from the online sums; None when only the float64 two-pass form is exact enough."""
-    from workbench.compare.judging import kernels as k
-
     z, a, b = st[k.P_KL_Z], st[k.P_KL_A], st[k.P_KL_B]
     if st[k.P_D_MAX] < k.SERIES_MAX:
         # log E_p[e^d] - E_p[d] = log1p(x) - x + E_p[expm1(d) - d], x = E_p[expm1(d)]:
@@ -181,7 +178,6 @@ TensorLike = Any  # a RawTensor, a numpy array or a torch tensor
 
 def summarize(t: TensorLike) -> TensorSummary:
     """numel, min, max, mean, std, L2 norm (over the finite elements) and NaN/Inf counts of `t`."""
-    from workbench.compare.judging import kernels as k  # numba: loaded by the first pass, not by an import
 
     raw = as_raw(t)
     if raw.array.dtype.kind == "c":
@@ -191,7 +187,7 @@ def summarize(t: TensorLike) -> TensorSummary:
     whole = _kernel_array(raw)
     with np.errstate(all="ignore"):
         for x in [whole] if whole is not None else _chunks(raw, None):
-            x_nan, x_inf = k.add_side(k.read_only(x), CHUNK, st, k.G_SIDE)
+            x_nan, x_inf = kernel_code().add_side(x, CHUNK, st, k.G_SIDE)
             nan, inf = nan + x_nan, inf + x_inf
     return _side_summary(st, k.G_SIDE, raw.numel, nan, inf)
 
@@ -209,8 +205,6 @@ def compare_tensors(golden: TensorLike, test: TensorLike, test_dtype: str | None
 
 
 def _compare(g_raw: RawTensor, t_raw: RawTensor, test_dtype: str | None) -> PairMetrics:
-    from workbench.compare.judging import kernels as k
-
     none = dict.fromkeys(ALL_METRICS)
     if g_raw.array.dtype.kind == "c" or t_raw.array.dtype.kind == "c":
         return PairMetrics(none, summarize(g_raw), summarize(t_raw), False, "complex tensors are not compared")
@@ -257,15 +251,13 @@ def _pass(g_raw: RawTensor, t_raw: RawTensor, top: int, floor: int) -> tuple[np.
     """The kernels' state of the pair, and the (golden NaN, Inf, test NaN, Inf) counts. A pair of more than two
     `PART_BYTES` is cut into parts of whole chunks, each passed on a thread of its own (the kernels run without the
     GIL) and merged in order: one huge tensor keeps every core busy, with the same numbers on any machine."""
-    from workbench.compare.judging import kernels as k
-
     st, counts = k.new_state(), [0, 0, 0, 0]
     g_whole, t_whole = _kernel_array(g_raw), _kernel_array(t_raw)
     if g_whole is None or t_whole is None:
         for g, m in zip(_chunks(g_raw, g_whole), _chunks(t_raw, t_whole), strict=True):
-            _add_chunks(k.read_only(g), k.read_only(m), 0, 1, st, counts, top, floor)
+            _add_chunks(g, m, 0, 1, st, counts, top, floor)
         return st, counts
-    g_arr, t_arr = k.read_only(g_whole), k.read_only(t_whole)
+    g_arr, t_arr = g_whole, t_whole
     n_chunks = -(-g_arr.size // CHUNK)
     parts = max(1, min(n_chunks, (g_arr.nbytes + t_arr.nbytes) // PART_BYTES))
     if parts < 2:
@@ -289,10 +281,8 @@ def _add_chunks(
 ) -> None:
     """Add chunks first .. stop - 1 of two arrays the kernels read in place to `st`; a chunk holding NaN or Inf by
     its finite parts (`_add_not_finite`)."""
-    from workbench.compare.judging import kernels as k
-
     with np.errstate(all="ignore"):  # on a part's thread too: numpy's error state is per thread
-        while (bad := k.pass_pair(g, m, first, stop, CHUNK, st, top, floor, True)) >= 0:
+        while (bad := kernel_code().pass_pair(g, m, first, stop, CHUNK, st, top, floor, True)) >= 0:
             chunk = slice(bad * CHUNK, (bad + 1) * CHUNK)
             _add_not_finite(g[chunk], m[chunk], st, counts, top, floor)
             first = bad + 1
@@ -312,17 +302,15 @@ def _part_threads() -> ThreadPoolExecutor:
 def _add_not_finite(g: np.ndarray, m: np.ndarray, st: np.ndarray, counts: list[int], top: int, floor: int) -> None:
     """A chunk holding NaN or Inf: each side's finite part to its statistics, the positions finite on both sides to
     the pair's."""
-    from workbench.compare.judging import kernels as k
-
     for i, (side, x) in enumerate(((k.G_SIDE, g), (k.M_SIDE, m))):
-        nan, inf = k.add_side(x, CHUNK, st, side)
+        nan, inf = kernel_code().add_side(x, CHUNK, st, side)
         counts[2 * i] += nan
         counts[2 * i + 1] += inf
     g32, m32 = _as_float32(g), _as_float32(m)
     both = np.isfinite(g32) & np.isfinite(m32)
     n = int(np.count_nonzero(both))
     if n:
-        k.pass_pair(k.read_only(g32[both]), k.read_only(m32[both]), 0, 1, n, st, top, floor, False)
+        kernel_code().pass_pair(g32[both], m32[both], 0, 1, n, st, top, floor, False)
 
 
 def _kernel_array(raw: RawTensor) -> np.ndarray | None:

@@ -1,0 +1,78 @@
+"""The kernels' machine code kept between processes (`kernel_code`): a process that finds the object files loads them
+with llvmlite alone (numba is never imported) and computes the numbers numba's own compile gives, bit for bit; a
+damaged file is refused and the entry compiled anew."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# one pair through both entries (NaN and Inf on either side reach add_side), printed to the last bit
+_PROGRAM = """
+import sys
+import torch
+from workbench.compare.judging.metrics import compare_tensors
+gen = torch.Generator().manual_seed(5)
+g = torch.randn(100_003, generator=gen) * 3
+m = (g * 1.002 + 1e-3).to(torch.bfloat16)
+m[17] = float("nan")
+g[40_000] = float("inf")
+r = compare_tensors(g, m)
+print(repr(sorted(r.values.items())), repr(r.golden), repr(r.test))
+print("numba imported:", "numba" in sys.modules)
+"""
+
+
+def _run(cache: Path) -> tuple[str, bool]:
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
+    out = subprocess.run(
+        [sys.executable, "-c", _PROGRAM], capture_output=True, text=True, timeout=600, env=env, check=True
+    ).stdout.splitlines()
+    return out[0], out[1] == "numba imported: True"
+
+
+def _objects(cache: Path) -> list[Path]:
+    return sorted((cache / "wb_kernels").glob("wb_kernel-*.o"))
+
+
+@pytest.mark.slow
+def test_object_files_load_without_numba_and_give_numbas_numbers(tmp_path: Path) -> None:
+    compiled, numba_first = _run(tmp_path)
+    names = [p.name.split("-")[1:-1] for p in _objects(tmp_path)]
+    # the chunks holding NaN or Inf: each side alone, then the positions finite on both as float32
+    assert names == [
+        ["add_side", "bfloat16"],
+        ["add_side", "float32"],
+        ["pass_pair", "float32", "bfloat16"],
+        ["pass_pair", "float32", "float32"],
+    ]
+    assert numba_first  # nothing to load: numba compiled the entries and their files were written
+    loaded, numba_second = _run(tmp_path)
+    assert not numba_second, "a process with every object file imported numba"
+    assert loaded == compiled
+
+
+@pytest.mark.slow
+def test_a_damaged_object_file_is_refused_and_the_entry_compiled_again(tmp_path: Path) -> None:
+    reference, _ = _run(tmp_path)
+    target = next(p for p in _objects(tmp_path) if "pass_pair" in p.name)
+    blob = bytearray(target.read_bytes())
+    blob[-100] ^= 0xFF  # one byte of the machine code
+    target.write_bytes(bytes(blob))
+    again, numba_used = _run(tmp_path)
+    assert numba_used and again == reference
+    fixed, numba_third = _run(tmp_path)  # the compile wrote a good file over it
+    assert not numba_third and fixed == reference
+
+
+def test_file_names_hold_the_entry_and_a_digest_of_what_made_the_code() -> None:
+    from workbench.compare.judging.kernel_code import ENTRIES, KernelCode, _file_name
+
+    key = KernelCode()._cache_key()
+    names = {_file_name(e, key) for e in ENTRIES}
+    assert len(names) == len(ENTRIES) == 12
+    assert all(n.endswith(f"-{key}.o") and n.startswith("wb_kernel-") for n in names)
