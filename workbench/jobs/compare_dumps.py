@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from workbench.analysis.checks.allreduce import AllReduceResult
     from workbench.analysis.reporting.summary import CompareResult
     from workbench.compare.execution.executor import Cluster
+    from workbench.compare.execution.pool import PoolStarter
     from workbench.core.tokens import TokenRanges
     from workbench.formats.detect import RankDump
     from workbench.formats.model import Dump
@@ -93,15 +94,20 @@ def compare_dumps(
     """Compare `request`'s dumps (see the module docstring); raises `CompareCancelled` when `cancel` is set,
     keeping what was committed."""
     say: Emit = emit or (lambda _line: None)
-    _numpy_one_blas_thread()
     if request.ray is not None:
         from workbench.compare.execution.ray_exec import import_ray
 
         import_ray()  # before anything is read or written: `ray is not installed: ...`
     if request.report_dir is not None:
         check_output_dir(request.report_dir, request.catalog)
+    pool = _start_pool(request) if request.ray is None else None
+    _numpy_one_blas_thread()
     if request.ray is None:
-        return _compare_ranks(request, None, progress, say, cancel)
+        try:
+            return _compare_ranks(request, None, progress, say, cancel, pool)
+        finally:
+            if pool is not None:
+                pool.shutdown()
     from workbench.compare.execution.ray_exec import RayCluster
 
     cluster = RayCluster.connect(request.ray, request.workers)
@@ -109,6 +115,16 @@ def compare_dumps(
         return _compare_ranks(request, cluster, progress, say, cancel)
     finally:
         cluster.shutdown()
+
+
+def _start_pool(req: CompareRequest) -> PoolStarter | None:
+    """The pool, started before anything else when the dumps are worth one (`worth_a_pool`): its forkserver loads
+    numpy and the kernels (~0.1 s) while this process reads the golden dump, so a worker can read the test dump.
+    Every rank is compared on it."""
+    from workbench.compare.execution.pool import PoolStarter, default_workers, worth_a_pool
+
+    workers = req.workers or default_workers()
+    return PoolStarter(workers) if worth_a_pool(req.golden, req.test, workers) else None
 
 
 def _numpy_one_blas_thread() -> None:
@@ -143,6 +159,7 @@ def _compare_ranks(
     progress: ProgressFn | None,
     say: Emit,
     cancel: threading.Event | None,
+    pool: PoolStarter | None = None,
 ) -> CompareOutcome:
     from workbench.formats.detect import find_ranks, pair_ranks
 
@@ -151,7 +168,7 @@ def _compare_ranks(
     for line in refused:
         say(f"problem: {line}")
     if not (g_ranks or t_ranks):
-        one = _compare_one(req, _RankPair(None, req.golden, req.test), cluster, progress, say, cancel)
+        one = _compare_one(req, _RankPair(None, req.golden, req.test), cluster, progress, say, cancel, pool)
         return CompareOutcome((one,))
     shared: list[RankDump] = []  # a single-rank dump partnering every rank of the other side
     if g_ranks and t_ranks:
@@ -180,7 +197,7 @@ def _compare_ranks(
             (g.rank is not None or bool(g_ranks), t.rank is not None or bool(t_ranks)),
         )
         # ranks at once: no progress lines interleaved
-        return _compare_one(req, pair, cluster, None if stop is not None else progress, emit, stop or cancel)
+        return _compare_one(req, pair, cluster, None if stop is not None else progress, emit, stop or cancel, pool)
 
     if cluster is None or len(ranked) == 1:
         outcomes = [one_rank(rank, g, t, say, None) for rank, g, t in ranked]
@@ -343,9 +360,10 @@ def _compare_one(
     progress: ProgressFn | None,
     say: Emit,
     cancel: threading.Event | None,
+    pool: PoolStarter | None = None,
 ) -> RankOutcome:
     """One golden/test pair of dumps (or of ranks: `pair.open` reads them, `pair.rank` goes into `runs.rank`);
-    its summary goes to `say`."""
+    its summary goes to `say`. `pool`: the compare's (else `run_compare` starts one where worth it)."""
     from workbench.jobs.compare import run_compare  # light: the pool starts before pandas and DuckDB load
 
     catalog = req.catalog
@@ -365,6 +383,7 @@ def _compare_one(
             follow_symlinks=req.follow_symlinks,
             cluster=cluster,
             cancel=cancel,
+            pool=pool,
             then=functools.partial(_write_reports, req, pair, done),  # on run_compare's open of the catalog
         ),
     )
