@@ -1,13 +1,14 @@
 """Compare speed: `wb compare` vs `msit llm compare` on the same pairs of dumps, in one interleaved run.
 
 The dumps (`--size`, repeatable): `620mb`, an 8-layer, 1024-hidden Llama (fp32 golden, bf16 test, vocab 8000),
-384-token prompt + 3 decode steps (tokens 0-3); `1.6gb`, the same with hidden 2048 and a 512-token prompt.
+384-token prompt + 3 decode steps (tokens 0-3); `1.6gb`, the same with hidden 2048 and a 512-token prompt; `4.5gb`,
+hidden 3072 and an 896-token prompt (how the ratio holds as dumps grow).
 The headline pair is dumped by msit's own `register_hook` (no manifest, no hard links: the dumps users have);
 the second pair by our dumper. Each round runs both tools on both pairs; prints wall time, pairs/s, MB/s and
 peak memory (max RSS of the process tree), the load average, and the msit/wb wall-time ratio of the medians
 and per round.
 
-    .venv/bin/python bench/bench_compare.py [--quick] [--size 620mb|1.6gb ...] [--keep DIR] [--workers N]
+    .venv/bin/python bench/bench_compare.py [--quick] [--size 620mb|1.6gb|4.5gb ...] [--keep DIR] [--workers N]
         [--repeat R] [--no-ours] [--no-msit] [--ref CHECKOUT]
 
 `--ref` names another checkout (say /work/main): its `wb compare` runs in every round next to this checkout's, on
@@ -68,6 +69,18 @@ SIZES: dict[str, tuple[dict[str, int], int]] = {
             vocab_size=8000,
         ),
         512,
+    ),
+    # as dumps grow: hidden 3072, an 896-token prompt (~4.6 GB; the model takes ~4 GB of memory to dump)
+    "4.5gb": (
+        dict(
+            hidden_size=3072,
+            intermediate_size=8192,
+            num_hidden_layers=8,
+            num_attention_heads=24,
+            num_key_value_heads=24,
+            vocab_size=8000,
+        ),
+        896,
     ),
     "quick": (
         dict(
