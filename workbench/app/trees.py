@@ -161,6 +161,16 @@ class TopologyTree(Tree[TreeRow]):
         if revealed is not None and self.cursor_node is revealed:
             self.call_after_refresh(self._center_on, revealed)
 
+    def watch_show_vertical_scrollbar(self, shown: bool) -> None:
+        # Textual moves a scrollbar's thumb on a scroll only while the bar is shown: a bar that appears after the tree
+        # scrolled (a reveal at start-up, before the rows filled the tree) kept its thumb at the top
+        if shown:
+            self.vertical_scrollbar.position = self.scroll_y
+
+    def watch_show_horizontal_scrollbar(self, shown: bool) -> None:
+        if shown:
+            self.horizontal_scrollbar.position = self.scroll_x
+
     def on_resize(self) -> None:
         # the tree's height changes after a reveal when a bar above it appears (the rank bar, once its data
         # is in): keep the revealed node centred while the cursor still rests on it
