@@ -88,16 +88,24 @@ def open_catalog(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBP
                     "refused, left untouched; give wb its own catalog file"
                 )
         repaired = not fresh and restore_read_write(con)  # planted views and macros go
-        if version is None or repaired or _schema_digest_of(con) != _SCHEMA_DIGEST:
-            con.execute(TABLES_DDL)  # every statement is IF NOT EXISTS: older catalogs gain the newer tables
-            con.execute("ALTER TABLE runs ADD COLUMN IF NOT EXISTS rank INTEGER")  # catalogs made before ranks
-            if version is None:
-                con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
-            con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_digest', ?)", [_SCHEMA_DIGEST])
-        for name, ddl in OUR_VIEWS.items():  # a view in the file is never trusted: replaced unless it is ours
-            # (only then: ranks compared at once open one catalog, and two replacing a view conflict in DuckDB)
-            if fresh or not view_is_ours(con, name, ddl):
-                con.execute(ddl)
+        # the schema's statements in one transaction: one commit instead of one per statement (~10 ms for a new
+        # catalog), and an upgrade that fails leaves the catalog as it was
+        con.execute("BEGIN TRANSACTION")
+        try:
+            if version is None or repaired or _schema_digest_of(con) != _SCHEMA_DIGEST:
+                con.execute(TABLES_DDL)  # every statement is IF NOT EXISTS: older catalogs gain the newer tables
+                con.execute("ALTER TABLE runs ADD COLUMN IF NOT EXISTS rank INTEGER")  # catalogs made before ranks
+                if version is None:
+                    con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+                con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_digest', ?)", [_SCHEMA_DIGEST])
+            for name, ddl in OUR_VIEWS.items():  # a view in the file is never trusted: replaced unless it is ours
+                # (only then: ranks compared at once open one catalog, and two replacing a view conflict in DuckDB)
+                if fresh or not view_is_ours(con, name, ddl):
+                    con.execute(ddl)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
     except duckdb.Error as exc:
         con.close()
         _remove_new(p, created)
