@@ -149,7 +149,7 @@ def _read_ingest_and_compare(
     if job.progress:
         job.progress(Progress("read dumps", 0, 2))
     # a worker reads the test dump while this process reads the golden one; when no worker has started on it by
-    # then (the pool's start loads numba and the kernels, ~0.3 s), this process reads it too
+    # then (the pool's forkserver loads numpy and the kernels' machine code, ~0.12 s), this process reads it too
     remote = _read_in_worker(test, job.pool, job.follow_symlinks) if isinstance(test, str | Path) else None
     g_dump = open_dump(golden, follow_symlinks=job.follow_symlinks) if isinstance(golden, str | Path) else golden
     if job.progress:

@@ -4,8 +4,9 @@ the fused metric kernels' machine code (`kernel_code.preload`). Every worker the
 The compare's parallelism is its worker processes, and the kernels call no BLAS: OpenBLAS's own thread per core would
 only be started and spun at numpy's load. A user's own `OPENBLAS_NUM_THREADS` is kept.
 
-The forkserver ends without the interpreter's teardown (it holds nothing to flush; tearing down numpy and numba took
-~0.13 s after `wb` itself had ended, during which it kept `wb`'s stdout and stderr open: a caller reading them waited).
+The forkserver ends without the interpreter's teardown (it holds nothing to flush; tearing down numpy and numba,
+when numba was loaded here, took ~0.13 s after `wb` itself had ended, during which it kept `wb`'s stdout and stderr
+open: a caller reading them waited).
 The workers it forks end through `os._exit` already.
 """
 

@@ -1,9 +1,9 @@
 """The compare worker pool, kept free of torch so a caller can start it before importing anything heavy.
 
 Workers are forked from a forkserver that has already imported the worker module and loaded the metric kernels
-(`forkserver_preload`: numpy, numba and the kernels, about 0.3 s), so every worker starts warm; starting the pool
-first lets that overlap with the caller's own start-up and with reading the dumps. Every pool process dies with
-the process that started it (`lifeline`).
+(`forkserver_preload`: numpy, the worker module and the kernels' machine code, about 0.12 s), so every worker starts
+warm; starting the pool first lets that overlap with the caller's own start-up and with reading the dumps. Every pool
+process dies with the process that started it (`lifeline`).
 """
 
 from __future__ import annotations
