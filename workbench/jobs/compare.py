@@ -85,9 +85,10 @@ def run_compare(
         th = thresholds if isinstance(thresholds, Thresholds) else Thresholds.load(thresholds)
         mf = mapping if isinstance(mapping, MappingFile) or mapping is None else MappingFile.load(mapping)
         settings = _Settings(
-            Path(catalog), mf, th, n_workers, progress, cancel, auto, pool, freeze_gc, follow_symlinks, cluster, then
+            Path(catalog), mf, th, n_workers, progress, cancel, auto, pool, follow_symlinks, cluster, then
         )
-        return _read_ingest_compare(golden, test, tokens, settings, early)
+        with _CollectorPause(freeze_gc) as collector:
+            return _read_ingest_compare(golden, test, tokens, settings, early, collector)
     finally:
         if own is not None:
             own.shutdown()
@@ -110,10 +111,38 @@ class _Settings:
     cancel: threading.Event | None
     auto: bool
     pool: ProcessPoolExecutor | PoolStarter | None
-    freeze_gc: bool
     follow_symlinks: bool
     cluster: Cluster | None
     then: Callable[[duckdb.DuckDBPyConnection, CompareResult], None] | None
+
+
+class _CollectorPause:
+    """With `freeze_gc`, no collection runs before the freeze: what the reads and the heavy imports make lives on,
+    and the ~200 collections that scanned it were ~0.04 s of a CLI compare's CPU. `freeze` moves every object made
+    so far out of the collector's sight and lets it run again; leaving the block lets it run in any case."""
+
+    def __init__(self, freeze_gc: bool) -> None:
+        self.freeze_gc = freeze_gc
+        self.paused = False
+
+    def __enter__(self) -> _CollectorPause:
+        self.paused = self.freeze_gc and gc.isenabled()
+        if self.paused:
+            gc.disable()
+        return self
+
+    def freeze(self) -> None:
+        if self.freeze_gc:
+            gc.freeze()
+        self._resume()
+
+    def __exit__(self, *exc: object) -> None:
+        self._resume()
+
+    def _resume(self) -> None:
+        if self.paused:
+            gc.enable()
+            self.paused = False
 
 
 def _read_ingest_compare(
@@ -122,28 +151,9 @@ def _read_ingest_compare(
     tokens: Collection[int] | TokenRanges | None,
     job: _Settings,
     early: EarlyPairs | None,
+    collector: _CollectorPause,
 ) -> CompareResult:
-    # with `freeze_gc`, no collection runs before the freeze: what the reads and the heavy imports make lives on,
-    # and the ~200 collections that scanned it were ~0.04 s of a CLI compare's CPU
-    paused = job.freeze_gc and gc.isenabled()
-    if paused:
-        gc.disable()
-    try:
-        return _read_ingest_and_compare(golden, test, tokens, job, early, paused)
-    finally:
-        if paused:
-            gc.enable()
-
-
-def _read_ingest_and_compare(
-    golden: str | Path | Dump,
-    test: str | Path | Dump,
-    tokens: Collection[int] | TokenRanges | None,
-    job: _Settings,
-    early: EarlyPairs | None,
-    gc_paused: bool,
-) -> CompareResult:
-    """`_read_ingest_compare`'s work; the collector, when `gc_paused`, resumes at the freeze."""
+    """Read, ingest, match and compare (`run_compare`'s work); the collector, when paused, resumes at the freeze."""
     from workbench.formats import open_dump
 
     if job.progress:
@@ -175,10 +185,7 @@ def _read_ingest_and_compare(
         _import_heavy()  # while the workers compute the early pairs (a no-op when done above)
         from workbench.catalog.store import ingest_dump, open_catalog
 
-        if job.freeze_gc:
-            gc.freeze()
-        if gc_paused:
-            gc.enable()
+        collector.freeze()
         job.catalog.parent.mkdir(parents=True, exist_ok=True)
         con = open_catalog(job.catalog)
         try:

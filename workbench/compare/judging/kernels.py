@@ -4,15 +4,17 @@ count the catalog reports.
 A pair is walked in chunks of `chunk` elements. Per chunk, one loop finds both sides' min and max (and whether any
 element is NaN or Inf), further loops compute the rest: float32 sums over blocks of `BLOCK` elements, added in
 float64 (vectorised: LLVM may reorder the sums, never the NaN/Inf semantics or the rounding of a division), into the
-pair's state, `st`, a float64 array laid out by the `S_*`/`P_*` offsets below. The cosine's three sums are float64 from
-the first element (msit's float64 dot). The KL's sums are kept online against a running max of each side, so the
-series form (while every |m - g| < `SERIES_MAX`) and the direct form are both ready at the end. Loops index slices
-from 0: a loop from a variable start keeps numba's negative-index check on every load, and LLVM does not vectorise it.
+pair's state, `st`, a float64 array laid out by `kernel_state`'s `S_*`/`P_*` offsets. The cosine's three sums are
+float64 from the first element (msit's float64 dot). The KL's sums are kept online against a running max of each
+side, so the series form (while every |m - g| < `SERIES_MAX`) and the direct form are both ready at the end. Loops
+index slices from 0: a loop from a variable start keeps numba's negative-index check on every load, and LLVM does
+not vectorise it.
 
 Golden and test arrays are 1-D and contiguous: float32, uint16 holding bfloat16 bits or int16 holding float16 bits
 (read in place). A chunk with a NaN or an Inf stops the walk (`pass_pair` returns its index) and is handed back to the
 caller, which adds each side's finite part (`add_side`) and the positions finite on both sides (`pass_pair` on those)
-to the same state. States of consecutive parts of a pair merge (`merge_state`).
+to the same state. States of consecutive parts of a pair merge (`kernel_state.merge_state`). The entry points are C
+functions (`compile_entry`), one per element kind of each array; `kernel_code` keeps their machine code and calls them.
 """
 
 from __future__ import annotations
