@@ -139,43 +139,54 @@ def _first_line(exc: BaseException) -> str:
 def guarded(fn: Callable[[], T]) -> T:
     """Run `fn`, turning every known user-facing error into a one-line message and exit 2
     (interrupts: 130, SIGTERM: 143; unexpected exceptions reach `main`, which reports a crash)."""
-    import duckdb
+    try:
+        return fn()
+    except BaseException as exc:
+        known = _user_facing_exit(exc)
+        if known is None:
+            raise
+        raise known from None
 
+
+def _user_facing_exit(exc: BaseException) -> typer.Exit | None:
+    """The one-line exit `guarded` gives `exc`, None for what is not a user-facing error. The error classes are
+    imported here, not before `fn` runs: DuckDB alone takes ~60 ms to load, and `wb compare` starts its worker
+    pool first (an exception from DuckDB means it is loaded)."""
     from workbench.catalog import CatalogError, storage_message
     from workbench.compare.pairing.mapping import MappingError
     from workbench.formats.model import DumpError
 
-    try:
-        return fn()
-    except (DumpError, CatalogError, MappingError) as exc:
-        raise fail(str(exc)) from None
-    except ValueError as exc:
-        raise fail(_first_line(exc)) from None
-    except RecursionError:
-        raise fail("input nested too deeply to read (a JSON or TOML file, or folders)") from None
-    except duckdb.InterruptException:  # a signal that arrived while DuckDB ran a statement
+    duckdb = sys.modules.get("duckdb")
+    kept = "everything committed so far is kept in the catalog"
+    if isinstance(exc, DumpError | CatalogError | MappingError):
+        return fail(str(exc))
+    if isinstance(exc, ValueError):
+        return fail(_first_line(exc))
+    if isinstance(exc, RecursionError):
+        return fail("input nested too deeply to read (a JSON or TOML file, or folders)")
+    if duckdb is not None and isinstance(exc, duckdb.InterruptException):  # a signal while DuckDB ran a statement
         if sigterm_received():
-            raise fail("terminated; everything committed so far is kept in the catalog", EXIT_TERMINATED) from None
-        raise fail("interrupted; everything committed so far is kept in the catalog", EXIT_INTERRUPTED) from None
-    except duckdb.Error as exc:
+            return fail(f"terminated; {kept}", EXIT_TERMINATED)
+        return fail(f"interrupted; {kept}", EXIT_INTERRUPTED)
+    if duckdb is not None and isinstance(exc, duckdb.Error):
         if signal_inside(exc) is not None:
             code = EXIT_TERMINATED if sigterm_received() else EXIT_INTERRUPTED
             what = "terminated" if sigterm_received() else "interrupted"
-            raise fail(f"{what}; everything committed so far is kept in the catalog", code) from None
-        raise fail(f"catalog: {storage_message(exc)}; everything committed before is kept") from None
-    except OSError as exc:
+            return fail(f"{what}; {kept}", code)
+        return fail(f"catalog: {storage_message(exc)}; everything committed before is kept")
+    if isinstance(exc, OSError):
         where = f"{exc.filename}: " if exc.filename else ""
         msg = storage_message(exc) if exc.errno in (27, 28, 122) else (exc.strerror or _first_line(exc))
-        raise fail(f"{where}{msg}; everything committed before is kept") from None
-    except Terminated:
-        raise fail("terminated; everything committed so far is kept in the catalog", EXIT_TERMINATED) from None
-    except KeyboardInterrupt:
-        raise fail("interrupted; everything committed so far is kept in the catalog", EXIT_INTERRUPTED) from None
-    except RuntimeError as exc:  # DuckDB's "Query interrupted" when the signal came during a DataFrame scan
-        if signal_inside(exc) is None:
-            raise
+        return fail(f"{where}{msg}; everything committed before is kept")
+    if isinstance(exc, Terminated):
+        return fail(f"terminated; {kept}", EXIT_TERMINATED)
+    if isinstance(exc, KeyboardInterrupt):
+        return fail(f"interrupted; {kept}", EXIT_INTERRUPTED)
+    if isinstance(exc, RuntimeError) and signal_inside(exc) is not None:
+        # DuckDB's "Query interrupted" when the signal came during a DataFrame scan
         what, code = ("terminated", EXIT_TERMINATED) if sigterm_received() else ("interrupted", EXIT_INTERRUPTED)
-        raise fail(f"{what}; everything committed so far is kept in the catalog", code) from None
+        return fail(f"{what}; {kept}", code)
+    return None
 
 
 @contextlib.contextmanager
