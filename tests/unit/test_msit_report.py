@@ -32,3 +32,62 @@ def test_one_query_and_token_slices_write_the_same_report(
     if tokens is not None:
         assert {int(line.split(",")[0]) for line in lines[1:]} == tokens  # (the test run's tokens are the golden's)
     assert sliced == whole
+
+
+def test_cells_are_written_as_pandas_to_csv_wrote_them(tiny_dumps: TinyDumps, tmp_path: Path) -> None:
+    """The rows are formatted without pandas, cell for cell as `DataFrame.to_csv(na_rep="", float_format="%.10g")`
+    wrote them before: NULL and NaN empty, Inf as `inf`, -0.0 as `-0`, text a spreadsheet would run quoted."""
+
+    from workbench.catalog.schema import MSIT_CSV_COLUMNS
+    from workbench.core.text import csv_safe_columns
+
+    catalog = tmp_path / "c.duckdb"
+    res = run_compare(tiny_dumps.golden, tiny_dumps.defect, catalog, workers=1)
+    con = open_catalog(catalog)
+    try:
+        pair_ids = [r[0] for r in con.execute("SELECT pair_id FROM metrics ORDER BY pair_id LIMIT 4").fetchall()]
+        odd = ["'nan'::DOUBLE", "NULL", "'inf'::DOUBLE", "-0.0::DOUBLE"]
+        for pid, value in zip(pair_ids, odd, strict=True):
+            con.execute(
+                f"UPDATE metrics SET cosine_similarity = {value}, kl_divergence = {value}, passed = NULL, "
+                'cmp_fail_reason = \'=HYPERLINK("x"), a "quoted" reason\' WHERE pair_id = ?',
+                [pid],
+            )
+        con.execute("UPDATE nodes SET type = '@SUM(A1)' WHERE node_id = (SELECT min(golden_node_id) FROM matches)")
+        written = report.write_msit_csv(con, res.cmp_id, tmp_path).read_text(encoding="utf-8")
+        frame = con.execute(
+            f"SELECT {', '.join(MSIT_CSV_COLUMNS)}, passed FROM comparison WHERE cmp_id = ? ORDER BY data_id",
+            [res.cmp_id],
+        ).df()
+    finally:
+        con.close()
+    frame["data_id"] = range(len(frame))
+    csv_safe_columns(frame)
+    expected = frame.to_csv(index=False, na_rep="", float_format="%.10g", lineterminator="\n")
+    assert written == expected
+    assert ",inf," in written and ",-0," in written and "'=HYPERLINK" in written and "'@SUM(A1)" in written
+
+
+def test_rows_sharing_a_golden_tensor_keep_one_order(tiny_dumps: TinyDumps, tmp_path: Path) -> None:
+    """One golden tensor paired with several test tensors (a graph run twice, as TorchAir dumps it): the rows are
+    numbered by pair, the same on every read (ties in the execution order used to come out in any order)."""
+    catalog = tmp_path / "c.duckdb"
+    res = run_compare(tiny_dumps.golden, tiny_dumps.defect, catalog, workers=1)
+    con = open_catalog(catalog)
+    try:
+        top = con.execute("SELECT max(pair_id) FROM matches").fetchall()[0][0]
+        # every pair repeated under a new id, the copies inserted first (DuckDB then meets them first in a scan)
+        con.execute("CREATE TEMP TABLE copies AS SELECT * REPLACE (pair_id + ? AS pair_id) FROM matches", [top + 1])
+        con.execute("CREATE TEMP TABLE originals AS SELECT * FROM matches")
+        con.execute("DELETE FROM matches")
+        con.execute("INSERT INTO matches SELECT * FROM copies")
+        con.execute("INSERT INTO matches SELECT * FROM originals")
+        reads = [
+            con.execute("SELECT pair_id FROM comparison WHERE cmp_id = ? ORDER BY data_id", [res.cmp_id]).fetchall()
+            for _ in range(5)
+        ]
+    finally:
+        con.close()
+    assert len(reads[0]) == 2 * (top + 1) and all(r == reads[0] for r in reads)
+    pairs = [p for (p,) in reads[0]]
+    assert all(a < b for a, b in zip(pairs[::2], pairs[1::2], strict=True))  # the original before its copy

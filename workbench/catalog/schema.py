@@ -282,7 +282,7 @@ SELECT
                                 CASE WHEN m.io = 'in' THEN 2 * gn.exec_order ELSE 2 * gn.end_order + 1 END
                                     NULLS LAST,
                                 CASE WHEN m.io = 'in' THEN gn.depth ELSE -gn.depth END, gn.node_id,
-                                gt.idx) - 1 AS data_id,
+                                gt.idx, m.pair_id) - 1 AS data_id,
     gt.path                                           AS golden_data_path,
     gn.type                                           AS golden_op_type,
     'torch.' || gt.dtype                              AS golden_dtype,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import datetime as _dt
 from pathlib import Path
 from typing import TextIO
@@ -13,7 +14,7 @@ import pandas as pd
 from workbench.analysis.reporting.summary import CompareResult
 from workbench.catalog import first_row
 from workbench.catalog.schema import MSIT_CSV_COLUMNS
-from workbench.core.text import csv_safe_columns
+from workbench.core.text import csv_safe, csv_safe_columns
 from workbench.core.tokens import token_text
 
 CSV_SLICE = 16384  # report rows fetched and written at a time
@@ -46,8 +47,7 @@ def write_msit_csv(
         else:
             done = _write_sliced(con, fh, cmp_id, tok)
         if not done:  # the header alone
-            empty = con.execute(f"SELECT {', '.join(MSIT_CSV_COLUMNS)}, passed FROM comparison LIMIT 0").df()
-            _write_rows(fh, empty, 0)
+            csv.writer(fh, lineterminator="\n").writerow([*MSIT_CSV_COLUMNS, "passed"])
     return path
 
 
@@ -74,11 +74,32 @@ def _write_sliced(con: duckdb.DuckDBPyConnection, fh: TextIO, cmp_id: int, tok: 
 
 
 def _write_result(fh: TextIO, result: duckdb.DuckDBPyConnection, done: int) -> int:
-    """Every row of `result` written after the `done` already written; the rows written in all."""
-    while len(df := result.fetch_df_chunk(2)):  # 4096 rows: a DataFrame of Python strings each
-        _write_rows(fh, df, done)
-        done += len(df)
+    """Every row of `result` written after the `done` already written (`data_id` numbered from there, the header
+    before the first); the rows written in all."""
+    names = [d[0] for d in result.description]
+    out = csv.writer(fh, lineterminator="\n")
+    if done == 0:
+        out.writerow(names)
+    at_id = names.index("data_id")
+    while rows := result.fetchmany(4096):
+        for row in rows:
+            cells = [_csv_cell(v) for v in row]
+            cells[at_id] = str(done)
+            done += 1
+            out.writerow(cells)
     return done
+
+
+def _csv_cell(value: object) -> object:
+    """One report cell as pandas' `to_csv(na_rep="", float_format="%.10g")` wrote it (the reports' format since
+    the first release), text made safe for spreadsheets (`csv_safe`)."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "" if value != value else f"{value:.10g}"
+    if isinstance(value, str):
+        return csv_safe(value)
+    return value
 
 
 # msit's statistics comparison report (`CSV_STATISTICS_HEADER` of msit_llm.common.constant), in its order
@@ -149,12 +170,6 @@ def _token_slices(row_tokens: np.ndarray) -> list[tuple[int, int]]:
                 out.append((lo, b))
             lo = b
     return out
-
-
-def _write_rows(fh: TextIO, df: pd.DataFrame, done: int) -> None:
-    df["data_id"] = range(done, done + len(df))
-    csv_safe_columns(df)  # text cells a spreadsheet would evaluate as formulas get a leading quote
-    df.to_csv(fh, index=False, header=done == 0, na_rep="", float_format="%.10g")
 
 
 def format_summary(
