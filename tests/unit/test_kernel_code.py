@@ -69,6 +69,21 @@ def test_a_damaged_object_file_is_refused_and_the_entry_compiled_again(tmp_path:
     assert not numba_third and fixed == reference
 
 
+@pytest.mark.slow
+def test_processes_needing_the_same_entry_compile_it_once(tmp_path: Path) -> None:
+    """Two processes started together with no object files (a pool's workers after an install): one compiles each
+    entry, the other waits for its file and loads it; both give the same numbers."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _PROGRAM], stdout=subprocess.PIPE, text=True, env=env) for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=600)[0].splitlines() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert outs[0][0] == outs[1][0]
+    assert sorted(o[1] for o in outs) == ["numba imported: False", "numba imported: True"]
+    assert len(_objects(tmp_path)) == 4
+
+
 def test_file_names_hold_the_entry_and_a_digest_of_what_made_the_code() -> None:
     from workbench.compare.judging.kernel_code import ENTRIES, KernelCode, _file_name
 
