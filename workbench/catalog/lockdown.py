@@ -16,7 +16,7 @@ from pathlib import Path
 import duckdb
 
 from workbench.catalog import CatalogError
-from workbench.catalog.schema import OUR_TABLES, OUR_VIEWS
+from workbench.catalog.schema import OUR_TABLES, OUR_VIEWS, PAST_VIEWS
 
 LOCKED: dict[str, str | bool | int | float | list[str]] = {
     "enable_external_access": False,
@@ -129,7 +129,11 @@ def check_read_only(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     bad = [f"macro {n}" for n, _ in _shadowing_macros(con)]
     bad += [f"view {n} in place of the table" for n in _not_tables(con)]
     bad += [f"table {n} in place of the view" for n in _our_names_as_tables(con)]
-    bad += [f"view {n}" for n, ddl in OUR_VIEWS.items() if view_differs(con, n, ddl)]
+    bad += [
+        f"view {n}"
+        for n, ddl in OUR_VIEWS.items()
+        if view_differs(con, n, ddl) and all(view_differs(con, n, past) for past in PAST_VIEWS.get(n, ()))
+    ]
     if bad:
         raise CatalogError(
             f"{path}: holds SQL objects that are not wb's ({', '.join(bad[:4])}; planted, or made by another wb "

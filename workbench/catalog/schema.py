@@ -426,4 +426,9 @@ MSIT_CSV_COLUMNS: tuple[str, ...] = (
 
 # wb's own SQL objects, by name: on every open, a view under one of these names is wb's (catalog/lockdown.py)
 OUR_VIEWS: dict[str, str] = {"comparison": COMPARISON_VIEW, "rank_summary": RANK_VIEW}
+# the views earlier releases wrote, still trusted where the catalog is opened read-only (a read-write open replaces
+# them with OUR_VIEWS'): before 2026-11-26 rows sharing a golden tensor were numbered in no set order
+PAST_VIEWS: dict[str, tuple[str, ...]] = {
+    "comparison": (COMPARISON_VIEW.replace("gt.idx, m.pair_id) - 1 AS data_id", "gt.idx) - 1 AS data_id", 1),),
+}
 OUR_TABLES: frozenset[str] = frozenset(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", TABLES_DDL))
