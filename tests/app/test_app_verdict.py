@@ -80,7 +80,7 @@ async def test_p_on_the_blamed_group_names_the_op_that_disagrees(rope_catalog: P
         assert "precheck disagree" in text and f"first to disagree: {ROPE0}" in text, text
         assert "no reference for Attention" not in text
         golden, _ = trees(screen)
-        assert golden.badges[(screen.selected, 0)][0] == "✗ precheck fails"
+        assert golden.badges[(screen.selected, 0)][0] == "P✗"
 
 
 @pytest.mark.anyio

@@ -208,4 +208,4 @@ async def test_pilot_precheck_then_redump_then_precheck(compared: Path, anyio_ba
         await pilot.press("p")
         await wait_for(pilot, lambda: "precheck ok" in _text(panel), timeout=60)
         golden_tree = screen.query_one("#golden-tree", TopologyTree)
-        assert golden_tree.badges[(gid, 2)][0] == "✓ precheck"
+        assert golden_tree.badges[(gid, 2)][0] == "P✓"

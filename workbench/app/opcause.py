@@ -48,6 +48,12 @@ if TYPE_CHECKING:
 
 _STYLE = {OK: "green", DISAGREE: "red", NOT_CHECKED: "yellow", CANNOT_RUN: "yellow", NO_REFERENCE: "dim"}
 _MARK = {OK: "✓", DISAGREE: "✗", NOT_CHECKED: "?", CANNOT_RUN: "?", NO_REFERENCE: "-"}
+# an op's precheck verdict in both trees (text, tree style key): short, as it stands before the op's name
+PRECHECK_BADGES: dict[str, tuple[str, str]] = {
+    OK: ("P✓", "ok"),
+    DISAGREE: ("P✗", "fail"),
+    NOT_CHECKED: ("P?", "unmatched"),
+}
 
 
 def group_verdict(results: list[PrecheckResult]) -> str:
@@ -241,8 +247,7 @@ class OpCauseActions(_MixinBase):
             what = msg.results[0].name if len(msg.results) == 1 else f"{len(msg.results)} ops"
             word = {OK: "passes", DISAGREE: "FAILS"}.get(verdict, verdict)
             self.notify(f"precheck {word}: {what} (token {msg.token})", markup=False)
-        mark = {OK: ("✓ precheck", "ok"), DISAGREE: ("✗ precheck fails", "fail")}
-        badge = mark.get(verdict, ("? precheck", "unmatched"))
+        badge = PRECHECK_BADGES.get(verdict, PRECHECK_BADGES[NOT_CHECKED])
         from workbench.app.trees import TopologyTree
 
         for tree in self.query(TopologyTree):

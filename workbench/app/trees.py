@@ -257,10 +257,15 @@ class TopologyTree(Tree[TreeRow]):
         key = {"?": "unmatched", "·": "unmatched", "!": "nan", "✗": "fail", "✓": "ok"}[mark]
         mstyle = self._styles.get(key, Style())
         name_style = self._styles.get(f"heat-{level}", mstyle) if level >= 0 else mstyle
+        gid = self.golden_id(row)
+        badge = self.badges.get((gid, self.token)) if gid is not None and self.token is not None else None
+        badge_style = self._styles.get(badge[1], Style()) + Style(bold=True) if badge else Style()
         text = Text.assemble(
             (prefix, base_style),
             (mark + " ", mstyle + Style(bold=True)),
             ("◆ " if born else "", self._styles.get("born", Style()) + Style(bold=True)),
+            # before the name: an 80-column tree has no room after it
+            (f"{badge[0]} " if badge else "", badge_style),
             (row.short_name, name_style + style),
             (f" {row.type}", self._styles.get("dim", Style())),
             (
@@ -272,8 +277,4 @@ class TopologyTree(Tree[TreeRow]):
             text.append(" unmatched", self._styles.get("unmatched", Style()))
         if born:
             text.append(" error born here", self._styles.get("born", Style()) + Style(bold=True))
-        gid = self.golden_id(row)
-        badge = self.badges.get((gid, self.token)) if gid is not None and self.token is not None else None
-        if badge is not None:
-            text.append(f" {badge[0]}", self._styles.get(badge[1], Style()) + Style(bold=True))
         return text
