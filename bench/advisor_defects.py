@@ -325,7 +325,7 @@ def dump_one(job: dict[str, Any]) -> None:
         msit_register(model, cfg)
         tokens = decode(model, prompt, STEPS, forced)
     elif job["dumper"] == "msprobe":
-        tokens = _decode_msprobe(model, prompt, forced, Path(out), stats)
+        tokens = decode_msprobe(model, prompt, forced, Path(out), stats)
     else:
         from workbench.dump import DumpConfig, register_hook
 
@@ -339,9 +339,12 @@ def dump_one(job: dict[str, Any]) -> None:
         Path(out, "tokens.json").write_text(json.dumps(tokens))
 
 
-def _decode_msprobe(model: Any, prompt: Any, forced: list[int] | None, out: Path, stats: bool = False) -> list[int]:
-    """Greedy decoding under msprobe's own `PrecisionDebugger` (level L0: modules), one msprobe step per token;
-    `stats`: task `statistics` (summary mode: max/min/mean/norm in dump.json, no tensors)."""
+def decode_msprobe(
+    model: Any, prompt: Any, forced: list[int] | None, out: Path, stats: bool = False, steps: int = STEPS
+) -> list[int]:
+    """Greedy decoding of `steps` tokens under msprobe's own `PrecisionDebugger` (level L0: modules), one msprobe
+    step per token, dumped below `out/msprobe_dump`; `stats`: task `statistics` (summary mode: max/min/mean/norm in
+    dump.json, no tensors). Also `bench_compare`'s msprobe-made dumps."""
     import torch
     from msprobe.pytorch import PrecisionDebugger  # type: ignore[import-untyped]
 
@@ -364,7 +367,7 @@ def _decode_msprobe(model: Any, prompt: Any, forced: list[int] | None, out: Path
     past = None
     ids = prompt
     with torch.no_grad():
-        for step in range(STEPS):
+        for step in range(steps):
             debugger.start(model)
             res = model(input_ids=ids, past_key_values=past, use_cache=True)
             debugger.stop()

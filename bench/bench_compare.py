@@ -1,15 +1,16 @@
-"""Compare speed: `wb compare` vs `msit llm compare` on the same pairs of dumps, in one interleaved run.
+"""Compare speed: `wb compare` vs `msit llm compare` (and `msprobe compare`) on the same dumps, interleaved.
 
 The dumps (`--size`, repeatable): `620mb`, an 8-layer, 1024-hidden Llama (fp32 golden, bf16 test, vocab 8000),
 384-token prompt + 3 decode steps (tokens 0-3); `1.6gb`, the same with hidden 2048 and a 512-token prompt; `4.5gb`,
 hidden 3072 and an 896-token prompt (how the ratio holds as dumps grow).
-The headline pair is dumped by msit's own `register_hook` (no manifest, no hard links: the dumps users have);
-the second pair by our dumper. Each round runs both tools on both pairs; prints wall time, pairs/s, MB/s and
-peak memory (max RSS of the process tree), the load average, and the msit/wb wall-time ratio of the medians
-and per round.
+The headline pair is dumped by msit's own `register_hook` (no manifest, no hard links: the dumps users have); a
+second by msprobe's own `PrecisionDebugger` (level L0, one step per token), timed against `msprobe compare` on its
+first step (msprobe compares a step at a time); the last by our dumper. Each round runs wb and the peer on every
+pair; prints wall time, pairs/s, MB/s and peak memory (max RSS of the process tree), the load average, and the
+peer/wb wall-time ratio of the medians and per round.
 
     .venv/bin/python bench/bench_compare.py [--quick] [--size 620mb|1.6gb|4.5gb ...] [--keep DIR] [--workers N]
-        [--repeat R] [--no-ours] [--no-msit] [--ref CHECKOUT]
+        [--repeat R] [--no-ours] [--no-msit] [--no-msprobe] [--ref CHECKOUT]
 
 `--ref` names another checkout (say /work/main): its `wb compare` runs in every round next to this checkout's, on
 the same dumps, so the two are compared under the same load. Every wb run also prints the CPU time of each of its
@@ -121,7 +122,12 @@ def dump_one(base: Path, dumper: str, side: str, size: str) -> None:
     forced = json.loads(token_file.read_text()) if side == "test" else None
     out = base / side
     tokens = list(range(DECODE_CALLS))
-    if dumper == "msit":
+    if dumper == "msprobe":
+        from bench.advisor_defects import decode_msprobe
+
+        out.mkdir(parents=True, exist_ok=True)
+        chosen = decode_msprobe(model, prompt, forced, out, steps=DECODE_CALLS)
+    elif dumper == "msit":
         import logging
 
         from msit_llm import DumpConfig as MsitConfig
@@ -152,9 +158,20 @@ def build_dumps(base: Path, dumper: str, size: str) -> tuple[Path, Path]:
 
 
 def dump_dirs(base: Path) -> tuple[Path, Path]:
+    """The folders the tools compare: msit's and ours `{device}_{pid}` (every token), msprobe's first step's
+    `dump_tensor_data` (the prompt's forward call: msprobe compares one step at a time; ~97% of the bytes)."""
+    if (base / "golden" / "msprobe_dump").exists():
+        golden = next((base / "golden").glob("msprobe_dump/step0/*/dump_tensor_data"))
+        test = next((base / "test").glob("msprobe_dump/step0/*/dump_tensor_data"))
+        return golden, test
     golden = next((base / "golden").glob("msit_dump_*/torch_tensors/*"))
     test = next((base / "test").glob("msit_dump_*/torch_tensors/*"))
     return golden, test
+
+
+def tensor_files(root: Path) -> list[Path]:
+    """The tensor files below a dump folder: msit's `.pth`, msprobe's `.pt`."""
+    return [*root.rglob("*.pth"), *root.rglob("*.pt")]
 
 
 def du(path: Path) -> int:
@@ -177,7 +194,7 @@ def count_msit_rows(reports: list[Path]) -> int:
 def largest_pair_mb(golden: Path, test: Path) -> float:
     """Size of the largest golden file plus its test counterpart (the memory bound per worker)."""
     best = 0
-    for g in golden.rglob("*.pth"):
+    for g in tensor_files(golden):
         t = test / g.relative_to(golden)
         if t.exists():
             best = max(best, g.stat().st_size + t.stat().st_size)
@@ -313,7 +330,7 @@ def measure_floor(golden: Path, test: Path, distinct_only: bool = False) -> tupl
     from workbench.compare.judging.metrics import compare_tensors
     from workbench.formats.arrays import read_array
 
-    pairs = [(g, test / g.relative_to(golden)) for g in sorted(golden.rglob("*.pth"))]
+    pairs = [(g, test / g.relative_to(golden)) for g in sorted(tensor_files(golden))]
     pairs = [(g, t) for g, t in pairs if t.exists()]
     if distinct_only:
         seen: set[tuple[bytes, bytes]] = set()
@@ -340,7 +357,7 @@ def measure_pass(golden: Path, test: Path) -> float:
 
     pairs = [
         (read_array(g), read_array(test / g.relative_to(golden)))
-        for g in sorted(golden.rglob("*.pth"))
+        for g in sorted(tensor_files(golden))
         if (test / g.relative_to(golden)).exists()
     ]
     for g, t in pairs:  # page every byte in (a checksum the interpreter cannot skip)
@@ -356,7 +373,7 @@ def measure_pass(golden: Path, test: Path) -> float:
 def pair_bytes(golden: Path, test: Path) -> int:
     """Bytes of every same-place pair's two files (what a compare reads)."""
     total = 0
-    for g in golden.rglob("*.pth"):
+    for g in tensor_files(golden):
         t = test / g.relative_to(golden)
         if t.exists():
             total += g.stat().st_size + t.stat().st_size
@@ -368,7 +385,7 @@ def read_floor(golden: Path, test: Path, cores: int) -> float:
     reused buffer releases the GIL): the machine's floor for any tool that looks at every byte (best of 3)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    files = sorted([*golden.rglob("*.pth"), *test.rglob("*.pth")], key=lambda p: -p.stat().st_size)
+    files = sorted([*tensor_files(golden), *tensor_files(test)], key=lambda p: -p.stat().st_size)
     shards = [files[k::cores] for k in range(cores)]
 
     def read_all(paths: list[Path]) -> int:
@@ -417,8 +434,10 @@ class Runs:
     label: str
     golden: Path
     test: Path
+    folder: Path  # where the pair is kept
+    peer: str = "msit"  # the tool timed against wb: msit, or msprobe on msprobe-made dumps
     wb: list[tuple[float, int, int, float]] = field(default_factory=list)  # wall, peak RSS KiB, pairs, CPU s
-    msit: list[tuple[float, int, int, float]] = field(default_factory=list)
+    msit: list[tuple[float, int, int, float]] = field(default_factory=list)  # the peer's runs (msit or msprobe)
     ref: list[tuple[float, int, int, float]] = field(default_factory=list)  # `--ref`'s wb
 
 
@@ -435,6 +454,23 @@ def run_wb(runs: Runs, out: Path, workers: int, size_mb: float, i: int, ref: Pat
         f"run {i + 1} [{runs.label}]: {who}  {t_wb:6.2f} s  {pairs} pairs  {pairs / t_wb:7.1f} pairs/s  "
         f"{size_mb / t_wb:6.1f} MB/s  CPU {cpu_wb:5.2f} s  peak RSS {rss_wb / 1024:.0f} MiB (workers {workers}); "
         f"CPU per process: {per_process}",
+        flush=True,
+    )
+
+
+def run_msprobe(runs: Runs, out: Path, msprobe: str, i: int) -> None:
+    """One `msprobe compare` of the pair's steps (its `-tp`/`-gp` level: the step folder)."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    test_step, golden_step = runs.test.parent.parent, runs.golden.parent.parent
+    cmd = [msprobe, "compare", "-tp", str(test_step), "-gp", str(golden_step), "-o", str(out)]
+    t_mp, cpu_mp, rss_mp, _log, _per_process = run_timed(cmd, out.parent)
+    reports = list(out.glob("compare_result_*"))
+    pairs = count_msit_rows(reports)
+    runs.msit.append((t_mp, rss_mp, pairs, cpu_mp))
+    print(
+        f"run {i + 1} [{runs.label}]: msprobe compare {t_mp:6.2f} s  {pairs} pairs  {pairs / t_mp:7.1f} pairs/s  "
+        f"CPU {cpu_mp:5.2f} s  peak RSS {rss_mp / 1024:.0f} MiB  ({', '.join(r.name for r in reports) or 'no report'})",
         flush=True,
     )
 
@@ -456,7 +492,7 @@ def run_msit(runs: Runs, out: Path, msit: str, i: int) -> None:
 
 
 def summarise(runs: Runs) -> None:
-    print(f"--- {runs.label} dumps ({runs.golden.parent.parent.parent.parent.name}) ---")
+    print(f"--- {runs.label} dumps ({runs.folder.name}) ---")
     wb_med = statistics.median(r[0] for r in runs.wb)
     wb_pairs = runs.wb[0][2]
     print(
@@ -472,33 +508,38 @@ def summarise(runs: Runs) -> None:
             f"checkout {wb_med:.2f} s, CPU {statistics.median(r[3] for r in runs.wb):.2f} s; wall ratio ref/this "
             f"{ref_med / wb_med:.2f}x (per interleaved run {', '.join(f'{r:.2f}' for r in per_run)})"
         )
+    peer = runs.peer
     if not runs.msit:
-        print("msit not run (--no-msit, or not installed: pip install msit && msit install llm)")
+        print(
+            f"{peer} not run (--no-msit, or not installed: pip install msit && msit install llm; pip install "
+            "mindstudio-probe)"
+        )
         return
     ms_med = statistics.median(r[0] for r in runs.msit)
     ms_pairs = runs.msit[0][2]
     print(
-        f"msit compare: median {ms_med:.2f} s, best {min(r[0] for r in runs.msit):.2f} s of {len(runs.msit)}: "
+        f"{peer} compare: median {ms_med:.2f} s, best {min(r[0] for r in runs.msit):.2f} s of {len(runs.msit)}: "
         f"{ms_pairs / ms_med:.1f} pairs/s (median), peak RSS {max(r[1] for r in runs.msit) / 1024:.0f} MiB"
     )
     per_run = sorted(m[0] / w[0] for w, m in zip(runs.wb, runs.msit))
     target = next((f"; target >= {x}x" for size, x in WALL_TARGETS.items() if size in runs.label), "")
+    target = target if peer == "msit" else ""
     print(
-        f"[{runs.label}] wall-time ratio msit/wb: {ms_med / wb_med:.1f}x (medians; per interleaved run "
+        f"[{runs.label}] wall-time ratio {peer}/wb: {ms_med / wb_med:.1f}x (medians; per interleaved run "
         f"{', '.join(f'{r:.1f}' for r in per_run)}, median {statistics.median(per_run):.1f}x{target}); "
-        f"wb compares {wb_pairs} pairs, msit {ms_pairs}"
+        f"wb compares {wb_pairs} pairs, {peer} {ms_pairs}"
     )
     wb_cpu, ms_cpu = statistics.median(r[3] for r in runs.wb), statistics.median(r[3] for r in runs.msit)
     print(
-        f"[{runs.label}] CPU-time ratio msit/wb (medians, all processes): {ms_cpu / wb_cpu:.1f}x "
-        f"(wb {wb_cpu:.2f} s, msit {ms_cpu:.2f} s)"
+        f"[{runs.label}] CPU-time ratio {peer}/wb (medians, all processes): {ms_cpu / wb_cpu:.1f}x "
+        f"(wb {wb_cpu:.2f} s, {peer} {ms_cpu:.2f} s)"
     )
     print(f"largest tensor pair {largest_pair_mb(runs.golden, runs.test):.0f} MB")
 
 
-def _of_msit(ms_wall: float | None, wall: float) -> str:
-    """' = msit/N' for a wall time, or nothing when msit was not timed."""
-    return "" if ms_wall is None else f" = msit/{ms_wall / wall:.1f}"
+def _of_peer(runs: Runs, ms_wall: float | None, wall: float) -> str:
+    """' = msit/N' (or msprobe) for a wall time, or nothing when the peer was not timed."""
+    return "" if ms_wall is None else f" = {runs.peer}/{ms_wall / wall:.1f}"
 
 
 def main() -> None:
@@ -512,6 +553,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5, help="interleaved runs of each tool (medians are reported)")
     ap.add_argument("--no-ours", action="store_true", help="measure msit-made dumps only")
     ap.add_argument("--no-msit", action="store_true", help="do not time msit (its dumps are still used)")
+    ap.add_argument(
+        "--no-msprobe", action="store_true", help="no msprobe-made pair (msprobe's own dumper and `msprobe compare`)"
+    )
     ap.add_argument("--ref", type=Path, help="another checkout whose wb runs in every round too (e.g. /work/main)")
     ap.add_argument("--dump-one", nargs=3, metavar=("DUMPER", "SIDE", "BASE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -525,7 +569,11 @@ def main() -> None:
     msit = shutil.which("msit") or str(Path(sys.executable).with_name("msit"))
     can_dump_msit = Path(msit).exists()
     has_msit = can_dump_msit and not args.no_msit
-    dumpers = (["msit"] if can_dump_msit else []) + ([] if args.no_ours else ["wb"])
+    msprobe = shutil.which("msprobe") or str(Path(sys.executable).with_name("msprobe"))
+    has_msprobe = Path(msprobe).exists() and not args.no_msprobe
+    dumpers = (
+        (["msit"] if can_dump_msit else []) + (["msprobe"] if has_msprobe else []) + ([] if args.no_ours else ["wb"])
+    )
     all_runs: list[Runs] = []
     for size, dumper in [(z, d) for z in sizes for d in dumpers]:
         # 620mb keeps the folder name earlier runs used, so a --keep folder is reused
@@ -536,12 +584,13 @@ def main() -> None:
             print(f"{dumper}-made dumps ({size}) built in {time.perf_counter() - t0:.1f} s")
         golden, test = dump_dirs(where)
         size_mb = (du(golden) + du(test)) / 1e6
-        n_files = sum(1 for _ in golden.rglob("*.pth"))
+        n_files = len(tensor_files(golden))
         print(
             f"{dumper}-made dumps: {size_mb:.0f} MB (golden {du(golden) / 1e6:.0f} MB, test {du(test) / 1e6:.0f} MB), "
             f"{n_files} golden files"
         )
-        all_runs.append(Runs(f"{dumper}-made {size}", golden, test))
+        peer = "msprobe" if dumper == "msprobe" else "msit"
+        all_runs.append(Runs(f"{dumper}-made {size}", golden, test, where, peer))
     for checkout in [ROOT, *([args.ref] if args.ref else [])]:
         # the byte code of each timed checkout, written now: under PYTHONDONTWRITEBYTECODE (set on some machines)
         # every wb run would compile workbench's sources again (~0.3 s of the main process), which users never pay
@@ -553,7 +602,9 @@ def main() -> None:
             run_wb(runs, base / "out_wb", args.workers, size_mb, i)
             if args.ref is not None:
                 run_wb(runs, base / "out_wb", args.workers, size_mb, i, args.ref.resolve())
-            if has_msit:
+            if runs.peer == "msprobe":
+                run_msprobe(runs, base / "out_msprobe", msprobe, i)
+            elif has_msit:
                 run_msit(runs, base / "out_msit", msit, i)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     start = stack_start()
@@ -576,7 +627,7 @@ def main() -> None:
         print(
             f"[{runs.label}] start of a Python process importing numpy, DuckDB and typer: {start:.2f} s; "
             f"with the distinct-content metric pass on {cores} cores: {floor_wall:.2f} s, the least wall time "
-            f"of a compare in this stack{_of_msit(ms_wall, floor_wall)}; wb is {wb_wall / floor_wall:.1f}x it"
+            f"of a compare in this stack{_of_peer(runs, ms_wall, floor_wall)}; wb is {wb_wall / floor_wall:.1f}x it"
         )
         _wall, all_cpu, _n = min((f for d, f in rounds if not d), key=lambda f: f[1])
         gb = pair_bytes(runs.golden, runs.test) / 1e9
@@ -593,7 +644,7 @@ def main() -> None:
         print(
             f"[{runs.label}] machine floor: every byte read once from the page cache on {cores} cores {rd:.2f} s "
             f"({gb / rd:.1f} GB/s) + a Python start {start:.2f} s = {rd + start:.2f} s"
-            f"{_of_msit(ms_wall, rd + start)}; wb is {wb_wall / (rd + start):.1f}x it"
+            f"{_of_peer(runs, ms_wall, rd + start)}; wb is {wb_wall / (rd + start):.1f}x it"
         )
     if not args.keep:
         shutil.rmtree(base, ignore_errors=True)
