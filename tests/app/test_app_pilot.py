@@ -116,7 +116,7 @@ async def test_opens_on_first_failing_token_and_moves_tokens(small_catalog: Path
         assert screen.selected == DEFECT_ID  # the born op is selected at start-up
         await pilot.press("left")
         # nothing fails at token 0: the verdict is the advisor's op standing out, said as such (not "error born")
-        await wait_for(pilot, lambda: screen.token == 0 and screen.born_why == BORN_ADVISOR and bool(screen.status))
+        await wait_for(pilot, lambda: screen.token == 0 and screen.verdict.why == BORN_ADVISOR and bool(screen.status))
         assert "most likely origin: " in str(screen.query_one("#status", Static).render())
         golden, _ = trees(screen)
         assert golden.status is screen.status  # the trees were recoloured for token 0

@@ -28,7 +28,7 @@ from workbench.analysis.explorer.severity import (
     Scale,
     value_at,
 )
-from workbench.analysis.explorer.views import BORN_ADVISOR, Heatmap, NodeStatus, TokenStatus, TreeRow
+from workbench.analysis.explorer.views import BORN_ADVISOR, Heatmap, NodeStatus, TokenStatus, TokenVerdict, TreeRow
 from workbench.app.actions import bindings
 from workbench.app.detail import render_detail, render_node_tensors
 from workbench.app.footer import KeysFooter
@@ -78,13 +78,10 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self._quantized: bool | None = None
         self.drill_layer: int | None = None  # drilled-down row group (a layer, PRE or POST), None = layers view
         self.selected: int | None = None  # golden node id
-        self.born_id: int | None = None
+        # the status token's verdict: where the error is born and what that rests on (one home for all five facts)
+        self.verdict = TokenVerdict(None, None, None, None, None)
         self._detail_timer: Timer | None = None
-        self.born_why: str | None = None  # what the verdict rests on (views.BORN_FAILS / BORN_PRECHECK / BORN_ADVISOR)
-        self.born_score: float | None = None
         self._heat_w = 0  # the heatmap pane's width as last laid out (0: not yet)
-        self.born_test_id: int | None = None
-        self.evidence: str | None = None
         self.status: dict[int, NodeStatus] = {}
         self.status_token: int | None = None  # token the trees are coloured for
         self._status_request = 0  # status loads asked for; StatusReady carries the number it answers
@@ -102,6 +99,16 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self._follow_born = False  # the selection was the born op when the token changed: take the new token's
 
     # ------------------------------------------------------------------ layout
+    @property
+    def born_id(self) -> int | None:
+        """The golden node the verdict names at the status token (born there, pinned, or the advisor's origin)."""
+        return self.verdict.golden
+
+    @property
+    def born_test_id(self) -> int | None:
+        """The test op the verdict pins down (a precheck's), if any."""
+        return self.verdict.test
+
     def compose(self) -> ComposeResult:
         yield Static("", id="status")
         yield RankBar(id="ranks")
@@ -351,11 +358,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self._read_ahead_neighbours(msg.token)
         self.status = msg.status
         self.status_token = msg.token
-        self.born_id = msg.verdict.golden
-        self.born_test_id = msg.verdict.test
-        self.evidence = msg.verdict.evidence
-        self.born_why = msg.verdict.why
-        self.born_score = msg.verdict.score
+        self.verdict = msg.verdict
         for side in ("golden", "test"):
             self._tree(side).set_shapes(msg.shapes.get(side, {}))
         self._recolour()
@@ -488,10 +491,10 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
                 tname = trow.name if trow else str(self.born_test_id)
                 if tname != born:
                     born += f" → test op {tname}"
-                if self.evidence and "precheck" in self.evidence:
+                if self.verdict.evidence and "precheck" in self.verdict.evidence:
                     born += " (precheck)"
-            if self.born_why == BORN_ADVISOR and self.born_score is not None:
-                born += f" (advisor score {self.born_score:.1f})"
+            if self.verdict.why == BORN_ADVISOR and self.verdict.score is not None:
+                born += f" (advisor score {self.verdict.score:.1f})"
             return born
         if not self.status:
             return "…"
@@ -508,7 +511,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
     def _verdict_label(self) -> str:
         if self.born_id is None:
             return ""
-        return "most likely origin: " if self.born_why == BORN_ADVISOR else "error born at: "
+        return "most likely origin: " if self.verdict.why == BORN_ADVISOR else "error born at: "
 
     def _update_titles(self) -> None:
         info = self.explorer.info
