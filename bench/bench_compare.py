@@ -458,34 +458,25 @@ def run_wb(runs: Runs, out: Path, workers: int, size_mb: float, i: int, ref: Pat
     )
 
 
-def run_msprobe(runs: Runs, out: Path, msprobe: str, i: int) -> None:
-    """One `msprobe compare` of the pair's steps (its `-tp`/`-gp` level: the step folder)."""
+def run_peer(runs: Runs, out: Path, exe: str, i: int) -> None:
+    """One run of the pair's peer: `msit llm compare` on the dumps, or `msprobe compare` on their step folders (the
+    level it takes, `-tp`/`-gp`); its report rows counted as its pairs."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    test_step, golden_step = runs.test.parent.parent, runs.golden.parent.parent
-    cmd = [msprobe, "compare", "-tp", str(test_step), "-gp", str(golden_step), "-o", str(out)]
-    t_mp, cpu_mp, rss_mp, _log, _per_process = run_timed(cmd, out.parent)
-    reports = list(out.glob("compare_result_*"))
+    if runs.peer == "msprobe":
+        test_step, golden_step = runs.test.parent.parent, runs.golden.parent.parent
+        cmd = [exe, "compare", "-tp", str(test_step), "-gp", str(golden_step), "-o", str(out)]
+        pattern = "compare_result_*"
+    else:
+        cmd = [exe, "llm", "compare", "-gp", str(runs.golden), "-mp", str(runs.test), "-o", str(out)]
+        pattern = "msit_cmp_report_*"
+    t_peer, cpu_peer, rss_peer, _log, _per_process = run_timed(cmd, out.parent)
+    reports = list(out.glob(pattern))
     pairs = count_msit_rows(reports)
-    runs.msit.append((t_mp, rss_mp, pairs, cpu_mp))
+    runs.msit.append((t_peer, rss_peer, pairs, cpu_peer))
     print(
-        f"run {i + 1} [{runs.label}]: msprobe compare {t_mp:6.2f} s  {pairs} pairs  {pairs / t_mp:7.1f} pairs/s  "
-        f"CPU {cpu_mp:5.2f} s  peak RSS {rss_mp / 1024:.0f} MiB  ({', '.join(r.name for r in reports) or 'no report'})",
-        flush=True,
-    )
-
-
-def run_msit(runs: Runs, out: Path, msit: str, i: int) -> None:
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    cmd = [msit, "llm", "compare", "-gp", str(runs.golden), "-mp", str(runs.test), "-o", str(out)]
-    t_ms, cpu_ms, rss_ms, _log, _per_process = run_timed(cmd, out.parent)
-    reports = list(out.glob("msit_cmp_report_*"))
-    msit_pairs = count_msit_rows(reports)
-    runs.msit.append((t_ms, rss_ms, msit_pairs, cpu_ms))
-    print(
-        f"run {i + 1} [{runs.label}]: msit compare {t_ms:6.2f} s  {msit_pairs} pairs  "
-        f"{msit_pairs / t_ms:7.1f} pairs/s  CPU {cpu_ms:5.2f} s  peak RSS {rss_ms / 1024:.0f} MiB  "
+        f"run {i + 1} [{runs.label}]: {runs.peer} compare {t_peer:6.2f} s  {pairs} pairs  "
+        f"{pairs / t_peer:7.1f} pairs/s  CPU {cpu_peer:5.2f} s  peak RSS {rss_peer / 1024:.0f} MiB  "
         f"({', '.join(r.name for r in reports) or 'no report'})",
         flush=True,
     )
@@ -603,9 +594,9 @@ def main() -> None:
             if args.ref is not None:
                 run_wb(runs, base / "out_wb", args.workers, size_mb, i, args.ref.resolve())
             if runs.peer == "msprobe":
-                run_msprobe(runs, base / "out_msprobe", msprobe, i)
+                run_peer(runs, base / "out_msprobe", msprobe, i)
             elif has_msit:
-                run_msit(runs, base / "out_msit", msit, i)
+                run_peer(runs, base / "out_msit", msit, i)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     start = stack_start()
     cores = max(1, min(args.workers, os.cpu_count() or 1))
