@@ -14,10 +14,11 @@ import pandas as pd
 from workbench.analysis.reporting.summary import CompareResult
 from workbench.catalog import first_row
 from workbench.catalog.schema import MSIT_CSV_COLUMNS
-from workbench.core.text import csv_safe, csv_safe_columns
+from workbench.core.text import csv_safe
 from workbench.core.tokens import token_text
 
-CSV_SLICE = 16384  # report rows fetched and written at a time
+CSV_SLICE = 16384  # report rows read sorted in one query at most (above: a slice of tokens at a time)
+_FETCH_ROWS = 4096  # rows fetched from DuckDB at a time as they are written
 
 
 def write_msit_csv(
@@ -73,20 +74,31 @@ def _write_sliced(con: duckdb.DuckDBPyConnection, fh: TextIO, cmp_id: int, tok: 
     return done
 
 
-def _write_result(fh: TextIO, result: duckdb.DuckDBPyConnection, done: int) -> int:
-    """Every row of `result` written after the `done` already written (`data_id` numbered from there, the header
-    before the first); the rows written in all."""
+def _write_result(
+    fh: TextIO,
+    result: duckdb.DuckDBPyConnection,
+    done: int,
+    *,
+    renumber: bool = True,
+    first: list[tuple[object, ...]] | None = None,
+) -> int:
+    """Every row of `result` (after `first`, rows already fetched from it) written after the `done` already written,
+    the header before the first; `renumber`: `data_id` numbered from `done` (the msit report's slices). Returns the
+    rows written in all."""
     names = [d[0] for d in result.description]
     out = csv.writer(fh, lineterminator="\n")
     if done == 0:
         out.writerow(names)
-    at_id = names.index("data_id")
-    while rows := result.fetchmany(4096):
+    at_id = names.index("data_id") if renumber else None
+    rows = first or result.fetchmany(_FETCH_ROWS)
+    while rows:
         for row in rows:
             cells = [_csv_cell(v) for v in row]
-            cells[at_id] = str(done)
+            if at_id is not None:
+                cells[at_id] = str(done)
             done += 1
             out.writerow(cells)
+        rows = result.fetchmany(_FETCH_ROWS)
     return done
 
 
@@ -135,16 +147,16 @@ def write_msit_stats_csv(
         elif c == "my_data_path":
             c = "coalesce(my_data_path, test_node || ':' || io || test_index) AS my_data_path"
         cols.append(c)
-    df = con.execute(
+    result = con.execute(
         f"SELECT {', '.join(cols)} FROM comparison WHERE cmp_id = ? AND on_statistics{tok} ORDER BY data_id",
         [cmp_id],
-    ).df()
-    if df.empty:
+    )
+    first = result.fetchmany(_FETCH_ROWS)
+    if not first:
         return None
     path = _fresh_path(out_dir, f"statstics_cmp_report{suffix}")  # msit's own spelling
-    csv_safe_columns(df)  # text cells a spreadsheet would evaluate as formulas get a leading quote
     with open(path, "x", encoding="utf-8", newline="") as fh:
-        df.to_csv(fh, index=False, na_rep="", float_format="%.10g")
+        _write_result(fh, result, 0, renumber=False, first=first)
     return path
 
 
