@@ -157,7 +157,6 @@ def _user_facing_exit(exc: BaseException) -> typer.Exit | None:
     from workbench.formats.model import DumpError
 
     duckdb = sys.modules.get("duckdb")
-    kept = "everything committed so far is kept in the catalog"
     if isinstance(exc, DumpError | CatalogError | MappingError):
         return fail(str(exc))
     if isinstance(exc, ValueError):
@@ -165,28 +164,29 @@ def _user_facing_exit(exc: BaseException) -> typer.Exit | None:
     if isinstance(exc, RecursionError):
         return fail("input nested too deeply to read (a JSON or TOML file, or folders)")
     if duckdb is not None and isinstance(exc, duckdb.InterruptException):  # a signal while DuckDB ran a statement
-        if sigterm_received():
-            return fail(f"terminated; {kept}", EXIT_TERMINATED)
-        return fail(f"interrupted; {kept}", EXIT_INTERRUPTED)
+        return _stopped(sigterm_received())
     if duckdb is not None and isinstance(exc, duckdb.Error):
         if signal_inside(exc) is not None:
-            code = EXIT_TERMINATED if sigterm_received() else EXIT_INTERRUPTED
-            what = "terminated" if sigterm_received() else "interrupted"
-            return fail(f"{what}; {kept}", code)
+            return _stopped(sigterm_received())
         return fail(f"catalog: {storage_message(exc)}; everything committed before is kept")
     if isinstance(exc, OSError):
         where = f"{exc.filename}: " if exc.filename else ""
         msg = storage_message(exc) if exc.errno in (27, 28, 122) else (exc.strerror or _first_line(exc))
         return fail(f"{where}{msg}; everything committed before is kept")
     if isinstance(exc, Terminated):
-        return fail(f"terminated; {kept}", EXIT_TERMINATED)
+        return _stopped(True)
     if isinstance(exc, KeyboardInterrupt):
-        return fail(f"interrupted; {kept}", EXIT_INTERRUPTED)
+        return _stopped(False)
     if isinstance(exc, RuntimeError) and signal_inside(exc) is not None:
         # DuckDB's "Query interrupted" when the signal came during a DataFrame scan
-        what, code = ("terminated", EXIT_TERMINATED) if sigterm_received() else ("interrupted", EXIT_INTERRUPTED)
-        return fail(f"{what}; {kept}", code)
+        return _stopped(sigterm_received())
     return None
+
+
+def _stopped(terminated: bool) -> typer.Exit:
+    """The exit of a command a signal stopped: SIGTERM (143) or an interrupt (130), what was committed kept."""
+    what, code = ("terminated", EXIT_TERMINATED) if terminated else ("interrupted", EXIT_INTERRUPTED)
+    return fail(f"{what}; everything committed so far is kept in the catalog", code)
 
 
 @contextlib.contextmanager
