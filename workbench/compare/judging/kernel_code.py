@@ -89,17 +89,16 @@ class KernelCode:
         self._function("add_side", (KINDS[x.dtype],))(_address(x), x.size, chunk, _state(st), side, _address(counts))
         return int(counts[0]), int(counts[1])
 
-    def load_cached(self, entries: tuple[tuple[str, tuple[str, ...]], ...] = ENTRIES) -> int:
-        """Load every one of `entries` whose object file is there; returns how many are ready."""
+    def load_cached(self) -> None:
+        """Load every entry whose object file is there (the others are compiled at their first call)."""
         with self._lock:
-            for entry in entries:
+            for entry in ENTRIES:
                 if entry not in self._functions:
                     self._try_file(entry)
-            return sum(entry in self._functions for entry in entries)
 
-    def build(self, entries: tuple[tuple[str, tuple[str, ...]], ...] = ENTRIES) -> None:
-        """Every one of `entries` ready: loaded from its file, or compiled and its file written."""
-        for entry, kinds in entries:
+    def build(self) -> None:
+        """Every entry ready: loaded from its file, or compiled and its file written (`make install`)."""
+        for entry, kinds in ENTRIES:
             self._function(entry, kinds)
 
     # ------------------------------------------------------------------------------------------
