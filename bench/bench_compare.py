@@ -159,7 +159,8 @@ def build_dumps(base: Path, dumper: str, size: str) -> tuple[Path, Path]:
 
 def dump_dirs(base: Path) -> tuple[Path, Path]:
     """The folders the tools compare: msit's and ours `{device}_{pid}` (every token), msprobe's first step's
-    `dump_tensor_data` (the prompt's forward call: msprobe compares one step at a time; ~97% of the bytes)."""
+    `dump_tensor_data` (the prompt's forward call and every module's weights: msprobe compares one step at a time;
+    the decode steps hold the weights again and one token's activations)."""
     if (base / "golden" / "msprobe_dump").exists():
         golden = next((base / "golden").glob("msprobe_dump/step0/*/dump_tensor_data"))
         test = next((base / "test").glob("msprobe_dump/step0/*/dump_tensor_data"))
@@ -437,7 +438,7 @@ class Runs:
     folder: Path  # where the pair is kept
     peer: str = "msit"  # the tool timed against wb: msit, or msprobe on msprobe-made dumps
     wb: list[tuple[float, int, int, float]] = field(default_factory=list)  # wall, peak RSS KiB, pairs, CPU s
-    msit: list[tuple[float, int, int, float]] = field(default_factory=list)  # the peer's runs (msit or msprobe)
+    peer_runs: list[tuple[float, int, int, float]] = field(default_factory=list)  # msit's or msprobe's
     ref: list[tuple[float, int, int, float]] = field(default_factory=list)  # `--ref`'s wb
 
 
@@ -473,7 +474,7 @@ def run_peer(runs: Runs, out: Path, exe: str, i: int) -> None:
     t_peer, cpu_peer, rss_peer, _log, _per_process = run_timed(cmd, out.parent)
     reports = list(out.glob(pattern))
     pairs = count_msit_rows(reports)
-    runs.msit.append((t_peer, rss_peer, pairs, cpu_peer))
+    runs.peer_runs.append((t_peer, rss_peer, pairs, cpu_peer))
     print(
         f"run {i + 1} [{runs.label}]: {runs.peer} compare {t_peer:6.2f} s  {pairs} pairs  "
         f"{pairs / t_peer:7.1f} pairs/s  CPU {cpu_peer:5.2f} s  peak RSS {rss_peer / 1024:.0f} MiB  "
@@ -500,19 +501,20 @@ def summarise(runs: Runs) -> None:
             f"{ref_med / wb_med:.2f}x (per interleaved run {', '.join(f'{r:.2f}' for r in per_run)})"
         )
     peer = runs.peer
-    if not runs.msit:
+    if not runs.peer_runs:
         print(
             f"{peer} not run (--no-msit, or not installed: pip install msit && msit install llm; pip install "
             "mindstudio-probe)"
         )
         return
-    ms_med = statistics.median(r[0] for r in runs.msit)
-    ms_pairs = runs.msit[0][2]
+    ms_med = statistics.median(r[0] for r in runs.peer_runs)
+    ms_pairs = runs.peer_runs[0][2]
     print(
-        f"{peer} compare: median {ms_med:.2f} s, best {min(r[0] for r in runs.msit):.2f} s of {len(runs.msit)}: "
-        f"{ms_pairs / ms_med:.1f} pairs/s (median), peak RSS {max(r[1] for r in runs.msit) / 1024:.0f} MiB"
+        f"{peer} compare: median {ms_med:.2f} s, best {min(r[0] for r in runs.peer_runs):.2f} s of "
+        f"{len(runs.peer_runs)}: "
+        f"{ms_pairs / ms_med:.1f} pairs/s (median), peak RSS {max(r[1] for r in runs.peer_runs) / 1024:.0f} MiB"
     )
-    per_run = sorted(m[0] / w[0] for w, m in zip(runs.wb, runs.msit))
+    per_run = sorted(m[0] / w[0] for w, m in zip(runs.wb, runs.peer_runs))
     target = next((f"; target >= {x}x" for size, x in WALL_TARGETS.items() if size in runs.label), "")
     target = target if peer == "msit" else ""
     print(
@@ -520,7 +522,7 @@ def summarise(runs: Runs) -> None:
         f"{', '.join(f'{r:.1f}' for r in per_run)}, median {statistics.median(per_run):.1f}x{target}); "
         f"wb compares {wb_pairs} pairs, {peer} {ms_pairs}"
     )
-    wb_cpu, ms_cpu = statistics.median(r[3] for r in runs.wb), statistics.median(r[3] for r in runs.msit)
+    wb_cpu, ms_cpu = statistics.median(r[3] for r in runs.wb), statistics.median(r[3] for r in runs.peer_runs)
     print(
         f"[{runs.label}] CPU-time ratio {peer}/wb (medians, all processes): {ms_cpu / wb_cpu:.1f}x "
         f"(wb {wb_cpu:.2f} s, {peer} {ms_cpu:.2f} s)"
@@ -614,7 +616,7 @@ def main() -> None:
                 f"{wb_wall / (cpu / cores):.1f}x its wall time on {cores} idle cores"
             )
         floor_wall = start + cpu / cores
-        ms_wall = statistics.median(r[0] for r in runs.msit) if runs.msit else None
+        ms_wall = statistics.median(r[0] for r in runs.peer_runs) if runs.peer_runs else None
         print(
             f"[{runs.label}] start of a Python process importing numpy, DuckDB and typer: {start:.2f} s; "
             f"with the distinct-content metric pass on {cores} cores: {floor_wall:.2f} s, the least wall time "
