@@ -23,7 +23,8 @@ loaded = []
 async def auto(pilot):
     while not (isinstance(app.screen, MainScreen) and app.screen.first_paint_at is not None):
         await pilot.pause(0.01)
-    loaded.extend(sorted(m for m in sys.modules if m.split('.')[0] in ('pandas', 'torch')))
+    # a copy: the app's workers import modules in their threads meanwhile
+    loaded.extend(sorted(m for m in list(sys.modules) if m.split('.')[0] in ('pandas', 'torch')))
     loaded.extend(m for m in ('workbench.analysis.verdicts.advisor',) if m in sys.modules)
     app.exit(0)
 
