@@ -46,6 +46,8 @@ def test_pool_and_early_pairs_give_the_in_process_numbers(
     try:
         g, t = open_dump(tiny_dumps.golden), open_dump(tiny_dumps.bf16)
         early = EarlyPairs(g, t, pool)
+        # the kernel entries its pairs run (each prepared on a worker of its own ahead of the pairs, `prepare_kernel`)
+        assert ("pass_pair", ("float32", "bfloat16")) in early.kernels
         pooled = pipeline.run_compare(g, t, tmp_path / "b.duckdb", workers=2, pool=pool, early=early)
         assert early.taken > 0 and all(f.done() for f in early.futures)
         # a token selection leaves most early pairs unclaimed: they are dropped, the rest is right

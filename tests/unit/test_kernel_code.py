@@ -91,3 +91,40 @@ def test_file_names_hold_the_entry_and_a_digest_of_what_made_the_code() -> None:
     names = {_file_name(e, key) for e in ENTRIES}
     assert len(names) == len(ENTRIES) == 12
     assert all(n.endswith(f"-{key}.o") and n.startswith("wb_kernel-") for n in names)
+
+
+_PREPARE_TWO = """
+from workbench.compare.execution.pool import new_pool
+from workbench.compare.execution.worker import prepare_kernel
+pool = new_pool(2)
+entries = [("pass_pair", ("float32", "float32")), ("pass_pair", ("float32", "bfloat16"))]
+futures = [pool.submit(prepare_kernel, e) for e in entries]
+print([f.result() for f in futures], [f.result() for f in [pool.submit(prepare_kernel, e) for e in entries]])
+pool.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_a_pool_prepares_the_entries_it_is_handed_each_on_the_worker_that_takes_it(tmp_path: Path) -> None:
+    """The first compare after an install hands the pool one `prepare_kernel` task per entry its pairs run: each
+    worker compiles the entry it took (with per-entry locks, two workers compile two entries at once), writes its
+    file, and a second ask only loads it."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-c", _PREPARE_TWO], capture_output=True, text=True, timeout=600, env=env, check=True
+    ).stdout.strip()
+    assert out == "[True, True] [False, False]"
+    assert [p.name.split("-")[1:-1] for p in _objects(tmp_path)] == [
+        ["pass_pair", "float32", "bfloat16"],
+        ["pass_pair", "float32", "float32"],
+    ]
+
+
+def test_a_pair_runs_the_entry_of_its_dtypes_any_other_dtype_as_float32() -> None:
+    from workbench.compare.judging.kernel_code import ENTRIES, pair_entry
+
+    assert pair_entry("float32", "bfloat16") == ("pass_pair", ("float32", "bfloat16"))
+    assert pair_entry("float16", "float16") == ("pass_pair", ("float16", "float16"))
+    assert pair_entry("float64", "int8") == ("pass_pair", ("float32", "float32"))
+    assert pair_entry(None, "bfloat16") == ("pass_pair", ("float32", "bfloat16"))
+    assert all(pair_entry(g, t) in ENTRIES for g in ("float32", "bfloat16", "x") for t in ("float16", None))

@@ -18,8 +18,9 @@ from typing import Any
 
 from workbench.compare.execution.pool import PoolStarter
 from workbench.compare.execution.tasks import PairTask, batches, file_identity, tensor_bytes
-from workbench.compare.execution.worker import run_batch
-from workbench.formats.model import Dump
+from workbench.compare.execution.worker import prepare_kernel, run_batch
+from workbench.compare.judging.kernel_code import pair_entry
+from workbench.formats.model import Dump, canonical_dtype
 
 PairKey = tuple[tuple[int, int], tuple[int, int], str | None, str | None]  # files, test dtype, transform
 
@@ -38,6 +39,7 @@ class EarlyPairs:
         self.taken = 0  # results handed to the catalog (counted by the pipeline)
         self.twins = 0  # pairs riding along with a pair of equal content digests (checked byte for byte)
         self._submitted = threading.Event()
+        self.kernels: set[tuple[str, tuple[str, ...]]] = set()  # the kernel entries the pairs run
         tasks, sizes = self._plan(golden, test, tokens)
         threading.Thread(target=self._submit, args=(pool, tasks, sizes), name="wb-early-pairs", daemon=True).start()
 
@@ -74,12 +76,16 @@ class EarlyPairs:
                 by_digest[(g.digest, t.digest)] = len(tasks)
             tasks.append(PairTask(early_id, g.path, t.path, t.dtype, -1, -1))
             sizes.append(nbytes)
+            self.kernels.add(pair_entry(canonical_dtype(g.dtype), canonical_dtype(t.dtype)))
         return tasks, sizes
 
     def _submit(self, pool: ProcessPoolExecutor | PoolStarter, tasks: list[PairTask], sizes: list[int]) -> None:
         try:
             executor = pool.get() if isinstance(pool, PoolStarter) else pool
             if executor is not None:
+                if len(self.kernels) > 1:  # each on a worker of its own, before the pairs that wait for them
+                    for entry in sorted(self.kernels):
+                        executor.submit(prepare_kernel, entry)
                 for batch in batches(tasks, sizes):
                     ids = [i for t in batch for i in (t.pair_id, *(tw[0] for tw in t.twins))]
                     self.batches[executor.submit(run_batch, batch)] = ids

@@ -8,12 +8,14 @@ then, in that worker only.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from workbench.compare.execution.tasks import PairTask, StatsTask
+from workbench.compare.judging.kernel_code import kernel_code
 from workbench.compare.judging.metrics import compare_tensors, summarize
 from workbench.compare.judging.stat_metrics import stat_metrics
 from workbench.compare.pairing.layout import LAYOUT_PREFIX, layout_rule, not_comparable
@@ -293,3 +295,12 @@ def run_batch(tasks: Sequence[PairTask | StatsTask]) -> list[dict[str, Any]]:
         else:
             out.append(run_pair(t))
     return out
+
+
+def prepare_kernel(entry: tuple[str, tuple[str, ...]]) -> bool:
+    """Load (or compile, on the first compare after an install: ~3 s) one kernel entry ahead of the pairs that run
+    it: with one such task per entry, the workers compile different entries at once instead of one after the other.
+    True when this worker compiled it; a failure is left to the pairs, which report it."""
+    with contextlib.suppress(Exception):
+        return kernel_code().prepare(*entry)
+    return False

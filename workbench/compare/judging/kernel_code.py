@@ -99,18 +99,24 @@ class KernelCode:
     def build(self) -> None:
         """Every entry ready: loaded from its file, or compiled and its file written (`make install`)."""
         for entry, kinds in ENTRIES:
-            self._function(entry, kinds)
+            self.prepare(entry, kinds)
 
     # ------------------------------------------------------------------------------------------
 
+    def prepare(self, entry: str, kinds: tuple[str, ...]) -> bool:
+        """Have the entry ready: loaded from its file, or compiled (and its file written) where there is none;
+        True when this process compiled it."""
+        with self._lock:
+            if (entry, kinds) in self._functions or self._try_file((entry, kinds)):
+                return False
+            return self._compile((entry, kinds))
+
     def _function(self, entry: str, kinds: tuple[str, ...]) -> Callable[..., int]:
         fn = self._functions.get((entry, kinds))
-        if fn is not None:
-            return fn
-        with self._lock:
-            if (entry, kinds) not in self._functions and not self._try_file((entry, kinds)):
-                self._compile((entry, kinds))
-            return self._functions[(entry, kinds)]
+        if fn is None:
+            self.prepare(entry, kinds)
+            fn = self._functions[(entry, kinds)]
+        return fn
 
     def _try_file(self, entry: tuple[str, tuple[str, ...]]) -> bool:
         """The entry from its object file; False where there is none (or an unusable one: it is compiled anew)."""
@@ -139,11 +145,12 @@ class KernelCode:
             return False
         return False
 
-    def _compile(self, entry: tuple[str, tuple[str, ...]]) -> None:
+    def _compile(self, entry: tuple[str, tuple[str, ...]]) -> bool:
         with _compile_lock(entry):
             if self._try_file(entry):  # another process compiled it while this one waited
-                return
+                return False
             self._compile_here(entry)
+            return True
 
     def _compile_here(self, entry: tuple[str, tuple[str, ...]]) -> None:
         from workbench.compare.judging import kernels
@@ -206,6 +213,13 @@ def kernel_code() -> KernelCode:
             if _code is None:
                 _code = KernelCode()
     return _code
+
+
+def pair_entry(golden_dtype: str | None, test_dtype: str | None) -> tuple[str, tuple[str, ...]]:
+    """The `pass_pair` entry a pair of tensors of these (canonical) dtypes runs: any dtype but the kernels' own
+    is passed as float32 chunks."""
+    kinds = tuple(d if d in _KIND_NAMES else "float32" for d in (golden_dtype, test_dtype))
+    return "pass_pair", kinds
 
 
 def preload() -> None:
