@@ -41,10 +41,10 @@ def test_demo_decoding_warns_nothing(caplog: pytest.LogCaptureFixture) -> None:
     assert not [s for s in said if "past_key_values" in s or "deprecated" in s], said
 
 
-def _on_a_terminal(*args: str) -> tuple[int, str, str]:
+def _on_a_terminal(*args: str, env_extra: dict[str, str] | None = None) -> tuple[int, str, str]:
     """`wb ARGS` with stderr on a pseudo-terminal (where the progress line is drawn): rc, stdout, terminal text."""
     master, slave = pty.openpty()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env_extra or {})}
     proc = subprocess.Popen([*WB, *args], stdout=subprocess.PIPE, stderr=slave, cwd=ROOT, env=env, text=True)
     os.close(slave)
     chunks: list[bytes] = []
@@ -76,6 +76,35 @@ def test_compare_progress_on_a_terminal_is_printed_once_and_agrees(demo_catalog:
     assert label and summary and label.group(1) == summary.group(1), (compare_done[0], out[:400])
 
 
+@pytest.mark.slow
+def test_the_first_compare_after_an_install_says_it_compiles_the_kernels(tmp_path: Path) -> None:
+    """No kernel machine code kept yet (a plain `pip install`): the workers compile the entries the pairs run, a few
+    seconds in which the progress line says so instead of standing at 0 (on one terminal row), and the compare
+    then ends as usual."""
+    from tests.fixtures.hostile_cases import big_pair
+    from workbench.compare.execution.executor import KERNELS_COMPILING
+
+    golden, test = big_pair(tmp_path)
+    rc, out, tty = _on_a_terminal(
+        "compare",
+        "-gp",
+        str(golden),
+        "-mp",
+        str(test),
+        "-o",
+        str(tmp_path / "out"),
+        "-j",
+        "2",
+        env_extra={"NUMBA_CACHE_DIR": str(tmp_path / "kernels")},
+    )
+    assert rc == 0, tty[-2000:]
+    rows = [seg for seg in re.split(r"[\r\n]+", tty) if seg.strip()]
+    said = [r for r in rows if KERNELS_COMPILING in r]
+    assert said and all(r.startswith("compare (") and len(r.replace("\x1b[K", "")) < 80 for r in said), rows[:20]
+    assert "pairs compared:" in out
+    assert list((tmp_path / "kernels" / "wb_kernels").glob("wb_kernel-pass_pair-float32-float32-*.o"))
+
+
 def test_redump_on_an_atb_run_names_the_format(demo_catalog: Path) -> None:
     res = invoke_wb("redump", "root.model.layers.1.post_attention_layernorm", "--token", "0", "-c", str(demo_catalog))
     assert res.returncode == 2, res.stdout + res.stderr
@@ -101,3 +130,19 @@ def test_precheck_of_an_atb_dump_honours_token_and_node(demo_catalog: Path) -> N
         bad = run_wb("precheck", str(test), *args)
         assert bad.returncode == 2 and said in bad.stderr, bad.stdout + bad.stderr
         assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_a_progress_line_fits_one_row_with_its_counts_whole() -> None:
+    """A long stage label (a compare with unpaired tensors' statistics) is cut before the counts, never the counts;
+    a message goes last, cut or left out where the row has no room for it."""
+    from workbench.cli.common import _one_row
+
+    stage = "compare (448 pairs in 400 tasks + 1232 unpaired tensors' statistics)"
+    row = _one_row(stage, ": 128/1632 64/s", "", 79)
+    assert len(row) == 79 and row.endswith("...: 128/1632 64/s") and row.startswith("compare (448 pairs")
+    assert _one_row("compare (836 pairs)", ": 0/836", "compiling the metric kernels (once per install)", 79) == (
+        "compare (836 pairs): 0/836  compiling the metric kernels (once per install)"
+    )
+    cut = _one_row("compare (836 pairs)", ": 0/836", "compiling the metric kernels (once per install)", 60)
+    assert cut == "compare (836 pairs): 0/836  compiling the metric kernels..." and len(cut) <= 60
+    assert _one_row(stage, ": 0/1632", "compiling the metric kernels", 79).endswith(": 0/1632")

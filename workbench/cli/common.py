@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -205,6 +206,25 @@ def open_comparison(catalog: Path, cmp_id: int | None) -> Iterator[tuple[duckdb.
         con.close()
 
 
+def _stderr_columns() -> int:
+    """The width of the terminal stderr writes to (80 where it says none)."""
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns or 80
+    except (OSError, ValueError):
+        return 80
+
+
+def _one_row(stage: str, counts: str, message: str, width: int) -> str:
+    """`stage counts  message` in `width` columns: the counts whole, the stage cut before them, the message last."""
+    if len(stage) + len(counts) > width:
+        stage = stage[: max(width - len(counts) - 3, 0)] + "..."
+    line = stage + counts
+    room = width - len(line) - 2
+    if message and room >= 12:
+        line += "  " + (message if len(message) <= room else message[: room - 3].rstrip() + "...")
+    return line[:width]
+
+
 class ProgressPrinter:
     """Progress on stderr, only on a terminal (stderr stays clean for errors otherwise)."""
 
@@ -220,7 +240,8 @@ class ProgressPrinter:
         self.last_finished = finished or self.last_finished
         if self.tty:
             rate = f" {p.rate:,.0f}/s" if p.rate else ""
-            sys.stderr.write(f"\r{p.stage}: {p.done}/{p.total}{rate}   ")
+            line = _one_row(p.stage, f": {p.done}/{p.total}{rate}", p.message, _stderr_columns() - 1)
+            sys.stderr.write(f"\r{line}\x1b[K")  # one row (a wrapped line would not be redrawn), erased to its end
             if p.done >= p.total:
                 sys.stderr.write("\n")
             sys.stderr.flush()

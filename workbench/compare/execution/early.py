@@ -11,6 +11,7 @@ read) and the rest are dropped. Nothing here imports pandas, DuckDB or torch.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Collection
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import replace
@@ -23,6 +24,8 @@ from workbench.compare.judging.kernel_code import pair_entry
 from workbench.formats.model import Dump, canonical_dtype
 
 PairKey = tuple[tuple[int, int], tuple[int, int], str | None, str | None]  # files, test dtype, transform
+# a kernel entry loads from its file in milliseconds: one still being prepared after this long is being compiled
+_COMPILING_AFTER_S = 0.5
 
 
 class EarlyPairs:
@@ -40,6 +43,8 @@ class EarlyPairs:
         self.twins = 0  # pairs riding along with a pair of equal content digests (checked byte for byte)
         self._submitted = threading.Event()
         self.kernels: set[tuple[str, tuple[str, ...]]] = set()  # the kernel entries the pairs run
+        self._preparing: list[Future[bool]] = []
+        self._prepare_asked = 0.0
         tasks, sizes = self._plan(golden, test, tokens)
         threading.Thread(target=self._submit, args=(pool, tasks, sizes), name="wb-early-pairs", daemon=True).start()
 
@@ -83,9 +88,10 @@ class EarlyPairs:
         try:
             executor = pool.get() if isinstance(pool, PoolStarter) else pool
             if executor is not None:
-                if len(self.kernels) > 1:  # each on a worker of its own, before the pairs that wait for them
-                    for entry in sorted(self.kernels):
-                        executor.submit(prepare_kernel, entry)
+                # each entry on a worker of its own, before the pairs that wait for it (the first compare after an
+                # install compiles them at once instead of in turn; otherwise a task that returns at once)
+                self._prepare_asked = time.monotonic()
+                self._preparing = [executor.submit(prepare_kernel, entry) for entry in sorted(self.kernels)]
                 for batch in batches(tasks, sizes):
                     ids = [i for t in batch for i in (t.pair_id, *(tw[0] for tw in t.twins))]
                     self.batches[executor.submit(run_batch, batch)] = ids
@@ -98,6 +104,13 @@ class EarlyPairs:
     @property
     def futures(self) -> list[Future[list[dict[str, Any]]]]:
         return list(self.batches)
+
+    def compiling_kernels(self) -> bool:
+        """Whether a kernel entry its pairs run is still being prepared well after it was asked for: being compiled
+        (the first compare after an install, ~3 s)."""
+        if not self._preparing or time.monotonic() - self._prepare_asked < _COMPILING_AFTER_S:
+            return False
+        return not all(f.done() for f in self._preparing)
 
     def wait_submitted(self) -> None:
         """Wait until the background thread has handed every batch to the pool (or given up)."""

@@ -250,6 +250,9 @@ def execute_tasks(
         _run_in_process([t for t, _ in left], [n for _, n in left], sink, progress, cancel, stage, t0)
 
 
+KERNELS_COMPILING = "compiling the metric kernels (once per install)"
+
+
 class _Reporter:
     """Progress callbacks and periodic flushes of the sink, shared by the in-process and pool paths."""
 
@@ -257,12 +260,14 @@ class _Reporter:
         self.sink, self.progress, self.stage, self.total, self.t0 = sink, progress, stage, total, t0
         self.done = 0
         self.last_flush = time.perf_counter()
+        self.message = ""  # said next to the counts (the kernels being compiled)
 
     def advance(self, n: int, force_flush: bool = False) -> None:
         self.done += n
         now = time.perf_counter()
         if self.progress:
-            self.progress(Progress(self.stage, self.done, self.total, self.done / max(now - self.t0, 1e-9)))
+            rate = self.done / max(now - self.t0, 1e-9)
+            self.progress(Progress(self.stage, self.done, self.total, rate, self.message))
         pending = len(self.sink.metric_rows) + len(self.sink.stat_rows)
         if force_flush or now - self.last_flush > 1.0 or pending > 5000:
             self.sink.flush()
@@ -363,7 +368,9 @@ def _run_in_pool(
             n_done += inflight.pop(f)
             sink.add_wire(f.result())
         submit_more()
+        reporter.message = KERNELS_COMPILING if early is not None and early.compiling_kernels() else ""
         reporter.advance(n_done)
+    reporter.message = ""
     reporter.advance(0, force_flush=True)
 
 
