@@ -260,14 +260,14 @@ class _Reporter:
         self.sink, self.progress, self.stage, self.total, self.t0 = sink, progress, stage, total, t0
         self.done = 0
         self.last_flush = time.perf_counter()
-        self.message = ""  # said next to the counts (the kernels being compiled)
 
-    def advance(self, n: int, force_flush: bool = False) -> None:
+    def advance(self, n: int, force_flush: bool = False, message: str = "") -> None:
+        """`n` more done (`message`: said next to the counts, the kernels being compiled)."""
         self.done += n
         now = time.perf_counter()
         if self.progress:
             rate = self.done / max(now - self.t0, 1e-9)
-            self.progress(Progress(self.stage, self.done, self.total, rate, self.message))
+            self.progress(Progress(self.stage, self.done, self.total, rate, message))
         pending = len(self.sink.metric_rows) + len(self.sink.stat_rows)
         if force_flush or now - self.last_flush > 1.0 or pending > 5000:
             self.sink.flush()
@@ -368,9 +368,8 @@ def _run_in_pool(
             n_done += inflight.pop(f)
             sink.add_wire(f.result())
         submit_more()
-        reporter.message = KERNELS_COMPILING if early is not None and early.compiling_kernels() else ""
-        reporter.advance(n_done)
-    reporter.message = ""
+        compiling = early is not None and early.compiling_kernels()
+        reporter.advance(n_done, message=KERNELS_COMPILING if compiling else "")
     reporter.advance(0, force_flush=True)
 
 
