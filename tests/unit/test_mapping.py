@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
+from workbench.compare.pairing.frames import NodeTable, RunFrames, TensorTable
 from workbench.compare.pairing.mapping import (
     MappingError,
     MappingFile,
@@ -17,7 +17,7 @@ from workbench.compare.pairing.mapping import (
     expand_rule,
     rule_across_layers,
 )
-from workbench.compare.pairing.matching import RunFrames, match_nodes, pair_tensors
+from workbench.compare.pairing.matching import match_nodes, pair_tensors
 
 
 def test_tensor_selector_parsing() -> None:
@@ -81,27 +81,14 @@ def test_bad_mapping_files_name_the_file(tmp_path: Path, content: str, reason: s
 
 
 def _frames(run_id: int, kind: str, nodes: list[tuple[str, str, int | None]], tokens: int = 2) -> RunFrames:
-    ndf = pd.DataFrame(
-        {
-            "node_id": range(len(nodes)),
-            "name": [n[0] for n in nodes],
-            "type": [n[1] for n in nodes],
-            "parent_id": [None] * len(nodes),
-            "depth": [1] * len(nodes),
-            "exec_order": range(len(nodes)),
-            "layer": pd.array([n[2] for n in nodes], dtype="Int64"),
-            "phase": [None] * len(nodes),
-            "params": [None] * len(nodes),
-        }
-    )
+    node_rows = [(i, name, typ, None, i, layer, None, None) for i, (name, typ, layer) in enumerate(nodes)]
     rows = []
     for tok in range(tokens):
         for nid in range(len(nodes)):
             rows.append((len(rows), tok, nid, "in", 0))
             rows.append((len(rows), tok, nid, "out", 0))
             rows.append((len(rows), tok, nid, "out", 1))
-    tdf = pd.DataFrame(rows, columns=["tensor_id", "token_id", "node_id", "io", "idx"])
-    return RunFrames(run_id, kind, ndf, tdf)
+    return RunFrames(run_id, kind, NodeTable.of_rows(node_rows), TensorTable.of_rows(rows))
 
 
 def test_ladder_rules_types_names_and_rejections() -> None:
@@ -141,14 +128,14 @@ def test_ladder_rules_types_names_and_rejections() -> None:
         ("root.model.layers.0.input_layernorm", "2_Prefill_layer/0_RmsNormOperation", "type-map"),
     }
     pairs = pair_tensors(matches, golden, test, tokens={1})
-    assert set(pairs["token_id"]) == {1}
-    lm = pairs[pairs["golden_node_id"] == 4]
-    assert len(lm) == 1 and lm.iloc[0]["io"] == "out"  # explicit out:0 <-> out:0 only
-    down0 = pairs[pairs["golden_node_id"] == 0]
-    assert sorted(zip(down0["io"], down0["golden_tensor_id"] % 3)) == [("in", 0), ("out", 1), ("out", 2)]
+    assert set(pairs.token_id.tolist()) == {1}
+    lm = pairs.take(pairs.golden_node_id == 4)
+    assert len(lm) == 1 and lm.io == ["out"]  # explicit out:0 <-> out:0 only
+    down0 = pairs.take(pairs.golden_node_id == 0)
+    assert sorted(zip(down0.io, (down0.golden_tensor_id % 3).tolist())) == [("in", 0), ("out", 1), ("out", 2)]
     # type-map defaults to outputs only
-    norm0 = pairs[pairs["golden_node_id"] == 2]
-    assert set(norm0["io"]) == {"out"}
+    norm0 = pairs.take(pairs.golden_node_id == 2)
+    assert set(norm0.io) == {"out"}
 
 
 def test_identical_names_only_between_same_kinds() -> None:

@@ -7,20 +7,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import duckdb
-import pandas as pd
+import numpy as np
 
 from workbench.catalog import first_row
 from workbench.compare.judging.thresholds import Thresholds
+from workbench.compare.pairing.frames import Coded, NodeTable, RunFrames, TensorPairs, TensorTable
 from workbench.compare.pairing.mapping import MappingFile, PairSpec
-from workbench.compare.pairing.matching import NodeMatch, RunFrames, pair_tensors
+from workbench.compare.pairing.matching import NodeMatch, pair_tensors
 from workbench.formats.quant_links import QuantLink, quant_links
 
-# columns with few distinct values (shape as text: `[4, 8]`), loaded as categoricals: a Python object per row
-# would be ~60 bytes each, a third of the frame of a 150k-file dump
-CODED_COLUMNS = ("io", "dtype", "shape")
+# columns with few distinct values (shape as text: `[4, 8]`) are loaded coded: a Python object per row would be
+# ~60 bytes each, a third of the frame of a 150k-file dump
 _RUN_TENSORS = """
 WITH t AS (SELECT tensor_id, token_id, node_id, io, idx, dtype, shape::VARCHAR AS shape, numel, norm, mean
            FROM tensors WHERE run_id = $run),
@@ -35,29 +36,47 @@ def load_frames(con: duckdb.DuckDBPyConnection, run_id: int) -> RunFrames:
     """The nodes and tensors of one run, as `compare.pairing.matching` takes them.
 
     Only what matching and planning read: no paths (`compare.execution.executor` reads them from the catalog as it
-    plans), and `io`, `dtype` and `shape` (as text) as categoricals."""
+    plans), and `io`, `dtype` and `shape` (as text) coded."""
     kind_row = first_row(con.execute("SELECT kind, meta FROM runs WHERE run_id = ?", [run_id]))
     assert kind_row is not None
-    nodes = con.execute(
-        "SELECT node_id, name, type, parent_id, depth, exec_order, layer, phase, params FROM nodes "
-        "WHERE run_id = ? ORDER BY node_id",
-        [run_id],
-    ).df()
-    categories: dict[str, list[str]] = {
+    nodes = NodeTable.of_rows(
+        con.execute(
+            "SELECT node_id, name, type, parent_id, exec_order, layer, phase, params FROM nodes "
+            "WHERE run_id = ? ORDER BY node_id",
+            [run_id],
+        ).fetchall()
+    )
+    values: dict[str, list[str]] = {
         str(c): list(v)
         for c, v in con.execute(
             _RUN_TENSORS + "SELECT col, list(v ORDER BY code) FROM d GROUP BY col", {"run": run_id}
         ).fetchall()
     }
-    tensors = con.execute(
-        _RUN_TENSORS + "SELECT t.tensor_id, t.token_id, t.node_id, coalesce(a.code, -1) AS io, t.idx, "
-        "coalesce(b.code, -1) AS dtype, coalesce(c.code, -1) AS shape, t.numel, t.norm, t.mean FROM t "
+    cols = con.execute(
+        _RUN_TENSORS + "SELECT t.tensor_id::BIGINT AS tensor_id, t.token_id::BIGINT AS token_id, "
+        "t.node_id::BIGINT AS node_id, coalesce(a.code, -1) AS io, t.idx::BIGINT AS idx, "
+        "coalesce(b.code, -1) AS dtype, coalesce(c.code, -1) AS shape, coalesce(t.numel, -1) AS numel, "
+        "coalesce(t.norm, 'NaN'::DOUBLE) AS norm, coalesce(t.mean, 'NaN'::DOUBLE) AS mean FROM t "
         "LEFT JOIN d a ON a.col = 'io' AND a.v = t.io LEFT JOIN d b ON b.col = 'dtype' AND b.v = t.dtype "
         "LEFT JOIN d c ON c.col = 'shape' AND c.v = t.shape ORDER BY t.tensor_id",
         {"run": run_id},
-    ).df()
-    for col in CODED_COLUMNS:
-        tensors[col] = pd.Categorical.from_codes(tensors[col].to_numpy(), categories=categories.get(col, []))
+    ).fetchnumpy()
+
+    def coded(col: str) -> Coded:
+        return Coded(np.asarray(cols[col], dtype=np.int32), values.get(col, []))
+
+    tensors = TensorTable(
+        np.asarray(cols["tensor_id"], dtype=np.int64),
+        np.asarray(cols["token_id"], dtype=np.int64),
+        np.asarray(cols["node_id"], dtype=np.int64),
+        coded("io"),
+        np.asarray(cols["idx"], dtype=np.int64),
+        coded("dtype"),
+        coded("shape"),
+        np.asarray(cols["numel"], dtype=np.int64),
+        np.asarray(cols["norm"], dtype=np.float64),
+        np.asarray(cols["mean"], dtype=np.float64),
+    )
     return RunFrames(run_id, str(kind_row[0]), nodes, tensors, quant=_quant_of(kind_row[1]))
 
 
@@ -108,21 +127,24 @@ def comparison_for_runs(
 
 def insert_node_matches(con: duckdb.DuckDBPyConnection, cmp_id: int, matches: list[NodeMatch]) -> None:
     """Add node pairs to a comparison (inside the caller's transaction)."""
-    if not matches:
-        return
-    df = pd.DataFrame(
-        {
-            "golden_node_id": [m.golden_node_id for m in matches],
-            "test_node_id": [m.test_node_id for m in matches],
-            "method": [m.method for m in matches],
-            "confidence": [m.confidence for m in matches],
-            "evidence": [m.evidence for m in matches],
-        }
-    )
     # one row per node pair (docs/catalog.md): a pair matched for several tensor selections (fused q/k/v,
     # gate/up) is still one pair; one already stored (an editor re-pair) is not added again
-    df = df.drop_duplicates(["golden_node_id", "test_node_id"], keep="first")
-    con.register("_nm", df)
+    first: dict[tuple[int, int], NodeMatch] = {}
+    for m in matches:
+        first.setdefault((m.golden_node_id, m.test_node_id), m)
+    if not first:
+        return
+    kept = list(first.values())
+    con.register(
+        "_nm",
+        {
+            "golden_node_id": np.asarray([m.golden_node_id for m in kept], dtype=np.int64),
+            "test_node_id": np.asarray([m.test_node_id for m in kept], dtype=np.int64),
+            "method": np.asarray([m.method for m in kept], dtype=object),
+            "confidence": np.asarray([m.confidence for m in kept], dtype=np.float64),
+            "evidence": np.asarray([m.evidence for m in kept], dtype=object),
+        },
+    )
     con.execute(
         "INSERT INTO node_matches SELECT ?, n.golden_node_id, n.test_node_id, n.method, n.confidence, n.evidence "
         "FROM _nm n WHERE NOT EXISTS (SELECT 1 FROM node_matches o WHERE o.cmp_id = ? "
@@ -140,36 +162,66 @@ def store_node_matches(con: duckdb.DuckDBPyConnection, cmp_id: int, matches: lis
     con.execute("COMMIT")
 
 
-def store_pairs(con: duckdb.DuckDBPyConnection, cmp_id: int, pairs: pd.DataFrame) -> pd.DataFrame:
+def store_pairs(con: duckdb.DuckDBPyConnection, cmp_id: int, pairs: TensorPairs) -> TensorPairs:
     """Insert tensor pairs not yet in the catalog; return every pair of `pairs` with its pair_id."""
-    existing = con.execute(
-        "SELECT pair_id, golden_tensor_id, test_tensor_id FROM matches WHERE cmp_id = ?", [cmp_id]
-    ).df()
-    merged = pairs.merge(existing, on=["golden_tensor_id", "test_tensor_id"], how="left")
-    new = merged[merged["pair_id"].isna()].copy()
-    if len(new):
+    known = {
+        (int(g), int(t)): int(p)
+        for g, t, p in con.execute(
+            "SELECT golden_tensor_id, test_tensor_id, pair_id FROM matches WHERE cmp_id = ?", [cmp_id]
+        ).fetchall()
+    }
+    keys = zip(pairs.golden_tensor_id.tolist(), pairs.test_tensor_id.tolist())
+    ids = np.asarray([known.get(k, -1) for k in keys] if known else [-1] * len(pairs), dtype=np.int64)
+    new = ids < 0
+    if new.any():
         start_row = first_row(
             con.execute("SELECT coalesce(max(pair_id), -1) + 1 FROM matches WHERE cmp_id = ?", [cmp_id])
         )
         assert start_row is not None
         start = int(start_row[0])
-        new["pair_id"] = range(start, start + len(new))
-        con.register("_new_pairs", new)
+        ids[new] = np.arange(start, start + int(new.sum()), dtype=np.int64)
+        added = replace(pairs.take(new), pair_id=ids[new])
+        con.register("_new_pairs", added.columns(_MATCH_COLUMNS))
         con.execute(
-            "INSERT INTO matches SELECT ?, pair_id, token_id, test_token_id, golden_tensor_id, test_tensor_id, "
-            "golden_node_id, test_node_id, io, method, confidence, transform FROM _new_pairs",
+            f"INSERT INTO matches SELECT ?, {', '.join(_MATCH_COLUMNS)} FROM _new_pairs",
             [cmp_id],
         )
         con.unregister("_new_pairs")
-        merged.loc[merged["pair_id"].isna(), "pair_id"] = new["pair_id"].values
-    merged["pair_id"] = merged["pair_id"].astype(int)
-    return merged
+    return replace(pairs, pair_id=ids)
 
 
-def store_tensor_pairs(con: duckdb.DuckDBPyConnection, cmp_id: int, pairs: pd.DataFrame) -> pd.DataFrame:
-    """`store_pairs` in its own transaction; an empty `pairs` comes back with an empty pair_id column."""
+# the columns of `matches` after cmp_id, in the table's order
+_MATCH_COLUMNS = (
+    "pair_id",
+    "token_id",
+    "test_token_id",
+    "golden_tensor_id",
+    "test_tensor_id",
+    "golden_node_id",
+    "test_node_id",
+    "io",
+    "method",
+    "confidence",
+    "transform",
+)
+
+
+def pending_pairs(con: duckdb.DuckDBPyConnection, cmp_id: int) -> TensorPairs:
+    """The stored pairs of a comparison that have no metrics yet."""
+    return TensorPairs.of_rows(
+        con.execute(
+            "SELECT token_id, test_token_id, golden_tensor_id, test_tensor_id, golden_node_id, test_node_id, io, "
+            "method, confidence, transform, pair_id FROM matches WHERE cmp_id = ? AND pair_id NOT IN "
+            "(SELECT pair_id FROM metrics WHERE cmp_id = ?) ORDER BY pair_id",
+            [cmp_id, cmp_id],
+        ).fetchall()
+    )
+
+
+def store_tensor_pairs(con: duckdb.DuckDBPyConnection, cmp_id: int, pairs: TensorPairs) -> TensorPairs:
+    """`store_pairs` in its own transaction."""
     if not len(pairs):
-        return pairs.assign(pair_id=pd.Series(dtype=int))
+        return pairs
     con.execute("BEGIN TRANSACTION")
     try:
         stored = store_pairs(con, cmp_id, pairs)
@@ -199,7 +251,7 @@ def edit_node_pairs(
     test: RunFrames,
     pairs: Sequence[PairSpec],
     remove: Sequence[tuple[str, str]] = (),
-) -> tuple[pd.DataFrame, int]:
+) -> tuple[TensorPairs, int]:
     """Unpair `remove` (golden, test node names) and pair `pairs`, in one transaction.
 
     Returns the tensor pairs of the new node pairs (with pair ids) and how many tensor pairs were added.
@@ -236,7 +288,7 @@ def edit_node_pairs(
         insert_node_matches(con, cmp_id, new_matches)
         tp = pair_tensors(new_matches, golden, test)
         before = first_row(con.execute("SELECT count(*) FROM matches WHERE cmp_id = ?", [cmp_id]))
-        stored = store_pairs(con, cmp_id, tp) if len(tp) else tp.assign(pair_id=pd.Series(dtype=int))
+        stored = store_pairs(con, cmp_id, tp) if len(tp) else tp
         after = first_row(con.execute("SELECT count(*) FROM matches WHERE cmp_id = ?", [cmp_id]))
     except BaseException:
         con.execute("ROLLBACK")

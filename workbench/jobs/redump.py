@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import pandas as pd
 
 from workbench.core.files import REDUMP_ENV
 from workbench.core.progress import Progress, ProgressFn
@@ -339,7 +338,7 @@ def _ingest(con: duckdb.DuckDBPyConnection, plan: RedumpPlan, dump_dir: Path, lo
     from workbench.catalog.store import ingest_dump
     from workbench.compare.execution.executor import compute_pending
     from workbench.compare.judging.thresholds import Thresholds
-    from workbench.compare.pair_store import load_frames
+    from workbench.compare.pair_store import load_frames, pending_pairs
     from workbench.formats.detect import open_dump
 
     dump = open_dump(dump_dir)
@@ -381,18 +380,11 @@ def _ingest(con: duckdb.DuckDBPyConnection, plan: RedumpPlan, dump_dir: Path, lo
     except BaseException:
         con.execute("ROLLBACK")
         raise
-    pairs = con.execute(
-        "SELECT pair_id, token_id, golden_tensor_id, test_tensor_id, golden_node_id, test_node_id, io, method, "
-        "confidence, transform FROM matches WHERE cmp_id = ? AND pair_id NOT IN "
-        "(SELECT pair_id FROM metrics WHERE cmp_id = ?)",
-        [plan.cmp_id, plan.cmp_id],
-    ).df()
+    pairs = pending_pairs(con, plan.cmp_id)
     th = Thresholds.from_dict(json.loads(row[2])) if row[2] else Thresholds.load(None)
     golden, test = load_frames(con, int(row[0])), load_frames(con, int(row[1]))
     computed = 0
-    if not pairs.empty:
-        computed, _, _ = compute_pending(
-            con, plan.cmp_id, golden, test, pd.DataFrame(pairs), th, workers=1, stats_for_unpaired=False
-        )
+    if len(pairs):
+        computed, _, _ = compute_pending(con, plan.cmp_id, golden, test, pairs, th, workers=1, stats_for_unpaired=False)
     refresh_verdicts(con, plan.cmp_id)
     return RedumpResult(dump_dir, new_run, len(upd), computed, log, notes)

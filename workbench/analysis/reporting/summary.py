@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import pandas as pd
+import numpy as np
 
 from workbench.analysis.verdicts.causes import CAUSE_LEAD, cause_in
 from workbench.catalog import first_row
 from workbench.compare.pairing.fingerprint import MappingCheck
-from workbench.compare.pairing.matching import NodeMatch, RunFrames
+from workbench.compare.pairing.frames import RunFrames, TensorPairs
+from workbench.compare.pairing.matching import NodeMatch
 from workbench.core.advice import STANDS_OUT
 from workbench.formats.quant_links import quant_links
 
@@ -75,10 +76,10 @@ def _category(op_type: str) -> str | None:
     return None
 
 
-def node_coverage(golden: RunFrames, test: RunFrames, matches: list[NodeMatch], pairs: pd.DataFrame) -> dict[str, Any]:
+def node_coverage(golden: RunFrames, test: RunFrames, matches: list[NodeMatch], pairs: TensorPairs) -> dict[str, Any]:
     """How many nodes of each side have a pair, by matching method and by module category."""
-    g_with = set(golden.tensors["node_id"])
-    t_with = set(test.tensors["node_id"])
+    g_with = set(np.unique(golden.tensors.node_id).tolist())
+    t_with = set(np.unique(test.tensors.node_id).tolist())
     g_matched = {m.golden_node_id for m in matches} & g_with
     t_matched = {m.test_node_id for m in matches} & t_with
     by_method: dict[str, int] = {}
@@ -90,12 +91,12 @@ def node_coverage(golden: RunFrames, test: RunFrames, matches: list[NodeMatch], 
         by_method[m.method.split(":")[0]] = by_method.get(m.method.split(":")[0], 0) + 1
     # the modules a port is judged on: Linear, norm, attention and MLP blocks of the golden model
     categories: dict[str, list[int]] = {}
-    for nid, typ in zip(golden.nodes["node_id"], golden.nodes["type"].fillna("")):
-        cat = _category(str(typ))
-        if cat and int(nid) in g_with:
+    for nid, typ in zip(golden.nodes.node_id.tolist(), golden.nodes.type):
+        cat = _category(typ or "")
+        if cat and nid in g_with:
             categories.setdefault(cat, [0, 0])
             categories[cat][1] += 1
-            categories[cat][0] += int(nid) in g_matched
+            categories[cat][0] += nid in g_matched
     return {
         "golden_nodes": len(g_with),
         "golden_matched": len(g_matched),
@@ -114,15 +115,14 @@ def summarize_comparison(
     golden: RunFrames,
     test: RunFrames,
     matches: list[NodeMatch],
-    pairs: pd.DataFrame,
+    pairs: TensorPairs,
     tokens: Collection[int] | None,
     *,
     computed: int = 0,
     problems: list[str] | None = None,
 ) -> CompareResult:
     """The numbers `wb compare` prints, read back from the catalog."""
-    ids = [int(x) for x in pairs["pair_id"]] if len(pairs) else []
-    con.register("_ids", pd.DataFrame({"pair_id": ids}, dtype="int64"))
+    con.register("_ids", {"pair_id": pairs.pair_id})
     row = first_row(
         con.execute(
             "SELECT count(*), count(*) FILTER (WHERE passed = false), "

@@ -18,7 +18,6 @@ from typing import Any, Protocol
 
 import duckdb
 import numpy as np
-import pandas as pd
 
 from workbench.catalog import first_row
 from workbench.compare.execution.early import EarlyPairs, PairKey
@@ -27,7 +26,7 @@ from workbench.compare.execution.tasks import PairTask, StatsTask, batches, file
 from workbench.compare.execution.worker import run_batch
 from workbench.compare.judging.judge import PairResult, StatsResult, compute_dtype, judge_pair, result_from_wire
 from workbench.compare.judging.thresholds import Thresholds
-from workbench.compare.pairing.matching import RunFrames
+from workbench.compare.pairing.frames import Coded, RunFrames, TensorPairs
 from workbench.core.metrics import ALL_METRICS, STAT_BOUND, STAT_METRIC_NAMES, STAT_STEP_KEY, SUMMARY_FIELDS
 from workbench.core.progress import CompareCancelled, Progress, ProgressFn
 
@@ -147,47 +146,31 @@ class ResultSink:
         con.execute("BEGIN TRANSACTION")
         try:
             if self.metric_rows:
-                mdf = pd.DataFrame(self.metric_rows)
-                for col in ("golden_nan_count", "golden_inf_count", "my_nan_count", "my_inf_count"):
-                    mdf[col] = mdf[col].astype("Int64")
-                for col in ALL_METRICS:
-                    mdf[col] = mdf[col].astype("float64")
-                mdf["passed"] = mdf["passed"].astype("boolean")
-                con.register("_mdf", mdf)
-                cols = ", ".join(
-                    [
-                        "pair_id",
-                        *ALL_METRICS,
-                        "golden_nan_count",
-                        "golden_inf_count",
-                        "my_nan_count",
-                        "my_inf_count",
-                        "finite_only",
-                        "passed",
-                        "failed_metrics",
-                        "cmp_fail_reason",
-                    ]
+                mdf = _columns(
+                    self.metric_rows, _METRIC_COLUMNS, ints=_COUNTS, floats=ALL_METRICS, bools=("finite_only", "passed")
                 )
+                con.register("_mdf", mdf)
+                cols = ", ".join(_METRIC_COLUMNS)
                 con.execute(
                     f"INSERT OR REPLACE INTO metrics (cmp_id, {cols}) SELECT ?, {cols} FROM _mdf", [self.cmp_id]
                 )
                 con.unregister("_mdf")
             if self.stat_metric_rows:
-                xdf = pd.DataFrame(self.stat_metric_rows, columns=["pair_id", *STAT_METRIC_NAMES])
-                for col in STAT_METRIC_NAMES:
-                    xdf[col] = xdf[col].astype("float64")
-                con.register("_xdf", xdf)
-                cols = ", ".join(["pair_id", *STAT_METRIC_NAMES])
+                cols_x = ("pair_id", *STAT_METRIC_NAMES)
+                con.register("_xdf", _columns(self.stat_metric_rows, cols_x, floats=STAT_METRIC_NAMES))
+                cols = ", ".join(cols_x)
                 con.execute(
                     f"INSERT OR REPLACE INTO stat_metrics (cmp_id, {cols}) SELECT ?, {cols} FROM _xdf", [self.cmp_id]
                 )
                 con.unregister("_xdf")
             if self.stat_rows:
-                sdf = pd.DataFrame(self.stat_rows).drop_duplicates(["run_id", "tensor_id"], keep="last")
-                for col in ("numel", "nan_count", "inf_count"):
-                    sdf[col] = sdf[col].astype("Int64")
-                for col in ("min", "max", "mean", "std", "norm"):
-                    sdf[col] = sdf[col].astype("float64")
+                last = {(r["run_id"], r["tensor_id"]): r for r in self.stat_rows}  # a tensor's last statistics
+                sdf = _columns(
+                    list(last.values()),
+                    ("run_id", "tensor_id", *SUMMARY_FIELDS, "error"),
+                    ints=("numel", "nan_count", "inf_count"),
+                    floats=("min", "max", "mean", "std", "norm"),
+                )
                 con.register("_sdf", sdf)
                 con.execute(
                     "UPDATE tensors SET min = s.min, max = s.max, mean = s.mean, std = s.std, norm = s.norm, "
@@ -200,6 +183,34 @@ class ResultSink:
         except BaseException:
             con.execute("ROLLBACK")
             raise
+
+
+_COUNTS = ("golden_nan_count", "golden_inf_count", "my_nan_count", "my_inf_count")
+_METRIC_COLUMNS = ("pair_id", *ALL_METRICS, *_COUNTS, "finite_only", "passed", "failed_metrics", "cmp_fail_reason")
+
+
+def _columns(
+    rows: list[dict[str, Any]],
+    names: Sequence[str],
+    *,
+    ints: Sequence[str] = (),
+    floats: Sequence[str] = (),
+    bools: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The `names` columns of `rows` for `con.register` (a row without a key: None): `ints` and `bools` nullable
+    (masked where None), `floats` with NaN for None (DuckDB reads NaN as NULL), the rest as objects."""
+    out: dict[str, Any] = {}
+    for key in names:
+        values = [row.get(key) for row in rows]
+        if key in floats:
+            out[key] = np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
+        elif key in ints or key in bools:
+            missing = np.asarray([v is None for v in values], dtype=np.bool_)
+            data = np.asarray([0 if v is None else v for v in values], dtype=np.int64 if key in ints else np.bool_)
+            out[key] = np.ma.masked_array(data, mask=missing) if missing.any() else data
+        else:
+            out[key] = np.asarray(values, dtype=object)
+    return out
 
 
 def execute_tasks(
@@ -393,18 +404,17 @@ class _PairFacts:
     """pair_id -> (golden node id, test dtype, io) of the pairs to judge, as columns: no per-pair Python objects
     (three dicts of a 150k-file dump's pairs were ~15 MB)."""
 
-    def __init__(self, pairs: pd.DataFrame, test: RunFrames) -> None:
-        ids = pairs["pair_id"].to_numpy(dtype=np.int64)
+    def __init__(self, pairs: TensorPairs, test: RunFrames) -> None:
+        ids = pairs.pair_id
         order = np.argsort(ids, kind="stable")
         self.ids = ids[order]
-        self.node = pairs["golden_node_id"].to_numpy(dtype=np.int64)[order]
-        io = pd.Categorical(pairs["io"].astype(str))
-        self.io_codes, self.io_names = io.codes[order], [str(x) for x in io.categories]
+        self.node = pairs.golden_node_id[order]
+        io = Coded.of(pairs.io)
+        self.io_codes, self.io_names = io.codes[order], io.values
         t = test.tensors
-        dtypes = t["dtype"] if isinstance(t["dtype"].dtype, pd.CategoricalDtype) else t["dtype"].astype("category")
-        self.dtype_names: list[str | None] = [str(x) for x in dtypes.cat.categories]
-        pos = pd.Index(t["tensor_id"]).get_indexer(pairs["test_tensor_id"])
-        codes = dtypes.cat.codes.to_numpy()
+        self.dtype_names: list[str | None] = list(t.dtype.values)
+        pos = t.rows_of(pairs.test_tensor_id)
+        codes = t.dtype.codes
         self.dtype_codes = np.where(pos >= 0, codes[np.maximum(pos, 0)] if len(codes) else -1, -1)  # pairs' order
         dense = len(ids) == 0 or int(self.ids[-1]) - int(self.ids[0]) == len(ids) - 1  # sorted; unique pair ids
         self.base = int(self.ids[0]) if len(ids) else 0
@@ -454,7 +464,7 @@ def compute_pending(
     cmp_id: int,
     golden: RunFrames,
     test: RunFrames,
-    pairs: pd.DataFrame,
+    pairs: TensorPairs,
     thresholds: Thresholds,
     *,
     workers: int,
@@ -469,8 +479,8 @@ def compute_pending(
 
     Returns (computed, failed, uncomparable).
     """
-    done_ids = {int(x) for x in con.execute("SELECT pair_id FROM metrics WHERE cmp_id = ?", [cmp_id]).df()["pair_id"]}
-    todo = pairs[~pairs["pair_id"].isin(done_ids)]
+    done = con.execute("SELECT pair_id::BIGINT AS pair_id FROM metrics WHERE cmp_id = ?", [cmp_id]).fetchnumpy()
+    todo = pairs.take(~np.isin(pairs.pair_id, np.asarray(done["pair_id"], dtype=np.int64)))
     tasks: list[PairTask | StatsTask] = []
     sizes: list[int] = []
     first_of: dict[PairKey, int] = {}
@@ -483,7 +493,8 @@ def compute_pending(
         early.wait_submitted()
     # paths come from the catalog a slice at a time: one Python string per tensor file is held by no frame
     con.register(
-        "_todo", todo[["pair_id", "token_id", "golden_tensor_id", "test_tensor_id", "golden_node_id", "transform"]]
+        "_todo",
+        todo.columns(("pair_id", "token_id", "golden_tensor_id", "test_tensor_id", "golden_node_id", "transform")),
     )
     try:
         cur = con.execute(_PLAN_SQL, {"golden": golden.run_id, "test": test.run_id})
@@ -530,7 +541,7 @@ def compute_pending(
     finally:
         con.unregister("_todo")
     if stats_for_unpaired:
-        con.register("_paired", pairs[["golden_tensor_id", "test_tensor_id"]])
+        con.register("_paired", pairs.columns(("golden_tensor_id", "test_tensor_id")))
         try:
             for run, side in ((golden.run_id, "golden_tensor_id"), (test.run_id, "test_tensor_id")):
                 for tid, path, dtype, numel in con.execute(
@@ -544,11 +555,10 @@ def compute_pending(
         finally:
             con.unregister("_paired")
 
+    nodes = golden.nodes
     node_info = {
-        int(n): (str(nm), str(tp) if tp is not None else "", bool(pd.isna(parent)))
-        for n, nm, tp, parent in zip(
-            golden.nodes["node_id"], golden.nodes["name"], golden.nodes["type"], golden.nodes["parent_id"]
-        )
+        n: (nm, str(tp) if tp is not None else "", parent is None)
+        for n, nm, tp, parent in zip(nodes.node_id.tolist(), nodes.name, nodes.type, nodes.parent_id)
     }
     facts = _PairFacts(pairs, test)
     run_dtype = compute_dtype(facts.test_dtypes())

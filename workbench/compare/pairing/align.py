@@ -28,7 +28,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
+
+from workbench.compare.pairing.frames import NodeTable, TensorTable
 
 MAX_EDITS = 2000  # beyond this many differences in one scope, Myers' trace costs more than it is worth
 _MAX_RUN_CELLS = 250_000  # size bound of the statistics re-alignment of one run of equal keys
@@ -66,18 +67,15 @@ class StreamSide:
     stats: dict[int, dict[tuple[str, int], float]]
 
     @classmethod
-    def build(cls, kind: str, nodes: pd.DataFrame, tensors: pd.DataFrame, roles: set[str]) -> StreamSide:
-        ids = [int(n) for n in nodes["node_id"]]
-        name = dict(zip(ids, (str(x) for x in nodes["name"])))
-        typ = dict(zip(ids, (_text(x) for x in nodes["type"])))
-        order = {
-            int(n): (float(e) if e is not None and not pd.isna(e) else math.inf)
-            for n, e in zip(nodes["node_id"], nodes["exec_order"])
-        }
+    def build(cls, kind: str, nodes: NodeTable, tensors: TensorTable, roles: set[str]) -> StreamSide:
+        ids = nodes.node_id.tolist()
+        name = dict(zip(ids, nodes.name))
+        typ = dict(zip(ids, (_text(x) for x in nodes.type)))
+        order = {n: (float(e) if e is not None else math.inf) for n, e in zip(ids, nodes.exec_order)}
         children: dict[int | None, list[int]] = defaultdict(list)
         known = set(ids)
-        for nid, pid in zip(ids, nodes["parent_id"]):
-            p = None if pid is None or pd.isna(pid) or int(pid) not in known else int(pid)
+        for nid, pid in zip(ids, nodes.parent_id):
+            p = None if pid is None or int(pid) not in known else int(pid)
             children[p].append(nid)
         for kids in children.values():
             kids.sort(key=lambda n: (order[n], n))
@@ -87,32 +85,27 @@ class StreamSide:
 
 
 def _first_token_tensors(
-    tensors: pd.DataFrame, roles: set[str]
+    tensors: TensorTable, roles: set[str]
 ) -> tuple[dict[int, Shapes], dict[int, dict[tuple[str, int], float]]]:
     """Per node: the shapes of its tensors at its first token, and one statistic (norm, else mean) per tensor."""
-    if tensors is None or len(tensors) == 0 or "node_id" not in tensors:
-        return {}, {}
-    t = tensors[tensors["io"].isin(roles)] if roles else tensors
+    t = tensors.take(tensors.io.is_in(roles)) if roles else tensors
     if not len(t):
         return {}, {}
-    first = t.groupby("node_id")["token_id"].transform("min")
-    t = t[t["token_id"] == first]
-    has_shape = "shape" in t.columns
-    stat_cols = [c for c in ("norm", "mean") if c in t.columns]
+    nodes, at = np.unique(t.node_id, return_inverse=True)
+    first = np.full(len(nodes), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, at, t.token_id)
+    t = t.take(t.token_id == first[at])
+    parsed = [shape_tuple(v) for v in t.shape.values] + [None]  # code -1: unknown
+    stat = np.where(np.isnan(t.norm), t.mean, t.norm)
     shapes: dict[int, list[tuple[str, int, tuple[int, ...] | None]]] = defaultdict(list)
     stats: dict[int, dict[tuple[str, int], float]] = defaultdict(dict)
-    cols = [t["node_id"], t["io"], t["idx"]]
-    cols.append(t["shape"] if has_shape else pd.Series([None] * len(t), index=t.index))
-    for c in stat_cols:
-        cols.append(t[c])
-    for row in zip(*cols):
-        nid, io, idx, shape = int(row[0]), str(row[1]), int(row[2]), row[3]
-        shp = shape_tuple(shape)
-        shapes[nid].append((io, idx, shp))
-        for v in row[4:]:
-            if v is not None and not pd.isna(v):
-                stats[nid][(io, idx)] = float(v)
-                break
+    io_text = t.io.text()
+    for nid, io, idx, code, v in zip(
+        t.node_id.tolist(), io_text, t.idx.tolist(), t.shape.codes.tolist(), stat.tolist()
+    ):
+        shapes[nid].append((str(io), idx, parsed[code]))
+        if not math.isnan(v):
+            stats[nid][(str(io), idx)] = v
     return {n: tuple(sorted(v)) for n, v in shapes.items()}, dict(stats)
 
 

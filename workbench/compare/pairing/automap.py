@@ -31,8 +31,6 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
-import pandas as pd
-
 from workbench.compare.pairing.mapping import TensorSel
 from workbench.compare.pairing.matching import NodeMatch, RunFrames
 
@@ -62,32 +60,32 @@ class _Tree:
     @classmethod
     def build(cls, frames: RunFrames) -> _Tree:
         nodes = frames.nodes
+        ids = nodes.node_id.tolist()
         children: dict[int | None, list[int]] = defaultdict(list)
-        order = {
-            int(n): (float(e) if e is not None and not pd.isna(e) else float(n) + 1e9)
-            for n, e in zip(nodes["node_id"], nodes["exec_order"])
-        }
-        for nid, pid in zip(nodes["node_id"], nodes["parent_id"]):
-            children[None if pid is None or pd.isna(pid) else int(pid)].append(int(nid))
+        order = {n: (float(e) if e is not None else float(n) + 1e9) for n, e in zip(ids, nodes.exec_order)}
+        for nid, pid in zip(ids, nodes.parent_id):
+            children[None if pid is None else int(pid)].append(nid)
         for kids in children.values():
             kids.sort(key=lambda n: order[n])
         t = frames.tensors
         numel: dict[tuple[int, str, int], dict[int, int]] = defaultdict(dict)
-        for n, io, i, tok, x in zip(t["node_id"], t["io"], t["idx"], t["token_id"], t["numel"]):
-            if x is not None and not pd.isna(x):
-                numel[(int(n), str(io), int(i))][int(tok)] = int(x)
+        for n, io, i, tok, x in zip(
+            t.node_id.tolist(), t.io.text(), t.idx.tolist(), t.token_id.tolist(), t.numel.tolist()
+        ):
+            if x >= 0:
+                numel[(n, str(io), i)][tok] = x
         return cls(
             frames,
             children,
-            dict(zip(nodes["node_id"].astype(int), nodes["name"].astype(str))),
-            {int(n): str(x) if x is not None else "" for n, x in zip(nodes["node_id"], nodes["type"])},
-            {int(n): (None if x is None or pd.isna(x) else int(x)) for n, x in zip(nodes["node_id"], nodes["layer"])},
+            dict(zip(ids, nodes.name)),
+            {n: str(x) if x is not None else "" for n, x in zip(ids, nodes.type)},
+            dict(zip(ids, nodes.layer)),
             order,
             numel,
             {
-                int(n): str(p)
-                for n, x, p in zip(nodes["node_id"], nodes["type"], nodes["params"])
-                if x is not None and "AllReduce" in str(x) and p is not None and not pd.isna(p)
+                n: str(p)
+                for n, x, p in zip(ids, nodes.type, nodes.params)
+                if x is not None and "AllReduce" in str(x) and p is not None
             },
         )
 

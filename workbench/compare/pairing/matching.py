@@ -35,34 +35,20 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
-import pandas as pd
+import numpy as np
 
 from workbench.compare.pairing.align import StreamSide, align_scope, shape_tuple
+from workbench.compare.pairing.frames import NodeTable, RunFrames, TensorPairs, TensorTable
 from workbench.compare.pairing.layout import layout_rule, shape_after, with_layout
 from workbench.compare.pairing.mapping import MappingFile, TensorSel, expand_rule
 from workbench.compare.pairing.quant_pairs import quant_matches, resolve_operands
 from workbench.formats.fx_dump import FX_KIND
 from workbench.formats.ge_run import GE_KIND
-from workbench.formats.quant_links import QuantLink
 from workbench.formats.torchair import GRAPH_ROOT
 
-NODE_COLUMNS = ["node_id", "name", "type", "parent_id", "depth", "exec_order", "layer", "phase", "params"]
-
-
-@dataclass(slots=True)
-class RunFrames:
-    """The nodes and tensors of one run, as loaded from the catalog."""
-
-    run_id: int
-    kind: str
-    nodes: pd.DataFrame  # NODE_COLUMNS
-    tensors: pd.DataFrame  # tensor_id, token_id, node_id, io, idx, dtype, numel, path, error
-    quant: list[QuantLink] = field(default_factory=list)  # int tensors and their scales (the manifest's `quant`)
-
-    def by_name(self) -> dict[str, int]:
-        return dict(zip(self.nodes["name"], self.nodes["node_id"]))
+__all__ = ["AutoMatcher", "NodeMatch", "RunFrames", "match_nodes", "pair_tensors"]
 
 
 @dataclass(slots=True)
@@ -80,12 +66,12 @@ class NodeMatch:
 AutoMatcher = Callable[[RunFrames, RunFrames, set[int]], list[NodeMatch]]
 
 
-def _layer_key(v: object) -> int | None:
-    return None if v is None or pd.isna(v) else int(cast(float, v))
-
-
-def _ordered(nodes: pd.DataFrame) -> pd.DataFrame:
-    return nodes.sort_values(["exec_order", "node_id"], na_position="last")
+def _ordered(nodes: NodeTable, rows: list[int]) -> list[int]:
+    """The node ids of `rows`, in execution order (nodes without one last), then by id."""
+    return [
+        int(nodes.node_id[r])
+        for r in sorted(rows, key=lambda r: (nodes.exec_order[r] is None, nodes.exec_order[r] or 0, nodes.node_id[r]))
+    ]
 
 
 @dataclass(slots=True)
@@ -122,10 +108,9 @@ def _layer_rules(ctx: MatchContext) -> list[NodeMatch]:
     """A mapping file's layer-wildcard `rules`: one test node of the golden node's layer, or none."""
     if not ctx.mapping:
         return []
-    g_nodes = list(zip(ctx.golden.nodes["name"], map(_layer_key, ctx.golden.nodes["layer"])))
-    t_nodes = list(zip(ctx.test.nodes["name"], map(_layer_key, ctx.test.nodes["layer"])))
-    g_ids = dict(zip(ctx.golden.nodes["name"], ctx.golden.nodes["node_id"]))
-    t_ids = dict(zip(ctx.test.nodes["name"], ctx.test.nodes["node_id"]))
+    g_nodes = list(zip(ctx.golden.nodes.name, ctx.golden.nodes.layer))
+    t_nodes = list(zip(ctx.test.nodes.name, ctx.test.nodes.layer))
+    g_ids, t_ids = ctx.golden.by_name(), ctx.test.by_name()
     out: list[NodeMatch] = []
     taken = {name for name, nid in g_ids.items() if int(nid) in ctx.taken}
     for r in ctx.mapping.rules:
@@ -148,20 +133,30 @@ def _type_maps(ctx: MatchContext) -> list[NodeMatch]:
     for tr in ctx.mapping.types:
         t_sel = tr.test_tensor
         for golden_type, g_sel in zip(tr.golden_types, tr.golden_tensors):
-            g_hits = golden.nodes[golden.nodes["type"].fillna("").str.contains(golden_type, regex=False)]
-            t_hits = test.nodes[test.nodes["type"].fillna("").str.contains(tr.test_type, regex=False)]
-            g_groups = {k: _ordered(v) for k, v in g_hits.groupby(g_hits["layer"].map(_layer_key), dropna=False)}
-            t_groups = {k: _ordered(v) for k, v in t_hits.groupby(t_hits["layer"].map(_layer_key), dropna=False)}
+            g_groups = _by_layer(golden.nodes, golden_type)
+            t_groups = _by_layer(test.nodes, tr.test_type)
             for layer, g_grp in g_groups.items():
                 t_grp = t_groups.get(layer)
                 if t_grp is None or len(t_grp) != len(g_grp):
                     continue
-                for gid, tid in zip(g_grp["node_id"], t_grp["node_id"]):
+                for gid, tid in zip(g_grp, t_grp):
                     if int(gid) not in taken:
-                        why = f"type {golden_type} <-> {tr.test_type}, layer {layer}"
+                        where = f"layer {layer}" if layer is not None else "outside the layers"
+                        why = f"type {golden_type} <-> {tr.test_type}, {where}"
                         out.append(NodeMatch(int(gid), int(tid), "type-map", 0.9, why, g_sel, t_sel))
         taken |= {m.golden_node_id for m in out}
     return out
+
+
+def _by_layer(nodes: NodeTable, type_part: str) -> dict[int | None, list[int]]:
+    """The ids of the nodes whose type contains `type_part`, per layer (ascending, no layer last), in execution
+    order."""
+    rows: dict[int | None, list[int]] = {}
+    for r, (typ, layer) in enumerate(zip(nodes.type, nodes.layer)):
+        if type_part in (typ or ""):
+            rows.setdefault(layer, []).append(r)
+    keys = sorted(rows, key=lambda k: (k is None, k or 0))
+    return {k: _ordered(nodes, rows[k]) for k in keys}
 
 
 def _aligned(ctx: MatchContext) -> list[NodeMatch]:
@@ -234,8 +229,8 @@ def _quant(ctx: MatchContext) -> list[NodeMatch]:
     ]
 
 
-def _roles(tensors: pd.DataFrame) -> set[str]:
-    return set(tensors["io"].unique()) if "io" in tensors and len(tensors) else set()
+def _roles(tensors: TensorTable) -> set[str]:
+    return {tensors.io.values[c] for c in np.unique(tensors.io.codes).tolist() if c >= 0}
 
 
 TORCHAIR_GE, TORCHAIR_FX = GE_KIND, FX_KIND
@@ -273,8 +268,7 @@ def _torchair(ctx: MatchContext) -> list[NodeMatch]:
     t_root = test.by_name().get(GRAPH_ROOT)
     if GRAPH_ROOT in g_ids and t_root is not None and int(t_root) not in ctx.taken_test:
         out.append(NodeMatch(int(g_ids[GRAPH_ROOT]), int(t_root), "graph-output", 1.0, "the graphs' outputs"))
-    for tid, params in zip(test.nodes["node_id"], test.nodes["params"]):
-        tid = int(tid)
+    for tid, params in zip(test.nodes.node_id.tolist(), test.nodes.params):
         if tid in ctx.taken_test:
             continue
         p = _params(params)
@@ -340,8 +334,8 @@ def match_nodes(
     """Node pairs by the methods of `MATCHERS`, in priority order; rejected pairs dropped."""
     ctx = MatchContext(golden, test, mapping, auto)
     rejected = set(mapping.unpaired) if mapping else set()
-    g_name_of = dict(zip(golden.nodes["node_id"], golden.nodes["name"]))
-    t_name_of = dict(zip(test.nodes["node_id"], test.nodes["name"]))
+    g_name_of = dict(zip(golden.nodes.node_id.tolist(), golden.nodes.name))
+    t_name_of = dict(zip(test.nodes.node_id.tolist(), test.nodes.name))
     # a golden node a mapping pairs with a test op of some tokens only (a prefill op) stays open to the later
     # methods at its other tokens: a pair for one token never changes what another token compares
     covered: dict[int, set[int]] = {}
@@ -375,8 +369,10 @@ class _TokenSets:
     def _of(self, side: str, node: int) -> frozenset[int]:
         if side not in self._sets:
             t = self._frames[side]
-            grouped = t.groupby("node_id")["token_id"].unique() if len(t) else pd.Series(dtype=object)
-            self._sets[side] = {int(n): frozenset(int(x) for x in toks) for n, toks in grouped.items()}
+            pairs = np.unique(np.stack([t.node_id, t.token_id]), axis=1)  # sorted by node, then token
+            nodes, starts = np.unique(pairs[0], return_index=True)
+            tokens = np.split(pairs[1], starts[1:]) if len(nodes) else []
+            self._sets[side] = {n: frozenset(toks.tolist()) for n, toks in zip(nodes.tolist(), tokens)}
         return self._sets[side].get(node, frozenset())
 
     def golden(self, node: int) -> frozenset[int]:
@@ -401,120 +397,119 @@ def _resolve(m: NodeMatch) -> tuple[str, str | None, int | None, str | None, int
 
 def pair_tensors(
     matches: list[NodeMatch], golden: RunFrames, test: RunFrames, tokens: Collection[int] | None = None
-) -> pd.DataFrame:
-    """Tensor pairs of the node matches, one row each, same token id on both sides.
+) -> TensorPairs:
+    """Tensor pairs of the node matches, same token id on both sides; `pair_id` left at -1.
 
-    Columns: token_id, test_token_id, golden_tensor_id, test_tensor_id, golden_node_id, test_node_id,
-    io, method, confidence, transform.
+    Each match pairs the tensors its selectors name (`_resolve`): every tensor with the test tensor of the same role
+    and index (`all`), those of one role (`role`), or one each (`one`). Pairs come per mode (`all`, `one`, `role`),
+    then per match, then in golden and test tensor order; a pair two matches make is kept once, first.
     """
-    cols = [
-        "token_id",
-        "test_token_id",
-        "golden_tensor_id",
-        "test_tensor_id",
-        "golden_node_id",
-        "test_node_id",
-        "io",
-        "method",
-        "confidence",
-        "transform",
-    ]
     if not matches:
-        return pd.DataFrame(columns=cols)
-    rows = []
-    for i, m in enumerate(matches):
-        mode, gr, gi, tr, ti = _resolve(m)
-        rows.append((i, m.golden_node_id, m.test_node_id, mode, gr, gi, tr, ti, m.method, m.confidence, m.transform))
-    mf = pd.DataFrame(
-        rows,
-        columns=[
-            "mid",
-            "g_node",
-            "t_node",
-            "mode",
-            "g_role",
-            "g_idx",
-            "t_role",
-            "t_idx",
-            "method",
-            "confidence",
-            "transform",
-        ],
-    )
-    gt = golden.tensors[["tensor_id", "token_id", "node_id", "io", "idx"]].rename(
-        columns={"tensor_id": "golden_tensor_id", "node_id": "g_node", "io": "g_io", "idx": "g_i"}
-    )
-    tt = test.tensors[["tensor_id", "token_id", "node_id", "io", "idx"]].rename(
-        columns={"tensor_id": "test_tensor_id", "node_id": "t_node", "io": "t_io", "idx": "t_i"}
-    )
+        return TensorPairs.empty()
+    gt, tt = golden.tensors, test.tensors
     if tokens is not None:
-        tok = list(tokens)
-        gt = gt[gt["token_id"].isin(tok)]
-        tt = tt[tt["token_id"].isin(tok)]
-    parts = []
-    for mode, grp in mf.groupby("mode"):
-        left = grp.merge(gt, on="g_node")
-        if mode == "all":
-            both = left.merge(
-                tt, left_on=["t_node", "token_id", "g_io", "g_i"], right_on=["t_node", "token_id", "t_io", "t_i"]
-            )
-        elif mode == "role":
-            left = left[left["g_io"] == left["g_role"]]
-            both = left.merge(tt, left_on=["t_node", "token_id", "g_i"], right_on=["t_node", "token_id", "t_i"])
-            both = both[both["t_io"] == both["t_role"]]
-        else:
-            left = left[(left["g_io"] == left["g_role"]) & (left["g_i"] == left["g_idx"])]
-            both = left.merge(tt, on=["t_node", "token_id"])
-            both = both[(both["t_io"] == both["t_role"]) & (both["t_i"] == both["t_idx"])]
-        parts.append(both)
-    res = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-    if res.empty:
-        return pd.DataFrame(columns=cols)
-    res = res.drop_duplicates(["golden_tensor_id", "test_tensor_id"])
-    out = pd.DataFrame(
-        {
-            "token_id": res["token_id"].astype(int),
-            "test_token_id": res["token_id"].astype(int),
-            "golden_tensor_id": res["golden_tensor_id"].astype(int),
-            "test_tensor_id": res["test_tensor_id"].astype(int),
-            "golden_node_id": res["g_node"].astype(int),
-            "test_node_id": res["t_node"].astype(int),
-            "io": res["g_io"],
-            "method": res["method"],
-            "confidence": res["confidence"].astype(float),
-            "transform": res["transform"],
-        }
+        wanted = np.asarray(sorted(tokens), dtype=np.int64)
+        gt, tt = gt.take(np.isin(gt.token_id, wanted)), tt.take(np.isin(tt.token_id, wanted))
+    roles = sorted(set(gt.io.values) | set(tt.io.values) | {r for m in matches for r in _roles_named(m)})
+    g_io, t_io = _role_codes(gt, roles), _role_codes(tt, roles)
+    resolved = [_resolve(m) for m in matches]
+    order = sorted(range(len(matches)), key=lambda i: (resolved[i][0], i))  # mode, then match order
+    # left side: (match, golden row) for every golden tensor of the match's node that its selector keeps
+    g_by_node = np.argsort(gt.node_id, kind="stable")
+    g_nodes = gt.node_id[g_by_node]
+    lefts_m, lefts_g, keys_io, keys_idx = [], [], [], []
+    for i in order:
+        mode, g_role, g_idx, t_role, t_idx = resolved[i]
+        m = matches[i]
+        lo, hi = np.searchsorted(g_nodes, [m.golden_node_id, m.golden_node_id + 1])
+        rows = g_by_node[lo:hi]
+        if mode != "all":
+            rows = rows[g_io[rows] == roles.index(str(g_role))]
+        if mode == "one":
+            rows = rows[gt.idx[rows] == g_idx]
+        lefts_m.append(np.full(len(rows), i, dtype=np.int64))
+        lefts_g.append(rows)
+        # the test tensor's role and index each golden tensor pairs with
+        keys_io.append(g_io[rows] if mode == "all" else np.full(len(rows), roles.index(str(t_role)), dtype=np.int64))
+        keys_idx.append(np.full(len(rows), t_idx, dtype=np.int64) if mode == "one" else gt.idx[rows])
+    left_m, left_g = np.concatenate(lefts_m), np.concatenate(lefts_g)
+    t_node_of = np.asarray([m.test_node_id for m in matches], dtype=np.int64)
+    left_key = np.stack([t_node_of[left_m], gt.token_id[left_g], np.concatenate(keys_io), np.concatenate(keys_idx)])
+    right_key = np.stack([tt.node_id, tt.token_id, t_io, tt.idx])
+    left_pos, right_rows = _equi_join(left_key, right_key)
+    if not len(left_pos):
+        return TensorPairs.empty()
+    left_m, left_g = left_m[left_pos], left_g[left_pos]
+    g_ids, t_ids = gt.tensor_id[left_g], tt.tensor_id[right_rows]
+    # a pair made twice (two matches naming the same tensors) is kept once, where it came first
+    _, first = np.unique(np.stack([g_ids, t_ids]), axis=1, return_index=True)
+    keep = np.sort(first)
+    left_m, left_g, g_ids, t_ids = left_m[keep], left_g[keep], g_ids[keep], t_ids[keep]
+    tokens_out = gt.token_id[left_g]
+    picked = [matches[i] for i in left_m.tolist()]
+    pairs = TensorPairs(
+        tokens_out,
+        tokens_out.copy(),
+        g_ids,
+        t_ids,
+        np.asarray([m.golden_node_id for m in matches], dtype=np.int64)[left_m],
+        t_node_of[left_m],
+        gt.io.take(left_g).text(),  # type: ignore[arg-type]  # io is never NULL
+        [m.method for m in picked],
+        np.asarray([float(m.confidence) for m in picked], dtype=np.float64),
+        [m.transform for m in picked],
+        np.full(len(keep), -1, dtype=np.int64),
     )
-    out["transform"] = _layout_transforms(out, golden, test)
+    pairs = pairs.with_transform(_layout_transforms(pairs, golden, test))
     if test.quant:
-        out["transform"] = resolve_operands(out, test.nodes, test.tensors)
-    return out.reset_index(drop=True)
+        pairs = pairs.with_transform(resolve_operands(pairs, test.nodes, test.tensors))
+    return pairs
 
 
-def _shapes(frames: RunFrames, ids: pd.Series) -> list[tuple[int, ...] | None]:
+def _roles_named(m: NodeMatch) -> list[str]:
+    return [r for r in (m.golden_sel.role, m.test_sel.role) if r is not None]
+
+
+def _role_codes(tensors: TensorTable, roles: list[str]) -> np.ndarray:
+    """Each tensor's role as its position in `roles` (one numbering for both runs)."""
+    to_shared = np.asarray([roles.index(v) for v in tensors.io.values] + [-1], dtype=np.int64)
+    return to_shared[tensors.io.codes]
+
+
+def _equi_join(left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of `left` and `right` (keys as columns of int arrays) with equal keys: (left positions, right
+    positions), in left order, then right order."""
+    n_left = left.shape[1]
+    if n_left == 0 or right.shape[1] == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    _, ids = np.unique(np.concatenate([left, right], axis=1), axis=1, return_inverse=True)
+    ids = ids.reshape(-1)
+    left_ids, right_ids = ids[:n_left], ids[n_left:]
+    by_key = np.argsort(right_ids, kind="stable")  # right rows grouped by key, in their order
+    sorted_ids = right_ids[by_key]
+    lo = np.searchsorted(sorted_ids, left_ids, side="left")
+    hi = np.searchsorted(sorted_ids, left_ids, side="right")
+    counts = hi - lo
+    left_pos = np.repeat(np.arange(n_left, dtype=np.int64), counts)
+    offsets = np.arange(len(left_pos), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    return left_pos, by_key[np.repeat(lo, counts) + offsets]
+
+
+def _shapes(frames: RunFrames, ids: np.ndarray) -> list[tuple[int, ...] | None]:
     """The shape of each tensor of `ids` (one shared tuple per distinct shape)."""
     t = frames.tensors
-    if "shape" not in t.columns:
-        return [None] * len(ids)
-    pos = pd.Index(t["tensor_id"]).get_indexer(ids)
-    col = t["shape"]
-    if isinstance(col.dtype, pd.CategoricalDtype):  # as `load_frames` gives it: each distinct shape parsed once
-        parsed = [shape_tuple(c) for c in col.cat.categories]
-        codes = col.cat.codes.to_numpy()
-        cells: list[tuple[int, ...] | None] = [None if p < 0 or codes[p] < 0 else parsed[codes[p]] for p in pos]
-    else:
-        values = col.to_numpy()
-        cells = [None if p < 0 else shape_tuple(values[p]) for p in pos]
-    return cells
+    parsed = [shape_tuple(v) for v in t.shape.values]
+    rows = t.rows_of(ids)
+    codes = t.shape.codes
+    return [None if r < 0 or codes[r] < 0 else parsed[codes[r]] for r in rows.tolist()]
 
 
-def _layout_transforms(pairs: pd.DataFrame, golden: RunFrames, test: RunFrames) -> list[str | None]:
+def _layout_transforms(pairs: TensorPairs, golden: RunFrames, test: RunFrames) -> list[str | None]:
     """Each pair's transform, plus the layout rule (`layout:squeeze`, ...) that relates two different shapes."""
     out: list[str | None] = []
-    g_shapes, t_shapes = _shapes(golden, pairs["golden_tensor_id"]), _shapes(test, pairs["test_tensor_id"])
+    g_shapes, t_shapes = _shapes(golden, pairs.golden_tensor_id), _shapes(test, pairs.test_tensor_id)
     known: dict[tuple[object, tuple[int, ...] | None, tuple[int, ...] | None], str | None] = {}
-    for tr, gs, ts in zip(pairs["transform"], g_shapes, t_shapes):
-        tr = None if tr is None or (isinstance(tr, float) and pd.isna(tr)) else str(tr)
+    for tr, gs, ts in zip(pairs.transform, g_shapes, t_shapes):
         key = (tr, gs, ts)
         if key not in known:  # a dump has few distinct shapes: each combination is worked out once
             g_eff, t_eff = shape_after(gs, tr, "g"), shape_after(ts, tr, "t")

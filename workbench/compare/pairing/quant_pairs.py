@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from workbench.formats.quant_links import QuantLink, TensorRef
 
-if TYPE_CHECKING:  # the compare worker imports this module's constants: it stays free of pandas
-    import pandas as pd
+if TYPE_CHECKING:  # the compare worker imports this module's constants, not the frames
+    from workbench.compare.pairing.frames import NodeTable, TensorPairs, TensorTable
 
 QuantMatch = tuple[int, int, str, float, str, tuple[str | None, int | None], tuple[str | None, int | None], str | None]
 _ROLE = {"in": "input", "out": "output"}
@@ -76,23 +76,18 @@ def quant_matches(
     return out
 
 
-def resolve_operands(pairs: pd.DataFrame, nodes: pd.DataFrame, tensors: pd.DataFrame) -> list[str | None]:
+def resolve_operands(pairs: TensorPairs, nodes: NodeTable, tensors: TensorTable) -> list[str | None]:
     """Each pair's transform with its `@node|io|index` operands replaced by that tensor's `#id` at the pair's
     token (`#missing` where the dump lacks it: the worker says so)."""
-    node_id = dict(zip(nodes["name"], nodes["node_id"]))
+    node_id = dict(zip(nodes.name, nodes.node_id.tolist()))
     key = dict(
         zip(
-            zip(
-                tensors["node_id"].astype(int),
-                tensors["token_id"].astype(int),
-                tensors["io"].astype(str),
-                tensors["idx"].astype(int),
-            ),
-            tensors["tensor_id"].astype(int),
+            zip(tensors.node_id.tolist(), tensors.token_id.tolist(), tensors.io.text(), tensors.idx.tolist()),
+            tensors.tensor_id.tolist(),
         )
     )
     out: list[str | None] = []
-    for tr, tok in zip(pairs["transform"], pairs["test_token_id"]):
+    for tr, tok in zip(pairs.transform, pairs.test_token_id.tolist()):
         if not isinstance(tr, str) or "@" not in tr:
             out.append(tr if isinstance(tr, str) else None)
             continue
