@@ -10,12 +10,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
-import pandas as pd
 
 from workbench.catalog import CATALOG_NAME, CatalogError, first_row, storage_message
 from workbench.catalog.lockdown import connect, restore_read_write, view_is_ours
@@ -24,9 +26,91 @@ from workbench.catalog.schema import COMPARISON_VIEW, OUR_VIEWS, RANK_VIEW, SCHE
 from workbench.core.capped import FileRefused, check_regular
 from workbench.formats.model import Dump, Node, TensorEntry
 
+if TYPE_CHECKING:
+    import numpy as np
+
 INGEST_SLICE = 16384  # tensor rows built and inserted at a time
 
-__all__ = ["CATALOG_NAME", "CatalogError", "first_row", "ingest_dump", "insert_rows", "open_catalog"]
+__all__ = [
+    "CATALOG_NAME",
+    "CatalogError",
+    "bool_column",
+    "first_row",
+    "float_column",
+    "ingest_dump",
+    "insert_columns",
+    "insert_rows",
+    "int_column",
+    "object_column",
+    "open_catalog",
+    "registered",
+]
+
+# Columns handed to DuckDB as numpy arrays, not a pandas DataFrame (importing pandas is ~0.13 s of a compare).
+# DuckDB reads a masked entry, and a float NaN, as NULL (as it read pandas' NA and NaN); an object column's type
+# it infers from the values.
+
+
+def int_column(values: Sequence[object]) -> np.ndarray:
+    """int64 (pandas' `Int64`): None is NULL."""
+    import numpy as np
+
+    mask = [v is None for v in values]
+    data = np.fromiter((0 if v is None else v for v in values), dtype=np.int64, count=len(values))
+    return np.ma.masked_array(data, mask=mask)
+
+
+def float_column(values: Sequence[object]) -> np.ndarray:
+    """float64: None and NaN are NULL."""
+    import numpy as np
+
+    data = np.fromiter((math.nan if v is None else v for v in values), dtype=np.float64, count=len(values))
+    return np.ma.masked_array(data, mask=np.isnan(data))
+
+
+def bool_column(values: Sequence[object]) -> np.ndarray:
+    """bool (pandas' `boolean`): None is NULL."""
+    import numpy as np
+
+    mask = [v is None for v in values]
+    data = np.fromiter((bool(v) for v in values), dtype=np.bool_, count=len(values))
+    return np.ma.masked_array(data, mask=mask)
+
+
+def object_column(values: Sequence[object]) -> np.ndarray:
+    """Python objects as they are (text, lists of ints): None is NULL."""
+    import numpy as np
+
+    # fromiter, not np.array: lists of one length would become a second dimension
+    return np.fromiter(values, dtype=object, count=len(values))
+
+
+@contextlib.contextmanager
+def registered(con: duckdb.DuckDBPyConnection, name: str, columns: Mapping[str, np.ndarray]) -> Iterator[str]:
+    """`columns` (numpy arrays of one length, see `int_column`...) as the view `name` while the block runs."""
+    con.register(name, dict(columns))
+    try:
+        yield name
+    finally:
+        con.unregister(name)
+
+
+def insert_columns(
+    con: duckdb.DuckDBPyConnection,
+    target: str,
+    columns: Mapping[str, np.ndarray],
+    *,
+    select: str = "*",
+    params: Sequence[object] = (),
+    replace: bool = False,
+) -> None:
+    """`INSERT INTO target SELECT select FROM` the `columns` (numpy arrays of one length) in one statement;
+    `target` is a table, optionally with its column list; `params` fill the `?` of `select`; `replace`: INSERT OR
+    REPLACE."""
+    if not columns or not len(next(iter(columns.values()))):
+        return
+    with registered(con, "_insert_columns", columns) as view:
+        con.execute(f"INSERT {'OR REPLACE ' if replace else ''}INTO {target} SELECT {select} FROM {view}", params)
 
 
 def insert_rows(
@@ -36,12 +120,34 @@ def insert_rows(
     REPLACE). DuckDB's `executemany` runs one statement per row: ~1 ms each, 0.4 s for one compare's advice."""
     if not rows:
         return
-    frame = pd.DataFrame(rows, columns=[f"c{i}" for i in range(len(rows[0]))])
-    con.register("_insert_rows", frame)
-    try:
-        con.execute(f"INSERT {'OR REPLACE ' if replace else ''}INTO {table} SELECT * FROM _insert_rows")
-    finally:
-        con.unregister("_insert_rows")
+    insert_columns(
+        con, table, {f"c{i}": _typed_column([r[i] for r in rows]) for i in range(len(rows[0]))}, replace=replace
+    )
+
+
+def _typed_column(values: list[object]) -> np.ndarray:
+    """The column of `values` typed as pandas typed it: bool, int or float when every value (None aside) is one."""
+    import numpy as np
+
+    kinds: set[type] = set()
+    for v in values:
+        if v is None:
+            continue
+        if isinstance(v, bool | np.bool_):
+            kinds.add(bool)
+        elif isinstance(v, int | np.integer):
+            kinds.add(int)
+        elif isinstance(v, float | np.floating):
+            kinds.add(float)
+        else:
+            return object_column(values)
+    if kinds == {bool}:
+        return bool_column(values)
+    if kinds == {int}:
+        return int_column(values)
+    if kinds and kinds <= {int, float}:
+        return float_column(values)
+    return object_column(values)  # all None, or bools mixed with numbers (pandas: object)
 
 
 def _user_tables(con: duckdb.DuckDBPyConnection) -> int:
@@ -197,23 +303,23 @@ def ingest_dump(con: duckdb.DuckDBPyConnection, dump: Dump) -> IngestResult:
         if t.node not in node_ids:
             node_ids[t.node] = len(node_ids)
             extra.append(t.node)
-    nodes_df = pd.DataFrame(
-        {
-            "node_id": [node_ids[n.name] for n in dump.nodes] + [node_ids[x] for x in extra],
-            "name": [n.name for n in dump.nodes] + extra,
-            "type": [n.type for n in dump.nodes] + [x.rsplit("/", 1)[-1].split("_", 1)[-1] for x in extra],
-            "parent_id": [node_ids.get(n.parent) if n.parent else None for n in dump.nodes] + [None] * len(extra),
-            "depth": [n.depth for n in dump.nodes] + [0] * len(extra),
-            "exec_order": [n.exec_order for n in dump.nodes] + [None] * len(extra),
-            "end_order": _end_orders(dump.nodes) + [None] * len(extra),
-            "layer": [n.layer for n in dump.nodes] + [None] * len(extra),
-            "phase": [n.phase for n in dump.nodes] + [None] * len(extra),
-            "params": [json.dumps(n.params) if n.params is not None else None for n in dump.nodes]
-            + [None] * len(extra),
-        }
-    )
-    for col in ("parent_id", "exec_order", "end_order", "layer"):
-        nodes_df[col] = nodes_df[col].astype("Int64")
+    nodes = {
+        "node_id": int_column([node_ids[n.name] for n in dump.nodes] + [node_ids[x] for x in extra]),
+        "name": object_column([n.name for n in dump.nodes] + extra),
+        "type": object_column([n.type for n in dump.nodes] + [x.rsplit("/", 1)[-1].split("_", 1)[-1] for x in extra]),
+        "parent_id": int_column(
+            [node_ids.get(n.parent) if n.parent else None for n in dump.nodes] + [None] * len(extra)
+        ),
+        "depth": int_column([n.depth for n in dump.nodes] + [0] * len(extra)),
+        "exec_order": int_column([n.exec_order for n in dump.nodes] + [None] * len(extra)),
+        "end_order": int_column(_end_orders(dump.nodes) + [None] * len(extra)),
+        "layer": int_column([n.layer for n in dump.nodes] + [None] * len(extra)),
+        "phase": object_column([n.phase for n in dump.nodes] + [None] * len(extra)),
+        "params": object_column(
+            [json.dumps(n.params) if n.params is not None else None for n in dump.nodes] + [None] * len(extra)
+        ),
+    }
+    n_nodes = len(dump.nodes) + len(extra)
     con.execute("BEGIN TRANSACTION")
     try:
         row = first_row(con.execute("SELECT nextval('run_seq')"))
@@ -229,64 +335,62 @@ def ingest_dump(con: duckdb.DuckDBPyConnection, dump: Dump) -> IngestResult:
                 fingerprint,
                 dump.model_name,
                 dump.order_source,
-                len(nodes_df),
+                n_nodes,
                 len(dump.tensors),
                 list(dump.problems),
                 json.dumps(dump.meta, default=str),
             ],
         )
-        con.register("_nodes_df", nodes_df)
-        con.execute(
-            "INSERT INTO nodes SELECT ?, node_id, name, type, parent_id, depth, exec_order, end_order, layer, "
-            "phase, params::JSON FROM _nodes_df",
-            [run_id],
+        insert_columns(
+            con,
+            "nodes",
+            nodes,
+            select="?, node_id, name, type, parent_id, depth, exec_order, end_order, layer, phase, params::JSON",
+            params=[run_id],
         )
-        con.unregister("_nodes_df")
-        # in slices: one DataFrame of a million files would be gigabytes of Python objects at once
+        # in slices: the columns of a million files would be gigabytes of Python objects at once
         for lo in range(0, len(dump.tensors), INGEST_SLICE):
-            con.register("_tensors_df", _tensor_frame(dump.tensors, lo, node_ids))
-            con.execute(
-                "INSERT INTO tensors (run_id, tensor_id, token_id, node_id, io, idx, path, dtype, shape, layout, "
-                "numel, min, max, mean, norm, error) SELECT ?, tensor_id, token_id, node_id, io, idx, path, dtype, "
-                "shape::BIGINT[], layout, numel, min, max, mean, norm, error FROM _tensors_df",
-                [run_id],
+            insert_columns(
+                con,
+                "tensors (run_id, tensor_id, token_id, node_id, io, idx, path, dtype, shape, layout, numel, min, max, "
+                "mean, norm, error)",
+                _tensor_columns(dump.tensors, lo, node_ids),
+                select="?, tensor_id, token_id, node_id, io, idx, path, dtype, shape::BIGINT[], layout, numel, min, "
+                "max, mean, norm, error",
+                params=[run_id],
             )
-            con.unregister("_tensors_df")
         con.execute("COMMIT")
     except BaseException as exc:
         # a failed COMMIT (disk full) has already ended the transaction: a ROLLBACK error must not hide it
         with contextlib.suppress(duckdb.Error):
             con.execute("ROLLBACK")
         raise exc
-    return IngestResult(run_id, False, len(nodes_df), len(dump.tensors), list(dump.problems))
+    return IngestResult(run_id, False, n_nodes, len(dump.tensors), list(dump.problems))
 
 
-def _tensor_frame(tensors: list[TensorEntry], lo: int, node_ids: dict[str, int]) -> pd.DataFrame:
+def _tensor_columns(tensors: list[TensorEntry], lo: int, node_ids: dict[str, int]) -> dict[str, np.ndarray]:
     """Rows `lo`..`lo + INGEST_SLICE` of the `tensors` table (tensor_id = position in the dump)."""
+    import numpy as np
+
     part = tensors[lo : lo + INGEST_SLICE]
-    tensors_df = pd.DataFrame(
-        {
-            "tensor_id": range(lo, lo + len(part)),
-            "token_id": [t.token for t in part],
-            "node_id": [node_ids[t.node] for t in part],
-            "io": [t.role for t in part],
-            "idx": [t.index for t in part],
-            "path": [t.path for t in part],
-            "dtype": [t.dtype for t in part],
-            "shape": [list(t.shape) if t.shape is not None else None for t in part],
-            "layout": [t.layout for t in part],
-            "numel": [_numel(t.shape) for t in part],
-            "min": [t.stats.min if t.stats else None for t in part],
-            "max": [t.stats.max if t.stats else None for t in part],
-            "mean": [t.stats.mean if t.stats else None for t in part],
-            "norm": [t.stats.norm if t.stats else None for t in part],
-            "error": [t.error for t in part],
-        }
-    )
-    tensors_df["numel"] = tensors_df["numel"].astype("Int64")
-    for col in ("min", "max", "mean", "norm"):
-        tensors_df[col] = tensors_df[col].astype("float64")
-    return tensors_df
+    stats = [t.stats for t in part]
+    return {
+        "tensor_id": np.arange(lo, lo + len(part), dtype=np.int64),
+        "token_id": int_column([t.token for t in part]),
+        "node_id": int_column([node_ids[t.node] for t in part]),
+        "io": object_column([t.role for t in part]),
+        "idx": int_column([t.index for t in part]),
+        "path": object_column([t.path for t in part]),
+        "dtype": object_column([t.dtype for t in part]),
+        "shape": object_column([list(t.shape) if t.shape is not None else None for t in part]),
+        "layout": object_column([t.layout for t in part]),
+        "numel": int_column([_numel(t.shape) for t in part]),
+        "min": float_column([s.min if s else None for s in stats]),
+        "max": float_column([s.max if s else None for s in stats]),
+        "mean": float_column([s.mean if s else None for s in stats]),
+        "norm": float_column([s.norm if s else None for s in stats]),
+        "error": object_column([t.error for t in part]),
+    }
 
 
 def _end_orders(nodes: list[Node]) -> list[int | None]:

@@ -5,9 +5,9 @@ the app's worker) calls `run_compare` for each rank; the app's mapping editor ca
 Incremental: pairs whose metrics are already in the catalog are not computed again; an interrupted run keeps
 every batch it committed.
 
-Light to import (no pandas, DuckDB or torch): the worker pool is started first, in the background, and
-the pairs that are obvious (same place in two dumps of one kind) go to it as soon as both dumps are read,
-while this process imports the heavy modules and builds the catalog.
+Light to import (no DuckDB or torch; a compare never loads pandas): the worker pool is started first, in the
+background, and the pairs that are obvious (same place in two dumps of one kind) go to it as soon as both dumps
+are read, while this process imports the heavy modules and builds the catalog.
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ def _read_ingest_compare(
 
 
 def _import_heavy() -> None:
-    """pandas, DuckDB and the compare modules (~0.35 s): loaded while workers are busy."""
+    """DuckDB and the compare modules (~0.1 s): loaded while workers are busy."""
     from workbench.analysis.reporting import summary  # noqa: F401
     from workbench.catalog import store  # noqa: F401
     from workbench.compare import pair_store  # noqa: F401

@@ -364,7 +364,7 @@ def _compare_one(
 ) -> RankOutcome:
     """One golden/test pair of dumps (or of ranks: `pair.open` reads them, `pair.rank` goes into `runs.rank`);
     its summary goes to `say`. `pool`: the compare's (else `run_compare` starts one where worth it)."""
-    from workbench.jobs.compare import run_compare  # light: the pool starts before pandas and DuckDB load
+    from workbench.jobs.compare import run_compare  # light: the pool starts before DuckDB loads
 
     catalog = req.catalog
     done = _Written()

@@ -9,11 +9,11 @@ from typing import TextIO
 
 import duckdb
 import numpy as np
-import pandas as pd
 
 from workbench.analysis.reporting.summary import CompareResult
 from workbench.catalog import first_row
 from workbench.catalog.schema import MSIT_CSV_COLUMNS
+from workbench.catalog.store import registered
 from workbench.core.text import csv_safe
 from workbench.core.tokens import token_text
 
@@ -61,16 +61,13 @@ def _write_sliced(con: duckdb.DuckDBPyConnection, fh: TextIO, cmp_id: int, tok: 
     cols = ", ".join("s.pos AS data_id" if c == "data_id" else f"c.{c}" for c in MSIT_CSV_COLUMNS)
     done = 0
     for lo, hi in _token_slices(row_tokens):
-        con.register("_csv_slice", pd.DataFrame({"pair_id": pair_ids[lo:hi], "pos": np.arange(lo, hi)}))
-        try:
+        with registered(con, "_csv_slice", {"pair_id": pair_ids[lo:hi], "pos": np.arange(lo, hi)}):
             result = con.execute(
                 f"SELECT {cols}, c.passed FROM comparison c JOIN _csv_slice s ON s.pair_id = c.pair_id "
                 "WHERE c.cmp_id = ? AND c.golden_token_id BETWEEN ? AND ? ORDER BY s.pos",
                 [cmp_id, int(row_tokens[lo]), int(row_tokens[hi - 1])],
             )
             done = _write_result(fh, result, done)
-        finally:
-            con.unregister("_csv_slice")
     return done
 
 

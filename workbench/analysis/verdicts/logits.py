@@ -18,8 +18,8 @@ from typing import Any
 
 import duckdb
 import numpy as np
-import pandas as pd
 
+from workbench.catalog.store import bool_column, float_column, int_column, object_column, registered
 from workbench.compare.judging.thresholds import NAN_INF, Thresholds
 from workbench.core.metrics import spec
 from workbench.formats.arrays import read_array
@@ -303,25 +303,18 @@ def rows_from_catalog(
 
 def store_logits(con: duckdb.DuckDBPyConnection, cmp_id: int, rows: list[LogitsRow]) -> None:
     """Replace the `logits` rows of a comparison (the tokens in `rows`)."""
-    df = pd.DataFrame([r.as_dict() for r in rows], columns=list(COLUMNS))
-    for col in ("vocab", "golden_top1", "test_top1", "top5_overlap"):
-        df[col] = df[col].astype("Int64")
-    for col in ("top1_agree", "passed"):
-        df[col] = df[col].astype("boolean")
-    for col in (COSINE, KL, "golden_top_p_golden", "golden_top_p_test", "golden_top_p_delta", "prob_l1"):
-        df[col] = df[col].astype("float64")
-    for col in ("golden_node", "test_node", "dtype", "failed_metrics", "reason", "golden_path", "test_path"):
-        df[col] = df[col].astype("object")
+    if not rows:
+        return
+    columns = {c: _column_of(c, [getattr(r, c) for r in rows]) for c in COLUMNS}
     cols = ", ".join(COLUMNS)
     con.execute("BEGIN TRANSACTION")
     try:
-        con.register("_logits", df)
-        con.execute(
-            "DELETE FROM logits WHERE cmp_id = ? AND token_id IN (SELECT token_id FROM _logits)",
-            [cmp_id],
-        )
-        con.execute(f"INSERT INTO logits (cmp_id, {cols}) SELECT ?, {cols} FROM _logits", [cmp_id])
-        con.unregister("_logits")
+        with registered(con, "_logits", columns):
+            con.execute(
+                "DELETE FROM logits WHERE cmp_id = ? AND token_id IN (SELECT token_id FROM _logits)",
+                [cmp_id],
+            )
+            con.execute(f"INSERT INTO logits (cmp_id, {cols}) SELECT ?, {cols} FROM _logits", [cmp_id])
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
@@ -410,3 +403,19 @@ def ensure_comparison(con: duckdb.DuckDBPyConnection, golden_run: int, test_run:
         [int(nxt[0]), golden_run, test_run, th.to_json()],
     )
     return int(nxt[0])
+
+
+_INT_COLUMNS = ("token_id", "vocab", "golden_top1", "test_top1", "top5_overlap")
+_BOOL_COLUMNS = ("top1_agree", "passed")
+_FLOAT_COLUMNS = (COSINE, KL, "golden_top_p_golden", "golden_top_p_test", "golden_top_p_delta", "prob_l1")
+
+
+def _column_of(name: str, values: list[Any]) -> np.ndarray:
+    """One column of `logits` as `store_logits` registers it (the rest are text)."""
+    if name in _INT_COLUMNS:
+        return int_column(values)
+    if name in _BOOL_COLUMNS:
+        return bool_column(values)
+    if name in _FLOAT_COLUMNS:
+        return float_column(values)
+    return object_column(values)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import duckdb
-import pandas as pd
 
 from workbench.analysis.verdicts.logits import LogitsRow, rows_from_catalog, store_logits
+from workbench.catalog.store import bool_column, insert_columns, int_column, object_column
 from workbench.formats.model import DumpError
 from workbench.formats.token_ids import INT_DTYPES, follows, is_embedding_node, read_ids, recorded_input_ids
 
@@ -117,27 +117,24 @@ def token_inputs(
 
 def store_token_status(con: duckdb.DuckDBPyConnection, cmp_id: int, rows: list[TokenInputs]) -> None:
     """Replace the `token_status` rows of a comparison."""
-    df = pd.DataFrame(
-        {
-            "token_id": [r.token_id for r in rows],
-            "inputs_differ": pd.array([r.inputs_differ for r in rows], dtype="boolean"),
-            "golden_input_id": pd.array([r.golden_input_id for r in rows], dtype="Int64"),
-            "test_input_id": pd.array([r.test_input_id for r in rows], dtype="Int64"),
-            "source": pd.Series([r.source for r in rows], dtype="object"),
-            "reason": pd.Series([r.reason for r in rows], dtype="object"),
-        }
-    )
+    columns = {
+        "token_id": int_column([r.token_id for r in rows]),
+        "inputs_differ": bool_column([r.inputs_differ for r in rows]),
+        "golden_input_id": int_column([r.golden_input_id for r in rows]),
+        "test_input_id": int_column([r.test_input_id for r in rows]),
+        "source": object_column([r.source for r in rows]),
+        "reason": object_column([r.reason for r in rows]),
+    }
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute("DELETE FROM token_status WHERE cmp_id = ?", [cmp_id])
-        if len(df):
-            con.register("_ts", df)
-            con.execute(
-                "INSERT INTO token_status (cmp_id, token_id, inputs_differ, golden_input_id, test_input_id, source, "
-                "reason) SELECT ?, token_id, inputs_differ, golden_input_id, test_input_id, source, reason FROM _ts",
-                [cmp_id],
-            )
-            con.unregister("_ts")
+        insert_columns(
+            con,
+            "token_status (cmp_id, token_id, inputs_differ, golden_input_id, test_input_id, source, reason)",
+            columns,
+            select="?, token_id, inputs_differ, golden_input_id, test_input_id, source, reason",
+            params=[cmp_id],
+        )
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")

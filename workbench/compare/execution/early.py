@@ -1,11 +1,11 @@
 """Pairs computed while the catalog is still being prepared.
 
-Between reading the dumps and knowing the pairs, the main process imports pandas and DuckDB,
+Between reading the dumps and knowing the pairs, the main process imports DuckDB and the compare modules,
 ingests both dumps and matches their nodes: about a second in which the workers would wait. For
 two dumps of the same kind, nearly every pair the matcher will find is a tensor at the same place in
 both (same token, node, role and index), so those are handed to the pool as soon as both dumps are
 read. `compute_pending` later claims the results of the pairs it really wants (by the files they
-read) and the rest are dropped. Nothing here imports pandas, DuckDB or torch.
+read) and the rest are dropped. Nothing here imports DuckDB or torch.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ import duckdb
 import numpy as np
 
 from workbench.catalog import first_row
+from workbench.catalog.store import bool_column, float_column, int_column, object_column
 from workbench.compare.execution.early import EarlyPairs, PairKey
 from workbench.compare.execution.pool import IN_PROCESS_BYTES, PoolStarter
 from workbench.compare.execution.tasks import PairTask, StatsTask, batches, file_identity, tensor_bytes
@@ -196,21 +197,14 @@ def _columns(
     ints: Sequence[str] = (),
     floats: Sequence[str] = (),
     bools: Sequence[str] = (),
-) -> dict[str, Any]:
-    """The `names` columns of `rows` for `con.register` (a row without a key: None): `ints` and `bools` nullable
-    (masked where None), `floats` with NaN for None (DuckDB reads NaN as NULL), the rest as objects."""
-    out: dict[str, Any] = {}
-    for key in names:
-        values = [row.get(key) for row in rows]
-        if key in floats:
-            out[key] = np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
-        elif key in ints or key in bools:
-            missing = np.asarray([v is None for v in values], dtype=np.bool_)
-            data = np.asarray([0 if v is None else v for v in values], dtype=np.int64 if key in ints else np.bool_)
-            out[key] = np.ma.masked_array(data, mask=missing) if missing.any() else data
-        else:
-            out[key] = np.asarray(values, dtype=object)
-    return out
+) -> dict[str, np.ndarray]:
+    """The `names` columns of `rows` (a row without a key: None), typed by `catalog.store`'s column builders."""
+    build = {
+        **dict.fromkeys(ints, int_column),
+        **dict.fromkeys(floats, float_column),
+        **dict.fromkeys(bools, bool_column),
+    }
+    return {key: build.get(key, object_column)([row.get(key) for row in rows]) for key in names}
 
 
 def execute_tasks(

@@ -1,4 +1,4 @@
-"""The units of work a compare worker receives, and the plain helpers that plan them: no torch, no pandas."""
+"""The units of work a compare worker receives, and the plain helpers that plan them: no torch, no DuckDB."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ the compare sink, `rejudge` (new thresholds, no tensor read) and the ATB prechec
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -159,9 +160,9 @@ def judge_pair(
 
 def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds) -> None:
     """Apply new thresholds to every computed pair of a comparison (no tensor is read)."""
-    import pandas as pd
+    from workbench.catalog.store import bool_column, int_column, object_column, registered
 
-    df = con.execute(
+    result = con.execute(
         f"SELECT x.*, s.{STAT_BOUND} AS _stat_bound, gn.name AS _node, gn.type AS _type, "
         "gn.parent_id IS NULL AS _root, m.io AS _io, tt.dtype AS _dtype "
         "FROM metrics x LEFT JOIN stat_metrics s USING (cmp_id, pair_id) "
@@ -170,12 +171,14 @@ def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds)
         "JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id "
         "WHERE x.cmp_id = ?",
         [cmp_id],
-    ).df()
-    if df.empty:
+    )
+    names = [d[0] for d in result.description]
+    records = [dict(zip(names, row)) for row in result.fetchall()]
+    if not records:
         return
-    run_dtype = compute_dtype(df["_dtype"])
+    run_dtype = compute_dtype(r["_dtype"] for r in records)
     passed, failed = [], []
-    for r in df.to_dict("records"):
+    for r in records:
         p, over = judge_pair(
             thresholds,
             {m: none_if_na(r[m]) for m in ALL_METRICS},
@@ -191,25 +194,19 @@ def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds)
         )
         passed.append(p)
         failed.append(",".join(over) if over else None)
-    upd = pd.DataFrame({"pair_id": df["pair_id"], "passed": pd.array(passed, dtype="boolean"), "failed": failed})
-    con.register("_upd", upd)
-    con.execute(
-        "UPDATE metrics SET passed = u.passed, failed_metrics = u.failed FROM _upd u "
-        "WHERE metrics.cmp_id = ? AND metrics.pair_id = u.pair_id",
-        [cmp_id],
-    )
-    con.unregister("_upd")
+    upd = {
+        "pair_id": int_column([r["pair_id"] for r in records]),
+        "passed": bool_column(passed),
+        "failed": object_column(failed),
+    }
+    with registered(con, "_upd", upd):
+        con.execute(
+            "UPDATE metrics SET passed = u.passed, failed_metrics = u.failed FROM _upd u "
+            "WHERE metrics.cmp_id = ? AND metrics.pair_id = u.pair_id",
+            [cmp_id],
+        )
 
 
 def none_if_na(v: Any) -> Any:
-    """None for None, NaN, NA and NaT (what pandas hands back for a SQL NULL); `v` otherwise."""
-    import pandas as pd  # loaded already: the value came from pandas
-
-    if v is None:
-        return None
-    try:
-        if pd.isna(v):
-            return None
-    except (TypeError, ValueError):
-        pass
-    return v
+    """None for None and NaN (a metric stored as NaN counts as missing); `v` otherwise."""
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
