@@ -14,6 +14,7 @@ import duckdb
 import numpy as np
 
 from workbench.catalog import first_row
+from workbench.catalog.store import insert_columns, object_column, registered
 from workbench.compare.judging.thresholds import Thresholds
 from workbench.compare.pairing.frames import Coded, NodeTable, RunFrames, TensorPairs, TensorTable
 from workbench.compare.pairing.mapping import MappingFile, PairSpec
@@ -135,23 +136,20 @@ def insert_node_matches(con: duckdb.DuckDBPyConnection, cmp_id: int, matches: li
     if not first:
         return
     kept = list(first.values())
-    con.register(
-        "_nm",
-        {
-            "golden_node_id": np.asarray([m.golden_node_id for m in kept], dtype=np.int64),
-            "test_node_id": np.asarray([m.test_node_id for m in kept], dtype=np.int64),
-            "method": np.asarray([m.method for m in kept], dtype=object),
-            "confidence": np.asarray([m.confidence for m in kept], dtype=np.float64),
-            "evidence": np.asarray([m.evidence for m in kept], dtype=object),
-        },
-    )
-    con.execute(
-        "INSERT INTO node_matches SELECT ?, n.golden_node_id, n.test_node_id, n.method, n.confidence, n.evidence "
-        "FROM _nm n WHERE NOT EXISTS (SELECT 1 FROM node_matches o WHERE o.cmp_id = ? "
-        "AND o.golden_node_id = n.golden_node_id AND o.test_node_id = n.test_node_id)",
-        [cmp_id, cmp_id],
-    )
-    con.unregister("_nm")
+    columns = {
+        "golden_node_id": np.asarray([m.golden_node_id for m in kept], dtype=np.int64),
+        "test_node_id": np.asarray([m.test_node_id for m in kept], dtype=np.int64),
+        "method": object_column([m.method for m in kept]),
+        "confidence": np.asarray([m.confidence for m in kept], dtype=np.float64),
+        "evidence": object_column([m.evidence for m in kept]),
+    }
+    with registered(con, "_nm", columns):
+        con.execute(
+            "INSERT INTO node_matches SELECT ?, n.golden_node_id, n.test_node_id, n.method, n.confidence, n.evidence "
+            "FROM _nm n WHERE NOT EXISTS (SELECT 1 FROM node_matches o WHERE o.cmp_id = ? "
+            "AND o.golden_node_id = n.golden_node_id AND o.test_node_id = n.test_node_id)",
+            [cmp_id, cmp_id],
+        )
 
 
 def store_node_matches(con: duckdb.DuckDBPyConnection, cmp_id: int, matches: list[NodeMatch]) -> None:
@@ -181,12 +179,7 @@ def store_pairs(con: duckdb.DuckDBPyConnection, cmp_id: int, pairs: TensorPairs)
         start = int(start_row[0])
         ids[new] = np.arange(start, start + int(new.sum()), dtype=np.int64)
         added = replace(pairs.take(new), pair_id=ids[new])
-        con.register("_new_pairs", added.columns(_MATCH_COLUMNS))
-        con.execute(
-            f"INSERT INTO matches SELECT ?, {', '.join(_MATCH_COLUMNS)} FROM _new_pairs",
-            [cmp_id],
-        )
-        con.unregister("_new_pairs")
+        insert_columns(con, "matches", added.columns(_MATCH_COLUMNS), select="?, *", params=[cmp_id])
     return replace(pairs, pair_id=ids)
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from workbench.analysis.verdicts.causes import CAUSE_LEAD, cause_in
 from workbench.catalog import first_row
+from workbench.catalog.store import registered
 from workbench.compare.pairing.fingerprint import MappingCheck
 from workbench.compare.pairing.frames import RunFrames, TensorPairs
 from workbench.compare.pairing.matching import NodeMatch
@@ -122,19 +123,19 @@ def summarize_comparison(
     problems: list[str] | None = None,
 ) -> CompareResult:
     """The numbers `wb compare` prints, read back from the catalog."""
-    con.register("_ids", {"pair_id": pairs.pair_id})
-    row = first_row(
-        con.execute(
-            "SELECT count(*), count(*) FILTER (WHERE passed = false), "
-            "count(*) FILTER (WHERE passed IS NULL), "
-            "count(*) FILTER (WHERE cmp_fail_reason LIKE 'data shape doesn''t match%' "
-            "OR (cmp_fail_reason LIKE 'not comparable%' AND cmp_fail_reason NOT LIKE 'not comparable on statistics%')) "
-            "FROM metrics "
-            "WHERE cmp_id = ? AND pair_id IN (SELECT pair_id FROM _ids)",
-            [cmp_id],
+    with registered(con, "_ids", {"pair_id": pairs.pair_id}):
+        row = first_row(
+            con.execute(
+                "SELECT count(*), count(*) FILTER (WHERE passed = false), "
+                "count(*) FILTER (WHERE passed IS NULL), "
+                "count(*) FILTER (WHERE cmp_fail_reason LIKE 'data shape doesn''t match%' "
+                "OR (cmp_fail_reason LIKE 'not comparable%' "
+                "AND cmp_fail_reason NOT LIKE 'not comparable on statistics%')) "
+                "FROM metrics "
+                "WHERE cmp_id = ? AND pair_id IN (SELECT pair_id FROM _ids)",
+                [cmp_id],
+            )
         )
-    )
-    con.unregister("_ids")
     assert row is not None
     cov = node_coverage(golden, test, matches, pairs)
     res = CompareResult(

@@ -20,7 +20,7 @@ import duckdb
 import numpy as np
 
 from workbench.catalog import first_row
-from workbench.catalog.store import bool_column, float_column, int_column, object_column
+from workbench.catalog.store import bool_column, float_column, insert_columns, int_column, object_column, registered
 from workbench.compare.execution.early import EarlyPairs, PairKey
 from workbench.compare.execution.pool import IN_PROCESS_BYTES, PoolStarter
 from workbench.compare.execution.tasks import PairTask, StatsTask, batches, file_identity, tensor_bytes
@@ -150,20 +150,13 @@ class ResultSink:
                 mdf = _columns(
                     self.metric_rows, _METRIC_COLUMNS, ints=_COUNTS, floats=ALL_METRICS, bools=("finite_only", "passed")
                 )
-                con.register("_mdf", mdf)
-                cols = ", ".join(_METRIC_COLUMNS)
-                con.execute(
-                    f"INSERT OR REPLACE INTO metrics (cmp_id, {cols}) SELECT ?, {cols} FROM _mdf", [self.cmp_id]
-                )
-                con.unregister("_mdf")
+                target = f"metrics (cmp_id, {', '.join(_METRIC_COLUMNS)})"
+                insert_columns(con, target, mdf, select="?, *", params=[self.cmp_id], replace=True)
             if self.stat_metric_rows:
                 cols_x = ("pair_id", *STAT_METRIC_NAMES)
-                con.register("_xdf", _columns(self.stat_metric_rows, cols_x, floats=STAT_METRIC_NAMES))
-                cols = ", ".join(cols_x)
-                con.execute(
-                    f"INSERT OR REPLACE INTO stat_metrics (cmp_id, {cols}) SELECT ?, {cols} FROM _xdf", [self.cmp_id]
-                )
-                con.unregister("_xdf")
+                xdf = _columns(self.stat_metric_rows, cols_x, floats=STAT_METRIC_NAMES)
+                target = f"stat_metrics (cmp_id, {', '.join(cols_x)})"
+                insert_columns(con, target, xdf, select="?, *", params=[self.cmp_id], replace=True)
             if self.stat_rows:
                 last = {(r["run_id"], r["tensor_id"]): r for r in self.stat_rows}  # a tensor's last statistics
                 sdf = _columns(
@@ -172,14 +165,13 @@ class ResultSink:
                     ints=("numel", "nan_count", "inf_count"),
                     floats=("min", "max", "mean", "std", "norm"),
                 )
-                con.register("_sdf", sdf)
-                con.execute(
-                    "UPDATE tensors SET min = s.min, max = s.max, mean = s.mean, std = s.std, norm = s.norm, "
-                    "nan_count = s.nan_count, inf_count = s.inf_count, numel = coalesce(s.numel, tensors.numel), "
-                    "error = coalesce(s.error, tensors.error) "
-                    "FROM _sdf s WHERE tensors.run_id = s.run_id AND tensors.tensor_id = s.tensor_id"
-                )
-                con.unregister("_sdf")
+                with registered(con, "_sdf", sdf):
+                    con.execute(
+                        "UPDATE tensors SET min = s.min, max = s.max, mean = s.mean, std = s.std, norm = s.norm, "
+                        "nan_count = s.nan_count, inf_count = s.inf_count, numel = coalesce(s.numel, tensors.numel), "
+                        "error = coalesce(s.error, tensors.error) "
+                        "FROM _sdf s WHERE tensors.run_id = s.run_id AND tensors.tensor_id = s.tensor_id"
+                    )
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
@@ -486,11 +478,10 @@ def compute_pending(
     if early is not None:
         early.wait_submitted()
     # paths come from the catalog a slice at a time: one Python string per tensor file is held by no frame
-    con.register(
-        "_todo",
-        todo.columns(("pair_id", "token_id", "golden_tensor_id", "test_tensor_id", "golden_node_id", "transform")),
+    todo_columns = todo.columns(
+        ("pair_id", "token_id", "golden_tensor_id", "test_tensor_id", "golden_node_id", "transform")
     )
-    try:
+    with registered(con, "_todo", todo_columns):
         cur = con.execute(_PLAN_SQL, {"golden": golden.run_id, "test": test.run_id})
         while rows := cur.fetchmany(PLAN_SLICE):
             for pair_id, g_tid, t_tid, transform, g_path, g_dtype, g_numel, t_path, t_dtype, t_numel in rows:
@@ -532,11 +523,8 @@ def compute_pending(
                     owners[owner_key] = len(tasks)
                 tasks.append(task)
                 sizes.append(nbytes)
-    finally:
-        con.unregister("_todo")
     if stats_for_unpaired:
-        con.register("_paired", pairs.columns(("golden_tensor_id", "test_tensor_id")))
-        try:
+        with registered(con, "_paired", pairs.columns(("golden_tensor_id", "test_tensor_id"))):
             for run, side in ((golden.run_id, "golden_tensor_id"), (test.run_id, "test_tensor_id")):
                 for tid, path, dtype, numel in con.execute(
                     "SELECT tensor_id, path, dtype, numel FROM tensors WHERE run_id = ? AND std IS NULL "
@@ -546,8 +534,6 @@ def compute_pending(
                 ).fetchall():
                     tasks.append(StatsTask(run, int(tid), str(path)))
                     sizes.append(tensor_bytes(numel, dtype))
-        finally:
-            con.unregister("_paired")
 
     nodes = golden.nodes
     node_info = {
