@@ -149,11 +149,24 @@ def dump_one(base: Path, dumper: str, side: str, size: str) -> None:
 
 
 def build_dumps(base: Path, dumper: str, size: str) -> tuple[Path, Path]:
-    """Golden and test dumps by `dumper`, each side in a fresh process; returns their `{device}_{pid}` folders."""
+    """Golden and test dumps by `dumper`, each side in a fresh process; returns their `{device}_{pid}` folders.
+
+    When a dumper fails (msprobe saves every module's weights at every step: its 1.6gb pair fills a small disk), the
+    folder is removed if this call made it, and the run ends with one line saying so and the disk's free space."""
+    created = not base.exists()
     base.mkdir(parents=True, exist_ok=True)
-    for side in ("golden", "test"):
-        cmd = [sys.executable, __file__, "--dump-one", dumper, side, str(base), "--size", size]
-        subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        for side in ("golden", "test"):
+            cmd = [sys.executable, __file__, "--dump-one", dumper, side, str(base), "--size", size]
+            subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    except (subprocess.CalledProcessError, OSError) as exc:
+        if created:
+            shutil.rmtree(base, ignore_errors=True)
+        free = shutil.disk_usage(base.parent).free / 1e9
+        kept = "the partial dumps were removed" if created else "the folder was there before: left as it is"
+        raise SystemExit(
+            f"{base}: building the {dumper}-made {size} dumps failed ({exc}); {free:.1f} GB free; {kept}"
+        ) from None
     return dump_dirs(base)
 
 
