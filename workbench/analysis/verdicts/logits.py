@@ -19,7 +19,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from workbench.catalog.store import bool_column, float_column, int_column, object_column, registered
+from workbench.catalog.store import registered, typed_columns
 from workbench.compare.judging.thresholds import NAN_INF, Thresholds
 from workbench.core.metrics import spec
 from workbench.formats.arrays import read_array
@@ -305,7 +305,12 @@ def store_logits(con: duckdb.DuckDBPyConnection, cmp_id: int, rows: list[LogitsR
     """Replace the `logits` rows of a comparison (the tokens in `rows`)."""
     if not rows:
         return
-    columns = {c: _column_of(c, [getattr(r, c) for r in rows]) for c in COLUMNS}
+    columns = typed_columns(
+        {c: [getattr(r, c) for r in rows] for c in COLUMNS},
+        ints=_INT_COLUMNS,
+        floats=_FLOAT_COLUMNS,
+        bools=_BOOL_COLUMNS,
+    )
     cols = ", ".join(COLUMNS)
     con.execute("BEGIN TRANSACTION")
     try:
@@ -408,14 +413,3 @@ def ensure_comparison(con: duckdb.DuckDBPyConnection, golden_run: int, test_run:
 _INT_COLUMNS = ("token_id", "vocab", "golden_top1", "test_top1", "top5_overlap")
 _BOOL_COLUMNS = ("top1_agree", "passed")
 _FLOAT_COLUMNS = (COSINE, KL, "golden_top_p_golden", "golden_top_p_test", "golden_top_p_delta", "prob_l1")
-
-
-def _column_of(name: str, values: list[Any]) -> np.ndarray:
-    """One column of `logits` as `store_logits` registers it (the rest are text)."""
-    if name in _INT_COLUMNS:
-        return int_column(values)
-    if name in _BOOL_COLUMNS:
-        return bool_column(values)
-    if name in _FLOAT_COLUMNS:
-        return float_column(values)
-    return object_column(values)

@@ -20,7 +20,7 @@ import duckdb
 import numpy as np
 
 from workbench.catalog import first_row
-from workbench.catalog.store import bool_column, float_column, insert_columns, int_column, object_column, registered
+from workbench.catalog.store import insert_columns, registered, typed_columns
 from workbench.compare.execution.early import EarlyPairs, PairKey
 from workbench.compare.execution.pool import IN_PROCESS_BYTES, PoolStarter
 from workbench.compare.execution.tasks import PairTask, StatsTask, batches, file_identity, tensor_bytes
@@ -190,13 +190,8 @@ def _columns(
     floats: Sequence[str] = (),
     bools: Sequence[str] = (),
 ) -> dict[str, np.ndarray]:
-    """The `names` columns of `rows` (a row without a key: None), typed by `catalog.store`'s column builders."""
-    build = {
-        **dict.fromkeys(ints, int_column),
-        **dict.fromkeys(floats, float_column),
-        **dict.fromkeys(bools, bool_column),
-    }
-    return {key: build.get(key, object_column)([row.get(key) for row in rows]) for key in names}
+    """The `names` columns of `rows` (a row without a key: None), typed by `catalog.store.typed_columns`."""
+    return typed_columns({key: [row.get(key) for row in rows] for key in names}, ints=ints, floats=floats, bools=bools)
 
 
 def execute_tasks(
