@@ -18,7 +18,7 @@ from tests.fixtures.peers import PeerDumps
 from workbench.catalog.schema import ALL_METRICS
 from workbench.compare.execution.early import EarlyPairs
 from workbench.compare.execution.pool import WORKER_NICE, new_pool
-from workbench.compare.execution.tasks import PairTask
+from workbench.compare.execution.tasks import PairTask, Twin
 from workbench.compare.execution.worker import apply_transform, run_batch, run_pair, same_bytes
 from workbench.formats import open_dump
 from workbench.formats.arrays import RawTensor, as_raw
@@ -118,7 +118,7 @@ def test_twins_whose_bytes_differ_are_computed_on_their_own(tmp_path: Path) -> N
         "bfloat16",
         -1,
         -1,
-        twins=((1, files["g2"], files["t2"]), (2, str(tmp_path / "g3.pth"), files["t"])),
+        twins=(Twin(1, files["g2"], files["t2"]), Twin(2, str(tmp_path / "g3.pth"), files["t"])),
     )
     first, differs, same = run_batch([task])
     assert [r["pair_id"] for r in (first, differs, same)] == [0, 1, 2]

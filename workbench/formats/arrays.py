@@ -3,8 +3,10 @@
 `.pth`/`.pt` files that hold one plain saved tensor are memory-mapped straight from the zip (the
 header is read by `pth_header`'s restricted unpickler); anything else goes to torch's weights-only
 loader (imported only then), which refuses a pickle that would run code. `.bin` is memory-mapped
-after its header is validated; `.npy` is memory-mapped by numpy with pickles refused. Every
-failure is a `DumpError` whose message names the file and the reason in one line.
+after its header is validated; `.npy` is memory-mapped by numpy with pickles refused. A caller that reads
+pair after pair (a compare worker) passes a `Staging` buffer: a contiguous payload that fits is then read into
+it instead of mapped (`formats/staging.py`). Every failure is a `DumpError` whose message names the file and the
+reason in one line.
 
 numpy has no bfloat16: a bfloat16 tensor is held as its raw uint16 words, and `RawTensor.dtype`
 says what they are.
@@ -22,8 +24,9 @@ from typing import Any
 import numpy as np
 
 from workbench.formats import atb_bin
-from workbench.formats.model import DumpError, dtype_name
-from workbench.formats.pth_header import PlainTensor, plain_tensor
+from workbench.formats.model import DumpError, Payload, dtype_name
+from workbench.formats.pth_header import PlainTensor, contiguous_strides, plain_tensor
+from workbench.formats.staging import Staging
 
 NUMPY_STORAGE: dict[str, str] = {
     "float32": "<f4",
@@ -74,27 +77,31 @@ def as_raw(x: Any) -> RawTensor:
     return RawTensor(np.asarray(x), dtype_name(np.asarray(x).dtype))
 
 
-def _plain_pth(path: str, file_size: int) -> RawTensor | None:
-    """Memory-map a plain `torch.save(tensor)` zip; None when it is not plain (torch's loader decides then)."""
+def _plain_pth(path: str, file_size: int, staging: Staging | None) -> RawTensor | None:
+    """Memory-map (or read into `staging`) a plain `torch.save(tensor)` zip; None when it is not plain (torch's
+    loader decides then)."""
     found = plain_tensor(path, file_size)
-    return None if found is None else plain_array(path, found)
+    return None if found is None else plain_array(path, found, staging)
 
 
-def plain_array(path: str, found: PlainTensor) -> RawTensor | None:
-    """The array of a plain saved tensor `plain_tensor` located (memory-mapped unless the file was read whole);
-    None for a dtype numpy cannot hold."""
+def plain_array(path: str, found: PlainTensor, staging: Staging | None = None) -> RawTensor | None:
+    """The array of a plain saved tensor `plain_tensor` located (memory-mapped unless the file was read whole, or
+    its contiguous payload read into `staging`); None for a dtype numpy cannot hold."""
     if found.dtype not in NUMPY_STORAGE:
         return None
     np_dtype = np.dtype(NUMPY_STORAGE[found.dtype])
     size = found.size
     if found.numel == 0 or found.span == 0:
         return RawTensor(np.empty(size, dtype=np_dtype), found.dtype)
+    contiguous = found.stride == contiguous_strides(size)
     if found.whole_file is not None:  # already in memory: a map would cost more than the bytes
         flat = np.frombuffer(found.whole_file, np_dtype, count=found.numel, offset=found.data_offset)
+    elif contiguous and staging is not None and (staged := _staged(staging, path, found, np_dtype)) is not None:
+        return RawTensor(staged.reshape(size), found.dtype)
     else:
         # a plain ndarray over the map: memmap's subclass hooks cost on every operation
         flat = np.asarray(np.memmap(path, dtype=np_dtype, mode="r", offset=found.data_offset, shape=(found.numel,)))
-    if found.stride == contiguous_strides(size):
+    if contiguous:
         arr = flat[found.offset : found.offset + found.span].reshape(size)
     else:
         arr = np.lib.stride_tricks.as_strided(
@@ -103,16 +110,15 @@ def plain_array(path: str, found: PlainTensor) -> RawTensor | None:
     return RawTensor(arr, found.dtype)
 
 
-def contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for d in reversed(size):
-        strides.append(step)
-        step *= d
-    return tuple(reversed(strides))
+def _staged(staging: Staging, path: str, found: PlainTensor, np_dtype: np.dtype[Any]) -> np.ndarray | None:
+    """The view's elements read into `staging` (None above its cap)."""
+    view = staging.fill(path, found.data_offset + found.offset * found.itemsize, found.span * found.itemsize)
+    return None if view is None else np.frombuffer(view, np_dtype, count=found.span)
 
 
-def read_pth_array(path: str, file_size: int | None = None) -> RawTensor:
-    """A `.pth`/`.pt` holding one tensor; the payload stays on disk (memory-mapped) until touched."""
+def read_pth_array(path: str, file_size: int | None = None, staging: Staging | None = None) -> RawTensor:
+    """A `.pth`/`.pt` holding one tensor; the payload stays on disk (memory-mapped) until touched, or is read into
+    `staging` when it is contiguous and fits."""
     if file_size is None:
         try:
             st = os.stat(path)
@@ -123,7 +129,7 @@ def read_pth_array(path: str, file_size: int | None = None) -> RawTensor:
         file_size = st.st_size
     if file_size == 0:
         raise DumpError(path, "empty file")
-    fast = _plain_pth(path, file_size)
+    fast = _plain_pth(path, file_size, staging)
     if fast is not None:
         return fast
     from workbench.formats.torch_load import torch_load_pth  # only for files that are not plain saved tensors
@@ -131,7 +137,10 @@ def read_pth_array(path: str, file_size: int | None = None) -> RawTensor:
     return as_raw(torch_load_pth(path, mmap=zipfile.is_zipfile(path)))
 
 
-def _read_npy(path: str) -> RawTensor:
+def _read_npy(path: str, staging: Staging | None = None) -> RawTensor:
+    staged = None if staging is None else _staged_npy(path, staging)
+    if staged is not None:
+        return staged
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
@@ -139,9 +148,67 @@ def _read_npy(path: str) -> RawTensor:
     return RawTensor(arr, dtype_name(arr.dtype))
 
 
-def read_array(path: str | Path) -> RawTensor:
+def _staged_npy(path: str, staging: Staging) -> RawTensor | None:
+    """A plain C-ordered `.npy`'s values read into `staging`; None for anything else (numpy's own loader then
+    reads it, or says what is wrong)."""
+    try:
+        with open(path, "rb") as fh:
+            version = np.lib.format.read_magic(fh)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+            else:
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+            start = fh.tell()
+            file_size = os.fstat(fh.fileno()).st_size
+    except (ValueError, OSError, EOFError):
+        return None
+    if fortran or dtype.hasobject or not shape:
+        return None
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes == 0 or start + nbytes > file_size:
+        return None
+    view = staging.fill(path, start, nbytes)
+    if view is None:
+        return None
+    return RawTensor(np.frombuffer(view, dtype).reshape(shape), dtype_name(dtype))
+
+
+def read_payload(path: str, at: Payload, staging: Staging | None = None) -> RawTensor | None:
+    """The values where the dump's reader found them (`Payload`), when the file is still the one it read (same
+    device, inode, size and modification time): no header parsed again. None when it is not, or the values are
+    not something numpy holds: `read_array` then reads the file from scratch."""
+    np_name = NUMPY_STORAGE.get(at.dtype)
+    if np_name is None:
+        return None
+    np_dtype = np.dtype(np_name)
+    nbytes = np_dtype.itemsize
+    for d in at.shape:
+        nbytes *= d
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != at.file_key or at.offset + nbytes > st.st_size:
+            return None
+        if nbytes == 0:
+            return RawTensor(np.empty(at.shape, dtype=np_dtype), at.dtype)
+        view = None if staging is None else staging.fill_from(fd, path, at.offset, nbytes)
+        if view is not None:
+            return RawTensor(np.frombuffer(view, np_dtype).reshape(at.shape), at.dtype)
+        with open(fd, "rb", closefd=False) as fh:  # the file checked above, not whatever the name holds by now
+            count = nbytes // np_dtype.itemsize
+            flat = np.asarray(np.memmap(fh, dtype=np_dtype, mode="r", offset=at.offset, shape=(count,)))
+        return RawTensor(flat.reshape(at.shape), at.dtype)
+    finally:
+        os.close(fd)
+
+
+def read_array(path: str | Path, staging: Staging | None = None) -> RawTensor:
     """Read one tensor file (.pth/.pt/.bin/.npy, or one tensor of a GE dump file) as a numpy array; raises
-    `DumpError` on any problem."""
+    `DumpError` on any problem. With `staging`, a contiguous payload that fits is read into it (valid until its next
+    fill) instead of being memory-mapped."""
     p = str(path)
     try:
         st = os.stat(p)
@@ -159,10 +226,10 @@ def read_array(path: str | Path) -> RawTensor:
         raise DumpError(p, "is a folder, not a tensor file")
     suffix = os.path.splitext(p)[1].lower()
     if suffix in (".pth", ".pt"):
-        return read_pth_array(p, st.st_size)
+        return read_pth_array(p, st.st_size, staging)
     if suffix == ".bin":
         hdr = atb_bin.read_header(p)
-        return RawTensor(atb_bin.read_bin(p, hdr), hdr.dtype)
+        return RawTensor(atb_bin.read_bin(p, hdr, staging), hdr.dtype)
     if suffix == ".npy":
-        return _read_npy(p)
+        return _read_npy(p, staging)
     raise DumpError(p, f"unknown tensor file type {suffix!r}")

@@ -27,6 +27,7 @@ import numpy as np
 
 from workbench.core.text import ascii_int, quote_bytes
 from workbench.formats.model import DumpError, TensorStats, check_shape
+from workbench.formats.staging import Staging
 
 MAX_HEADER_BYTES = 64 * 1024
 
@@ -189,14 +190,18 @@ def read_header(path: str | Path) -> BinHeader:
     return BinHeader(p, dtype, acl, shape, layout, payload_start + offset, length, stats, attrs)
 
 
-def read_bin(path: str | Path, header: BinHeader | None = None) -> np.ndarray:
-    """Memory-map the payload of a `.bin` file as a numpy array (bf16 comes back as raw uint16)."""
+def read_bin(path: str | Path, header: BinHeader | None = None, staging: Staging | None = None) -> np.ndarray:
+    """Memory-map the payload of a `.bin` file as a numpy array (bf16 comes back as raw uint16); read it into
+    `staging` instead when given and the payload fits."""
     hdr = header or read_header(path)
     if hdr.payload_length == 0 and 0 not in hdr.shape:
         raise DumpError(hdr.path, "statistics-only file: no tensor data")
     np_dtype = np.dtype(ACL_DTYPES[hdr.acl_dtype][1])
     if 0 in hdr.shape:
         return np.zeros(hdr.shape, dtype=np_dtype)
+    staged = None if staging is None else staging.fill(hdr.path, hdr.payload_offset, hdr.payload_length)
+    if staged is not None:
+        return np.frombuffer(staged, np_dtype).reshape(hdr.shape)
     return np.memmap(hdr.path, dtype=np_dtype, mode="r", offset=hdr.payload_offset, shape=hdr.shape)
 
 

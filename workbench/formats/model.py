@@ -121,6 +121,19 @@ def token_folder_problem(path: str, name: str) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
+class Payload:
+    """Where a tensor file's values lie, as its reader found them (header parsed and checked against the file's
+    size): `shape` x `dtype`, contiguous, at byte `offset` of the file whose identity was `file_key` (device, inode,
+    size, modification time in ns). A compare worker that finds the file unchanged reads the values there instead of
+    parsing the header again."""
+
+    file_key: tuple[int, int, int, int]
+    offset: int
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class TensorStats:
     """Statistics a statistics-only dump records instead of the payload."""
 
@@ -233,6 +246,7 @@ class TensorEntry:
     # a digest of dtype, shape and sampled values, where the reader hashed the file (msit's data-flow order):
     # files with equal digests are likely byte-equal, which a compare worker checks before reusing a result
     digest: bytes | None = None
+    payload: Payload | None = None  # where the values lie, where the reader parsed a header that says so
 
 
 @dataclass(slots=True)

@@ -298,12 +298,12 @@ def _scan_weights(dev_dir: Path, sel: _Selection, out: list[TensorEntry], proble
         for pname, path in sorted(params):
             idx = param_index(pname)
             try:
-                dt, shape = pth_header(path)
+                dt, shape, at = pth_header(path)
             except DumpError as exc:
                 problems.append(str(exc))
                 out.append(TensorEntry(token, module, "param", idx, path, error=exc.reason))
                 continue
-            out.append(TensorEntry(token, module, "param", idx, path, dtype=dt, shape=shape))
+            out.append(TensorEntry(token, module, "param", idx, path, dtype=dt, shape=shape, payload=at))
 
 
 def param_name(path: str) -> str:
@@ -367,10 +367,10 @@ def _scan_module(
             try:
                 # the data-flow order (no manifest) hashes a few spread runs of each payload; no torch either way
                 if hashes is not None:
-                    dt, raw_shape, key = content_key(path)
+                    dt, raw_shape, key, at = content_key(path)
                     shape = check_shape(path, raw_shape)
                 else:
-                    dt, shape = pth_header(path)
+                    dt, shape, at = pth_header(path)
             except DumpError as exc:
                 problems.append(str(exc))
                 out.append(
@@ -396,6 +396,7 @@ def _scan_module(
                     shape=shape,
                     stats=st[2] if st else None,
                     digest=key,
+                    payload=at,
                 )
             )
             if hashes is not None and key is not None:

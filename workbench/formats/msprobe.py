@@ -34,6 +34,7 @@ from workbench.formats.model import (
     Dump,
     DumpError,
     Node,
+    Payload,
     TensorEntry,
     TensorRole,
     TensorStats,
@@ -366,6 +367,7 @@ def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems:
                 problems.append(f"{data_dir / str(name)}: data_name leaves dump_tensor_data: ignored")
             path: str | None = None
             error: str | None = None
+            at: Payload | None = None
             if isinstance(name, str) and name and not escapes:  # else statistics only
                 path = str(data_dir / name)
                 try:
@@ -374,12 +376,12 @@ def _call_tensors(call: _Call, data_dir: Path, out: list[TensorEntry], problems:
                     if name.endswith(".npy"):
                         dtype, shape = npy_header(path)
                     else:
-                        dtype, shape = pth_header(path)
+                        dtype, shape, at = pth_header(path)
                 except DumpError as err:
                     bad = err if os.path.exists(path) else DumpError(path, "missing file")
                     problems.append(str(bad))
                     error = bad.reason
             entry = TensorEntry(
-                call.token, call.node, role, idx, path, dtype=dtype, shape=shape, stats=stats, error=error
+                call.token, call.node, role, idx, path, dtype=dtype, shape=shape, stats=stats, error=error, payload=at
             )
             out.append(checked_stats(entry, data_dir.parent / "dump.json", problems))

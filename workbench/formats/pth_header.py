@@ -18,7 +18,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.formats.model import DumpError, check_shape
+from workbench.formats.model import DumpError, Payload, check_shape
 
 STORAGE_DTYPES: dict[str, tuple[str, int]] = {
     "FloatStorage": ("float32", 4),
@@ -207,6 +207,22 @@ def plain_tensor(path: str, file_size: int) -> PlainTensor | None:
         span,
         buf.head if file_size <= _WHOLE_FILE_BYTES else None,
     )
+
+
+def contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides (in elements) of a C-contiguous tensor of `size`."""
+    strides, step = [], 1
+    for d in reversed(size):
+        strides.append(step)
+        step *= d
+    return tuple(reversed(strides))
+
+
+def payload_of(found: PlainTensor, file_key: tuple[int, int, int, int]) -> Payload | None:
+    """Where `found`'s values lie in its file (None for a view whose elements are not contiguous)."""
+    if found.stride != contiguous_strides(found.size):
+        return None
+    return Payload(file_key, found.data_offset + found.offset * found.itemsize, found.dtype, found.size)
 
 
 def read_pth_header(path: str, file_size: int) -> tuple[str, tuple[int, ...]] | None:

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from workbench.core.capped import DUMP_JSON, FileRefused, read_text
-from workbench.formats.model import DumpError, check_shape, dtype_name
-from workbench.formats.pth_header import read_pth_header
+from workbench.formats.model import DumpError, Payload, check_shape, dtype_name
+from workbench.formats.pth_header import payload_of, plain_tensor
 
 if TYPE_CHECKING:  # torch is imported only when a payload is read
     import torch
@@ -107,7 +107,7 @@ def read_json(path: str | Path) -> Any:
         raise DumpError(path, "JSON nested too deeply to read") from None
 
 
-_HEADER_CACHE: dict[tuple[int, int, int, int], tuple[str, tuple[int, ...]]] = {}
+_HEADER_CACHE: dict[tuple[int, int, int, int], tuple[str, tuple[int, ...], Payload | None]] = {}
 _CACHE_MAX = 16384
 
 
@@ -118,8 +118,9 @@ def load_pth_lazy(path: str) -> torch.Tensor:
     return load_pth(path)
 
 
-def pth_header(path: str) -> tuple[str, tuple[int, ...]]:
-    """dtype name and shape of a `.pth` tensor file, without torch when the file is a plain saved tensor.
+def pth_header(path: str) -> tuple[str, tuple[int, ...], Payload | None]:
+    """dtype name, shape and (for a plain saved tensor whose values are contiguous) where the values lie in a `.pth`
+    tensor file, without torch when the file is a plain saved tensor.
 
     Our dumper hard-links a tensor seen twice in a token, so most names of a dump share a few
     files: each file (device, inode, size, mtime) is parsed once.
@@ -135,10 +136,12 @@ def pth_header(path: str) -> tuple[str, tuple[int, ...]]:
     key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     hit = _HEADER_CACHE.get(key)
     if hit is None:
-        hit = read_pth_header(path, st.st_size)
-        if hit is None:  # not a plain tensor zip: torch's weights-only loader decides, and explains
+        found = plain_tensor(path, st.st_size)
+        if found is not None:
+            hit = (found.dtype, found.size, payload_of(found, key))
+        else:  # not a plain tensor zip: torch's weights-only loader decides, and explains
             t = load_pth_lazy(path)
-            hit = (dtype_name(t.dtype), tuple(int(d) for d in t.shape))
+            hit = (dtype_name(t.dtype), tuple(int(d) for d in t.shape), None)
         if len(_HEADER_CACHE) >= _CACHE_MAX:
             _HEADER_CACHE.clear()
         _HEADER_CACHE[key] = hit
@@ -163,34 +166,35 @@ def npy_header(path: str) -> tuple[str, tuple[int, ...]]:
     return dtype_name(dtype), check_shape(path, tuple(int(d) for d in shape))
 
 
-def content_key(path: str) -> tuple[str, tuple[int, ...], bytes]:
-    """dtype name, shape and a digest of one tensor file's values, for data-flow matching (no torch for plain
-    `.pth` files).
+def content_key(path: str) -> tuple[str, tuple[int, ...], bytes, Payload | None]:
+    """dtype name, shape, a digest of one tensor file's values (for data-flow matching; no torch for plain
+    `.pth` files) and, as `pth_header` says it, where the values lie.
 
     The digest covers dtype, shape and, above `SMALL_HASH_BYTES`, `_SAMPLES` evenly spaced runs of
     `_SAMPLE_BYTES` of the logical (row-major) values, so a view and its contiguous copy hash the same and a
     large tensor costs a few page reads, not a pass over its bytes. Raises `DumpError` when unreadable.
     """
-    from workbench.formats.arrays import NUMPY_STORAGE, contiguous_strides, plain_array, read_pth_array
-    from workbench.formats.pth_header import plain_tensor
+    from workbench.formats.arrays import NUMPY_STORAGE, plain_array, read_pth_array
 
     try:
-        size = os.stat(path).st_size
+        st = os.stat(path)
     except OSError as exc:
         raise DumpError(path, f"cannot read: {exc.strerror or exc}") from None
+    size = st.st_size
     found = plain_tensor(path, size) if size > 0 else None
+    payload = None if found is None else payload_of(found, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
     if (
         found is not None
+        and payload is not None
         and found.whole_file is None
         and found.dtype in NUMPY_STORAGE
-        and found.stride == contiguous_strides(found.size)
         and found.span * found.itemsize > SMALL_HASH_BYTES
     ):
         # the same bytes as below, read with one system call per run instead of faulting pages of a map
         h = hashlib.blake2b(digest_size=16)
         h.update(f"{found.dtype}|{found.size}|".encode())
-        _hash_runs(h, path, found.data_offset + found.offset * found.itemsize, found.span, found.itemsize)
-        return found.dtype, found.size, h.digest()
+        _hash_runs(h, path, payload.offset, found.span, found.itemsize)
+        return found.dtype, found.size, h.digest(), payload
     raw = (plain_array(path, found) if found is not None else None) or read_pth_array(path, size)
     arr = raw.array
     shape = tuple(int(d) for d in arr.shape)
@@ -200,7 +204,7 @@ def content_key(path: str) -> tuple[str, tuple[int, ...], bytes]:
         _hash_values(h, arr)
     except (OSError, ValueError) as exc:  # a mapped page that cannot be read (file truncated meanwhile)
         raise DumpError(path, f"payload unreadable ({str(exc).splitlines()[0][:120]})") from None
-    return raw.dtype, shape, h.digest()
+    return raw.dtype, shape, h.digest(), payload
 
 
 def _hash_runs(h: Any, path: str, start: int, n: int, itemsize: int) -> None:

@@ -18,10 +18,10 @@ from dataclasses import replace
 from typing import Any
 
 from workbench.compare.execution.pool import PoolStarter
-from workbench.compare.execution.tasks import PairTask, batches, file_identity, tensor_bytes
+from workbench.compare.execution.tasks import PairTask, Twin, batches, file_identity, tensor_bytes
 from workbench.compare.execution.worker import prepare_kernel, run_batch
 from workbench.compare.judging.kernel_code import pair_entry
-from workbench.formats.model import Dump, canonical_dtype
+from workbench.formats.model import Dump, TensorEntry, canonical_dtype
 
 PairKey = tuple[tuple[int, int], tuple[int, int], str | None, str | None]  # files, test dtype, transform
 # a kernel entry loads from its file in milliseconds: one still being prepared after this long is being compiled
@@ -60,7 +60,7 @@ class EarlyPairs:
             t = by_place.get((g.token, g.node, g.role, g.index))
             if t is None or t.path is None:
                 continue
-            g_id, t_id = file_identity(g.path), file_identity(t.path)
+            g_id, t_id = _identity(g), _identity(t)
             if g_id is None or t_id is None:
                 continue
             key: PairKey = (g_id, t_id, t.dtype, None)
@@ -73,13 +73,14 @@ class EarlyPairs:
             if first is not None:
                 # msit-made dumps save a tensor once per module that sees it (a layer's output is the next
                 # layer's input): one metric pass, and a byte check (~10x cheaper) per twin
-                tasks[first] = replace(tasks[first], twins=(*tasks[first].twins, (early_id, g.path, t.path)))
+                twin = Twin(early_id, g.path, t.path, g.payload, t.payload)
+                tasks[first] = replace(tasks[first], twins=(*tasks[first].twins, twin))
                 sizes[first] += nbytes // 8
                 self.twins += 1
                 continue
             if g.digest and t.digest:
                 by_digest[(g.digest, t.digest)] = len(tasks)
-            tasks.append(PairTask(early_id, g.path, t.path, t.dtype, -1, -1))
+            tasks.append(PairTask(early_id, g.path, t.path, t.dtype, -1, -1, golden_at=g.payload, test_at=t.payload))
             sizes.append(nbytes)
             self.kernels.add(pair_entry(canonical_dtype(g.dtype), canonical_dtype(t.dtype)))
         return tasks, sizes
@@ -159,3 +160,8 @@ def _numel(shape: tuple[int, ...] | None) -> int:
     for d in shape or ():
         n *= d
     return n
+
+
+def _identity(tensor: TensorEntry) -> tuple[int, int] | None:
+    """(device, inode) of a tensor's file: as its reader saw it where it parsed the header, else asked now."""
+    return tensor.payload.file_key[:2] if tensor.payload is not None else file_identity(tensor.path)

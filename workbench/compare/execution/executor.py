@@ -23,8 +23,8 @@ from workbench.catalog import first_row
 from workbench.catalog.store import insert_columns, registered, typed_columns
 from workbench.compare.execution.early import EarlyPairs, PairKey
 from workbench.compare.execution.pool import IN_PROCESS_BYTES, PoolStarter
-from workbench.compare.execution.tasks import PairTask, StatsTask, batches, file_identity, tensor_bytes
-from workbench.compare.execution.worker import run_batch
+from workbench.compare.execution.tasks import PairTask, StatsTask, Twin, batches, file_identity, tensor_bytes
+from workbench.compare.execution.worker import release_staging, run_batch
 from workbench.compare.judging.judge import PairResult, StatsResult, compute_dtype, judge_pair, result_from_wire
 from workbench.compare.judging.thresholds import Thresholds
 from workbench.compare.pairing.frames import Coded, RunFrames, TensorPairs
@@ -276,12 +276,15 @@ def _run_in_process(
     t0: float,
 ) -> None:
     reporter = _Reporter(sink, progress, stage, len(tasks), t0)
-    for batch in batches(tasks, sizes):
-        if cancel is not None and cancel.is_set():
-            sink.flush()
-            raise CompareCancelled()
-        sink.add_wire(run_batch(batch))
-        reporter.advance(len(batch))
+    try:
+        for batch in batches(tasks, sizes):
+            if cancel is not None and cancel.is_set():
+                sink.flush()
+                raise CompareCancelled()
+            sink.add_wire(run_batch(batch))
+            reporter.advance(len(batch))
+    finally:
+        release_staging()  # this process lives on (the app): its read buffers go
     sink.flush()
 
 
@@ -511,7 +514,7 @@ def compute_pending(
                     if owner is not None:
                         first = tasks[owner]
                         assert isinstance(first, PairTask)
-                        tasks[owner] = replace(first, twins=(*first.twins, (pair_id, g_path, t_path)))
+                        tasks[owner] = replace(first, twins=(*first.twins, Twin(pair_id, g_path, t_path)))
                         sizes[owner] += nbytes // 8
                         twin_ids[pair_id] = (g_tid, t_tid)
                         continue

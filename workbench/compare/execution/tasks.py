@@ -6,7 +6,9 @@ import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
+
+from workbench.formats.model import Payload
 
 BATCH_BYTES = 48 * 1024 * 1024  # tasks go to a worker in batches of about this much tensor data
 BATCH_MAX_TASKS = 64
@@ -24,6 +26,17 @@ _ITEMSIZE = {
 }
 
 
+class Twin(NamedTuple):
+    """A pair whose files are likely byte-equal to its task's (equal content digests, or one golden file): the
+    worker checks the bytes and reuses the task's result, or computes the twin when they differ."""
+
+    pair_id: int
+    golden_path: str
+    test_path: str
+    golden_at: Payload | None = None
+    test_at: Payload | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class PairTask:
     pair_id: int
@@ -37,9 +50,11 @@ class PairTask:
     golden_stats: dict[str, float | None] | None = None
     test_stats: dict[str, float | None] | None = None
     numel: int | None = None  # golden element count (from the shape) when the golden side has no data
-    # (pair id, golden path, test path) of pairs whose files are likely byte-equal to this pair's (equal content
-    # digests): the worker checks the bytes and reuses this pair's result, or computes the twin when they differ
-    twins: tuple[tuple[int, str, str], ...] = ()
+    twins: tuple[Twin, ...] = ()
+    # where each side's values lie as the dump's reader found them: the worker reads them there when the file is
+    # unchanged, without parsing its header again
+    golden_at: Payload | None = None
+    test_at: Payload | None = None
 
 
 @dataclass(frozen=True, slots=True)

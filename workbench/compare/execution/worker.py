@@ -1,4 +1,7 @@
-"""What one compare worker process does: load a pair (memory-mapped), compute every metric, return numbers.
+"""What one compare worker process does: load a pair, compute every metric, return numbers.
+
+A pair's payloads are read into this thread's reusable buffers (`formats/staging.py`: a fixed few, each capped;
+larger payloads are memory-mapped): slot 0 and 1 hold the pair's golden and test tensors, 2 and 3 a twin's.
 
 Kept free of DuckDB, of the catalog and of torch (numpy only: a worker starts in a tenth of a second)
 so it can run in a process pool; one pair is in memory at a time, so a worker's peak is bounded by
@@ -9,20 +12,39 @@ then, in that worker only.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import ctypes
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from workbench.compare.execution.tasks import PairTask, StatsTask
+from workbench.compare.execution.tasks import PairTask, StatsTask, Twin
 from workbench.compare.judging.kernel_code import kernel_code
 from workbench.compare.judging.metrics import compare_tensors, summarize
 from workbench.compare.judging.stat_metrics import stat_metrics
 from workbench.compare.pairing.layout import LAYOUT_PREFIX, layout_rule, not_comparable
 from workbench.compare.pairing.quant_pairs import INT_ONLY, INT_STEP
 from workbench.core.metrics import SUMMARY_FIELDS
-from workbench.formats.arrays import RawTensor, read_array
-from workbench.formats.model import Dump, DumpError
+from workbench.formats.arrays import RawTensor, read_array, read_payload
+from workbench.formats.model import Dump, DumpError, Payload
+from workbench.formats.staging import Staging
+
+_GOLDEN, _TEST, _TWIN_GOLDEN, _TWIN_TEST = range(4)  # the staging slots of the tensors a pair holds at once
+_SLOTS = threading.local()
+
+
+def _staging(slot: int) -> Staging:
+    slots: list[Staging] | None = getattr(_SLOTS, "slots", None)
+    if slots is None:
+        slots = _SLOTS.slots = [Staging() for _ in range(4)]
+    return slots[slot]
+
+
+def release_staging() -> None:
+    """Give this thread's read buffers back (a process that compared in process and lives on: the app)."""
+    for slot in getattr(_SLOTS, "slots", None) or ():
+        slot.release()
 
 
 def _along(arr: np.ndarray, dim: int, start: int, stop: int) -> np.ndarray:
@@ -111,11 +133,13 @@ def _summary_dict(s: Any) -> dict[str, Any]:
     return {f: getattr(s, f) for f in SUMMARY_FIELDS}
 
 
-def _load(path: str | None, side: str) -> tuple[RawTensor | None, str | None]:
+def _load(path: str | None, side: str, slot: int, at: Payload | None = None) -> tuple[RawTensor | None, str | None]:
     if path is None:
         return None, f"{side}: no tensor data (statistics-only dump)"
     try:
-        return read_array(path), None
+        if at is not None and (known := read_payload(path, at, _staging(slot))) is not None:
+            return known, None
+        return read_array(path, _staging(slot)), None
     except DumpError as exc:
         return None, str(exc)
 
@@ -128,8 +152,8 @@ def run_pair(task: PairTask) -> dict[str, Any]:
     """
     if task.golden_stats is not None or task.test_stats is not None:
         return _run_stats_pair(task)
-    golden, g_err = _load(task.golden_path, "golden_data_path")
-    test, t_err = _load(task.test_path, "my_data_path")
+    golden, g_err = _load(task.golden_path, "golden_data_path", _GOLDEN, task.golden_at)
+    test, t_err = _load(task.test_path, "my_data_path", _TEST, task.test_at)
     return _pair_result(task, golden, g_err, test, t_err)
 
 
@@ -194,9 +218,9 @@ def _run_stats_pair(task: PairTask) -> dict[str, Any]:
     steps = [
         s.strip() for s in (task.transform or "").split(";") if s.strip() and not s.strip().startswith(LAYOUT_PREFIX)
     ]
-    for name, path, stats, key in (
-        ("golden_data_path", task.golden_path, task.golden_stats, "golden"),
-        ("my_data_path", task.test_path, task.test_stats, "test"),
+    for name, path, stats, key, slot in (
+        ("golden_data_path", task.golden_path, task.golden_stats, "golden", _GOLDEN),
+        ("my_data_path", task.test_path, task.test_stats, "test", _TEST),
     ):
         own = ";".join(s for s in steps if s.startswith(key[0] + "."))  # steps on this side (g./t.)
         if stats is not None:
@@ -208,7 +232,7 @@ def _run_stats_pair(task: PairTask) -> dict[str, Any]:
                 return out
             sides.append(dict(stats))
             continue
-        arr, err = _load(path, name)
+        arr, err = _load(path, name, slot)
         if arr is None:
             out["reason"] = err
             return out
@@ -233,7 +257,7 @@ def _run_stats_pair(task: PairTask) -> dict[str, Any]:
 
 def run_stats(task: StatsTask) -> dict[str, Any]:
     """Statistics of one tensor no pair covers (so the catalog describes every tensor)."""
-    t, err = _load(task.path, "data_path")
+    t, err = _load(task.path, "data_path", _GOLDEN)
     out: dict[str, Any] = {"run_id": task.run_id, "tensor_id": task.tensor_id, "error": err}
     if t is not None:
         out["summary"] = _summary_dict(summarize(t))
@@ -243,21 +267,37 @@ def run_stats(task: StatsTask) -> dict[str, Any]:
 def _run_with_twins(task: PairTask) -> list[dict[str, Any]]:
     """The task's result, then one per twin: a copy of the task's for each twin whose two files hold the same
     bytes as the task's, a computed result for the others (their digests matched, their bytes do not)."""
-    golden, g_err = _load(task.golden_path, "golden_data_path")
-    test, t_err = _load(task.test_path, "my_data_path")
+    golden, g_err = _load(task.golden_path, "golden_data_path", _GOLDEN, task.golden_at)
+    test, t_err = _load(task.test_path, "my_data_path", _TEST, task.test_at)
     result = _pair_result(task, golden, g_err, test, t_err)
     out = [result]
-    for pair_id, g_path, t_path in task.twins:
-        g_twin, _ = _load(g_path, "golden_data_path")
-        t_twin, _ = _load(t_path, "my_data_path")
+    for twin in (Twin(*t) for t in task.twins):
+        g_twin, g_twin_err = _load(twin.golden_path, "golden_data_path", _TWIN_GOLDEN, twin.golden_at)
+        t_twin, t_twin_err = _load(twin.test_path, "my_data_path", _TWIN_TEST, twin.test_at)
         if same_bytes(golden, g_twin) and same_bytes(test, t_twin):
-            out.append({**result, "pair_id": pair_id})
-        else:
-            out.append(run_pair(PairTask(pair_id, g_path, t_path, task.test_dtype, -1, -1)))
+            out.append({**result, "pair_id": twin.pair_id})
+        else:  # computed on the twin's own tensors (the pair's slots still hold the pair's)
+            alone = PairTask(twin.pair_id, twin.golden_path, twin.test_path, task.test_dtype, -1, -1)
+            out.append(_pair_result(alone, g_twin, g_twin_err, t_twin, t_twin_err))
     return out
 
 
-_EQUAL_CHUNK = 1 << 22  # bytes compared at a time: no temporary the size of a tensor
+_EQUAL_CHUNK = 1 << 22  # bytes compared at a time where there is no memcmp: no temporary the size of a tensor
+
+
+def _libc_memcmp() -> Callable[[int, int, int], int] | None:
+    """The C library's `memcmp` (it compares at memory speed, numpy's `==` makes a temporary): None where the
+    process has no such symbol."""
+    try:
+        fn = ctypes.CDLL(None).memcmp
+    except (OSError, AttributeError, TypeError):
+        return None
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_MEMCMP = _libc_memcmp()
 
 
 def same_bytes(a: RawTensor | None, b: RawTensor | None) -> bool:
@@ -267,6 +307,8 @@ def same_bytes(a: RawTensor | None, b: RawTensor | None) -> bool:
     x, y = a.array, b.array
     if x.dtype != y.dtype or not (x.flags.c_contiguous and y.flags.c_contiguous):
         return False
+    if _MEMCMP is not None:
+        return x.nbytes == y.nbytes and (x.nbytes == 0 or _MEMCMP(x.ctypes.data, y.ctypes.data, x.nbytes) == 0)
     xb, yb = x.reshape(-1).view(np.uint8), y.reshape(-1).view(np.uint8)
     whole = xb.size // 8 * 8  # compared as 64-bit words (3x faster than bytes), the last few bytes as bytes
     return all(
