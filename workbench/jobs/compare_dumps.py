@@ -100,8 +100,8 @@ def compare_dumps(
         import_ray()  # before anything is read or written: `ray is not installed: ...`
     if request.report_dir is not None:
         check_output_dir(request.report_dir, request.catalog)
-    _numpy_one_blas_thread()  # before the pool: forked workers start with it loaded
     pool = _start_pool(request) if request.ray is None else None
+    _numpy_one_blas_thread()
     if request.ray is None:
         try:
             return _compare_ranks(request, None, progress, say, cancel, pool)
@@ -118,20 +118,13 @@ def compare_dumps(
 
 
 def _start_pool(req: CompareRequest) -> PoolStarter | None:
-    """The pool, started before the dumps are read when they are worth one (`worth_a_pool`), so a worker reads the
-    test dump while this process reads the golden one. Forked from this process when it runs no other thread (the
-    CLI): the workers start with numpy and the worker module loaded, at once; else from a forkserver, which loads
-    them (~0.1 s) meanwhile. Every rank is compared on it."""
+    """The pool, started before anything else when the dumps are worth one (`worth_a_pool`): its forkserver loads
+    numpy and the kernels (~0.1 s) while this process reads the golden dump, so a worker can read the test dump.
+    Every rank is compared on it."""
     from workbench.compare.execution.pool import PoolStarter, default_workers, worth_a_pool
 
     workers = req.workers or default_workers()
-    if not worth_a_pool(req.golden, req.test, workers):
-        return None
-    # loaded before a fork, the workers have them: the pairs' module and the dump readers (one reads the test dump)
-    from workbench.compare.execution import worker  # noqa: F401
-    from workbench.formats import detect  # noqa: F401
-
-    return PoolStarter(workers, fork=True)
+    return PoolStarter(workers) if worth_a_pool(req.golden, req.test, workers) else None
 
 
 def _numpy_one_blas_thread() -> None:

@@ -12,7 +12,6 @@ import contextlib
 import io
 import multiprocessing
 import os
-import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -35,22 +34,6 @@ def default_workers() -> int:
     return max(1, min(os.cpu_count() or 1, 8))
 
 
-def _fork_context() -> multiprocessing.context.BaseContext | None:
-    """The fork start method where it is safe: this process runs one thread, Python's and native ones counted (a
-    lock another thread held at the fork, say one of OpenBLAS's, would stay held in the children forever), which
-    only Linux's /proc tells. Children forked now start with every module this process has loaded (numpy, the
-    worker module, the dump readers) and no interpreter to start: ~0.1 s of CPU less than a forkserver's start,
-    and they serve at once."""
-    if threading.active_count() != 1 or "fork" not in multiprocessing.get_all_start_methods():
-        return None
-    try:
-        if len(os.listdir("/proc/self/task")) != 1:
-            return None
-    except OSError:
-        return None
-    return multiprocessing.get_context("fork")
-
-
 def _pool_context() -> multiprocessing.context.BaseContext:
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
@@ -59,9 +42,7 @@ def _pool_context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("spawn")
 
 
-def _worker_init(owner: int, forked: bool = False) -> None:
-    if forked:  # the owner's own SIGTERM handler (which ends a compare cleanly) is not a worker's
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+def _worker_init(owner: int) -> None:
     lifeline.worker_init(owner)
     with contextlib.suppress(OSError, AttributeError):  # not permitted, or no os.nice on this platform
         os.nice(WORKER_NICE)
@@ -117,17 +98,15 @@ def _real_stderr() -> Iterator[None]:
         sys.stderr = saved
 
 
-def new_pool(workers: int, *, fork: bool = False) -> ProcessPoolExecutor:
-    """A process pool with every worker process started now: forked from this process when `fork` is asked and
-    safe (`_fork_context`), else from a forkserver."""
+def new_pool(workers: int) -> ProcessPoolExecutor:
+    """A process pool with every worker process started now."""
     lifeline.mark_owner()
-    context = (_fork_context() if fork else None) or _pool_context()
     with _real_stderr():
         pool = ProcessPoolExecutor(
             max_workers=workers,
-            mp_context=context,
+            mp_context=_pool_context(),
             initializer=_worker_init,
-            initargs=(os.getpid(), context.get_start_method() == "fork"),
+            initargs=(os.getpid(),),
         )
         for _ in range(workers):
             pool.submit(_warm_up)
@@ -139,19 +118,15 @@ class PoolUnavailable(Exception):
 
 
 class PoolStarter:
-    """Starts a pool and hands it over later: forked at once in this thread when `fork` is asked and safe (a
-    single-threaded process: the CLI), else in a background thread from a forkserver (its preload takes ~0.1 s)."""
+    """Starts a pool in a background thread (the forkserver's preload takes seconds) and hands it over later."""
 
-    def __init__(self, workers: int, *, fork: bool = False) -> None:
+    def __init__(self, workers: int) -> None:
         self._future: Future[ProcessPoolExecutor] = Future()
-        if fork and _fork_context() is not None:
-            self._start(workers, True)
-        else:
-            threading.Thread(target=self._start, args=(workers, False), name="wb-pool-start", daemon=True).start()
+        threading.Thread(target=self._start, args=(workers,), name="wb-pool-start", daemon=True).start()
 
-    def _start(self, workers: int, fork: bool) -> None:
+    def _start(self, workers: int) -> None:
         try:
-            self._future.set_result(new_pool(workers, fork=fork))
+            self._future.set_result(new_pool(workers))
         except BaseException as exc:  # surfaced by get(); the compare then runs in process
             self._future.set_exception(exc)
 
