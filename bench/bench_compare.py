@@ -250,6 +250,7 @@ class ProcessCpu:
         self.root = pid
         self.cpu: dict[int, float] = {}
         self.names: dict[int, str] = {}
+        self.parents: dict[int, int] = {}
         self._stop = threading.Event()
         self._tick = os.sysconf("SC_CLK_TCK")
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -276,16 +277,23 @@ class ProcessCpu:
                         grew = True
             for pid in tree & stats.keys():
                 self.cpu[pid] = stats[pid][1]
+                self.parents[pid] = stats[pid][0]
                 if pid not in self.names:
                     with contextlib.suppress(OSError):
                         self.names[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
 
     def stop(self) -> str:
-        """'main X s, forkserver Y s, workers A, B s': the wb processes by role."""
+        """'main X s, forkserver Y s, workers A, B s': the wb processes by role (workers forked from the main
+        process carry its command line: they are told apart by their parent)."""
         self._stop.set()
         self._thread.join()
         main = fork = 0.0
         workers: list[float] = []
+
+        def is_wb(pid: int) -> bool:
+            name = self.names.get(pid, "")
+            return "workbench.cli" in name or name.rstrip().split(" ")[0].endswith("/wb") or " compare " in name
+
         for pid, cpu in sorted(self.cpu.items()):
             name = self.names.get(pid, "")
             if "forkserver" in name:
@@ -293,7 +301,9 @@ class ProcessCpu:
                     fork = cpu
                 else:
                     workers.append(cpu)
-            elif "workbench.cli" in name or name.rstrip().split(" ")[0].endswith("/wb") or " compare " in name:
+            elif is_wb(pid) and name == self.names.get(self.parents.get(pid, 0)):
+                workers.append(cpu)  # forked by the main process: its command line
+            elif is_wb(pid):
                 main = max(main, cpu)
         return f"main {main:.2f} s, forkserver {fork:.2f} s, workers {', '.join(f'{w:.2f}' for w in workers)} s"
 
