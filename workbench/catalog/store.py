@@ -314,17 +314,11 @@ def ingest_dump(con: duckdb.DuckDBPyConnection, dump: Dump) -> IngestResult:
         assert n is not None
         return IngestResult(existing, True, int(n[0] or 0), int(n[1] or 0), list(n[2] or []))
 
-    node_ids = {n.name: i for i, n in enumerate(dump.nodes)}
-    # tensors may name nodes the topology does not list (e.g. ATB folders without topology): add them
-    extra: list[str] = []
-    for t in dump.tensors:
-        if t.node not in node_ids:
-            node_ids[t.node] = len(node_ids)
-            extra.append(t.node)
+    node_ids, extra = node_ids_of(dump)
     nodes = {
         "node_id": int_column([node_ids[n.name] for n in dump.nodes] + [node_ids[x] for x in extra]),
         "name": object_column([n.name for n in dump.nodes] + extra),
-        "type": object_column([n.type for n in dump.nodes] + [x.rsplit("/", 1)[-1].split("_", 1)[-1] for x in extra]),
+        "type": object_column([n.type for n in dump.nodes] + [extra_node_type(x) for x in extra]),
         "parent_id": int_column(
             [node_ids.get(n.parent) if n.parent else None for n in dump.nodes] + [None] * len(extra)
         ),
@@ -333,9 +327,7 @@ def ingest_dump(con: duckdb.DuckDBPyConnection, dump: Dump) -> IngestResult:
         "end_order": int_column(_end_orders(dump.nodes) + [None] * len(extra)),
         "layer": int_column([n.layer for n in dump.nodes] + [None] * len(extra)),
         "phase": object_column([n.phase for n in dump.nodes] + [None] * len(extra)),
-        "params": object_column(
-            [json.dumps(n.params) if n.params is not None else None for n in dump.nodes] + [None] * len(extra)
-        ),
+        "params": object_column([node_params(n) for n in dump.nodes] + [None] * len(extra)),
     }
     n_nodes = len(dump.nodes) + len(extra)
     con.execute("BEGIN TRANSACTION")
@@ -356,7 +348,7 @@ def ingest_dump(con: duckdb.DuckDBPyConnection, dump: Dump) -> IngestResult:
                 n_nodes,
                 len(dump.tensors),
                 list(dump.problems),
-                json.dumps(dump.meta, default=str),
+                run_meta(dump),
             ],
         )
         insert_columns(
@@ -386,6 +378,33 @@ def ingest_dump(con: duckdb.DuckDBPyConnection, dump: Dump) -> IngestResult:
     return IngestResult(run_id, False, n_nodes, len(dump.tensors), list(dump.problems))
 
 
+def node_ids_of(dump: Dump) -> tuple[dict[str, int], list[str]]:
+    """The node id `ingest_dump` gives each node name (its position), and the names tensors use that the topology
+    does not list (e.g. ATB folders without topology: added after it, in the order tensors name them)."""
+    node_ids = {n.name: i for i, n in enumerate(dump.nodes)}
+    extra: list[str] = []
+    for t in dump.tensors:
+        if t.node not in node_ids:
+            node_ids[t.node] = len(node_ids)
+            extra.append(t.node)
+    return node_ids, extra
+
+
+def extra_node_type(name: str) -> str:
+    """The type of a node only tensors name: its folder name after the first `_` (`3_RmsNormOperation`)."""
+    return name.rsplit("/", 1)[-1].split("_", 1)[-1]
+
+
+def node_params(node: Node) -> str | None:
+    """`nodes.params` as stored: the node's parameters as JSON text."""
+    return json.dumps(node.params) if node.params is not None else None
+
+
+def run_meta(dump: Dump) -> str:
+    """`runs.meta` as stored: the dump's metadata as JSON text."""
+    return json.dumps(dump.meta, default=str)
+
+
 def _tensor_columns(tensors: list[TensorEntry], lo: int, node_ids: dict[str, int]) -> dict[str, np.ndarray]:
     """Rows `lo`..`lo + INGEST_SLICE` of the `tensors` table (tensor_id = position in the dump)."""
     import numpy as np
@@ -402,7 +421,7 @@ def _tensor_columns(tensors: list[TensorEntry], lo: int, node_ids: dict[str, int
         "dtype": object_column([t.dtype for t in part]),
         "shape": object_column([list(t.shape) if t.shape is not None else None for t in part]),
         "layout": object_column([t.layout for t in part]),
-        "numel": int_column([_numel(t.shape) for t in part]),
+        "numel": int_column([tensor_numel(t.shape) for t in part]),
         "min": float_column([s.min if s else None for s in stats]),
         "max": float_column([s.max if s else None for s in stats]),
         "mean": float_column([s.mean if s else None for s in stats]),
@@ -427,7 +446,8 @@ def _end_orders(nodes: list[Node]) -> list[int | None]:
     return [end[n.name] for n in nodes]
 
 
-def _numel(shape: tuple[int, ...] | None) -> int | None:
+def tensor_numel(shape: tuple[int, ...] | None) -> int | None:
+    """`tensors.numel` as stored (None for no shape, or a lying one of 2^62 elements or more)."""
     if shape is None:
         return None
     n = 1

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from workbench.compare.execution.early import EarlyPairs
     from workbench.compare.execution.executor import Cluster
     from workbench.compare.judging.thresholds import Thresholds
+    from workbench.compare.pairing.frames import RunFrames
     from workbench.compare.pairing.mapping import MappingFile, PairSpec
     from workbench.compare.pairing.matching import AutoMatcher
     from workbench.formats.model import Dump
@@ -184,6 +185,7 @@ def _read_ingest_compare(
     try:
         _import_heavy()  # while the workers compute the early pairs (a no-op when done above)
         from workbench.catalog.store import ingest_dump, open_catalog
+        from workbench.compare.pair_store import frames_of_dump
 
         collector.freeze()
         job.catalog.parent.mkdir(parents=True, exist_ok=True)
@@ -194,15 +196,17 @@ def _read_ingest_compare(
             # each dump is dropped once the catalog holds it: one Python object per file is memory the next
             # ingest and the compare need
             g_ing = ingest_dump(con, g_dump)
+            frames = [None if g_ing.skipped else frames_of_dump(g_dump, g_ing.run_id)]
             del g_dump
             t_ing = ingest_dump(con, t_dump)
+            frames.append(None if t_ing.skipped else frames_of_dump(t_dump, t_ing.run_id))
             del t_dump
             if job.progress:
                 job.progress(Progress("ingest", 2, 2))
             if job.cancel is not None and job.cancel.is_set():
                 raise CompareCancelled()
             problems = [*g_ing.problems, *t_ing.problems]
-            res = _compare_runs(con, g_ing.run_id, t_ing.run_id, tokens, job, problems, early)
+            res = _compare_runs(con, (g_ing.run_id, t_ing.run_id), frames, tokens, job, problems, early)
             if job.then is not None:
                 job.then(con, res)
             return res
@@ -268,8 +272,8 @@ def _auto_matcher(auto: bool) -> AutoMatcher | None:
 
 def _compare_runs(
     con: duckdb.DuckDBPyConnection,
-    golden_run: int,
-    test_run: int,
+    runs: tuple[int, int],
+    frames: list[RunFrames | None],
     tokens: Collection[int] | None,
     job: _Settings,
     problems: list[str],
@@ -284,8 +288,10 @@ def _compare_runs(
 
     mapping = job.mapping
 
-    golden = load_frames(con, golden_run)
-    test = load_frames(con, test_run)
+    golden_run, test_run = runs
+    # the frames of a run this compare ingested were made from its dump; a run already in the catalog is read
+    golden = frames[0] or load_frames(con, golden_run)
+    test = frames[1] or load_frames(con, test_run)
     cmp_id, th_changed = comparison_for_runs(con, golden_run, test_run, job.mapping, job.thresholds)
     if job.progress:
         job.progress(Progress("match", 0, 1))
