@@ -183,13 +183,17 @@ def _read_ingest_compare(
 
         early = EarlyPairs(g_dump, t_dump, job.pool, tokens)
     try:
-        _import_heavy()  # while the workers compute the early pairs (a no-op when done above)
-        from workbench.catalog.store import ingest_dump, open_catalog
-        from workbench.compare.pair_store import frames_of_dump
+        from workbench.catalog.store import ingest_dump
 
+        opening = _CatalogOpening(job.catalog)
+        try:
+            _import_heavy()  # while the catalog opens and the workers compute the early pairs (or done above)
+            from workbench.compare.pair_store import frames_of_dump
+        except BaseException:
+            opening.close()
+            raise
+        con = opening.result()
         collector.freeze()
-        job.catalog.parent.mkdir(parents=True, exist_ok=True)
-        con = open_catalog(job.catalog)
         try:
             if job.progress:
                 job.progress(Progress("ingest", 0, 2))
@@ -215,6 +219,35 @@ def _read_ingest_compare(
     finally:
         if early is not None:
             early.cancel()  # whatever was not claimed
+
+
+class _CatalogOpening:
+    """The catalog opened (created, checked, its schema made: ~25-40 ms, mostly inside DuckDB, which lets go of the
+    GIL) on a thread while this one imports the compare modules."""
+
+    def __init__(self, catalog: Path) -> None:
+        self._out: Future[duckdb.DuckDBPyConnection] = Future()
+        self._thread = threading.Thread(target=self._open, args=(catalog,), name="wb-catalog-open", daemon=True)
+        self._thread.start()
+
+    def _open(self, catalog: Path) -> None:
+        from workbench.catalog.store import open_catalog
+
+        try:
+            catalog.parent.mkdir(parents=True, exist_ok=True)
+            self._out.set_result(open_catalog(catalog))
+        except BaseException as exc:  # raised where the connection is asked for
+            self._out.set_exception(exc)
+
+    def result(self) -> duckdb.DuckDBPyConnection:
+        self._thread.join()
+        return self._out.result()
+
+    def close(self) -> None:
+        """The connection, if it opened, closed (the compare failed before it used it)."""
+        self._thread.join()
+        if self._out.exception() is None:
+            self._out.result().close()
 
 
 def _import_heavy() -> None:
