@@ -19,7 +19,7 @@ import stat
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -148,16 +148,21 @@ def _read_npy(path: str, staging: Staging | None = None) -> RawTensor:
     return RawTensor(arr, dtype_name(arr.dtype))
 
 
+def npy_header_of(fh: BinaryIO) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
+    """(shape, Fortran order, dtype) from the header of an open `.npy` file (numpy's own parser, no pickle); `fh` is
+    left at the first value. Raises numpy's `ValueError` on a malformed header."""
+    version = np.lib.format.read_magic(fh)
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(fh)
+    return np.lib.format.read_array_header_2_0(fh)
+
+
 def _staged_npy(path: str, staging: Staging) -> RawTensor | None:
     """A plain C-ordered `.npy`'s values read into `staging`; None for anything else (numpy's own loader then
     reads it, or says what is wrong)."""
     try:
         with open(path, "rb") as fh:
-            version = np.lib.format.read_magic(fh)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
-            else:
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+            shape, fortran, dtype = npy_header_of(fh)
             start = fh.tell()
             file_size = os.fstat(fh.fileno()).st_size
     except (ValueError, OSError, EOFError):

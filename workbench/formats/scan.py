@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from workbench.core.capped import DUMP_JSON, FileRefused, read_text
+from workbench.formats.arrays import npy_header_of
 from workbench.formats.model import DumpError, Payload, check_shape, dtype_name
 from workbench.formats.pth_header import payload_of, plain_tensor
 
@@ -152,11 +153,7 @@ def npy_header(path: str) -> tuple[str, tuple[int, ...]]:
     """dtype name and shape of a `.npy` file, from its header only."""
     try:
         with open(path, "rb") as fh:
-            version = np.lib.format.read_magic(fh)
-            if version == (1, 0):
-                shape, _fortran, dtype = np.lib.format.read_array_header_1_0(fh)
-            else:
-                shape, _fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+            shape, _fortran, dtype = npy_header_of(fh)
     except OSError as exc:
         raise DumpError(path, f"cannot read: {exc.strerror or exc}") from None
     except ValueError as exc:
