@@ -14,6 +14,7 @@ says what they are.
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 import zipfile
@@ -96,8 +97,12 @@ def plain_array(path: str, found: PlainTensor, staging: Staging | None = None) -
     contiguous = found.stride == contiguous_strides(size)
     if found.whole_file is not None:  # already in memory: a map would cost more than the bytes
         flat = np.frombuffer(found.whole_file, np_dtype, count=found.numel, offset=found.data_offset)
-    elif contiguous and staging is not None and (staged := _staged(staging, path, found, np_dtype)) is not None:
-        return RawTensor(staged.reshape(size), found.dtype)
+    elif (
+        contiguous
+        and staging is not None
+        and (staged := staging.values(path, found.first_byte, np_dtype, size)) is not None
+    ):
+        return RawTensor(staged, found.dtype)
     else:
         # a plain ndarray over the map: memmap's subclass hooks cost on every operation
         flat = np.asarray(np.memmap(path, dtype=np_dtype, mode="r", offset=found.data_offset, shape=(found.numel,)))
@@ -108,12 +113,6 @@ def plain_array(path: str, found: PlainTensor, staging: Staging | None = None) -
             flat[found.offset :], shape=size, writeable=False, strides=tuple(s * found.itemsize for s in found.stride)
         )
     return RawTensor(arr, found.dtype)
-
-
-def _staged(staging: Staging, path: str, found: PlainTensor, np_dtype: np.dtype[Any]) -> np.ndarray | None:
-    """The view's elements read into `staging` (None above its cap)."""
-    view = staging.fill(path, found.data_offset + found.offset * found.itemsize, found.span * found.itemsize)
-    return None if view is None else np.frombuffer(view, np_dtype, count=found.span)
 
 
 def read_pth_array(path: str, file_size: int | None = None, staging: Staging | None = None) -> RawTensor:
@@ -169,13 +168,10 @@ def _staged_npy(path: str, staging: Staging) -> RawTensor | None:
         return None
     if fortran or dtype.hasobject or not shape:
         return None
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if nbytes == 0 or start + nbytes > file_size:
+    if start + math.prod(shape) * dtype.itemsize > file_size:
         return None
-    view = staging.fill(path, start, nbytes)
-    if view is None:
-        return None
-    return RawTensor(np.frombuffer(view, dtype).reshape(shape), dtype_name(dtype))
+    values = staging.values(path, start, dtype, shape)
+    return None if values is None else RawTensor(values, dtype_name(dtype))
 
 
 def read_payload(path: str, at: Payload, staging: Staging | None = None) -> RawTensor | None:
@@ -186,9 +182,7 @@ def read_payload(path: str, at: Payload, staging: Staging | None = None) -> RawT
     if np_name is None:
         return None
     np_dtype = np.dtype(np_name)
-    nbytes = np_dtype.itemsize
-    for d in at.shape:
-        nbytes *= d
+    nbytes = np_dtype.itemsize * math.prod(at.shape)
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -199,9 +193,9 @@ def read_payload(path: str, at: Payload, staging: Staging | None = None) -> RawT
             return None
         if nbytes == 0:
             return RawTensor(np.empty(at.shape, dtype=np_dtype), at.dtype)
-        view = None if staging is None else staging.fill_from(fd, path, at.offset, nbytes)
-        if view is not None:
-            return RawTensor(np.frombuffer(view, np_dtype).reshape(at.shape), at.dtype)
+        staged = None if staging is None else staging.values(path, at.offset, np_dtype, at.shape, fd)
+        if staged is not None:
+            return RawTensor(staged, at.dtype)
         with open(fd, "rb", closefd=False) as fh:  # the file checked above, not whatever the name holds by now
             count = nbytes // np_dtype.itemsize
             flat = np.asarray(np.memmap(fh, dtype=np_dtype, mode="r", offset=at.offset, shape=(count,)))

@@ -199,9 +199,9 @@ def read_bin(path: str | Path, header: BinHeader | None = None, staging: Staging
     np_dtype = np.dtype(ACL_DTYPES[hdr.acl_dtype][1])
     if 0 in hdr.shape:
         return np.zeros(hdr.shape, dtype=np_dtype)
-    staged = None if staging is None else staging.fill(hdr.path, hdr.payload_offset, hdr.payload_length)
+    staged = None if staging is None else staging.values(hdr.path, hdr.payload_offset, np_dtype, hdr.shape)
     if staged is not None:
-        return np.frombuffer(staged, np_dtype).reshape(hdr.shape)
+        return staged
     return np.memmap(hdr.path, dtype=np_dtype, mode="r", offset=hdr.payload_offset, shape=hdr.shape)
 
 

@@ -93,6 +93,11 @@ class PlainTensor:
     span: int
     whole_file: bytes | None = None  # the file's bytes when it was small enough to read in one go
 
+    @property
+    def first_byte(self) -> int:
+        """Where in the file the view's first element lies."""
+        return self.data_offset + self.offset * self.itemsize
+
 
 class _Bytes:
     """Reads of one file through a head buffer and a tail buffer (two system calls for most files)."""
@@ -222,13 +227,7 @@ def payload_of(found: PlainTensor, file_key: tuple[int, int, int, int]) -> Paylo
     """Where `found`'s values lie in its file (None for a view whose elements are not contiguous)."""
     if found.stride != contiguous_strides(found.size):
         return None
-    return Payload(file_key, found.data_offset + found.offset * found.itemsize, found.dtype, found.size)
-
-
-def read_pth_header(path: str, file_size: int) -> tuple[str, tuple[int, ...]] | None:
-    """(dtype name, shape) of a plain `.pth`, checked against the file's size; None when not plain."""
-    found = plain_tensor(path, file_size)
-    return None if found is None else (found.dtype, found.size)
+    return Payload(file_key, found.first_byte, found.dtype, found.size)
 
 
 def check_repeat(path: str, size: tuple[int, ...], elements: int, stored: int) -> None:

@@ -12,7 +12,11 @@ tensor it holds at once.
 
 from __future__ import annotations
 
+import math
 import os
+from typing import Any
+
+import numpy as np
 
 from workbench.formats.model import DumpError
 
@@ -27,24 +31,32 @@ class Staging:
         self.cap = cap
         self._buf: bytearray | None = None
 
-    def fill(self, path: str, offset: int, nbytes: int) -> memoryview | None:
-        """`nbytes` of `path` from byte `offset`, read into this buffer; None when they exceed the cap (the caller
-        maps them). `DumpError` when the file ends before them or cannot be read."""
-        if nbytes > self.cap or nbytes <= 0:
-            return None
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as exc:
-            raise DumpError(path, f"cannot read: {exc.strerror or exc}") from None
-        try:
-            return self.fill_from(fd, path, offset, nbytes)
-        finally:
-            os.close(fd)
+    def values(
+        self, path: str, offset: int, dtype: np.dtype[Any], shape: tuple[int, ...], fd: int | None = None
+    ) -> np.ndarray | None:
+        """The C-ordered `shape` x `dtype` values at byte `offset` of `path` (read from `fd` when the caller holds the
+        file open), read into this buffer; None when they are empty or exceed the cap (the caller maps them)."""
+        view = self.fill(path, offset, dtype.itemsize * math.prod(shape), fd)
+        return None if view is None else np.frombuffer(view, dtype).reshape(shape)
 
-    def fill_from(self, fd: int, path: str, offset: int, nbytes: int) -> memoryview | None:
-        """`fill` from a file already open as `fd` (`path` names it in errors)."""
+    def fill(self, path: str, offset: int, nbytes: int, fd: int | None = None) -> memoryview | None:
+        """`nbytes` of `path` from byte `offset` (read from `fd` when given, the file open as `path`), read into
+        this buffer; None when they are none or exceed the cap. `DumpError` when the file ends before them or cannot
+        be read."""
         if nbytes > self.cap or nbytes <= 0:
             return None
+        if fd is None:
+            try:
+                own = os.open(path, os.O_RDONLY)
+            except OSError as exc:
+                raise DumpError(path, f"cannot read: {exc.strerror or exc}") from None
+            try:
+                return self._read(own, path, offset, nbytes)
+            finally:
+                os.close(own)
+        return self._read(fd, path, offset, nbytes)
+
+    def _read(self, fd: int, path: str, offset: int, nbytes: int) -> memoryview:
         if self._buf is None or len(self._buf) < nbytes:
             # a new buffer, never a resize: arrays over the old one (a caller's last tensor) keep their memory
             self._buf = bytearray(min(self.cap, -(-nbytes // _GROW_STEP) * _GROW_STEP))
