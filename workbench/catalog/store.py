@@ -15,7 +15,7 @@ import os
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 
@@ -314,22 +314,10 @@ def ingest_dump(con: duckdb.DuckDBPyConnection, dump: Dump) -> IngestResult:
         assert n is not None
         return IngestResult(existing, True, int(n[0] or 0), int(n[1] or 0), list(n[2] or []))
 
-    node_ids, extra = node_ids_of(dump)
-    nodes = {
-        "node_id": int_column([node_ids[n.name] for n in dump.nodes] + [node_ids[x] for x in extra]),
-        "name": object_column([n.name for n in dump.nodes] + extra),
-        "type": object_column([n.type for n in dump.nodes] + [extra_node_type(x) for x in extra]),
-        "parent_id": int_column(
-            [node_ids.get(n.parent) if n.parent else None for n in dump.nodes] + [None] * len(extra)
-        ),
-        "depth": int_column([n.depth for n in dump.nodes] + [0] * len(extra)),
-        "exec_order": int_column([n.exec_order for n in dump.nodes] + [None] * len(extra)),
-        "end_order": int_column(_end_orders(dump.nodes) + [None] * len(extra)),
-        "layer": int_column([n.layer for n in dump.nodes] + [None] * len(extra)),
-        "phase": object_column([n.phase for n in dump.nodes] + [None] * len(extra)),
-        "params": object_column([node_params(n) for n in dump.nodes] + [None] * len(extra)),
-    }
-    n_nodes = len(dump.nodes) + len(extra)
+    node_ids, rows = node_columns(dump)
+    n_nodes = len(node_ids)
+    rows["end_order"] = _end_orders(dump.nodes) + [None] * (n_nodes - len(dump.nodes))
+    nodes = typed_columns(rows, ints=("node_id", "parent_id", "depth", "exec_order", "end_order", "layer"))
     con.execute("BEGIN TRANSACTION")
     try:
         row = first_row(con.execute("SELECT nextval('run_seq')"))
@@ -378,26 +366,30 @@ def ingest_dump(con: duckdb.DuckDBPyConnection, dump: Dump) -> IngestResult:
     return IngestResult(run_id, False, n_nodes, len(dump.tensors), list(dump.problems))
 
 
-def node_ids_of(dump: Dump) -> tuple[dict[str, int], list[str]]:
-    """The node id `ingest_dump` gives each node name (its position), and the names tensors use that the topology
-    does not list (e.g. ATB folders without topology: added after it, in the order tensors name them)."""
+def node_columns(dump: Dump) -> tuple[dict[str, int], dict[str, list[Any]]]:
+    """The id `ingest_dump` gives each node name (its position), and the `nodes` rows it writes (`end_order`
+    aside) as lists by column. Tensors may name nodes the topology does not list (e.g. ATB folders without
+    topology): those follow it, in the order tensors name them, typed by their folder name after the first `_`
+    (`3_RmsNormOperation`)."""
     node_ids = {n.name: i for i, n in enumerate(dump.nodes)}
     extra: list[str] = []
     for t in dump.tensors:
         if t.node not in node_ids:
             node_ids[t.node] = len(node_ids)
             extra.append(t.node)
-    return node_ids, extra
-
-
-def extra_node_type(name: str) -> str:
-    """The type of a node only tensors name: its folder name after the first `_` (`3_RmsNormOperation`)."""
-    return name.rsplit("/", 1)[-1].split("_", 1)[-1]
-
-
-def node_params(node: Node) -> str | None:
-    """`nodes.params` as stored: the node's parameters as JSON text."""
-    return json.dumps(node.params) if node.params is not None else None
+    none: list[Any] = [None] * len(extra)
+    nodes = dump.nodes
+    return node_ids, {
+        "node_id": list(range(len(node_ids))),
+        "name": [n.name for n in nodes] + extra,
+        "type": [n.type for n in nodes] + [x.rsplit("/", 1)[-1].split("_", 1)[-1] for x in extra],
+        "parent_id": [node_ids.get(n.parent) if n.parent else None for n in nodes] + none,
+        "depth": [n.depth for n in nodes] + [0] * len(extra),
+        "exec_order": [n.exec_order for n in nodes] + none,
+        "layer": [n.layer for n in nodes] + none,
+        "phase": [n.phase for n in nodes] + none,
+        "params": [json.dumps(n.params) if n.params is not None else None for n in nodes] + none,
+    }
 
 
 def run_meta(dump: Dump) -> str:
