@@ -57,6 +57,7 @@ class KernelCode:
 
     def __init__(self) -> None:
         self._functions: dict[tuple[str, tuple[str, ...]], Any] = {}
+        self.compiled: list[tuple[str, tuple[str, ...]]] = []  # the entries this process compiled, in order
         self._keep: list[Any] = []  # engines and numba functions whose code the functions above run
         self._lock = threading.Lock()
         self._llvm: Any = None
@@ -156,6 +157,7 @@ class KernelCode:
         from workbench.compare.judging import kernels
 
         compiled = kernels.compile_entry(*entry)
+        self.compiled.append(entry)
         self._keep.append(compiled)
         self._functions[entry] = _C_TYPES[entry[0]](compiled.address)
         try:
