@@ -311,6 +311,11 @@ def _fused(
             # ULP: the float32 whose bits are (ulp_top - exponent bits of g) is 2^(mantissa - exponent) (mod 2^32)
             e_bits = max(_bits_of_f32(gv) & np.uint32(0x7F800000), np.uint32(ulp_floor))
             ulp_max = max(ulp_max, _bits_of_f32(ad * _f32_from_bits(np.uint32(ulp_top) - e_bits)))
+        # the KL's sums in a loop of their own: float32 only, LLVM vectorises it twice as wide as the loop above
+        # (whose float64 products set its width), and its two exps were a third of the pass (~20% less time)
+        for i in range(gb.size):
+            gv, mv = _load(gb, i), _load(mb, i)
+            d = mv - gv
             # KL(softmax(g) || softmax(m)) = log E_p[e^d] - E_p[d], p = softmax(g); expm1(d) - d as its series
             eg = _exp_neg(gv - g_max)
             b_z += eg
