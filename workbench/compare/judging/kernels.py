@@ -281,7 +281,8 @@ def _fused(
     zero: Any = 0.0
     dot = gg = mm = d2 = rel_sum = abs_sum = z = a = b = zm = zero
     rel_max = abs_max = d_max = ulp_max = np.uint32(0)  # float32 bits of non-negative values: ordered as ints
-    n1 = n5 = 0
+    count: Any = 0
+    n1 = n5 = count
     top32, floor32 = np.uint32(ulp_top), np.uint32(ulp_floor)
     for start in range(lo, hi, BLOCK):
         # float32 sums of one block, added in float64 below; the cosine's products are float64 (exact)
