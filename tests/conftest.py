@@ -30,6 +30,11 @@ WB = [sys.executable, "-m", "workbench.cli"]
 # the dumper signs recorded commands with a per-user key (workbench/core/trust.py): the tests (and the wb
 # processes they start) make and use their own key, never the user's ~/.config/wb/dump.key
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="wb-test-config-")
+# Ctrl-C as a terminal sends it: the tests that interrupt a `wb` process need it to take SIGINT. A suite started in the
+# background of a non-interactive shell (`make test &`) inherits SIGINT ignored, and every process it starts would keep
+# it ignored (Python then installs no KeyboardInterrupt handler). A handled signal is reset to the default at exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def shared_fixtures() -> Path:
