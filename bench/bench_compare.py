@@ -463,15 +463,14 @@ class Runs:
     golden: Path
     test: Path
     folder: Path  # where the pair is kept
+    size_mb: float  # golden + test, on disk
     peer: str = "msit"  # the tool timed against wb: msit, or msprobe on msprobe-made dumps
     wb: list[tuple[float, int, int, float]] = field(default_factory=list)  # wall, peak RSS KiB, pairs, CPU s
     peer_runs: list[tuple[float, int, int, float]] = field(default_factory=list)  # msit's or msprobe's
     ref: list[tuple[float, int, int, float]] = field(default_factory=list)  # `--ref`'s wb
 
 
-def run_wb(
-    runs: Runs, out: Path, workers: int, size_mb: float, i: int, ref: Path | None = None, *, sampled: bool = False
-) -> None:
+def run_wb(runs: Runs, out: Path, workers: int, i: int, ref: Path | None = None, *, sampled: bool = False) -> None:
     """One `wb compare` of the pair: this checkout's, or with `ref` that checkout's (kept in `runs.ref`). `sampled`:
     the run that prints each process's CPU, kept out of the medians (the sampler slows what it watches)."""
     wb = shutil.which("wb") or str(Path(sys.executable).with_name("wb"))
@@ -491,7 +490,7 @@ def run_wb(
     who = "wb compare " if ref is None else "wb (--ref) "
     print(
         f"run {i + 1} [{runs.label}]: {who}  {t_wb:6.2f} s  {pairs} pairs  {pairs / t_wb:7.1f} pairs/s  "
-        f"{size_mb / t_wb:6.1f} MB/s  CPU {cpu_wb:5.2f} s  peak RSS {rss_wb / 1024:.0f} MiB (workers {workers})",
+        f"{runs.size_mb / t_wb:6.1f} MB/s  CPU {cpu_wb:5.2f} s  peak RSS {rss_wb / 1024:.0f} MiB (workers {workers})",
         flush=True,
     )
 
@@ -620,7 +619,7 @@ def main() -> None:
             f"{n_files} golden files"
         )
         peer = "msprobe" if dumper == "msprobe" else "msit"
-        all_runs.append(Runs(f"{dumper}-made {size}", golden, test, where, peer))
+        all_runs.append(Runs(f"{dumper}-made {size}", golden, test, where, size_mb, peer))
     for checkout in [ROOT, *([args.ref] if args.ref else [])]:
         # the byte code of each timed checkout, written now: under PYTHONDONTWRITEBYTECODE (set on some machines)
         # every wb run would compile workbench's sources again (~0.3 s of the main process), which users never pay
@@ -628,20 +627,18 @@ def main() -> None:
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for i in range(args.repeat):  # interleaved, so both tools see the same machine load
         for runs in all_runs:
-            size_mb = (du(runs.golden) + du(runs.test)) / 1e6
-            run_wb(runs, base / "out_wb", args.workers, size_mb, i)
+            run_wb(runs, base / "out_wb", args.workers, i)
             if args.ref is not None:
-                run_wb(runs, base / "out_wb", args.workers, size_mb, i, args.ref.resolve())
+                run_wb(runs, base / "out_wb", args.workers, i, args.ref.resolve())
             if runs.peer == "msprobe":
                 run_peer(runs, base / "out_msprobe", msprobe, i)
             elif has_msit:
                 run_peer(runs, base / "out_msit", msit, i)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for runs in all_runs:
-        size_mb = (du(runs.golden) + du(runs.test)) / 1e6
-        run_wb(runs, base / "out_wb", args.workers, size_mb, args.repeat, sampled=True)
+        run_wb(runs, base / "out_wb", args.workers, args.repeat, sampled=True)
         if args.ref is not None:
-            run_wb(runs, base / "out_wb", args.workers, size_mb, args.repeat, args.ref.resolve(), sampled=True)
+            run_wb(runs, base / "out_wb", args.workers, args.repeat, args.ref.resolve(), sampled=True)
     start = stack_start()
     cores = max(1, min(args.workers, os.cpu_count() or 1))
     for runs in all_runs:
