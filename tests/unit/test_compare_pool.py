@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -150,6 +151,36 @@ def test_worker_never_imports_torch(tiny_dumps: TinyDumps) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_pool_processes_import_nothing_from_the_folder_wb_runs_in(tmp_path: Path) -> None:
+    """`wb` started in a folder someone else filled (a dump): the pool's forkserver and resource tracker run
+    `python -c`, which would import that folder's `numpy.py`, `multiprocessing/` or `workbench/` first."""
+    here = tmp_path / "a_dump_someone_sent"
+    marker = tmp_path / "ran"
+    planted = f"open({str(marker)!r}, 'a').write(__name__ + '\\n')\n"
+    here.mkdir()
+    (here / "numpy.py").write_text(planted)
+    for package in ("multiprocessing", "workbench"):
+        (here / package).mkdir()
+        (here / package / "__init__.py").write_text(planted)
+    driver = tmp_path / "driver" / "start_pool.py"  # a script: its own folder, not the current one, leads sys.path
+    driver.parent.mkdir()
+    driver.write_text(
+        "import os\n"
+        "from workbench.compare.execution.pool import new_pool\n"
+        "if __name__ == '__main__':\n"
+        "    pool = new_pool(2)\n"
+        "    pids = {pool.submit(os.getpid).result(timeout=120) for _ in range(8)}\n"
+        "    pool.shutdown()\n"
+        "    assert pids and os.getpid() not in pids, pids\n"
+        "    assert 'PYTHONSAFEPATH' not in os.environ  # set only while the helper interpreters start\n"
+        "    print('ok')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSAFEPATH", "PYTHONPATH")}
+    out = subprocess.run([sys.executable, str(driver)], cwd=here, env=env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+    assert not marker.exists(), f"imported from the current folder: {marker.read_text()}"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import sys
 import threading
@@ -40,6 +41,23 @@ def _pool_context() -> multiprocessing.context.BaseContext:
         ctx.set_forkserver_preload(["workbench.compare.execution.forkserver_preload"])
         return ctx
     return multiprocessing.get_context("spawn")
+
+
+@contextlib.contextmanager
+def _no_imports_from_the_current_folder() -> Iterator[None]:
+    """The interpreters multiprocessing starts (its forkserver and resource tracker; with `spawn`, every worker)
+    run `python -c ...`, which puts the current folder first on `sys.path` (Python 3.11's forkserver ignores the
+    `sys.path` it is handed): a `numpy.py` or a `workbench/` folder where `wb` was started, say in a dump someone
+    sent, would be imported and run there. `PYTHONSAFEPATH` (Python's `-P`) keeps the current folder off; it is set
+    only while those interpreters start, so commands `wb` runs later for the user see their usual environment."""
+    if os.environ.get("PYTHONSAFEPATH"):
+        yield
+        return
+    os.environ["PYTHONSAFEPATH"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("PYTHONSAFEPATH", None)
 
 
 def _worker_init(owner: int) -> None:
@@ -101,15 +119,24 @@ def _real_stderr() -> Iterator[None]:
 def new_pool(workers: int) -> ProcessPoolExecutor:
     """A process pool with every worker process started now."""
     lifeline.mark_owner()
+    ctx = _pool_context()
     with _real_stderr():
-        pool = ProcessPoolExecutor(
-            max_workers=workers,
-            mp_context=_pool_context(),
-            initializer=_worker_init,
-            initargs=(os.getpid(),),
-        )
-        for _ in range(workers):
-            pool.submit(_warm_up)
+        if ctx.get_start_method() == "forkserver":
+            # the two interpreters a forkserver pool starts (with the resource tracker), started here at once: the
+            # workers are forked, not started
+            with _no_imports_from_the_current_folder():
+                multiprocessing.forkserver.ensure_running()
+            pool = _start_workers(ctx, workers)
+        else:
+            with _no_imports_from_the_current_folder():
+                pool = _start_workers(ctx, workers)
+    return pool
+
+
+def _start_workers(ctx: multiprocessing.context.BaseContext, workers: int) -> ProcessPoolExecutor:
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(),))
+    for _ in range(workers):
+        pool.submit(_warm_up)
     return pool
 
 

@@ -114,7 +114,8 @@ class LocalCluster:
     def start(cls, cpus: int, object_store: int) -> LocalCluster:
         """Start the host and its cluster of `cpus` CPUs; `LocalClusterError` in one line when it fails."""
         proc = subprocess.Popen(
-            [sys.executable, "-m", "workbench.compare.execution.ray_guard", str(cpus), str(object_store)],
+            # -P: `-m` would put the current folder first on sys.path (a `workbench/` or `ray/` there would run)
+            [sys.executable, "-P", "-m", "workbench.compare.execution.ray_guard", str(cpus), str(object_store)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
