@@ -55,10 +55,20 @@ def test_pool_and_early_pairs_give_the_in_process_numbers(
         early_all = EarlyPairs(g, t, pool)
         one_token = pipeline.run_compare(g, t, tmp_path / "c.duckdb", workers=2, pool=pool, early=early_all, tokens={1})
         assert 0 < early_all.taken < len(early_all.keys)
-        # a re-run into the same catalog has nothing left to compute: the early batches are all dropped
+        # a re-run into the same catalog has nothing left to compute: the early batches are all dropped, before the
+        # verdicts and the report (`then` runs after them), not left to run meanwhile
         again = EarlyPairs(g, t, pool)
-        rerun = pipeline.run_compare(g, t, tmp_path / "b.duckdb", workers=2, pool=pool, early=again)
-        assert rerun.computed == 0 and again.taken == 0
+        left_at_report: list[int] = []
+        rerun = pipeline.run_compare(
+            g,
+            t,
+            tmp_path / "b.duckdb",
+            workers=2,
+            pool=pool,
+            early=again,
+            then=lambda _con, _res: left_at_report.append(len(again.batches) + len(again.keys)),
+        )
+        assert rerun.computed == 0 and again.taken == 0 and left_at_report == [0]
         # a pool that is gone: nothing is submitted early, every pair is computed the usual way
         gone = new_pool(2)
         gone.shutdown()

@@ -217,6 +217,10 @@ def execute_tasks(
     if progress:
         progress(Progress(stage, 0, len(tasks)))
     if not tasks:
+        if early is not None:
+            # every pair was in the catalog (a re-run): the early batches still queued would run to no use while
+            # the verdicts and the report are written, and the pool's shutdown would wait for them
+            early.drop()
         return
     if cluster is not None:
         if early is not None:
