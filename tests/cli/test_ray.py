@@ -131,6 +131,30 @@ def test_our_dumps_same_catalog(tiny_dumps: TinyDumps, ray_address: str, tmp_pat
 
 
 @needs_ray
+def test_ray_workers_import_nothing_from_the_folder_wb_runs_in(
+    tiny_dumps: TinyDumps, ray_address: str, tmp_path: Path
+) -> None:
+    """Ray puts the folder a driver runs in on its workers' sys.path: `wb` started in a folder someone else filled
+    (a dump with a numpy.py, a workbench/) must not have the workers import from it."""
+    here = tmp_path / "a_dump_someone_sent"
+    marker = tmp_path / "ran"
+    planted = f"open({str(marker)!r}, 'a').write(__name__ + '\\n')\n"
+    here.mkdir()
+    (here / "numpy.py").write_text(planted)
+    (here / "workbench").mkdir()
+    (here / "workbench" / "__init__.py").write_text(planted)
+    out = tmp_path / "out"
+    # -P: `python -m` itself would import from the current folder (the console script `wb` does not)
+    cmd = [sys.executable, "-P", "-m", "workbench.cli", "compare", "-gp", str(tiny_dumps.golden)]
+    cmd += ["-mp", str(tiny_dumps.bf16), "-o", str(out), "--ray", ray_address]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run(cmd, cwd=here, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "pairs compared:" in p.stdout
+    assert not marker.exists(), f"imported from the current folder: {marker.read_text()}"
+
+
+@needs_ray
 def test_msit_dumps_same_catalog(peer_dumps: PeerDumps, ray_address: str, tmp_path: Path) -> None:
     msit = peer_dumps.need_msit()
     local, on_ray, _ = _both(msit["golden"], msit["test"], tmp_path, ray_address)

@@ -21,6 +21,7 @@ Ray is an optional dependency (`pip install 'workbench[ray]'`): it is imported o
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -31,7 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.compare.execution.ray_guard import AUTH_ENV, LocalCluster, LocalClusterError
+from workbench.compare.execution.ray_guard import (
+    AUTH_ENV,
+    LocalCluster,
+    LocalClusterError,
+    empty_folder,
+    remove_empty_folder,
+)
 from workbench.compare.execution.tasks import PairTask, StatsTask
 from workbench.compare.execution.worker import run_batch
 from workbench.core.progress import CompareCancelled
@@ -150,6 +157,7 @@ class RayCluster:
     address: str
     started: bool = False
     _local: LocalCluster | None = field(default=None, repr=False)
+    _folder: str | None = field(default=None, repr=False)  # the empty folder `ray.init` ran in (`connect`)
     _remote_batch: Any = field(default=None, repr=False)
     _remote_probe: Any = field(default=None, repr=False)
 
@@ -168,26 +176,35 @@ class RayCluster:
             _check_reachable(address)
         term = signal.getsignal(signal.SIGTERM)
         local: LocalCluster | None = None
+        # `ray.init` puts the folder the driver runs in on every worker's sys.path (unless the job ships a working
+        # folder): it runs in an empty one of ours, never the user's (say a dump someone sent, with a numpy.py); a
+        # local cluster's host has one, which it removes when it ends (a `wb` killed with -9 cannot)
+        driver_folder: str | None = None
         try:
             if address == LOCAL:
                 # started by a host process in a session of its own, which ends it when wb ends (ray_guard.py)
                 local = LocalCluster.start(workers or os.cpu_count() or 1, LOCAL_OBJECT_STORE)
                 if local.auth and AUTH_ENV not in os.environ:
                     _auth_mode(local.auth)  # join with the token the host's `ray.init` made
-                ray.init(address=local.address, **quiet)
+                with contextlib.chdir(local.folder):
+                    ray.init(address=local.address, **quiet)
             else:
                 # tasks run the driver's own wb, whatever the nodes have installed (they need numpy)
                 pkg = str(Path(__file__).resolve().parents[1])
-                ray.init(
-                    address=address,
-                    runtime_env={"py_modules": [pkg], "excludes": ["__pycache__", "*.pyc"]},
-                    **quiet,
-                )
+                driver_folder = empty_folder()
+                with contextlib.chdir(driver_folder):
+                    ray.init(
+                        address=address,
+                        runtime_env={"py_modules": [pkg], "excludes": ["__pycache__", "*.pyc"]},
+                        **quiet,
+                    )
         except BaseException as exc:
             if ray.is_initialized():
                 ray.shutdown()
             if local is not None:
                 local.close()  # Ctrl-C during start-up: stop what was started, no process left behind
+            if driver_folder is not None:
+                remove_empty_folder(driver_folder)
             if isinstance(exc, SystemExit) and exc.code == signal.SIGTERM and callable(term):
                 term(signal.SIGTERM, None)  # SIGTERM met Ray's own handler during start-up: end as wb ends it
             if isinstance(exc, LocalClusterError):
@@ -205,7 +222,7 @@ class RayCluster:
             raise RayClusterError(f"ray: cannot connect to {address!r}: {first}{hint}") from None
         finally:
             _restore_sigterm(term)
-        return cls(address, started=True, _local=local)
+        return cls(address, started=True, _local=local, _folder=driver_folder)
 
     def shutdown(self) -> None:
         """Disconnect; stop the cluster (every process of it) when `connect` started it."""
@@ -217,6 +234,9 @@ class RayCluster:
                 if self._local is not None:
                     self._local.close()
                     self._local = None
+                if self._folder is not None:
+                    remove_empty_folder(self._folder)
+                    self._folder = None
 
     def nodes(self) -> list[RayNode]:
         """The alive nodes with CPUs."""

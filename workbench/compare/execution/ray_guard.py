@@ -19,15 +19,18 @@ Only the host's own session is touched: other clusters, other users' Ray, a `ray
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 START_TIMEOUT_S = 600.0  # a loaded machine took 15 s; past this the start is given up
 SWEEP_S = 30.0  # the host gives up after this long (a process it cannot kill is not its to wait for)
@@ -100,10 +103,17 @@ def _reap() -> None:
 class LocalCluster:
     """`wb`'s side: `start` the host (returns once the cluster runs), `address` to join, `close` when done."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], address: str, auth: str = "") -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], address: str, auth: str = "", folder: str | None = None) -> None:
         self._proc = proc
         self.address = address
         self.auth = auth  # the cluster's RAY_AUTH_MODE ("token": the token is in ~/.ray/auth_token)
+        self._folder = folder  # the host's working folder (`empty_folder`), removed once it has ended
+
+    @property
+    def folder(self) -> str:
+        """The host's working folder (empty, ours): where a driver joining its cluster starts Ray."""
+        assert self._folder is not None
+        return self._folder
 
     @property
     def session(self) -> int:
@@ -113,25 +123,29 @@ class LocalCluster:
     @classmethod
     def start(cls, cpus: int, object_store: int) -> LocalCluster:
         """Start the host and its cluster of `cpus` CPUs; `LocalClusterError` in one line when it fails."""
+        folder = empty_folder()
         proc = subprocess.Popen(
-            # -P: `-m` would put the current folder first on sys.path (a `workbench/` or `ray/` there would run)
-            [sys.executable, "-P", "-m", "workbench.compare.execution.ray_guard", str(cpus), str(object_store)],
+            # -P: `-m` would put the current folder first on sys.path (a `workbench/` or `ray/` there would run);
+            # the cluster's processes start in the host's folder, and Ray puts the folder a driver runs in on its
+            # workers' sys.path: an empty one of ours, not the user's (say a dump someone sent, with a numpy.py)
+            [sys.executable, "-P", "-m", "workbench.compare.execution.ray_guard", str(cpus), str(object_store), folder],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            cwd=folder,
         )
         try:
             line = _read_line(proc, START_TIMEOUT_S)
         except BaseException:
-            cls(proc, "").close()  # Ctrl-C during the start: the host stops what it started
+            cls(proc, "", folder=folder).close()  # Ctrl-C during the start: the host stops what it started
             raise
         if not line or line.startswith(_ERROR):
-            cls(proc, "").close()
+            cls(proc, "", folder=folder).close()
             said = line.removeprefix(_ERROR) if line else "the host process ended before the cluster ran"
             raise LocalClusterError(said)
         address, _, auth = line.partition(" ")
-        return cls(proc, address, auth)
+        return cls(proc, address, auth, folder)
 
     def close(self) -> None:
         """Close the host's pipe: it stops the cluster and exits; wait (bounded) until it did."""
@@ -142,7 +156,20 @@ class LocalCluster:
         try:
             self._proc.wait(timeout=CLOSE_WAIT_S)
         except subprocess.TimeoutExpired:
-            pass  # it goes on by itself
+            return  # it goes on by itself, in its folder, and removes it when it ends
+        if self._folder is not None:
+            remove_empty_folder(self._folder)
+
+
+def empty_folder() -> str:
+    """A new, empty folder only this user can write to (a Ray process's working folder)."""
+    return tempfile.mkdtemp(prefix="wb-ray-")
+
+
+def remove_empty_folder(folder: str) -> None:
+    """`empty_folder`'s folder removed, when nothing was left in it (what is there stays)."""
+    with contextlib.suppress(OSError):
+        os.rmdir(folder)
 
 
 def _read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
@@ -161,6 +188,17 @@ def _read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
     return buf.split(b"\n", 1)[0].decode("utf-8", "replace").strip() if b"\n" in buf else ""
 
 
+_FOLDER: list[str] = []  # the host's working folder, made for it by `LocalCluster.start`
+
+
+def _end_host(code: int) -> NoReturn:
+    """End the session (the cluster), then this host, and its working folder when empty."""
+    end_session()
+    for folder in _FOLDER:
+        remove_empty_folder(folder)
+    os._exit(code)
+
+
 def _watch_owner() -> None:
     """Host thread: block on stdin until `wb` closes it or dies, then end the session and exit."""
     while True:
@@ -171,8 +209,7 @@ def _watch_owner() -> None:
             continue
         except OSError:
             break
-    end_session()
-    os._exit(0)
+    _end_host(0)
 
 
 def _host(cpus: int, object_store: int) -> None:
@@ -211,9 +248,8 @@ def _host(cpus: int, object_store: int) -> None:
     except BaseException as exc:  # whatever it was, `wb` gets one line
         text = str(exc).strip().splitlines()
         print(_ERROR + (text[0] if text else type(exc).__name__), file=report, flush=True)
-        end_session()
-        os._exit(1)
-    signal.signal(signal.SIGTERM, lambda *_: (end_session(), os._exit(0)))
+        _end_host(1)
+    signal.signal(signal.SIGTERM, lambda *_: _end_host(0))
     print(f"{address} {auth}".strip(), file=report, flush=True)
     report.close()
     while True:
@@ -221,4 +257,5 @@ def _host(cpus: int, object_store: int) -> None:
 
 
 if __name__ == "__main__":
+    _FOLDER.extend(sys.argv[3:4])
     _host(int(sys.argv[1]), int(sys.argv[2]))
