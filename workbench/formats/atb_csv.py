@@ -25,6 +25,7 @@ import re
 from pathlib import Path
 
 from workbench.core.capped import STATISTICS, FileRefused, open_capped
+from workbench.core.files import ATB_PROBE_DUMP_DIR, ATB_PROBE_STATS_FILE
 from workbench.core.metrics import STAT_STEP_KEY
 from workbench.formats import atb, atb_bin
 from workbench.formats.model import (
@@ -41,9 +42,9 @@ from workbench.formats.model import (
 )
 from workbench.formats.scan import list_dir
 
-STATS_FILE = "statistic.csv"
+STATS_FILE = ATB_PROBE_STATS_FILE
 DATA_DIR = "data"  # the probe's TENSOR_AND_STATS_DATA_DIR below `atb_dump_data/`
-DUMP_DIR = "atb_dump_data"
+DUMP_DIR = ATB_PROBE_DUMP_DIR
 HEADER = (
     "Device and PID,Execution Count,Op Name,Op Type,Op Id,Input/Output,Index,Dtype,Format,Shape,"
     "Max,Min,Mean,Norm,Tensor Path"

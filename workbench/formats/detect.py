@@ -25,9 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from workbench.core.files import MANIFEST_NAME, MODEL_TREE_NAME
+from workbench.core.files import ATB_PROBE_DUMP_DIR, ATB_PROBE_STATS_FILE, MANIFEST_NAME, MODEL_TREE_NAME
 from workbench.core.text import ascii_int, has_foreign_digit, storable
-from workbench.formats import atb, atb_csv, fx_dump, ge_run, msit_torch, msprobe, torchair
+
+# msprobe and msit torch dumps are looked for first and their readers loaded here; the ATB and TorchAir readers
+# load where a path is not one of those (they cost a compare of msit dumps ~10 ms of start-up otherwise)
+from workbench.formats import msit_torch, msprobe
 from workbench.formats.model import Dump, DumpError, token_number
 from workbench.formats.scan import confined, list_dir
 
@@ -47,7 +50,7 @@ def open_dump(path: str | Path, *, follow_symlinks: bool = False) -> Dump:
         raise DumpError(p, "no such file or folder")
     p = p.resolve()
     if p.is_file():
-        if p.name in (MODEL_TREE_NAME, "dump.json", MANIFEST_NAME, atb_csv.STATS_FILE):
+        if p.name in (MODEL_TREE_NAME, "dump.json", MANIFEST_NAME, ATB_PROBE_STATS_FILE):
             p = p.parent
         else:
             raise DumpError(p, "is a file, not a dump folder (pass the folder that holds the dump)")
@@ -75,7 +78,7 @@ def _anchor(p: Path) -> Path:
             return a
         if re.fullmatch(r"step[0-9]+", a.name):
             return a.parent
-        if a.name == atb_csv.DUMP_DIR:
+        if a.name == ATB_PROBE_DUMP_DIR:
             return a
     return p
 
@@ -184,6 +187,8 @@ def _open_torch(p: Path) -> Dump | None:
 
 
 def _open_atb_csv(p: Path) -> Dump | None:
+    from workbench.formats import atb_csv
+
     if (p / atb_csv.STATS_FILE).is_file() and atb_csv.is_device_dir(p.parent):
         return atb_csv.read_atb_csv(p.parent, count_folder=p.name, root=p)
     if atb_csv.is_device_dir(p):
@@ -202,6 +207,8 @@ def _atb_dev_dirs(tensors: Path) -> list[Path]:
 
 
 def _open_atb(p: Path) -> Dump | None:
+    from workbench.formats import atb
+
     if atb.is_atb_device_dir(p):
         return atb.read_atb(p.parent.parent, p)
     # an execute-count folder, an op folder at any depth, or before/after inside one
@@ -241,6 +248,8 @@ def _open_atb(p: Path) -> Dump | None:
 def _open_torchair(p: Path) -> Dump | None:
     """A GE dump (graph text files + GE dump files) or an FX dump (`.npy` per aten node), at the levels msit
     takes: the folder above `msit_ge_dump`/`msit_fx_dump`, that folder, one `worldsize{N}_global_rank{R}`."""
+    from workbench.formats import fx_dump, ge_run, torchair
+
     for sub in (p / torchair.GE_DUMP_DIR, p):
         if sub.is_dir() and ge_run.is_ge_dir(sub):
             return ge_run.read_ge(sub, root=p)
@@ -322,6 +331,8 @@ def _torch_ranks(p: Path) -> list[RankDump]:
 
 
 def _atb_csv_ranks(p: Path) -> list[RankDump]:
+    from workbench.formats import atb_csv
+
     if atb_csv.is_device_dir(p):
         return []
     devs = atb_csv.device_dirs(p)
@@ -329,6 +340,8 @@ def _atb_csv_ranks(p: Path) -> list[RankDump]:
 
 
 def _atb_ranks(p: Path) -> list[RankDump]:
+    from workbench.formats import atb
+
     if atb.is_atb_device_dir(p):
         return []
     if p.name == "tensors":
@@ -346,6 +359,8 @@ def _atb_ranks(p: Path) -> list[RankDump]:
 
 def _torchair_ranks(p: Path) -> list[RankDump]:
     """TorchAir rank folders (`worldsize{N}_global_rank{R}`) of a GE dump (graphs beside them) or an FX dump."""
+    from workbench.formats import fx_dump, ge_run, torchair
+
     if torchair.rank_of(p.name) is not None:
         return []
     for sub in (p / torchair.GE_DUMP_DIR, p):

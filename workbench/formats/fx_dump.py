@@ -15,10 +15,18 @@ from pathlib import Path
 from workbench.core.files import MANIFEST_NAME
 from workbench.formats import torchair
 from workbench.formats.layers import layer_from_name
-from workbench.formats.model import Dump, DumpError, DumpKind, Node, TensorEntry, TensorRole, token_number
+from workbench.formats.model import (
+    FX_KIND,
+    GRAPH_ROOT,
+    Dump,
+    DumpError,
+    Node,
+    TensorEntry,
+    TensorRole,
+    token_number,
+)
 from workbench.formats.scan import npy_header
 
-FX_KIND: DumpKind = "torchair_fx"
 # our FX dumper's side file: node -> the module it ran in (msit's layout has no such file; read when present)
 FX_MODULES_FILE = "fx_node_modules.json"
 _FILE_RE = re.compile(r"^(?P<node>.+)\.(?P<role>INPUT|OUTPUT)\.(?P<idx>[0-9]{1,6})\.(?P<ts>[0-9]{1,30})\.npy$")
@@ -121,7 +129,7 @@ def read_fx(p: Path, root: Path | None = None) -> Dump:
                 tensors.append(TensorEntry(token, node, parsed.role, parsed.index, path, dtype, shape))
     modules = {str(k): str(v) for k, v in torchair.side_json(p, FX_MODULES_FILE).items()}
     ordered = sorted(first_seen, key=lambda n: (first_seen[n], n))
-    nodes = [Node(torchair.GRAPH_ROOT, "GraphModule", exec_order=-1)]
+    nodes = [Node(GRAPH_ROOT, "GraphModule", exec_order=-1)]
     scopes: dict[str, Node] = {}
     for i, name in enumerate(ordered):
         bare = name.split("/", 1)[1] if several else name

@@ -18,9 +18,8 @@ from pathlib import Path
 from workbench.core.files import MANIFEST_NAME
 from workbench.formats import ge_dump, torchair
 from workbench.formats.ge_graph import GeGraph, GeOp, read_graph
-from workbench.formats.model import Dump, DumpError, DumpKind, Node, TensorEntry, token_number
+from workbench.formats.model import GE_KIND, GRAPH_ROOT, Dump, DumpError, Node, TensorEntry, token_number
 
-GE_KIND: DumpKind = "torchair_ge"
 NET_OUTPUT = "NetOutput"  # the GE op whose inputs are the graph's outputs
 _SKIP_SUFFIXES = (".txt", ".npy", ".bin", ".json")
 _SELF_COMPARED = ("Cast", "TransData")  # msit compares these, when no FX node is named, input against output
@@ -70,7 +69,7 @@ def read_ge(p: Path, root: Path | None = None) -> Dump:
     runs = _runs(dump_root, problems)
     if not runs:
         raise DumpError(p, "no GE dump files ({OpType}.{OpName}.{task}.{stream}.{timestamp}) below it")
-    nodes: list[Node] = [Node(torchair.GRAPH_ROOT, "GeGraph", exec_order=-1)]
+    nodes: list[Node] = [Node(GRAPH_ROOT, "GeGraph", exec_order=-1)]
     tensors: list[TensorEntry] = []
     pairing: list[str] = []
     several = len(runs) > 1
@@ -183,7 +182,7 @@ def _read_run(
                 )
     for i, name in enumerate(sorted(info, key=lambda n: (info[n][1], n))):
         op_type, _key, params = info[name]
-        nodes.append(Node(prefix + name, op_type, torchair.GRAPH_ROOT, 1, exec_order=start + i, params=params or None))
+        nodes.append(Node(prefix + name, op_type, GRAPH_ROOT, 1, exec_order=start + i, params=params or None))
 
 
 def _describe(

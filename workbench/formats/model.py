@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 DumpKind = Literal["msit_torch", "atb", "msprobe", "torchair_ge", "torchair_fx"]
+GE_KIND: DumpKind = "torchair_ge"  # a TorchAir GE dump (`formats/ge_run.py`)
+FX_KIND: DumpKind = "torchair_fx"  # a TorchAir FX dump (`formats/fx_dump.py`)
+GRAPH_ROOT = "graph"  # the root node both TorchAir readers give the ops of a graph (the trees and the heatmap need one)
 TensorRole = Literal["in", "out", "param"]  # param: a module's weight (once per run, or per call)
 TENSOR_ROLES: tuple[TensorRole, TensorRole] = ("in", "out")  # the roles of a call's own tensors
 # How the execution order of nodes was obtained:

@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from workbench.formats.ge_graph import graph_rank, is_graph_file
-from workbench.formats.model import DumpError, TensorEntry
+from workbench.formats.model import GRAPH_ROOT, DumpError, TensorEntry
 from workbench.formats.scan import DirEntry, list_dir, read_json
 
 GE_DUMP_DIR = "msit_ge_dump"
 FX_DUMP_DIR = "msit_fx_dump"
 RANK_DIR_RE = re.compile(r"^worldsize([0-9]+)_global_rank([0-9]+)$")
 MAX_DEPTH = 8
-GRAPH_ROOT = "graph"  # the root node both readers give the ops of a graph (the trees and the heatmap need one)
 
 
 def rank_of(name: str) -> int | None:

@@ -44,9 +44,7 @@ from workbench.compare.pairing.frames import NodeTable, RunFrames, TensorPairs, 
 from workbench.compare.pairing.layout import layout_rule, shape_after, with_layout
 from workbench.compare.pairing.mapping import MappingFile, TensorSel, expand_rule
 from workbench.compare.pairing.quant_pairs import quant_matches, resolve_operands
-from workbench.formats.fx_dump import FX_KIND
-from workbench.formats.ge_run import GE_KIND
-from workbench.formats.torchair import GRAPH_ROOT
+from workbench.formats.model import FX_KIND, GE_KIND, GRAPH_ROOT
 
 __all__ = ["AutoMatcher", "NodeMatch", "RunFrames", "match_nodes", "pair_tensors"]
 
