@@ -13,10 +13,11 @@ peer/wb wall-time ratio of the medians and per round.
         [--repeat R] [--no-ours] [--no-msit] [--no-msprobe] [--ref CHECKOUT]
 
 `--ref` names another checkout (say /work/main): its `wb compare` runs in every round next to this checkout's, on
-the same dumps, so the two are compared under the same load. The timed runs are not watched: after the rounds, one
-more wb run per pair prints the CPU time of each of its processes (the main process, the forkserver and each worker),
-sampled from /proc every 20 ms. That sampler costs ~7 % of a core, and with it every wb run took ~4 % longer on this
-2-core machine (a bias against the shorter run): it stays out of the medians.
+the same dumps, so the two are compared under the same load (the two take turns going first, and every timed run,
+the peer's too, starts with both dumps read once into the page cache, untimed). The timed runs are not watched:
+after the rounds, one more wb run per pair prints the CPU time of each of its processes (the main process, the
+forkserver and each worker), sampled from /proc every 20 ms. That sampler costs ~7 % of a core, and with it every
+wb run took ~4 % longer on this 2-core machine (a bias against the shorter run): it stays out of the medians.
 
 Besides the ratios it prints, per dump: the metric pass's speed (GB of golden + test per CPU second), and the
 machine's floor: every byte read once from the page cache on all cores, plus a Python start.
@@ -495,6 +496,18 @@ def run_wb(runs: Runs, out: Path, workers: int, i: int, ref: Path | None = None,
     )
 
 
+def warm_page_cache(runs: Runs) -> None:
+    """Every file of both dumps read once, untimed, before a timed run: on this VM the host reclaims page cache the
+    guest has not touched for a while (a 1.77 GB pair left alone through a 10 s msit run was read back from disk
+    by the next tool at ~40 MB/s: one wb run took 47.8 s), and whichever tool ran first in a round paid for it."""
+    for root in (runs.golden, runs.test):
+        for folder, _dirs, files in os.walk(root):
+            for name in files:
+                with contextlib.suppress(OSError), open(os.path.join(folder, name), "rb", buffering=0) as fh:
+                    while fh.read(1 << 20):
+                        pass
+
+
 def run_peer(runs: Runs, out: Path, exe: str, i: int) -> None:
     """One run of the pair's peer: `msit llm compare` on the dumps, or `msprobe compare` on their step folders (the
     level it takes, `-tp`/`-gp`); its report rows counted as its pairs."""
@@ -627,17 +640,23 @@ def main() -> None:
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for i in range(args.repeat):  # interleaved, so both tools see the same machine load
         for runs in all_runs:
-            run_wb(runs, base / "out_wb", args.workers, i)
-            if args.ref is not None:
-                run_wb(runs, base / "out_wb", args.workers, i, args.ref.resolve())
+            # this checkout and `--ref` take turns going first; every timed run starts with both dumps in the page
+            # cache (`warm_page_cache`)
+            order: list[Path | None] = [None] + ([args.ref.resolve()] if args.ref is not None else [])
+            for ref in order if i % 2 == 0 else order[::-1]:
+                warm_page_cache(runs)
+                run_wb(runs, base / "out_wb", args.workers, i, ref)
+            warm_page_cache(runs)
             if runs.peer == "msprobe":
                 run_peer(runs, base / "out_msprobe", msprobe, i)
             elif has_msit:
                 run_peer(runs, base / "out_msit", msit, i)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for runs in all_runs:
+        warm_page_cache(runs)
         run_wb(runs, base / "out_wb", args.workers, args.repeat, sampled=True)
         if args.ref is not None:
+            warm_page_cache(runs)
             run_wb(runs, base / "out_wb", args.workers, args.repeat, args.ref.resolve(), sampled=True)
     start = stack_start()
     cores = max(1, min(args.workers, os.cpu_count() or 1))
