@@ -103,17 +103,11 @@ def _reap() -> None:
 class LocalCluster:
     """`wb`'s side: `start` the host (returns once the cluster runs), `address` to join, `close` when done."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], address: str, auth: str = "", folder: str | None = None) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], address: str, folder: str, auth: str = "") -> None:
         self._proc = proc
         self.address = address
         self.auth = auth  # the cluster's RAY_AUTH_MODE ("token": the token is in ~/.ray/auth_token)
-        self._folder = folder  # the host's working folder (`empty_folder`), removed once it has ended
-
-    @property
-    def folder(self) -> str:
-        """The host's working folder (empty, ours): where a driver joining its cluster starts Ray."""
-        assert self._folder is not None
-        return self._folder
+        self.folder = folder  # the host's working folder (`empty_folder`), where a driver joining it starts Ray
 
     @property
     def session(self) -> int:
@@ -138,14 +132,14 @@ class LocalCluster:
         try:
             line = _read_line(proc, START_TIMEOUT_S)
         except BaseException:
-            cls(proc, "", folder=folder).close()  # Ctrl-C during the start: the host stops what it started
+            cls(proc, "", folder).close()  # Ctrl-C during the start: the host stops what it started
             raise
         if not line or line.startswith(_ERROR):
-            cls(proc, "", folder=folder).close()
+            cls(proc, "", folder).close()
             said = line.removeprefix(_ERROR) if line else "the host process ended before the cluster ran"
             raise LocalClusterError(said)
         address, _, auth = line.partition(" ")
-        return cls(proc, address, auth, folder)
+        return cls(proc, address, folder, auth)
 
     def close(self) -> None:
         """Close the host's pipe: it stops the cluster and exits; wait (bounded) until it did."""
@@ -157,8 +151,7 @@ class LocalCluster:
             self._proc.wait(timeout=CLOSE_WAIT_S)
         except subprocess.TimeoutExpired:
             return  # it goes on by itself, in its folder, and removes it when it ends
-        if self._folder is not None:
-            remove_empty_folder(self._folder)
+        remove_empty_folder(self.folder)
 
 
 def empty_folder() -> str:
