@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import ROOT, WB, TinyDumps, run_wb
 from tests.fixtures.hostile_cases import cluster_host, in_session, proc_stat, wait_for, with_agents
+from tests.fixtures.hostile_files import folder_with_planted_modules
 from tests.fixtures.peers import PeerDumps
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
@@ -135,14 +136,8 @@ def test_ray_workers_import_nothing_from_the_folder_wb_runs_in(
     tiny_dumps: TinyDumps, ray_address: str, tmp_path: Path
 ) -> None:
     """Ray puts the folder a driver runs in on its workers' sys.path: `wb` started in a folder someone else filled
-    (a dump with a numpy.py, a workbench/) must not have the workers import from it."""
-    here = tmp_path / "a_dump_someone_sent"
-    marker = tmp_path / "ran"
-    planted = f"open({str(marker)!r}, 'a').write(__name__ + '\\n')\n"
-    here.mkdir()
-    (here / "numpy.py").write_text(planted)
-    (here / "workbench").mkdir()
-    (here / "workbench" / "__init__.py").write_text(planted)
+    (a dump with a numpy.py, a workbench/ package) must not have the workers import from it."""
+    here, marker = folder_with_planted_modules(tmp_path)
     out = tmp_path / "out"
     # -P: `python -m` itself would import from the current folder (the console script `wb` does not)
     cmd = [sys.executable, "-P", "-m", "workbench.cli", "compare", "-gp", str(tiny_dumps.golden)]

@@ -15,6 +15,7 @@ import torch
 import workbench.compare.execution.executor as executor
 import workbench.jobs.compare as pipeline
 from tests.conftest import TinyDumps
+from tests.fixtures.hostile_files import folder_with_planted_modules
 from tests.fixtures.peers import PeerDumps
 from workbench.catalog.schema import ALL_METRICS
 from workbench.compare.execution.early import EarlyPairs
@@ -166,14 +167,7 @@ def test_worker_never_imports_torch(tiny_dumps: TinyDumps) -> None:
 def test_pool_processes_import_nothing_from_the_folder_wb_runs_in(tmp_path: Path) -> None:
     """`wb` started in a folder someone else filled (a dump): the pool's forkserver and resource tracker run
     `python -c`, which would import that folder's `numpy.py`, `multiprocessing/` or `workbench/` first."""
-    here = tmp_path / "a_dump_someone_sent"
-    marker = tmp_path / "ran"
-    planted = f"open({str(marker)!r}, 'a').write(__name__ + '\\n')\n"
-    here.mkdir()
-    (here / "numpy.py").write_text(planted)
-    for package in ("multiprocessing", "workbench"):
-        (here / package).mkdir()
-        (here / package / "__init__.py").write_text(planted)
+    here, marker = folder_with_planted_modules(tmp_path)
     driver = tmp_path / "driver" / "start_pool.py"  # a script: its own folder, not the current one, leads sys.path
     driver.parent.mkdir()
     driver.write_text(
