@@ -105,6 +105,29 @@ MODELS: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 4,
         "vocab_size": 1024,
     },
+    # 4 layers, hidden 2048 (bench_compare's 1.6gb width): at a long prompt layer 0's attention output is a small
+    # average of many positions, its relative error large
+    "llama_wide": {
+        "family": "llama",
+        "seed": 43,
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "vocab_size": 1024,
+    },
+    # 3 layers, hidden 512: the wide Llama's layer-0 attention at a smaller size (a test's)
+    "llama_mid": {
+        "family": "llama",
+        "seed": 47,
+        "hidden_size": 1024,
+        "intermediate_size": 2816,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "vocab_size": 1024,
+    },
     # 4 layers, hidden 128, parallel attention and MLP, partial rotary (GPT-NeoX)
     "neox4": {
         "family": "gpt_neox",
@@ -193,6 +216,22 @@ CASES: tuple[Case, ...] = (
         0.0,
         "rotary interleaved, layer 2",
         "attention",
+    ),
+    # the wide Llama: defects in layer 0, where the carried error is smallest
+    Case("o0w", "llama_wide", "model.layers.0.self_attn.o_proj", "scale_weight", 0.96, "wide o_proj x0.96, layer 0"),
+    Case("down1w", "llama_wide", "model.layers.1.mlp.down_proj", "scale_weight", 1.02, "wide down_proj x1.02, l. 1"),
+    Case("res2w", "llama_wide", "model.layers.2", "residual_twice", 0.02, "wide layer 2 adds 2 % of input", "layer"),
+    Case(
+        "scale0w",
+        "llama_wide",
+        "model.layers.0.self_attn",
+        "attn_scale",
+        0.7071,
+        "wide softmax x0.71, l. 0",
+        "attention",
+    ),
+    Case(
+        "scale0d", "llama_mid", "model.layers.0.self_attn", "attn_scale", 0.7071, "mid softmax x0.71, l. 0", "attention"
     ),
     Case(
         "rope1m",
@@ -397,7 +436,13 @@ def _decode_atb_probe(model: Any, job: dict[str, Any], forced: list[int] | None,
     return [int(x) for x in run.tokens[0, -STEPS:]]
 
 
-def run_dump(job: dict[str, Any]) -> Path:
+def run_dump(job: dict[str, Any], reuse: bool = False) -> Path:
+    """Dump `job` in a subprocess (or, with `reuse`, take the dump already in its folder) and return its root."""
+    if reuse:
+        try:
+            return dump_root(job)
+        except RuntimeError:
+            pass
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     res = subprocess.run(
         [sys.executable, __file__, "--dump-one", json.dumps(job)],
@@ -408,10 +453,16 @@ def run_dump(job: dict[str, Any]) -> Path:
     )
     if res.returncode != 0:
         raise RuntimeError(f"dump {job} failed:\n{res.stderr[-3000:]}")
-    if job["dumper"] == "msprobe":
-        return Path(job["out"]) / "msprobe_dump"
-    if job["dumper"] == "atbprobe":
-        return Path(job["out"]) / "probe" / "atb_dump_data"
+    return dump_root(job)
+
+
+def dump_root(job: dict[str, Any]) -> Path:
+    """Where `job`'s dumper wrote its dump (the folder `wb compare` takes)."""
+    if job["dumper"] in ("msprobe", "atbprobe"):
+        root = Path(job["out"]) / ("msprobe_dump" if job["dumper"] == "msprobe" else "probe/atb_dump_data")
+        if not root.is_dir():
+            raise RuntimeError(f"dump {job}: nothing written in {job['out']}")
+        return root
     roots = sorted(Path(job["out"]).glob("msit_dump_*/torch_tensors/*"))
     if not roots:
         raise RuntimeError(f"dump {job}: nothing written in {job['out']}")
@@ -428,11 +479,20 @@ def rank_of(golden: Path, test: Path, catalog: Path, planted: str | None) -> tup
     import duckdb
 
     from workbench.analysis.verdicts.advisor import advise
+    from workbench.analysis.verdicts.causes import cause_in
     from workbench.jobs.compare import run_compare
 
     res = run_compare(golden, test, catalog, workers=1)
-    named = [f"{n} (token {t}, born)" for t, n in res.born.items() if n is not None]
-    named += [f"{o.golden_node} (token {t}, {o.score:.1f}x)" for t, o in res.origins.items() if o.stands_out]
+    named = [
+        f"{n} (token {t}, born{', explained' if n in res.explained else ''})"
+        for t, n in res.born.items()
+        if n is not None
+    ]
+    named += [
+        f"{o.golden_node} (token {t}, {o.score:.1f}x{', explained' if cause_in(o.reason) else ''})"
+        for t, o in res.origins.items()
+        if o.stands_out
+    ]
     con = duckdb.connect(str(catalog), read_only=True)
     try:
         out: Ranks = {}
@@ -518,6 +578,11 @@ def main() -> int:
         default="",
         help="models (MODELS keys, comma-separated) to run without a defect: no op may be named at any token",
     )
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="with --keep: take the dumps already in its folder (rank them again with this checkout's advisor)",
+    )
     ap.add_argument("--prompt", type=int, default=PROMPT, help=f"prompt length in tokens (default {PROMPT})")
     ap.add_argument(
         "--fp32-inv-freq",
@@ -555,15 +620,26 @@ def main() -> int:
     rows: list[tuple[Case, str, str, Ranks]] = []
     clean_rows: list[tuple[str, str, str, Ranks, list[str]]] = []
 
+    reuse = bool(args.reuse and args.keep)
+
+    def fresh_folder(out: Path) -> None:
+        """An empty folder for a dump; with --reuse a folder holding one is kept, its catalog removed."""
+        if reuse and out.is_dir():
+            (out / "catalog.duckdb").unlink(missing_ok=True)
+            (out / "catalog.duckdb.wal").unlink(missing_ok=True)
+            return
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+
     def golden_of(model: str, dumper: str) -> tuple[Path, list[int]]:
         key = (model, dumper)
         if key not in goldens:
             out = work / f"golden_{model}_{dumper}"
-            shutil.rmtree(out, ignore_errors=True)
-            out.mkdir(parents=True)
-            root = run_dump(
-                {"model": model, "dumper": dumper, "out": str(out), "stats": args.stats, "prompt": args.prompt}
-            )
+            job = {"model": model, "dumper": dumper, "out": str(out), "stats": args.stats, "prompt": args.prompt}
+            if not (reuse and (out / "tokens.json").is_file()):
+                shutil.rmtree(out, ignore_errors=True)
+                out.mkdir(parents=True)
+            root = run_dump(job, reuse and (out / "tokens.json").is_file())
             goldens[key] = (root, json.loads((out / "tokens.json").read_text()))
         return goldens[key]
 
@@ -572,10 +648,9 @@ def main() -> int:
             golden, tokens = golden_of(model, dumper)
             for dtype in dtypes:
                 out = work / f"clean_{model}_{dtype}_{dumper}"
-                shutil.rmtree(out, ignore_errors=True)
-                out.mkdir(parents=True)
+                fresh_folder(out)
                 job = {"model": model, "dumper": dumper, "out": str(out), "dtype": dtype, "tokens": tokens}
-                test = run_dump({**job, "stats": args.stats, "prompt": args.prompt})
+                test = run_dump({**job, "stats": args.stats, "prompt": args.prompt}, reuse)
                 ranks, named = rank_of(golden, test, out / "catalog.duckdb", None)
                 clean_rows.append((model, dtype, dumper, ranks, named))
                 top = max(s for _, _, s, _ in ranks.values())
@@ -591,8 +666,7 @@ def main() -> int:
             golden, tokens = golden_of(case.model, dumper)
             for dtype in dtypes:
                 out = work / f"{case.name}_{dtype}_{dumper}"
-                shutil.rmtree(out, ignore_errors=True)
-                out.mkdir(parents=True)
+                fresh_folder(out)
                 test = run_dump(
                     {
                         "model": case.model,
@@ -604,7 +678,8 @@ def main() -> int:
                         "stats": args.stats,
                         "prompt": args.prompt,
                         "fp32_inv_freq": args.fp32_inv_freq,
-                    }
+                    },
+                    reuse,
                 )
                 ranks, _named = rank_of(golden, test, out / "catalog.duckdb", case.module)
                 ranks = {t: r for t, r in ranks.items() if t >= case.from_token}
@@ -623,7 +698,11 @@ def main() -> int:
         _print_classes(rows)
     if clean_rows:
         quiet = sum(not named for *_, named in clean_rows)
-        print(f"no-defect runs naming no op at any token: {quiet}/{len(clean_rows)}")
+        unexplained = sum(not [n for n in named if not n.endswith(", explained)")] for *_, named in clean_rows)
+        print(
+            f"no-defect runs naming no op at any token: {quiet}/{len(clean_rows)}; "
+            f"naming none but ops with a known cause: {unexplained}/{len(clean_rows)}"
+        )
     print(f"{time.perf_counter() - t0:.0f} s")
     if args.keep is None:
         shutil.rmtree(work, ignore_errors=True)
