@@ -345,3 +345,36 @@ def test_logits_rule_judges_outputs_not_lm_head_input() -> None:
     assert th.judge(vals, "bfloat16", node_name="root", node_type="LlamaForCausalLM", is_model=True)[0] is False
     assert th.judge(vals, "bfloat16", node_name="root", node_type="LlamaForCausalLM")[0] is True
     assert "kl_divergence" not in th.verdict_metrics("bfloat16", node_name="root.lm_head", io="in")
+
+
+def test_layer_zero_attention_carrying_the_rotary_error_is_explained_and_a_defect_there_is_not(tmp_path: Path) -> None:
+    """A 1024-wide Llama at a 512-token prompt in float16: transformers hands the rotary tables (from an inv_freq
+    rounded by `model.to(float16)`) to every attention as keyword arguments the dump does not hold. Layer 0's
+    attention, the only one with a clean input, shows their error: wb names the tables as its cause and ranks it
+    right after them, and no op stands out unexplained. A wrong softmax scale in that attention adds more than the
+    tables hold: it stays first, unexplained."""
+    dumper = "msit" if importlib.util.find_spec("msit_llm") is not None else "wb"
+    bench = advisor_defects
+
+    def dump(name: str, **job: object) -> Path:
+        out = tmp_path / name
+        out.mkdir()
+        return bench.run_dump({"model": "llama_mid", "dumper": dumper, "out": str(out), "prompt": 512, **job})
+
+    golden = dump("golden")
+    tokens = json.loads((tmp_path / "golden" / "tokens.json").read_text())
+    clean = _compare(golden, dump("clean", dtype="float16", tokens=tokens), tmp_path / "o_clean", None)
+    ranked = _advice(clean)
+    assert not [a for a in ranked if a.score >= SIGNIFICANT and a.cause is None], ranked[:6]
+    carried = [a for a in ranked if a.golden_node == "root.model.layers.0.self_attn" and a.cause]
+    assert carried, [a for a in ranked if a.golden_node == "root.model.layers.0.self_attn"]
+    for a in carried:
+        assert "rotary_emb's error" in a.cause and a.cause in a.reason, a  # type: ignore[operator]
+        above = _advice(clean, token=a.token_id)[a.rank - 2]
+        assert above.golden_node == "root.model.rotary_emb" and above.cause, above
+    assert "most likely origin: root.model.layers.0.self_attn" not in clean.stdout, clean.stdout
+
+    planted = next(c for c in bench.CASES if c.name == "scale0d").module
+    wrong = _compare(golden, dump("scale0d", dtype="float16", tokens=tokens, case="scale0d"), tmp_path / "o_s", planted)
+    for a in _advice(wrong, top=1):
+        assert bench._same_module(a.golden_node, planted) and a.cause is None and a.score >= SIGNIFICANT, a

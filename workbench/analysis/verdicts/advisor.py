@@ -8,7 +8,8 @@ crossing anything, or everything fails at once. The advisor needs no bound:
   (`i`; where no input was dumped, the output of the op that completed last before this one started,
   or the input of the enclosing module when that is more recent); the error the node *adds* is
   `a = sqrt(max(o^2 - i^2, 0))` (independent errors add in quadrature);
-- a module's *own* error is what its descendants do not explain: `sqrt(max(a^2 - max_desc(a)^2, 0))`,
+- a module's *own* error is what its descendants do not explain: `sqrt(max(a^2 - max(max_desc(a)^2,
+  sum_children(a^2)), 0))` (its direct children in sequence add in quadrature),
   so a child that adds the parent's error is ranked before its parent; a child in its peers' noise explains
   nothing (a decoder layer that adds its input twice while its children are clean: the layer is the finding);
 - the score compares `own` with what the same op adds at the same token in the other layers (the
@@ -35,7 +36,7 @@ from typing import Any
 import duckdb
 
 from workbench.analysis.verdicts import quant_noise
-from workbench.analysis.verdicts.causes import ROUNDING, cause_in, known_cause
+from workbench.analysis.verdicts.causes import CAUSE_LEAD, ROUNDING, cause_in, known_cause
 from workbench.catalog.store import first_row, insert_rows
 from workbench.core.advice import STANDS_OUT
 from workbench.formats.token_ids import INT_DTYPES
@@ -81,6 +82,8 @@ class _Row:
     dtype: str | None
     in_from: str = "inputs"
     weight_err: float | None = None  # worst error of its weight inputs (ATB: weights are op inputs)
+    out_norm: float | None = None  # golden L2 norm of the output judged (the worst one)
+    in_norm: float | None = None  # golden L2 norm of the input judged (or of its stand-in)
     nan_inf_born: bool = False
     added: float = 0.0
     own: float = 0.0
@@ -91,6 +94,11 @@ class _Row:
     reason: str = ""
     cause: str | None = None
     quant: bool = False  # judged against its expected quantization noise (`quant_noise`)
+    carried_from: int | None = None  # the op whose explained error reaches it unseen (`_carried_causes`)
+
+
+# one io side of a golden node at a token: test node, worst relative error, new NaN/Inf, test dtype, golden norm
+_IO = tuple[int | None, float | None, bool, str | None, float | None]
 
 
 @dataclass(slots=True)
@@ -113,9 +121,11 @@ SELECT m.token_id, m.golden_node_id, m.io,
                     s.stat_rel_euclid_bound)) AS err,
        bool_or(coalesce(x.my_nan_count, 0) + coalesce(x.my_inf_count, 0)
                > coalesce(x.golden_nan_count, 0) + coalesce(x.golden_inf_count, 0)) AS new_nan_inf,
-       mode(tt.dtype) AS dtype
+       mode(tt.dtype) AS dtype,
+       max(gt.norm) AS norm
 FROM matches m
 JOIN comparisons c ON c.cmp_id = m.cmp_id
+LEFT JOIN tensors gt ON gt.run_id = c.golden_run AND gt.tensor_id = m.golden_tensor_id
 LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
 LEFT JOIN stat_metrics s ON s.cmp_id = m.cmp_id AND s.pair_id = m.pair_id
 LEFT JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id
@@ -135,24 +145,25 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
         (int(n), str(s))
         for n, s in con.execute("SELECT node_id, name FROM nodes WHERE run_id = ?", [test_run]).fetchall()
     )
-    per_token: dict[int, dict[int, dict[str, tuple[int | None, float | None, bool, str | None]]]] = defaultdict(dict)
-    for tok, gid, io, tid, err, nan_inf, dtype in _fetch_slices(con.execute(_ROWS_SQL, [cmp_id])):
+    per_token: dict[int, dict[int, dict[str, _IO]]] = defaultdict(dict)
+    for tok, gid, io, tid, err, nan_inf, dtype, norm in _fetch_slices(con.execute(_ROWS_SQL, [cmp_id])):
         per_token[int(tok)].setdefault(int(gid), {})[str(io)] = (
             None if tid is None else int(tid),
             None if err is None or (isinstance(err, float) and math.isnan(err)) else float(err),
             bool(nan_inf),
             None if dtype is None else str(dtype),
+            _finite(norm),
         )
-    dtypes = [d for ios in per_token.values() for io in ios.values() for d in [io.get("out", (None,) * 4)[3]] if d]
+    dtypes = [d for ios in per_token.values() for io in ios.values() for d in [io.get("out", (None,) * 5)[3]] if d]
     run_dtype = statistics.mode(dtypes) if dtypes else None
     weights = _weight_inputs(con, cmp_id, golden_run, ROUNDING.get(run_dtype or "", 0.0))
     for (tok, gid), (act_err, w_err) in weights.items():
         ios = per_token.get(tok, {}).get(gid)
         if ios is not None and "in" in ios:
-            tid, _err, nan_inf, dtype = ios["in"]
-            ios["in"] = (tid, act_err, nan_inf, dtype)
+            tid, _err, nan_inf, dtype, norm = ios["in"]
+            ios["in"] = (tid, act_err, nan_inf, dtype, norm)
             if w_err is not None:
-                ios["weight"] = (tid, w_err, False, dtype)
+                ios["weight"] = (tid, w_err, False, dtype, None)
     differ = inputs_differ(con, cmp_id)
     expect = quant_noise.quant_expectations(con, cmp_id)  # {} unless the test run is quantized
     out: dict[int, list[Advice]] = {}
@@ -331,9 +342,13 @@ def _load_nodes(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[int, _Node]
     return out
 
 
-def _rows_of_token(
-    data: dict[int, dict[str, tuple[int | None, float | None, bool, str | None]]], nodes: dict[int, _Node]
-) -> dict[int, _Row]:
+def _finite(value: object) -> float | None:
+    if value is None or not isinstance(value, float | int) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _rows_of_token(data: dict[int, dict[str, _IO]], nodes: dict[int, _Node]) -> dict[int, _Row]:
     rows: dict[int, _Row] = {}
     for gid, ios in data.items():
         out = ios.get("out")
@@ -351,6 +366,8 @@ def _rows_of_token(
             bool(inp and inp[2]),
             out[3],
             weight_err=None if weight is None else weight[1],
+            out_norm=out[4],
+            in_norm=None if inp is None else inp[4],
         )
     # inputs not dumped: the op that completed last before this one started, or the enclosing
     # module's input when that module started after it (data flows in execution order)
@@ -362,21 +379,21 @@ def _rows_of_token(
         node = nodes[gid]
         k = bisect.bisect_left(ends, node.exec_order) - 1
         prev = done[k] if k >= 0 else None
-        best: tuple[int, float, str] | None = None
+        best: tuple[int, float, str, float | None] | None = None
         if prev is not None:
             p = rows[prev[1]]
-            best = (prev[0], p.out_err, f"the output of {_short(nodes[prev[1]].name)}")
+            best = (prev[0], p.out_err, f"the output of {_short(nodes[prev[1]].name)}", p.out_norm)
             r.in_nan_inf = p.new_nan_inf or p.in_nan_inf
         anc = node.parent_id
         while anc is not None and anc in nodes:
             ar = rows.get(anc)
             if ar is not None and ar.in_err is not None:
                 if best is None or nodes[anc].exec_order > best[0]:
-                    best = (nodes[anc].exec_order, ar.in_err, f"the input of {_short(nodes[anc].name)}")
+                    best = (nodes[anc].exec_order, ar.in_err, f"the input of {_short(nodes[anc].name)}", ar.in_norm)
                 break
             anc = nodes[anc].parent_id
         if best is not None:
-            r.in_err, r.in_from = best[1], best[2]
+            r.in_err, r.in_from, r.in_norm = best[1], best[2], best[3]
         else:
             r.in_err, r.in_from = 0.0, "nothing before it"
     return rows
@@ -464,10 +481,14 @@ def _rank(
     for r in rows.values():
         i = r.in_err or 0.0
         r.added = math.sqrt(max(r.out_err * r.out_err - i * i, 0.0))
-    # own error: what no descendant explains (max added error below each node)
+    # own error: what no descendant explains (the most any one adds below it), nor its children in sequence (what
+    # its direct children add, in quadrature: a decoder layer's attention, norm and MLP each add to the stream)
     below: dict[int, float] = defaultdict(float)
+    by_children: dict[int, float] = defaultdict(float)  # sum of squares
     for gid, r in rows.items():
         p = nodes[gid].parent_id
+        if p is not None:
+            by_children[p] += r.added * r.added
         seen = 0
         while p is not None and seen < 10_000:
             if r.added > below[p]:
@@ -475,7 +496,7 @@ def _rank(
             p = nodes[p].parent_id if p in nodes else None
             seen += 1
     for gid, r in rows.items():
-        r.own = math.sqrt(max(r.added * r.added - below[gid] ** 2, 0.0))
+        r.own = math.sqrt(max(r.added * r.added - max(below[gid] ** 2, by_children[gid]), 0.0))
     q_below = quant_noise.expected_below(quant or {}, {g: n.parent_id for g, n in nodes.items()})
     # a module whose NaN/Inf a descendant produced is not where they appear
     nan_inf_below: set[int] = set()
@@ -533,15 +554,87 @@ def _rank(
             r.score = min(score, MAX_SCORE)
         r.reason = _reason(r, nodes)
 
+    _carried_causes(rows, nodes, by_pattern)
+
     # an op whose error a known cause explains (a rotary table from a rounded inv_freq) yields the first places to
     # the ops that stand out unexplained: a defect elsewhere is what the user is after; it stays listed, with
     # its cause, and comes first when nothing else stands out
-    def rank_key(r: _Row) -> tuple[float, int, int]:
+    # (an op carrying another's explained error comes right after it)
+    def rank_key(r: _Row) -> tuple[float, int, bool, int]:
         capped = r.cause is not None and not r.quant  # a quantization fault is what the user is after
-        return (-(min(r.score, _EXPLAINED_RANK) if capped else r.score), nodes[r.node_id].exec_order, r.node_id)
+        at = nodes[r.node_id if r.carried_from is None else r.carried_from].exec_order
+        return (-(min(r.score, _EXPLAINED_RANK) if capped else r.score), at, r.carried_from is not None, r.node_id)
 
     order = sorted(rows.values(), key=rank_key)
     return _children_first(order, nodes)
+
+
+def _carried_causes(rows: dict[int, _Row], nodes: dict[int, _Node], by_pattern: dict[str, list[int]]) -> None:
+    """Give an op standing out the cause of an earlier op whose error reaches it unseen, where its peers cannot
+    show what they add.
+
+    transformers hands the rotary tables to every attention as keyword arguments, which msit does not dump: the
+    attention is judged against a stand-in input (the norm before it) and the tables' error (a rounded
+    `inv_freq`) counts as its own. The other layers' attentions receive the same tables, but their stand-in
+    inputs carry more error than their outputs, so what they add reads as nothing; only the layer whose input is
+    clean (layer 0) stands out. Such an op takes the cause when its own error is at most the tables' (a gain of
+    1 at most): a defect adding more than that keeps standing out unexplained."""
+    # where the dump records no order between them (a module's arguments computed by its parent before the call
+    # and dumped after it), the source's parent being the op's ancestor is enough: it computed what it hands down
+    sources = sorted(
+        (nodes[g].end_order, g)
+        for g, r in rows.items()
+        if r.cause is not None and not r.quant and r.score >= STANDS_OUT and not r.nan_inf_born
+    )
+    if not sources:
+        return
+    for gid, r in rows.items():
+        node = nodes[gid]
+        if r.cause is not None or r.in_from == "inputs" or r.score < STANDS_OUT or r.nan_inf_born or r.quant:
+            continue
+        if node.layer is None:
+            continue
+        ancestors = _ancestors(gid, nodes)
+        source = next(
+            (
+                s
+                for end, s in sources
+                if (end < node.exec_order or nodes[s].parent_id in ancestors) and r.own <= rows[s].out_err
+            ),
+            None,
+        )
+        peers = [rows[g] for g in by_pattern[_pattern(node)] if g != gid]
+        if source is None or not _peers_hide_what_they_add(r, peers):
+            continue
+        src = rows[source]
+        r.carried_from = source
+        r.cause = (
+            f"{CAUSE_LEAD}{_short(nodes[source].name)}'s error ({src.out_err:.3g}; "
+            f"{(src.cause or '').removeprefix(CAUSE_LEAD)}), which reaches it as an argument the dump does not hold; "
+            "the other layers' inputs carry more error than their outputs and hide what they add"
+        )
+        r.reason = _reason(r, nodes)
+
+
+def _ancestors(gid: int, nodes: dict[int, _Node]) -> set[int]:
+    out: set[int] = set()
+    p = nodes[gid].parent_id
+    while p is not None and p not in out:
+        out.add(p)
+        p = nodes[p].parent_id if p in nodes else None
+    return out
+
+
+def _peers_hide_what_they_add(r: _Row, peers: list[_Row]) -> bool:
+    """Most peers' outputs carry less error than their inputs (what they add cannot be measured), and `r`'s input
+    carries less than half of theirs: the peers cannot tell whether `r` adds more than they do. A peer with a
+    cleaner input than `r`'s that does not stand out can: it received the same and added little."""
+    if len(peers) < MIN_PEERS or r.in_err is None:
+        return False
+    if any(p.in_err is not None and p.in_err <= r.in_err and p.score < STANDS_OUT for p in peers):
+        return False
+    hidden = sum(p.in_err is not None and p.out_err <= p.in_err for p in peers)
+    return 2 * hidden >= len(peers) and r.in_err < 0.5 * statistics.median(p.in_err or 0.0 for p in peers)
 
 
 def _stands_out_alone(r: _Row) -> bool:
@@ -628,5 +721,5 @@ def _reason(r: _Row, nodes: dict[int, _Node]) -> str:
     if r.added <= 0:
         return f"{head}: adds nothing measurable"
     if r.own < r.added * 0.5:
-        return f"{head}: most of it added inside (by a child op); {r.score:.1f}x {r.peer_label}"
+        return f"{head}: most of it added inside (by its child ops); {r.score:.1f}x {r.peer_label}"
     return f"{head}: {r.score:.1f}x {r.peer_label}" + (f"; {r.cause}" if r.cause else "")
