@@ -9,7 +9,8 @@ crossing anything, or everything fails at once. The advisor needs no bound:
   or the input of the enclosing module when that is more recent); the error the node *adds* is
   `a = sqrt(max(o^2 - i^2, 0))` (independent errors add in quadrature);
 - a module's *own* error is what its descendants do not explain: `sqrt(max(a^2 - max(max_desc(a)^2,
-  sum_children(a^2)), 0))` (its direct children in sequence add in quadrature),
+  sum_children(a^2)), 0))` (its direct children in sequence add in quadrature; of those reading the same input,
+  the largest),
   so a child that adds the parent's error is ranked before its parent; a child in its peers' noise explains
   nothing (a decoder layer that adds its input twice while its children are clean: the layer is the finding);
 - the score compares `own` with what the same op adds at the same token in the other layers (the
@@ -484,11 +485,14 @@ def _rank(
     # own error: what no descendant explains (the most any one adds below it), nor its children in sequence (what
     # its direct children add, in quadrature: a decoder layer's attention, norm and MLP each add to the stream)
     below: dict[int, float] = defaultdict(float)
-    by_children: dict[int, float] = defaultdict(float)  # sum of squares
+    # children reading the same input (q/k/v projections, gate and up) work side by side: the largest counts
+    side_by_side: dict[int, dict[object, float]] = defaultdict(dict)
     for gid, r in rows.items():
         p = nodes[gid].parent_id
         if p is not None:
-            by_children[p] += r.added * r.added
+            same_input: object = (r.in_err, r.in_norm) if r.in_from == "inputs" else gid
+            group = side_by_side[p]
+            group[same_input] = max(group.get(same_input, 0.0), r.added)
         seen = 0
         while p is not None and seen < 10_000:
             if r.added > below[p]:
@@ -496,7 +500,8 @@ def _rank(
             p = nodes[p].parent_id if p in nodes else None
             seen += 1
     for gid, r in rows.items():
-        r.own = math.sqrt(max(r.added * r.added - max(below[gid] ** 2, by_children[gid]), 0.0))
+        by_children = sum(a * a for a in side_by_side[gid].values()) if gid in side_by_side else 0.0
+        r.own = math.sqrt(max(r.added * r.added - max(below[gid] ** 2, by_children), 0.0))
     q_below = quant_noise.expected_below(quant or {}, {g: n.parent_id for g, n in nodes.items()})
     # a module whose NaN/Inf a descendant produced is not where they appear
     nan_inf_below: set[int] = set()
