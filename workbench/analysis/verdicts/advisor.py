@@ -614,8 +614,8 @@ def _carried_causes(rows: dict[int, _Row], nodes: dict[int, _Node], by_pattern: 
         src = rows[source]
         r.carried_from = source
         r.cause = (
-            f"{CAUSE_LEAD}{_short(nodes[source].name)}'s error ({src.out_err:.3g}; "
-            f"{(src.cause or '').removeprefix(CAUSE_LEAD)}), which reaches it as an argument the dump does not hold; "
+            f"{CAUSE_LEAD}{_short(nodes[source].name)}'s error ({(src.cause or '').removeprefix(CAUSE_LEAD)}), "
+            "which reaches it as an argument the dump does not hold; "
             "the other layers' inputs carry more error than their outputs and hide what they add"
         )
         r.reason = _reason(r, nodes)
