@@ -373,6 +373,19 @@ def test_layer_zero_attention_carrying_the_rotary_error_is_explained_and_a_defec
         above = _advice(clean, token=a.token_id)[a.rank - 2]
         assert above.golden_node == "root.model.rotary_emb" and above.cause, above
     assert "most likely origin: root.model.layers.0.self_attn" not in clean.stdout, clean.stdout
+    # an op the thresholds catch (outputs fail, inputs pass) that adds no more than its peers: the summary says so
+    lines = clean.stdout.splitlines()
+    if dumper == "msit":  # this model's msit dump: layers.1.mlp fails at tokens 1-2, adding 1.0-1.3x its peers
+        assert "  the advisor scores it " in clean.stdout, clean.stdout
+    for i, line in enumerate(lines):
+        if line.startswith("error born at: ") and not any(s in line for s in ("rotary_emb", "layers.0.self_attn")):
+            assert lines[i + 1].startswith("  the advisor scores it ") and "inside its peers' noise" in lines[i + 1]
+    html = tmp_path / "clean.html"
+    assert run_wb("report", str(clean.catalog), "-o", str(html)).returncode == 0
+    in_noise = "inside its peers&#x27; noise" in html.read_text(encoding="utf-8")
+    assert in_noise == ("  the advisor scores it " in clean.stdout), (
+        clean.stdout
+    )  # the report says what wb compare does
 
     planted = next(c for c in bench.CASES if c.name == "scale0d").module
     wrong = _compare(golden, dump("scale0d", dtype="float16", tokens=tokens, case="scale0d"), tmp_path / "o_s", planted)

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from workbench.analysis.explorer.views import BORN_ADVISOR, BORN_PRECHECK, NodeTensors, PairDetail, PairRow, TensorDiff
-from workbench.core.advice import STANDS_OUT
+from workbench.core.advice import STANDS_OUT, born_in_noise
 from workbench.core.metrics import METRICS
 from workbench.core.tokens import token_text
 
@@ -197,6 +197,8 @@ def _verdict(detail: PairDetail, styles: dict[str, str]) -> Text:
     elif detail.born_here:
         verdict.append("◆ error born here", style=f"bold {born_style}")
         verdict.append(f" at token {detail.token}: outputs fail while inputs pass")
+        if detail.born_score is not None and detail.born_score < STANDS_OUT and not detail.born_quantized:
+            verdict.append(f"; {born_in_noise(detail.born_score)}")
     elif detail.born_name:
         verdict.append(f"error born at: {detail.born_name} (token {detail.token})", style=born_style)
     elif any(p.passed is False for p in detail.pairs if p.io == "out"):  # failing, yet not where it is born

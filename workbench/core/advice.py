@@ -6,3 +6,12 @@ from __future__ import annotations
 # A score (error an op adds / what its peers add) from which an op clearly stands out of the noise:
 # `wb compare` names it as the most likely origin only from here on.
 STANDS_OUT = 3.0
+
+
+def born_in_noise(score: float) -> str:
+    """What the CLI and the app add to an op whose outputs fail while its inputs pass, when the advisor scores it
+    under `STANDS_OUT`: the thresholds caught it, but it adds no more than the same op elsewhere."""
+    return (
+        f"the advisor scores it {score:.1f} (under {STANDS_OUT:g}: inside its peers' noise), so the run's own "
+        "rounding may be what crosses the thresholds here"
+    )

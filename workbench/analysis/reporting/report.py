@@ -14,6 +14,7 @@ from workbench.analysis.reporting.summary import CompareResult
 from workbench.catalog import first_row
 from workbench.catalog.schema import MSIT_CSV_COLUMNS
 from workbench.catalog.store import registered
+from workbench.core.advice import born_in_noise
 from workbench.core.text import csv_safe
 from workbench.core.tokens import token_text
 
@@ -263,6 +264,8 @@ def format_summary(
             lines.append(f"error born at: {name} (token {tok}){suffix}")
             if tok in res.born_evidence:
                 lines.append(f"  {res.born_evidence[tok]}")
+            elif tok in res.born_in_noise and not res.quantized:
+                lines.append(f"  {born_in_noise(res.born_in_noise[tok])}")
             if name in res.explained and name not in explained:  # once per op, not once per token
                 explained.add(name)
                 lines.append(f"  {res.explained[name][0]}")
