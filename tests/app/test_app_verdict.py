@@ -248,3 +248,48 @@ def test_report_names_the_advisors_origin(subtle_catalog: Path, tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr
     html = out.read_text(encoding="utf-8")
     assert "most likely origin: root.model.layers.1.mlp.down_proj (the advisor)" in html
+
+
+@pytest.mark.anyio
+async def test_detail_verdict_of_a_failing_op_inside_its_peers_noise_says_so(tmp_path: Path) -> None:
+    """A clean float16 run of a 1024-wide Llama at 512 positions: an op's outputs cross the thresholds while its
+    inputs pass, yet it adds no more than the same op in the other layers. The detail pane says both, as
+    `wb compare` does (`core.advice.born_in_noise`)."""
+    import importlib.util
+    import json
+
+    from bench import advisor_defects as bench
+    from workbench.analysis.explorer.explore import Explorer
+    from workbench.analysis.explorer.views import BORN_FAILS
+
+    if importlib.util.find_spec("msit_llm") is None:
+        pytest.skip("msit is not installed: the op in the noise is where msit's dump puts it")
+    roots = {}
+    for name, job in (("golden", {}), ("clean", {"dtype": "float16"})):
+        (tmp_path / name).mkdir()
+        if name == "clean":
+            job["tokens"] = json.loads((tmp_path / "golden" / "tokens.json").read_text())
+        roots[name] = bench.run_dump(
+            {"model": "llama_mid", "dumper": "msit", "out": str(tmp_path / name), "prompt": 512, **job}
+        )
+    proc = run_wb("compare", "-gp", str(roots["golden"]), "-mp", str(roots["clean"]), "-o", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    catalog = tmp_path / "out" / "catalog.duckdb"
+    ex = Explorer(catalog)
+    try:
+        quiet = [(t, v) for t in ex.info.tokens for v in [ex.verdict(t)] if v.why == BORN_FAILS and (v.score or 9) < 3]
+    finally:
+        ex.close()
+    assert quiet, proc.stdout
+    token, verdict = quiet[0]
+    assert verdict.golden is not None
+    app = make_app(catalog=catalog)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot, app)
+        screen.set_token(token)
+        screen.select(verdict.golden)
+        detail = screen.query_one("#detail", Static)
+        await wait_for(pilot, lambda: "error born here" in _text(detail), timeout=30)
+        text = " ".join(_text(detail).split())
+        assert f"◆ error born here at token {token}: outputs fail while inputs pass; the advisor scores it" in text
+        assert "inside its peers' noise" in text, text
