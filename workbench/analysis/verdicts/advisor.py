@@ -96,6 +96,8 @@ class _Row:
     cause: str | None = None
     quant: bool = False  # judged against its expected quantization noise (`quant_noise`)
     carried_from: int | None = None  # the op whose explained error reaches it unseen (`_carried_causes`)
+    side_from: int | None = None  # a known-cause op whose output it takes besides its inputs (`_split_inputs`)
+    side_err: float | None = None  # that input's error, not counted in `in_err`
 
 
 # one io side of a golden node at a token: test node, worst relative error, new NaN/Inf, test dtype, golden norm
@@ -157,14 +159,18 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
         )
     dtypes = [d for ios in per_token.values() for io in ios.values() for d in [io.get("out", (None,) * 5)[3]] if d]
     run_dtype = statistics.mode(dtypes) if dtypes else None
-    weights = _weight_inputs(con, cmp_id, golden_run, ROUNDING.get(run_dtype or "", 0.0))
-    for (tok, gid), (act_err, w_err) in weights.items():
+    sources = {g for g, n in nodes.items() if known_cause(n.type, run_dtype) is not None}
+    for (tok, gid), split in _split_inputs(
+        con, cmp_id, golden_run, ROUNDING.get(run_dtype or "", 0.0), sources
+    ).items():
         ios = per_token.get(tok, {}).get(gid)
         if ios is not None and "in" in ios:
             tid, _err, nan_inf, dtype, norm = ios["in"]
-            ios["in"] = (tid, act_err, nan_inf, dtype, norm)
-            if w_err is not None:
-                ios["weight"] = (tid, w_err, False, dtype, None)
+            ios["in"] = (tid, split.act_err, nan_inf, dtype, norm)
+            if split.weight_err is not None:
+                ios["weight"] = (tid, split.weight_err, False, dtype, None)
+            if split.side_err is not None:
+                ios["side"] = (split.side_from, split.side_err, False, dtype, None)
     differ = inputs_differ(con, cmp_id)
     expect = quant_noise.quant_expectations(con, cmp_id)  # {} unless the test run is quantized
     out: dict[int, list[Advice]] = {}
@@ -358,6 +364,7 @@ def _rows_of_token(data: dict[int, dict[str, _IO]], nodes: dict[int, _Node]) -> 
         inp = ios.get("in")
         tid = out[0] if out[0] is not None else (inp[0] if inp else None)
         weight = ios.get("weight")
+        side = ios.get("side")
         rows[gid] = _Row(
             gid,
             tid,
@@ -369,6 +376,8 @@ def _rows_of_token(data: dict[int, dict[str, _IO]], nodes: dict[int, _Node]) -> 
             weight_err=None if weight is None else weight[1],
             out_norm=out[4],
             in_norm=None if inp is None else inp[4],
+            side_from=None if side is None else side[0],
+            side_err=None if side is None else side[1],
         )
     # inputs not dumped: the op that completed last before this one started, or the enclosing
     # module's input when that module started after it (data flows in execution order)
@@ -428,21 +437,43 @@ def _stat_key(values: tuple[object, ...]) -> tuple[float, ...] | None:
     return tuple(float(f"{float(v):.9g}") for v in values)  # type: ignore[arg-type]
 
 
-def _weight_inputs(
-    con: duckdb.DuckDBPyConnection, cmp_id: int, golden_run: int, floor: float
-) -> dict[tuple[int, int], tuple[float | None, float | None]]:
-    """(token, golden node) -> (worst error of its activation inputs, of its weight inputs), for nodes with a
-    wrong weight input: a golden input that no op output at that token holds (same max/min/mean/norm), that is
+@dataclass(frozen=True, slots=True)
+class _InputSplit:
+    """A node's dumped inputs at one token, by role (`_split_inputs`)."""
+
+    act_err: float  # worst error of its activation inputs: what it carries in
+    weight_err: float | None  # worst error of its weight inputs (ATB: weights are op inputs)
+    side_err: float | None  # worst error of inputs that are a known-cause op's output (the rotary tables)
+    side_from: int | None  # that op (golden node)
+
+
+def _split_inputs(
+    con: duckdb.DuckDBPyConnection, cmp_id: int, golden_run: int, floor: float, sources: set[int]
+) -> dict[tuple[int, int], _InputSplit]:
+    """(token, golden node) -> its inputs by role, for nodes with a weight input or a side input.
+
+    A wrong weight input: a golden input that no op output at that token holds (same max/min/mean/norm), that is
     the same at two tokens or more (or the dump has one token), and whose error exceeds `floor` (the run's
     rounding: a weight cast to the test dtype carries less). ATB graphs take their weights as inputs, so a wrong
-    weight arrives as input error; it is the consuming op's own error, not carried in."""
+    weight arrives as input error; it is the consuming op's own error, not carried in.
+
+    A side input: the output of one of `sources` (ops whose error a known cause may explain: the rotary
+    embedding), as msprobe dumps the cos/sin tables a decoder layer and its attention take as keyword arguments.
+    Their error reaches the output with a gain far below 1 (~0.2-0.4 in an attention), so counting it as carried
+    in would hide whatever the layer adds; it is set apart (`_carried_causes` weighs it), as where msit does not
+    dump the tables at all. A node whose every input is a side input keeps them as its inputs."""
     outs: dict[int, set[tuple[float, ...]]] = defaultdict(set)
-    for tok, *vals in _fetch_slices(
-        con.execute("SELECT token_id, max, min, mean, norm FROM tensors WHERE run_id = ? AND io = 'out'", [golden_run])
+    source_outs: dict[int, dict[tuple[float, ...], int]] = defaultdict(dict)
+    for tok, gid, *vals in _fetch_slices(
+        con.execute(
+            "SELECT token_id, node_id, max, min, mean, norm FROM tensors WHERE run_id = ? AND io = 'out'", [golden_run]
+        )
     ):
         key = _stat_key(tuple(vals))
         if key is not None:
             outs[int(tok)].add(key)
+            if int(gid) in sources:
+                source_outs[int(tok)][key] = int(gid)
     rows = [  # integer inputs (token ids, positions) are data, never weights
         (int(tok), int(gid), None if str(dtype) in INT_DTYPES else _stat_key((mx, mn, mean, norm)), err)
         for tok, gid, mx, mn, mean, norm, dtype, err in _fetch_slices(con.execute(_IN_SQL, [cmp_id]))
@@ -454,8 +485,13 @@ def _weight_inputs(
     one_token = len({tok for tok, *_ in rows}) == 1
     acts: dict[tuple[int, int], list[float | None]] = defaultdict(list)
     weights: dict[tuple[int, int], list[float | None]] = defaultdict(list)
+    sides: dict[tuple[int, int], list[tuple[float | None, int]]] = defaultdict(list)
     for tok, gid, key, err in rows:
         value = None if err is None or (isinstance(err, float) and math.isnan(err)) else float(err)
+        src = source_outs[tok].get(key) if key is not None and tok in source_outs else None
+        if src is not None and src != gid:
+            sides[(tok, gid)].append((value, src))
+            continue
         is_weight = (
             value is not None
             and value > floor
@@ -464,11 +500,20 @@ def _weight_inputs(
             and (one_token or len(seen_at[key]) >= 2)
         )
         (weights if is_weight else acts)[(tok, gid)].append(value)
-    out: dict[tuple[int, int], tuple[float | None, float | None]] = {}
-    for k, ws in weights.items():
-        known_w = [v for v in ws if v is not None]
+    out: dict[tuple[int, int], _InputSplit] = {}
+    for k in weights.keys() | sides.keys():
+        known_w = [v for v in weights.get(k, []) if v is not None]
         known_a = [v for v in acts.get(k, []) if v is not None]
-        out[k] = (max(known_a) if known_a else 0.0, max(known_w) if known_w else None)
+        side = [(v, src) for v, src in sides.get(k, []) if v is not None]
+        if side and k not in acts and k not in weights:
+            continue  # nothing but side inputs: they are what it takes in
+        worst_side = max(side) if side else None
+        out[k] = _InputSplit(
+            max(known_a) if known_a else 0.0,
+            max(known_w) if known_w else None,
+            None if worst_side is None else worst_side[0],
+            None if worst_side is None else worst_side[1],
+        )
     return out
 
 
@@ -595,7 +640,8 @@ def _carried_causes(rows: dict[int, _Row], nodes: dict[int, _Node], by_pattern: 
         return
     for gid, r in rows.items():
         node = nodes[gid]
-        if r.cause is not None or r.in_from == "inputs" or r.score < STANDS_OUT or r.nan_inf_born or r.quant:
+        unseen = r.in_from != "inputs" or r.side_from is not None  # what else it takes was not dumped, or set apart
+        if r.cause is not None or not unseen or r.score < STANDS_OUT or r.nan_inf_born or r.quant:
             continue
         if node.layer is None:
             continue
@@ -604,7 +650,11 @@ def _carried_causes(rows: dict[int, _Row], nodes: dict[int, _Node], by_pattern: 
             (
                 s
                 for end, s in sources
-                if (end < node.exec_order or nodes[s].parent_id in ancestors) and r.own <= rows[s].out_err
+                if (
+                    s == r.side_from
+                    or (r.side_from is None and (end < node.exec_order or nodes[s].parent_id in ancestors))
+                )
+                and r.own <= rows[s].out_err
             ),
             None,
         )
@@ -615,8 +665,12 @@ def _carried_causes(rows: dict[int, _Row], nodes: dict[int, _Node], by_pattern: 
         r.carried_from = source
         r.cause = (
             f"{CAUSE_LEAD}{_short(nodes[source].name)}'s error ({(src.cause or '').removeprefix(CAUSE_LEAD)}), "
-            "which reaches it as an argument the dump does not hold; "
-            "the other layers' inputs carry more error than their outputs and hide what they add"
+            + (
+                "which it takes besides its inputs; "
+                if r.side_from == source
+                else "which reaches it as an argument the dump does not hold; "
+            )
+            + "the other layers' inputs carry more error than their outputs and hide what they add"
         )
         r.reason = _reason(r, nodes)
 
@@ -721,6 +775,8 @@ def _reason(r: _Row, nodes: dict[int, _Node]) -> str:
     head = f"output rel. error {r.out_err:.3g} from {src} at {r.in_err or 0.0:.3g}"
     if r.weight_err is not None and r.weight_err > max(r.in_err or 0.0, ROUNDING.get(r.dtype or "", 0.0)):
         head += f" (its weight input differs by {r.weight_err:.3g})"
+    if r.side_from is not None and r.side_err is not None:
+        head += f" (and {_short(nodes[r.side_from].name)}'s output at {r.side_err:.3g}, counted apart)"
     if r.nan_inf_born:
         return f"NaN/Inf appear in its output and not in its inputs ({head})"
     if r.added <= 0:
