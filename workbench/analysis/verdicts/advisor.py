@@ -83,8 +83,6 @@ class _Row:
     dtype: str | None
     in_from: str = "inputs"
     weight_err: float | None = None  # worst error of its weight inputs (ATB: weights are op inputs)
-    out_norm: float | None = None  # golden L2 norm of the output judged (the worst one)
-    in_norm: float | None = None  # golden L2 norm of the input judged (or of its stand-in)
     nan_inf_born: bool = False
     added: float = 0.0
     own: float = 0.0
@@ -100,8 +98,9 @@ class _Row:
     side_err: float | None = None  # that input's error, not counted in `in_err`
 
 
-# one io side of a golden node at a token: test node, worst relative error, new NaN/Inf, test dtype, golden norm
-_IO = tuple[int | None, float | None, bool, str | None, float | None]
+# one io side of a golden node at a token: test node (or the known-cause op of a side input), worst relative error,
+# new NaN/Inf, test dtype
+_IO = tuple[int | None, float | None, bool, str | None]
 
 
 @dataclass(slots=True)
@@ -124,11 +123,9 @@ SELECT m.token_id, m.golden_node_id, m.io,
                     s.stat_rel_euclid_bound)) AS err,
        bool_or(coalesce(x.my_nan_count, 0) + coalesce(x.my_inf_count, 0)
                > coalesce(x.golden_nan_count, 0) + coalesce(x.golden_inf_count, 0)) AS new_nan_inf,
-       mode(tt.dtype) AS dtype,
-       max(gt.norm) AS norm
+       mode(tt.dtype) AS dtype
 FROM matches m
 JOIN comparisons c ON c.cmp_id = m.cmp_id
-LEFT JOIN tensors gt ON gt.run_id = c.golden_run AND gt.tensor_id = m.golden_tensor_id
 LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
 LEFT JOIN stat_metrics s ON s.cmp_id = m.cmp_id AND s.pair_id = m.pair_id
 LEFT JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id
@@ -149,15 +146,14 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
         for n, s in con.execute("SELECT node_id, name FROM nodes WHERE run_id = ?", [test_run]).fetchall()
     )
     per_token: dict[int, dict[int, dict[str, _IO]]] = defaultdict(dict)
-    for tok, gid, io, tid, err, nan_inf, dtype, norm in _fetch_slices(con.execute(_ROWS_SQL, [cmp_id])):
+    for tok, gid, io, tid, err, nan_inf, dtype in _fetch_slices(con.execute(_ROWS_SQL, [cmp_id])):
         per_token[int(tok)].setdefault(int(gid), {})[str(io)] = (
             None if tid is None else int(tid),
             None if err is None or (isinstance(err, float) and math.isnan(err)) else float(err),
             bool(nan_inf),
             None if dtype is None else str(dtype),
-            _finite(norm),
         )
-    dtypes = [d for ios in per_token.values() for io in ios.values() for d in [io.get("out", (None,) * 5)[3]] if d]
+    dtypes = [d for ios in per_token.values() for io in ios.values() for d in [io.get("out", (None,) * 4)[3]] if d]
     run_dtype = statistics.mode(dtypes) if dtypes else None
     sources = {g for g, n in nodes.items() if known_cause(n.type, run_dtype) is not None}
     for (tok, gid), split in _split_inputs(
@@ -165,12 +161,12 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
     ).items():
         ios = per_token.get(tok, {}).get(gid)
         if ios is not None and "in" in ios:
-            tid, _err, nan_inf, dtype, norm = ios["in"]
-            ios["in"] = (tid, split.act_err, nan_inf, dtype, norm)
+            tid, _err, nan_inf, dtype = ios["in"]
+            ios["in"] = (tid, split.act_err, nan_inf, dtype)
             if split.weight_err is not None:
-                ios["weight"] = (tid, split.weight_err, False, dtype, None)
+                ios["weight"] = (tid, split.weight_err, False, dtype)
             if split.side_err is not None:
-                ios["side"] = (split.side_from, split.side_err, False, dtype, None)
+                ios["side"] = (split.side_from, split.side_err, False, dtype)
     differ = inputs_differ(con, cmp_id)
     expect = quant_noise.quant_expectations(con, cmp_id)  # {} unless the test run is quantized
     out: dict[int, list[Advice]] = {}
@@ -349,12 +345,6 @@ def _load_nodes(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[int, _Node]
     return out
 
 
-def _finite(value: object) -> float | None:
-    if value is None or not isinstance(value, float | int) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
 def _rows_of_token(data: dict[int, dict[str, _IO]], nodes: dict[int, _Node]) -> dict[int, _Row]:
     rows: dict[int, _Row] = {}
     for gid, ios in data.items():
@@ -374,8 +364,6 @@ def _rows_of_token(data: dict[int, dict[str, _IO]], nodes: dict[int, _Node]) -> 
             bool(inp and inp[2]),
             out[3],
             weight_err=None if weight is None else weight[1],
-            out_norm=out[4],
-            in_norm=None if inp is None else inp[4],
             side_from=None if side is None else side[0],
             side_err=None if side is None else side[1],
         )
@@ -389,21 +377,21 @@ def _rows_of_token(data: dict[int, dict[str, _IO]], nodes: dict[int, _Node]) -> 
         node = nodes[gid]
         k = bisect.bisect_left(ends, node.exec_order) - 1
         prev = done[k] if k >= 0 else None
-        best: tuple[int, float, str, float | None] | None = None
+        best: tuple[int, float, str] | None = None
         if prev is not None:
             p = rows[prev[1]]
-            best = (prev[0], p.out_err, f"the output of {_short(nodes[prev[1]].name)}", p.out_norm)
+            best = (prev[0], p.out_err, f"the output of {_short(nodes[prev[1]].name)}")
             r.in_nan_inf = p.new_nan_inf or p.in_nan_inf
         anc = node.parent_id
         while anc is not None and anc in nodes:
             ar = rows.get(anc)
             if ar is not None and ar.in_err is not None:
                 if best is None or nodes[anc].exec_order > best[0]:
-                    best = (nodes[anc].exec_order, ar.in_err, f"the input of {_short(nodes[anc].name)}", ar.in_norm)
+                    best = (nodes[anc].exec_order, ar.in_err, f"the input of {_short(nodes[anc].name)}")
                 break
             anc = nodes[anc].parent_id
         if best is not None:
-            r.in_err, r.in_from, r.in_norm = best[1], best[2], best[3]
+            r.in_err, r.in_from = best[1], best[2]
         else:
             r.in_err, r.in_from = 0.0, "nothing before it"
     return rows
@@ -535,7 +523,7 @@ def _rank(
     for gid, r in rows.items():
         p = nodes[gid].parent_id
         if p is not None:
-            same_input: object = (r.in_err, r.in_norm) if r.in_from == "inputs" else gid
+            same_input: object = r.in_err if r.in_from == "inputs" else -gid - 1  # one dumped input: one error
             group = side_by_side[p]
             group[same_input] = max(group.get(same_input, 0.0), r.added)
         seen = 0
