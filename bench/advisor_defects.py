@@ -117,7 +117,18 @@ MODELS: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 16,
         "vocab_size": 1024,
     },
-    # 3 layers, hidden 512: the wide Llama's layer-0 attention at a smaller size (a test's)
+    # 4 layers, hidden 1536, grouped-query attention (12 heads, 2 KV heads), q/k/v biases: a wide Qwen2
+    "qwen_wide": {
+        "family": "qwen2",
+        "seed": 53,
+        "hidden_size": 1536,
+        "intermediate_size": 4096,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "vocab_size": 1024,
+    },
+    # 3 layers, hidden 1024: the wide Llama's layer-0 attention at a smaller size (a test's)
     "llama_mid": {
         "family": "llama",
         "seed": 47,
