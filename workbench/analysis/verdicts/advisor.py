@@ -306,8 +306,9 @@ def advice_evidence(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, st
 # and the app print with the list, and docs/guide.md explains.
 ORDER_RULE = (
     "order: score, highest first, except: an op a precheck pinned down comes first; an op whose error a known "
-    "cause explains comes after those standing out unexplained; an op carrying half or more of a parent's "
-    "added error comes right before that parent (^: ranked above a higher score)"
+    "cause explains comes after those standing out unexplained (such ops in the order they ran, one carrying "
+    "another's error right after it); an op carrying half or more of a parent's added error comes right before "
+    "that parent (^: ranked above a higher score)"
 )
 
 
