@@ -197,8 +197,8 @@ def _verdict(detail: PairDetail, styles: dict[str, str]) -> Text:
     elif detail.born_here:
         verdict.append("◆ error born here", style=f"bold {born_style}")
         verdict.append(f" at token {detail.token}: outputs fail while inputs pass")
-        if detail.born_score is not None and detail.born_score < STANDS_OUT and not detail.born_quantized:
-            verdict.append(f"; {born_in_noise(detail.born_score)}")
+        if not detail.born_quantized and (note := born_in_noise(detail.born_score, detail.evidence)):
+            verdict.append(f"; {note}")
     elif detail.born_name:
         verdict.append(f"error born at: {detail.born_name} (token {detail.token})", style=born_style)
     elif any(p.passed is False for p in detail.pairs if p.io == "out"):  # failing, yet not where it is born

@@ -8,9 +8,12 @@ from __future__ import annotations
 STANDS_OUT = 3.0
 
 
-def born_in_noise(score: float) -> str:
-    """What the CLI and the app add to an op whose outputs fail while its inputs pass, when the advisor scores it
-    under `STANDS_OUT`: the thresholds caught it, but it adds no more than the same op elsewhere."""
+def born_in_noise(score: float | None, evidence: str | None = None) -> str | None:
+    """What `wb compare`, the HTML report and the app add under an op whose outputs fail while its inputs pass, when
+    the advisor scores it under `STANDS_OUT`: the thresholds caught it, but it adds no more than the same op
+    elsewhere. None where the advisor did not rank it, it stands out, or evidence (a precheck) says more."""
+    if score is None or score >= STANDS_OUT or evidence:
+        return None
     return (
         f"the advisor scores it {score:.1f} (under {STANDS_OUT:g}: inside its peers' noise), so the run's own "
         "rounding may be what crosses the thresholds here"

@@ -22,7 +22,7 @@ from workbench.analysis.explorer.explore import Explorer
 from workbench.analysis.explorer.severity import LEVEL_EDGES, PASS_LEVELS, VERDICT
 from workbench.analysis.explorer.token_view import StripCell
 from workbench.analysis.explorer.views import BORN_ADVISOR, BORN_FAILS, ComparisonInfo, Heatmap, Side
-from workbench.core.advice import STANDS_OUT, born_in_noise
+from workbench.core.advice import born_in_noise
 from workbench.core.files import package_data
 from workbench.core.owned import check_replaceable
 
@@ -56,7 +56,7 @@ class ReportFacts:
     advice_note: str
     commands: list[tuple[str, str]]  # (what, command line)
     origins: dict[int, str] = field(default_factory=dict)  # token with no op born -> the advisor's op standing out
-    in_noise: dict[int, float] = field(default_factory=dict)  # token -> the advisor's score (< 3) of its failing op
+    in_noise: dict[int, str] = field(default_factory=dict)  # token -> `born_in_noise`'s note on its failing op
 
 
 def _e(value: object) -> str:
@@ -83,7 +83,7 @@ def collect(catalog: Path, cmp_id: int | None = None) -> ReportFacts:
         info = ex.info
         born: dict[int, tuple[str | None, str | None, str | None]] = {}
         origins: dict[int, str] = {}
-        in_noise: dict[int, float] = {}
+        in_noise: dict[int, str] = {}
         for tok in info.tokens:
             v = ex.verdict(tok)  # the app's verdict: the born op, else the advisor's op standing out, else none
             name = ex.node_name("golden", v.golden)
@@ -92,8 +92,8 @@ def collect(catalog: Path, cmp_id: int | None = None) -> ReportFacts:
                 origins[tok] = name
             else:
                 born[tok] = (name, ex.node_name("test", v.test), v.evidence)
-                if v.why == BORN_FAILS and not v.evidence and v.score is not None and v.score < STANDS_OUT:
-                    in_noise[tok] = v.score
+                if v.why == BORN_FAILS and (note := born_in_noise(v.score, v.evidence)):
+                    in_noise[tok] = note
         advice, note = ex.advice(top=ADVICE_TOP)
         return ReportFacts(
             catalog,
@@ -336,9 +336,7 @@ def _verdict_table(facts: ReportFacts) -> str:
         g, t, _ = facts.born.get(tok, (None, None, None))
         failing = tok in hm.tokens and bool(hm.failed[:, hm.tokens.index(tok)].any())
         if g:
-            born = _e(g) + (
-                f"<br><small>{_e(born_in_noise(facts.in_noise[tok]))}</small>" if tok in facts.in_noise else ""
-            )
+            born = _e(g) + (f"<br><small>{_e(facts.in_noise[tok])}</small>" if tok in facts.in_noise else "")
         elif tok in facts.origins:
             born = _e(f"most likely origin: {facts.origins[tok]} (the advisor)")
         elif failing:  # a run failing everywhere (or a quantized one) has no born op either

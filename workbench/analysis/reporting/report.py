@@ -264,8 +264,8 @@ def format_summary(
             lines.append(f"error born at: {name} (token {tok}){suffix}")
             if tok in res.born_evidence:
                 lines.append(f"  {res.born_evidence[tok]}")
-            elif tok in res.born_in_noise and not res.quantized:
-                lines.append(f"  {born_in_noise(res.born_in_noise[tok])}")
+            elif note := born_in_noise(res.born_score.get(tok)):
+                lines.append(f"  {note}")
             if name in res.explained and name not in explained:  # once per op, not once per token
                 explained.add(name)
                 lines.append(f"  {res.explained[name][0]}")

@@ -54,7 +54,7 @@ class CompareResult:
     born: dict[int, str | None] = field(default_factory=dict)
     born_test: dict[int, str | None] = field(default_factory=dict)
     born_evidence: dict[int, str] = field(default_factory=dict)
-    born_in_noise: dict[int, float] = field(default_factory=dict)  # token -> the advisor's score (< 3) of its born op
+    born_score: dict[int, float] = field(default_factory=dict)  # token -> the advisor's score of its born op
     origins: dict[int, Origin] = field(default_factory=dict)  # the advisor's first op per token
     # ops standing out whose error a known cause explains: golden name -> (the cause, the tokens)
     explained: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
@@ -170,12 +170,11 @@ def summarize_comparison(
         if why:
             res.born_evidence[int(tok)] = why
     for tok, score in con.execute(
-        "SELECT b.token_id, min(a.score) FROM error_born b JOIN advice a ON a.cmp_id = b.cmp_id "
-        "AND a.token_id = b.token_id AND a.golden_node_id = b.golden_node_id "
-        f"WHERE b.cmp_id = ? AND b.evidence IS NULL{tok_filter} GROUP BY b.token_id HAVING min(a.score) < ?",
-        [cmp_id, STANDS_OUT],
+        "SELECT b.token_id, a.score FROM error_born b JOIN advice a ON a.cmp_id = b.cmp_id "
+        f"AND a.token_id = b.token_id AND a.golden_node_id = b.golden_node_id WHERE b.cmp_id = ?{tok_filter}",
+        [cmp_id],
     ).fetchall():
-        res.born_in_noise[int(tok)] = float(score)
+        res.born_score[int(tok)] = float(score)
     for tok, gname, tname, score, reason, why in con.execute(
         "SELECT a.token_id, gn.name, tn.name, a.score, a.reason, a.evidence FROM advice a "
         "JOIN comparisons c USING (cmp_id) JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = a.golden_node_id "
