@@ -647,10 +647,11 @@ def main() -> int:
         if key not in goldens:
             out = work / f"golden_{model}_{dumper}"
             job = {"model": model, "dumper": dumper, "out": str(out), "stats": args.stats, "prompt": args.prompt}
-            if not (reuse and (out / "tokens.json").is_file()):
+            kept = reuse and (out / "tokens.json").is_file()
+            if not kept:
                 shutil.rmtree(out, ignore_errors=True)
                 out.mkdir(parents=True)
-            root = run_dump(job, reuse and (out / "tokens.json").is_file())
+            root = run_dump(job, kept)
             goldens[key] = (root, json.loads((out / "tokens.json").read_text()))
         return goldens[key]
 

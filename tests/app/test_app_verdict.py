@@ -5,6 +5,7 @@ outputs pass the compare."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,9 @@ from textual.widgets import Static
 from tests.app.test_app_pilot import _text, cursor_id, ready, trees, wait_for
 from tests.conftest import run_wb
 from tests.fixtures.app_catalogs import SIZE
+from tests.fixtures.bench_dumps import bench_dumps
+from workbench.analysis.explorer.explore import Explorer
+from workbench.analysis.explorer.views import BORN_FAILS
 from workbench.app.launch import make_app
 from workbench.app.opcause import PrecheckPanel
 
@@ -255,24 +259,13 @@ async def test_detail_verdict_of_a_failing_op_inside_its_peers_noise_says_so(tmp
     """A clean float16 run of a 1024-wide Llama at 512 positions: an op's outputs cross the thresholds while its
     inputs pass, yet it adds no more than the same op in the other layers. The detail pane says both, as
     `wb compare` does (`core.advice.born_in_noise`)."""
-    import importlib.util
-    import json
-
-    from bench import advisor_defects as bench
-    from workbench.analysis.explorer.explore import Explorer
-    from workbench.analysis.explorer.views import BORN_FAILS
-
-    if importlib.util.find_spec("msit_llm") is None:
+    dumper, dump = bench_dumps(tmp_path, "llama_mid", 512)
+    if dumper != "msit":
         pytest.skip("msit is not installed: the op in the noise is where msit's dump puts it")
-    roots = {}
-    for name, job in (("golden", {}), ("clean", {"dtype": "float16"})):
-        (tmp_path / name).mkdir()
-        if name == "clean":
-            job["tokens"] = json.loads((tmp_path / "golden" / "tokens.json").read_text())
-        roots[name] = bench.run_dump(
-            {"model": "llama_mid", "dumper": "msit", "out": str(tmp_path / name), "prompt": 512, **job}
-        )
-    proc = run_wb("compare", "-gp", str(roots["golden"]), "-mp", str(roots["clean"]), "-o", str(tmp_path / "out"))
+    golden = dump("golden")
+    tokens = json.loads((tmp_path / "golden" / "tokens.json").read_text())
+    clean = dump("clean", dtype="float16", tokens=tokens)
+    proc = run_wb("compare", "-gp", str(golden), "-mp", str(clean), "-o", str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stderr
     catalog = tmp_path / "out" / "catalog.duckdb"
     ex = Explorer(catalog)

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import copy
 import csv
-import importlib.util
 import io
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import torch
 
 from bench import advisor_defects
 from tests.conftest import invoke_wb, run_wb
+from tests.fixtures.bench_dumps import bench_dumps
 from workbench.analysis.verdicts.advisor import SIGNIFICANT, Advice, advise, compute_advice
 from workbench.compare.judging.thresholds import Thresholds
 
@@ -90,19 +89,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
     bad, _ = _dump(broken, base / "embed_noise", prompt, tokens)
     out["all_fail"] = _compare(golden, bad, base / "out_all_fail", "root.model.embed_tokens")
     return out
-
-
-def _bench_dumps(base: Path, model: str, prompt: int) -> tuple[str, Callable[..., Path]]:
-    """The dumper used (msit's own hook, ours where msit is missing) and `dump(NAME, **job)`: `model` dumped at a
-    `prompt`-token prompt into base/NAME (bench/advisor_defects.py's jobs), returning the dump's root."""
-    dumper = "msit" if importlib.util.find_spec("msit_llm") is not None else "wb"
-
-    def dump(name: str, **job: object) -> Path:
-        out = base / name
-        out.mkdir()
-        return advisor_defects.run_dump({"model": model, "dumper": dumper, "out": str(out), "prompt": prompt, **job})
-
-    return dumper, dump
 
 
 def _advice(run: Run, **kw: object) -> list[Advice]:
@@ -287,7 +273,7 @@ def test_rotary_table_from_a_rounded_inv_freq_is_explained_and_gives_way(tmp_pat
     own error stands out. wb says why (`likely cause`), and a planted defect standing out at the same token still
     comes first; with inv_freq kept in float32 the rotary table is quiet."""
     bench = advisor_defects
-    _dumper, dump = _bench_dumps(tmp_path, "llama5", 256)
+    _dumper, dump = bench_dumps(tmp_path, "llama5", 256)
 
     golden = dump("golden")
     tokens = json.loads((tmp_path / "golden" / "tokens.json").read_text())
@@ -367,7 +353,7 @@ def test_layer_zero_attention_carrying_the_rotary_error_is_explained_and_a_defec
     right after them, and no op stands out unexplained. A wrong softmax scale in that attention adds more than the
     tables hold: it stays first, unexplained."""
     bench = advisor_defects
-    dumper, dump = _bench_dumps(tmp_path, "llama_mid", 512)
+    dumper, dump = bench_dumps(tmp_path, "llama_mid", 512)
 
     golden = dump("golden")
     tokens = json.loads((tmp_path / "golden" / "tokens.json").read_text())

@@ -630,9 +630,7 @@ def _carried_causes(rows: dict[int, _Row], nodes: dict[int, _Node], by_pattern: 
     for gid, r in rows.items():
         node = nodes[gid]
         unseen = r.in_from != "inputs" or r.side_from is not None  # what else it takes was not dumped, or set apart
-        if r.cause is not None or not unseen or r.score < STANDS_OUT or r.nan_inf_born or r.quant:
-            continue
-        if node.layer is None:
+        if r.cause is not None or not unseen or r.score < STANDS_OUT or r.nan_inf_born or r.quant or node.layer is None:
             continue
         ancestors = _ancestors(gid, nodes)
         source = next(
