@@ -35,6 +35,12 @@ def _values(tmp_path: Path) -> list[Any]:
     ]  # fmt: skip
 
 
+def _repeated(values: list[Any]) -> list[Any]:
+    """What a repeatable option's coercion is handed: nothing, a tuple of values (click's), or a bare string."""
+    singles = [v for v in values if v is not None]
+    return [None, (), "x", [], *[(v,) for v in singles], tuple(singles[:4]), ("7", "a\0b"), ["rel", Path("x")]]
+
+
 @pytest.mark.skipif(plain_values.RuntimeParam is None, reason="typer without its coercion layer")
 def test_plain_values_match_typers_coercion(tmp_path: Path) -> None:
     from typer._coercion import build_runtime_param
@@ -44,6 +50,8 @@ def test_plain_values_match_typers_coercion(tmp_path: Path) -> None:
     commands = [group, *group.commands.values()]
     installed = 0
     values = _values(tmp_path)
+    repeated = _repeated(values)
+    lists = 0
     for command in commands:
         ctx = command.make_context(command.name, [], resilient_parsing=True)
         params = [p for p in command.params if isinstance(p, TyperOption)]
@@ -55,10 +63,33 @@ def test_plain_values_match_typers_coercion(tmp_path: Path) -> None:
             if ours is None:
                 continue
             installed += 1
+            lists += p.multiple
             typers = build_runtime_param(p.type_descriptor)
-            for value in values:
+            for value in repeated if p.multiple else values:
                 assert _outcome(ours, p, ctx, value) == _outcome(typers, p, ctx, value), (command.name, p.name, value)
     assert installed > 50  # most of wb's options are plain
+    assert lists >= 2  # `wb query --attach` (paths) and `wb badcase --run` (strings)
+
+
+def test_a_repeatable_option_loads_no_pydantic(tmp_path: Path) -> None:
+    """`wb query` (a repeatable `--attach`), given it or not, runs without loading pydantic."""
+    from workbench.catalog.store import open_catalog
+
+    open_catalog(tmp_path / "c.duckdb").close()
+    (tmp_path / "t.csv").write_text("a\n1\n")
+    code = (
+        "import sys\n"
+        "from workbench.cli import app\n"
+        "try:\n"
+        "    app(sys.argv[1:])\n"
+        "finally:\n"
+        "    print('pydantic' in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(_ROOT)}
+    for attach in ([], ["--attach", str(tmp_path / "t.csv")]):
+        args = ["query", "-c", str(tmp_path / "c.duckdb"), "-f", "csv", *attach, "SELECT 41 + 1 AS x"]
+        out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=120)
+        assert out.stdout.split() == ["x", "42", "False"], out.stderr
 
 
 def test_a_command_line_loads_no_pydantic(tmp_path: Path) -> None:

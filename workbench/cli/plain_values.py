@@ -1,4 +1,5 @@
-"""Option values of the plain kinds (`str`, `int`, `bool`, `Path`) coerced without pydantic.
+"""Option values of the plain kinds (`str`, `int`, `bool`, `Path`, and repeatable options of them) coerced without
+pydantic.
 
 typer (0.2x on) coerces every option value through a pydantic `TypeAdapter` built on first use, and loading
 pydantic for that is ~0.05 s of every command's CPU. An ordinary value of these kinds (a string, digits, a flag, a path)
@@ -12,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin
 
 try:  # typer's private coercion layer: where it is missing or changed, typer's own coercion is left as it is
     from typer._coercion import RuntimeParam, build_runtime_param
@@ -25,28 +26,47 @@ _OTHER = object()  # not a plain value: typer's own coercion decides
 
 
 def install(params: list[Any]) -> None:
-    """Give each not yet coerced single-value option of a plain kind the coercion of this module."""
+    """Give each not yet coerced option of a plain kind (single-value, or repeatable: `list[Path]`) the coercion of
+    this module. A repeatable option's runtime coercion is built even when it is not given, so one such option
+    would load pydantic for its whole command (`wb query --attach`: ~0.07 s)."""
     if RuntimeParam is None:
         return
     for param in params:
         desc = getattr(param, "type_descriptor", None)
-        if desc is None or getattr(param, "_runtime_param", False) is not None or not _plain(param, desc):
+        if desc is None or getattr(param, "_runtime_param", False) is not None:
             continue
+        kind = _plain_kind(param, desc)
+        if kind is None:
+            continue
+        runtime = _PlainParam if kind is desc.annotation else _PlainListParam
         try:
-            param._runtime_param = _PlainParam(parameter_info=desc.parameter_info, annotation=desc.annotation)
+            param._runtime_param = runtime(parameter_info=desc.parameter_info, annotation=desc.annotation)
         except TypeError:  # a typer whose coercion contract changed: its own coercion, as without this module
             return
 
 
-def _plain(param: Any, desc: Any) -> bool:
-    info = desc.parameter_info
-    if desc.annotation not in _PLAIN or desc.file_annotation is not None or param.multiple or param.nargs != 1:
-        return False
+def _plain_kind(param: Any, desc: Any) -> type | None:
+    """The plain kind of an option's value (of each value, for a repeatable `list[...]` option), or None where
+    typer's own coercion must decide."""
+    if desc.file_annotation is not None or param.nargs != 1:
+        return None
+    kind = desc.annotation
+    if param.multiple:
+        args = get_args(kind)
+        if get_origin(kind) is not list or len(args) != 1:
+            return None
+        kind = args[0]
+    if kind not in _PLAIN or not _plain(desc.parameter_info, kind):
+        return None
+    return kind
+
+
+def _plain(info: Any, kind: type) -> bool:
     if getattr(info, "parser", None) is not None or getattr(info, "click_type", None) is not None:
         return False
-    if desc.annotation is int:
+    if kind is int:
         return info.min is None and info.max is None and not info.clamp
-    if desc.annotation is Path:
+    if kind is Path:
         return (
             info.path_type is None
             and not info.exists
@@ -98,3 +118,16 @@ if RuntimeParam is not None:
             if out is _OTHER:
                 return build_runtime_param(param.type_descriptor)._coerce_value(value, param=param, ctx=ctx)
             return out
+
+    @dataclass(frozen=True)
+    class _PlainListParam(RuntimeParam):
+        """A repeatable option of a plain kind: each value by `plain_value`, into a list (as typer's adapter makes
+        it); when one value is not plain, typer's own coercion takes them all."""
+
+        def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
+            kind = get_args(self.annotation)[0]
+            if type(value) in (tuple, list):
+                out = [plain_value(kind, self.parameter_info.readable, v) for v in value]
+                if not any(v is _OTHER for v in out):
+                    return out
+            return build_runtime_param(param.type_descriptor)._coerce_value(value, param=param, ctx=ctx)
