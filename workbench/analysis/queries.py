@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-import json
+import datetime
+import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import duckdb
-import pandas as pd
 
 from workbench.catalog import first_row
 from workbench.catalog.readonly import connect_read_only
 from workbench.core.capped import SQL_FILE, FileRefused, read_text
 from workbench.core.files import package_data
-from workbench.core.output import render
+from workbench.core.output import render, text_table
 from workbench.core.text import printable
 
 QUERIES_DIR = package_data("queries")
@@ -71,32 +74,105 @@ def set_comparison(con: duckdb.DuckDBPyConnection, cmp_id: int | None) -> int | 
     return cmp_id
 
 
-def query_df(con: duckdb.DuckDBPyConnection, sql: str) -> pd.DataFrame:
+@dataclass(frozen=True, slots=True)
+class QueryResult:
+    """A query's rows as DuckDB returned them (Python values), its column names and which columns hold numbers."""
+
+    columns: list[str]
+    numeric: list[bool]
+    rows: list[tuple[Any, ...]]
+
+
+_NUMBER_TYPES = frozenset(
+    "TINYINT SMALLINT INTEGER BIGINT HUGEINT UTINYINT USMALLINT UINTEGER UBIGINT UHUGEINT FLOAT DOUBLE".split()
+)
+
+
+def query_rows(con: duckdb.DuckDBPyConnection, sql: str) -> QueryResult:
     """Run SQL; a DuckDB error becomes a one-line ValueError."""
     try:
-        return con.execute(sql).df()
+        cur = con.execute(sql)
+        described = cur.description or []
+        rows = cur.fetchall() if described else []
     except duckdb.Error as exc:
         first = str(exc).strip().splitlines()[0]
         raise ValueError(f"SQL error: {first}") from None
+    kinds = [str(d[1]) for d in described]
+    numeric = [k in _NUMBER_TYPES or k.startswith("DECIMAL") for k in kinds]
+    return QueryResult([str(d[0]) for d in described], numeric, rows)
 
 
-def format_df(df: pd.DataFrame, fmt: str, limit: int = 200) -> str:
+def format_rows(res: QueryResult, fmt: str, limit: int = 200) -> str:
     """A query's result as `fmt` (`core.output.render`): CSV and JSON whole, the table cut at `limit` rows."""
 
     def table() -> str:
-        shown = df if limit <= 0 else df.head(limit)
-        # a cell holding a file name with a newline or an escape sequence must not break or drive the terminal
-        shown = shown.map(lambda v: printable(v) if isinstance(v, str) else v)
-        with pd.option_context("display.max_columns", None, "display.width", 200, "display.max_colwidth", 60):
-            text = shown.to_string(index=False) if len(shown) else "(no rows)"
-        if limit > 0 and len(df) > limit:
-            text += f"\n... {len(df) - limit} more rows (use --limit 0 or --format csv)"
-        return text + "\n"
+        if not res.rows:
+            return "(no rows)\n" if res.columns else "(no result)\n"
+        shown = res.rows if limit <= 0 else res.rows[:limit]
+        cols = [_table_column([r[i] for r in shown]) for i in range(len(res.columns))]
+        lines = text_table(
+            [printable(c) for c in res.columns], [list(cells) for cells in zip(*cols, strict=True)], res.numeric
+        )
+        if limit > 0 and len(res.rows) > limit:
+            lines.append(f"... {len(res.rows) - limit} more rows (use --limit 0 or --format csv)")
+        return "\n".join(lines) + "\n"
 
-    cells = df.astype(object).where(df.notna(), None) if fmt == "csv" else df.head(0)
-    rows = cells.to_dict(orient="records") if fmt == "csv" else []
-    payload = json.loads(df.to_json(orient="records", date_format="iso")) if fmt == "json" else None
-    return render(fmt, rows, [str(c) for c in df.columns], table, payload)
+    if fmt == "csv":
+        rows = [dict(zip(res.columns, (_csv_value(v) for v in row), strict=True)) for row in res.rows]
+        return render(fmt, rows, res.columns, table)
+    if fmt == "json":
+        payload = [dict(zip(res.columns, (_json_value(v) for v in row), strict=True)) for row in res.rows]
+        return render(fmt, [], res.columns, table, payload)
+    return render(fmt, [], res.columns, table)
+
+
+def _table_column(values: list[Any]) -> list[str]:
+    """One column's cells: floats with six decimals (in exponent form when a value is too small or large for
+    that to show it), NULL as NULL, text escaped so a cell cannot break the line or drive the terminal."""
+    floats = [abs(v) for v in values if isinstance(v, float) and math.isfinite(v) and v != 0.0]
+    exp = bool(floats) and (min(floats) < 1e-4 or max(floats) >= 1e9)
+    return [_table_cell(v, exp) for v in values]
+
+
+def _table_cell(v: Any, exp: bool) -> str:
+    if v is None:
+        return "NULL"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return str(v)
+        return f"{v:.6e}" if exp else f"{v:.6f}"
+    if isinstance(v, bytes | bytearray | memoryview):
+        return printable(bytes(v).hex())
+    return printable(v)
+
+
+def _csv_value(v: Any) -> Any:
+    """A CSV cell: numbers and text as they are (None: an empty cell), blobs as hex, the rest as text."""
+    if v is None or isinstance(v, bool | int | float | str):
+        return v
+    if isinstance(v, bytes | bytearray | memoryview):
+        return bytes(v).hex()
+    return str(v)
+
+
+def _json_value(v: Any) -> Any:
+    """A value JSON can hold: a NaN or infinite float as null, a date or time in ISO form, a decimal as a float,
+    a blob as hex, lists and structs element by element."""
+    if v is None or isinstance(v, bool | int | str):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, Decimal):
+        return float(v)
+    if isinstance(v, datetime.date | datetime.time):
+        return v.isoformat()
+    if isinstance(v, bytes | bytearray | memoryview):
+        return bytes(v).hex()
+    if isinstance(v, dict):
+        return {str(k): _json_value(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_json_value(x) for x in v]
+    return str(v)
 
 
 def run_query(
@@ -114,7 +190,7 @@ def run_query(
     con = connect_read_only(catalog, allow_files=attach)
     try:
         set_comparison(con, cmp_id)
-        df = query_df(con, text)
+        res = query_rows(con, text)
     finally:
         con.close()
-    return format_df(df, fmt, limit)
+    return format_rows(res, fmt, limit)

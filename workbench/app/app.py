@@ -77,7 +77,7 @@ def start_selection(explorer: Explorer) -> tuple[int | None, int | None]:
     first_bad = next((t for t, name in born.items() if name is not None), None)
     if first_bad is not None:
         return first_bad, explorer.born(first_bad)[0]
-    from workbench.analysis.verdicts.advisor import SIGNIFICANT  # the advisor (and pandas) only when nothing fails
+    from workbench.analysis.verdicts.advisor import SIGNIFICANT  # the advisor only when nothing fails
 
     rows, _ = explorer.advice(top=1)
     standing_out = [r for r in rows if r.score >= SIGNIFICANT]

@@ -58,7 +58,7 @@ class SqlScreen(WorkbenchScreen[None]):
 
     @work(thread=True, exclusive=True, group="sql-saved", exit_on_error=False)
     def load_saved(self) -> None:
-        # imported here: the module pulls in pandas, which the UI thread should not wait for
+        # imported here: the saved queries are read only once the console opens
         from workbench.analysis.queries import saved_queries
 
         self.post_message(SavedQueries(saved_queries()))
@@ -121,7 +121,7 @@ class SqlScreen(WorkbenchScreen[None]):
         name = event.option.id
         if name is None or name not in self.saved:
             return
-        from workbench.analysis.queries import read_sql  # pandas: not on the UI thread's import path
+        from workbench.analysis.queries import read_sql
 
         try:
             text = read_sql(self.saved[name][0])

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from workbench.cli.common import app, check_format, fail, guarded, say, say_lines, text_table
-from workbench.core.text import csv_safe_columns
+from workbench.core.output import report_csv
 
 if TYPE_CHECKING:
     from workbench.analysis.verdicts.logits import LogitsRow
@@ -58,6 +58,11 @@ def format_table(rows: list[LogitsRow], notes: dict[int, str]) -> list[str]:
 
 def _records(rows: list[LogitsRow], notes: dict[int, str]) -> list[dict[str, Any]]:
     return [{**r.as_dict(), "inputs": notes.get(r.token_id)} for r in rows]
+
+
+def _csv(rows: list[LogitsRow], notes: dict[int, str]) -> str:
+    records = _records(rows, notes)
+    return report_csv(records, list(records[0]))
 
 
 def verdict_line(rows: list[LogitsRow]) -> str:
@@ -126,9 +131,7 @@ def run_logits(
             "ATB's LmHead, or the model's output (one root module; a first module's output is never taken)"
         )
     if out is not None:
-        import pandas as pd
-
-        csv_safe_columns(pd.DataFrame(_records(rows, notes))).to_csv(out / CSV_NAME, index=False, float_format="%.10g")
+        (out / CSV_NAME).write_text(_csv(rows, notes), encoding="utf-8")
     if fmt == "table":
         for line in format_table(rows, notes):
             say(line)
@@ -137,9 +140,7 @@ def run_logits(
         typer.echo(json.dumps(_records(rows, notes), indent=1))
         say(verdict_line(rows), err=True)
     else:
-        import pandas as pd
-
-        say_lines(csv_safe_columns(pd.DataFrame(_records(rows, notes))).to_csv(index=False, float_format="%.10g"))
+        say_lines(_csv(rows, notes))
         say(verdict_line(rows), err=True)
     if out is not None:
         say(f"report: {out / CSV_NAME}", err=fmt != "table")

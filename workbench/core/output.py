@@ -28,6 +28,30 @@ def csv_text(rows: Iterable[Mapping[str, object]], columns: Sequence[str]) -> st
     return buf.getvalue()
 
 
+def report_cell(value: object) -> object:
+    """One cell of a CSV report as pandas' `to_csv(na_rep="", float_format="%.10g")` wrote it (the reports' format
+    since the first release: None and NaN empty, floats to 10 significant digits), text made safe for spreadsheets
+    (`csv_safe`)."""
+    from workbench.core.text import csv_safe
+
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "" if value != value else f"{value:.10g}"
+    if isinstance(value, str):
+        return csv_safe(value)
+    return value
+
+
+def report_csv(rows: Sequence[Mapping[str, object]], columns: Sequence[str]) -> str:
+    """Rows as a CSV report's text (`report_cell` each cell), with a header line."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows([report_cell(r.get(c)) for c in columns] for r in rows)
+    return buf.getvalue()
+
+
 def text_table(heads: Sequence[str], cells: Sequence[Sequence[str]], right: Sequence[bool] = ()) -> list[str]:
     """Aligned columns, two spaces apart; `right[i]` right-aligns column i; the last column is never padded."""
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(heads)]

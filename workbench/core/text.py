@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 # C0/C1 controls, DEL, lone surrogates (undecodable bytes of a file name) and Unicode line separators
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029]")
@@ -71,11 +70,3 @@ def csv_safe(value: object) -> object:
         return value
     except ValueError:
         return "'" + value
-
-
-def csv_safe_columns(frame: Any) -> Any:
-    """`csv_safe` applied to every text (object) column of a pandas DataFrame, in place; returns it."""
-    for col in frame.columns:
-        if getattr(frame[col].dtype, "kind", "") == "O":  # object and pandas' string dtypes
-            frame[col] = frame[col].map(csv_safe)
-    return frame

@@ -15,7 +15,7 @@ from workbench.catalog import first_row
 from workbench.catalog.schema import MSIT_CSV_COLUMNS
 from workbench.catalog.store import registered
 from workbench.core.advice import born_in_noise
-from workbench.core.text import csv_safe
+from workbench.core.output import report_cell
 from workbench.core.tokens import token_text
 
 CSV_SLICE = 16384  # report rows read sorted in one query at most (above: a slice of tokens at a time)
@@ -91,25 +91,13 @@ def _write_result(
     rows = first or result.fetchmany(_FETCH_ROWS)
     while rows:
         for row in rows:
-            cells = [_csv_cell(v) for v in row]
+            cells = [report_cell(v) for v in row]
             if at_id is not None:
                 cells[at_id] = str(done)
             done += 1
             out.writerow(cells)
         rows = result.fetchmany(_FETCH_ROWS)
     return done
-
-
-def _csv_cell(value: object) -> object:
-    """One report cell as pandas' `to_csv(na_rep="", float_format="%.10g")` wrote it (the reports' format since
-    the first release), text made safe for spreadsheets (`csv_safe`)."""
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return "" if value != value else f"{value:.10g}"
-    if isinstance(value, str):
-        return csv_safe(value)
-    return value
 
 
 # msit's statistics comparison report (`CSV_STATISTICS_HEADER` of msit_llm.common.constant), in its order
