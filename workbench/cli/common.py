@@ -13,6 +13,7 @@ import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from workbench.core.exits import (  # noqa: F401  (the commands import them from here)
+    EXIT_BROKEN_PIPE,
     EXIT_CRASH,
     EXIT_INPUT,
     EXIT_INTERRUPTED,
@@ -158,6 +159,8 @@ def _user_facing_exit(exc: BaseException) -> typer.Exit | None:
     from workbench.formats.model import DumpError
 
     duckdb = sys.modules.get("duckdb")
+    if isinstance(exc, BrokenPipeError) and exc.filename is None:
+        return _reader_gone()
     if isinstance(exc, DumpError | CatalogError | MappingError):
         return fail(str(exc))
     if isinstance(exc, ValueError):
@@ -182,6 +185,16 @@ def _user_facing_exit(exc: BaseException) -> typer.Exit | None:
         # DuckDB's "Query interrupted" when the signal came during a DataFrame scan
         return _stopped(sigterm_received())
     return None
+
+
+def _reader_gone() -> typer.Exit:
+    """The exit of a command whose output's reader closed it (`wb query ... | head`): no message, as a program
+    that SIGPIPE ends; standard output goes to /dev/null so the last flush at exit does not fail again."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return typer.Exit(EXIT_BROKEN_PIPE)
 
 
 def _stopped(terminated: bool) -> typer.Exit:

@@ -8,4 +8,5 @@ EXIT_CRASH = 3  # a bug in wb: one line (the traceback with --debug), please rep
 EXIT_NOT_CONFIRMED = 4  # wb redump, d: the recorded command was shown but not run (no --yes, no terminal, or no)
 EXIT_UNCHECKED = 4  # wb precheck: nothing disagrees, but some op or stage was not checked (or nothing ran)
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT)
+EXIT_BROKEN_PIPE = 141  # whatever read the output stopped reading (`wb query ... | head`): silent, as SIGPIPE's
 EXIT_TERMINATED = 143  # SIGTERM
