@@ -137,6 +137,18 @@ def test_report_on_a_missing_or_broken_catalog_is_one_line(tmp_path: Path) -> No
     assert not (tmp_path / "r.html").exists()
 
 
+def test_report_takes_its_catalog_with_c_as_every_other_command(small_catalog: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    res = invoke_wb("report", "-c", str(small_catalog), "-o", str(out))
+    assert res.returncode == 0 and res.stdout.startswith(f"report: {out} (comparison "), res.stderr
+    assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    both = invoke_wb("report", str(small_catalog), "-c", str(tmp_path / "other.duckdb"), "-o", str(out))
+    assert both.returncode == 2
+    assert both.stderr.strip().splitlines() == [
+        f"wb: error: two catalogs given ({small_catalog} and -c {tmp_path / 'other.duckdb'}): give one"
+    ]
+
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 

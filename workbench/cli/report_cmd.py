@@ -13,9 +13,12 @@ from workbench.core.files import DEFAULT_CATALOG
 
 @app.command()
 def report(
-    catalog: Annotated[Path, typer.Argument(help="Catalog file (default: wb_out/catalog.duckdb).")] = Path(
-        DEFAULT_CATALOG
-    ),
+    catalog: Annotated[
+        Path | None, typer.Argument(help="Catalog file (default: wb_out/catalog.duckdb), or give it with -c.")
+    ] = None,
+    catalog_option: Annotated[
+        Path | None, typer.Option("--catalog", "-c", help="Catalog file, as every other command takes it.")
+    ] = None,
     out: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path("wb_report.html"),
     cmp_id: Annotated[int | None, typer.Option("--cmp", help="Comparison id (default: newest).")] = None,
 ) -> None:
@@ -24,10 +27,13 @@ def report(
     from workbench.analysis.reporting.html_report import write_report
 
     def go() -> None:
-        if not catalog.is_file():
-            raise ValueError(f"{catalog}: no such catalog (run `wb compare -o DIR` first, or pass the catalog file)")
+        if catalog is not None and catalog_option is not None and catalog != catalog_option:
+            raise ValueError(f"two catalogs given ({catalog} and -c {catalog_option}): give one")
+        chosen = catalog or catalog_option or Path(DEFAULT_CATALOG)
+        if not chosen.is_file():
+            raise ValueError(f"{chosen}: no such catalog (run `wb compare -o DIR` first, or pass the catalog file)")
         try:
-            facts = write_report(catalog, out, cmp_id)
+            facts = write_report(chosen, out, cmp_id)
         except ExploreError as exc:
             raise ValueError(str(exc)) from None
         failing = sum(1 for c in facts.strip if c.passed is False)
