@@ -95,7 +95,9 @@ def test_a_named_command_is_built_alone_and_the_others_stay_reachable() -> None:
     """`wb`'s `main` builds only the command a line names; a misspelt name still gets typer's suggestion, and
     `--help` lists every command."""
     res = run_wb("compar")
-    assert res.returncode == 2 and "Did you mean 'compare'?" in res.stderr
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.startswith("wb: error: No such command 'compar'. Did you mean 'compare'? (see `")
+    assert res.stderr.endswith(" --help`)\n") and res.stderr.count("\n") == 1  # (`python -m workbench.cli` here)
     listed = run_wb("--help").stdout
     assert all(name in listed for name in ("compare", "open", "demo", "report", "queries", "ingest"))
     res = run_wb("report", "--help")
@@ -213,3 +215,23 @@ def _raising_app(exc: BaseException) -> typer.Typer:
         raise exc
 
     return demo
+
+
+def test_usage_errors_are_one_line_naming_the_help_to_read(tmp_path: Path) -> None:
+    """An unknown option, a missing value or option, a value of the wrong kind: one `wb: error:` line and exit 2, as
+    bad input is everywhere else; `wb` alone still shows the help."""
+    cases = [
+        (("report", "--bogus"), "No such option: --bogus (see `wb report --help`)"),
+        (("compare", "-gp"), "Option '-gp' requires an argument (see `wb compare --help`)"),
+        (("compare", "-mp", str(tmp_path)), "Missing option '-gp' / '--golden-path' (see `wb compare --help`)"),
+        (("query",), "Missing argument 'sql' (see `wb query --help`)"),
+        (("--bogus",), "No such option: --bogus (see `wb --help`)"),
+    ]
+    for args, message in cases:
+        res = invoke_wb(*args)
+        assert (res.returncode, res.stdout, res.stderr) == (2, "", f"wb: error: {message}\n"), args
+    bad_int = invoke_wb("advise", "--top", "x")
+    assert bad_int.returncode == 2 and bad_int.stderr.count("\n") == 1
+    assert bad_int.stderr.startswith("wb: error: Invalid value for '--top' / '-k': ")
+    bare = run_wb()
+    assert bare.returncode == 2 and "Usage: " in bare.stdout and "[OPTIONS] COMMAND" in bare.stdout

@@ -52,11 +52,31 @@ class _PlainHelp:
         from workbench.cli import plain_values
 
         plain_values.install(self.get_params(ctx))  # plain option values coerced without pydantic
-        return list(super().parse_args(ctx, args))  # type: ignore[misc]
+        with _usage_errors_on_one_line(ctx):
+            return list(super().parse_args(ctx, args))  # type: ignore[misc]
+
+
+@contextlib.contextmanager
+def _usage_errors_on_one_line(ctx: Any) -> Iterator[None]:
+    """A usage error (an unknown option or command, a missing or bad value) as one `wb: error:` line naming the
+    command's `--help`, exit 2, instead of typer's usage block and framed message. `wb` alone (or a group with no
+    arguments) still shows the help."""
+    try:
+        yield
+    except typer.TyperException as exc:
+        if getattr(exc, "exit_code", None) != EXIT_INPUT or type(exc).__name__ == "NoArgsIsHelpError":
+            raise
+        message = (exc.format_message() if hasattr(exc, "format_message") else str(exc)).rstrip(".")
+        say(f"wb: error: {message} (see `{ctx.command_path} --help`)", err=True)
+        raise typer.Exit(EXIT_INPUT) from None
 
 
 class WbGroup(_PlainHelp, TyperGroup):
     """The `wb` group (its `--version` and `--help` flags)."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        with _usage_errors_on_one_line(ctx):
+            return super().resolve_command(ctx, args)
 
 
 class WbCommand(_PlainHelp, TyperCommand):
