@@ -51,6 +51,24 @@ def run_wb(*args: str, cwd: Path | None = None, timeout: int = 300) -> subproces
     return subprocess.run([*WB, *args], capture_output=True, text=True, cwd=cwd or ROOT, env=env, timeout=timeout)
 
 
+def wb_loading(module: str, *args: str) -> tuple[subprocess.CompletedProcess[str], bool]:
+    """`wb ARGS` in a fresh interpreter, and whether it loaded `module` by the time it ended."""
+    code = (
+        "import sys\n"
+        "from workbench.cli import app\n"
+        "try:\n"
+        "    app(sys.argv[2:])\n"
+        "finally:\n"
+        "    print(sys.argv[1] in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", code, module, *args], capture_output=True, text=True, env=env, timeout=120
+    )
+    *printed, loaded = out.stdout.splitlines() or [""]
+    return subprocess.CompletedProcess(out.args, out.returncode, "\n".join(printed), out.stderr), loaded == "True"
+
+
 @dataclass(frozen=True)
 class WbResult:
     """What `invoke_wb` saw, named as `subprocess.CompletedProcess` names it."""

@@ -9,7 +9,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.conftest import ROOT, WB, run_wb
+from tests.conftest import ROOT, WB, run_wb, wb_loading
 from workbench.catalog.store import open_catalog
 from workbench.core.exits import EXIT_BROKEN_PIPE
 
@@ -82,21 +82,9 @@ def test_table_columns_share_one_float_form_and_rows_are_cut_at_the_limit(tmp_pa
 
 def test_a_query_loads_no_pandas(tmp_path: Path) -> None:
     cat = _catalog(tmp_path)
-    code = (
-        "import sys\n"
-        "from workbench.cli import app\n"
-        "try:\n"
-        "    app(sys.argv[1:])\n"
-        "finally:\n"
-        "    print('pandas' in sys.modules)\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for fmt in ("table", "csv", "json"):
-        out = subprocess.run(
-            [*WB[:-2], "-c", code, "query", "SELECT 42 AS x", "-c", str(cat), "-f", fmt],
-            capture_output=True, text=True, env=env, timeout=120,
-        )  # fmt: skip
-        assert out.stdout.splitlines()[-1] == "False", (fmt, out.stdout, out.stderr)
+        out, pandas = wb_loading("pandas", "query", "SELECT 42 AS x", "-c", str(cat), "-f", fmt)
+        assert out.returncode == 0 and "42" in out.stdout and not pandas, (fmt, out.stdout, out.stderr)
 
 
 def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import pytest
 import typer
 from typer.core import TyperOption
 
+from tests.conftest import wb_loading
 from workbench.cli import app, plain_values
 
 _ROOT = Path(__file__).resolve().parents[2]
@@ -77,19 +78,10 @@ def test_a_repeatable_option_loads_no_pydantic(tmp_path: Path) -> None:
 
     open_catalog(tmp_path / "c.duckdb").close()
     (tmp_path / "t.csv").write_text("a\n1\n")
-    code = (
-        "import sys\n"
-        "from workbench.cli import app\n"
-        "try:\n"
-        "    app(sys.argv[1:])\n"
-        "finally:\n"
-        "    print('pydantic' in sys.modules)\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(_ROOT)}
     for attach in ([], ["--attach", str(tmp_path / "t.csv")]):
         args = ["query", "-c", str(tmp_path / "c.duckdb"), "-f", "csv", *attach, "SELECT 41 + 1 AS x"]
-        out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=120)
-        assert out.stdout.split() == ["x", "42", "False"], out.stderr
+        out, pydantic = wb_loading("pydantic", *args)
+        assert out.stdout.split() == ["x", "42"] and not pydantic, out.stderr
 
 
 def test_a_command_line_loads_no_pydantic(tmp_path: Path) -> None:
