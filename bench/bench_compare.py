@@ -100,6 +100,9 @@ SIZES: dict[str, tuple[dict[str, int], int]] = {
 }
 
 
+MSPROBE_SIZES = ("620mb", "quick")  # the sizes msprobe's own dumper makes a pair at (1.41 GB at 620mb)
+
+
 def model_config(size: str) -> tuple[dict[str, int], int]:
     """The benchmark model's config and prompt length for a `--size`."""
     return SIZES[size]
@@ -618,6 +621,10 @@ def main() -> None:
     )
     all_runs: list[Runs] = []
     for size, dumper in [(z, d) for z in sizes for d in dumpers]:
+        if dumper == "msprobe" and size not in MSPROBE_SIZES:
+            # msprobe saves every module's weights at every step: its pair of a larger model fills a small disk
+            print(f"msprobe-made {size} pair skipped (msprobe's own pairs are made at {' and '.join(MSPROBE_SIZES)})")
+            continue
         # 620mb keeps the folder name earlier runs used, so a --keep folder is reused
         where = base / (f"{dumper}_made" if size in ("620mb", "quick") else f"{dumper}_made_{size}")
         if not (where / "test").exists():
