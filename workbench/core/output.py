@@ -7,6 +7,8 @@ import io
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from workbench.core.text import csv_safe
+
 OUTPUT_FORMATS = ("table", "csv", "json")
 
 
@@ -19,8 +21,6 @@ def check_format(fmt: str) -> None:
 def csv_text(rows: Iterable[Mapping[str, object]], columns: Sequence[str]) -> str:
     """Rows as CSV text with a header line (None: an empty cell); text cells a spreadsheet would evaluate are
     neutralised (`core.text.csv_safe`)."""
-    from workbench.core.text import csv_safe
-
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
@@ -32,8 +32,6 @@ def report_cell(value: object) -> object:
     """One cell of a CSV report as pandas' `to_csv(na_rep="", float_format="%.10g")` wrote it (the reports' format
     since the first release: None and NaN empty, floats to 10 significant digits), text made safe for spreadsheets
     (`csv_safe`)."""
-    from workbench.core.text import csv_safe
-
     if value is None:
         return ""
     if isinstance(value, float):
