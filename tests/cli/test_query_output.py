@@ -78,6 +78,10 @@ def test_table_columns_share_one_float_form_and_rows_are_cut_at_the_limit(tmp_pa
     assert lines[4] == "... 2 more rows (use --limit 0 or --format csv)"
     empty = run_wb("query", "SELECT 1 AS x WHERE false", "-c", str(cat))
     assert empty.stdout == "(no rows)\n"
+    long = run_wb("query", "SELECT repeat('ab', 40) AS path", "-c", str(cat))
+    assert long.stdout.splitlines()[1] == "ab" * 28 + "a..."  # 60 characters in the table
+    whole = run_wb("query", "SELECT repeat('ab', 40) AS path", "-c", str(cat), "-f", "csv")
+    assert whole.stdout.splitlines()[1] == "ab" * 40
 
 
 def test_a_query_loads_no_pandas(tmp_path: Path) -> None:

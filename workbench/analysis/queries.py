@@ -134,6 +134,9 @@ def _table_column(values: list[Any]) -> list[str]:
     return [_table_cell(v, exp) for v in values]
 
 
+TABLE_CELL_CHARS = 60  # a longer text cell is cut in the table (`...`); CSV and JSON give it whole
+
+
 def _table_cell(v: Any, exp: bool) -> str:
     if v is None:
         return "NULL"
@@ -141,9 +144,8 @@ def _table_cell(v: Any, exp: bool) -> str:
         if not math.isfinite(v):
             return str(v)
         return f"{v:.6e}" if exp else f"{v:.6f}"
-    if isinstance(v, bytes | bytearray | memoryview):
-        return printable(bytes(v).hex())
-    return printable(v)
+    text = printable(bytes(v).hex() if isinstance(v, bytes | bytearray | memoryview) else v)
+    return text if len(text) <= TABLE_CELL_CHARS else text[: TABLE_CELL_CHARS - 3] + "..."
 
 
 def _csv_value(v: Any) -> Any:
