@@ -12,16 +12,17 @@ then, in that worker only.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from workbench.compare.execution.streamed import equal_arrays, release_buffers, stream_pair
 from workbench.compare.execution.tasks import PairTask, StatsTask, Twin
 from workbench.compare.judging.kernel_code import kernel_code
-from workbench.compare.judging.metrics import compare_tensors, summarize
+from workbench.compare.judging.metrics import PairMetrics, compare_tensors, summarize
 from workbench.compare.judging.stat_metrics import stat_metrics
 from workbench.compare.pairing.layout import LAYOUT_PREFIX, layout_rule, not_comparable
 from workbench.compare.pairing.quant_pairs import INT_ONLY, INT_STEP
@@ -45,6 +46,7 @@ def release_staging() -> None:
     """Give this thread's read buffers back (a process that compared in process and lives on: the app)."""
     for slot in getattr(_SLOTS, "slots", None) or ():
         slot.release()
+    release_buffers()
 
 
 def _along(arr: np.ndarray, dim: int, start: int, stop: int) -> np.ndarray:
@@ -152,6 +154,9 @@ def run_pair(task: PairTask) -> dict[str, Any]:
     """
     if task.golden_stats is not None or task.test_stats is not None:
         return _run_stats_pair(task)
+    streamed = stream_pair(task)
+    if streamed is not None:
+        return _with_metrics(_ids(task), task, streamed[0])
     golden, g_err = _load(task.golden_path, "golden_data_path", _GOLDEN, task.golden_at)
     test, t_err = _load(task.test_path, "my_data_path", _TEST, task.test_at)
     return _pair_result(task, golden, g_err, test, t_err)
@@ -161,11 +166,7 @@ def _pair_result(
     task: PairTask, golden: RawTensor | None, g_err: str | None, test: RawTensor | None, t_err: str | None
 ) -> dict[str, Any]:
     """`run_pair` on the pair's tensors as read (None and the reason where a side could not be)."""
-    out: dict[str, Any] = {
-        "pair_id": task.pair_id,
-        "golden_tensor_id": task.golden_tensor_id,
-        "test_tensor_id": task.test_tensor_id,
-    }
+    out = _ids(task)
     if golden is None or test is None:
         # one side unreadable: still describe the other (compare_tensors does it otherwise, in its one pass)
         if golden is not None:
@@ -188,7 +189,16 @@ def _pair_result(
             text if text.startswith("not comparable") else f"cannot apply transform {task.transform!r}: {text}"
         )
         return out
-    res = compare_tensors(golden, test, test_dtype=task.test_dtype)
+    return _with_metrics(out, task, compare_tensors(golden, test, test_dtype=task.test_dtype))
+
+
+def _ids(task: PairTask) -> dict[str, Any]:
+    return {"pair_id": task.pair_id, "golden_tensor_id": task.golden_tensor_id, "test_tensor_id": task.test_tensor_id}
+
+
+def _with_metrics(out: dict[str, Any], task: PairTask, res: PairMetrics) -> dict[str, Any]:
+    """`out` (the pair's ids, and both sides' statistics where a transform compared parts) with the pair's
+    metrics."""
     out["values"] = dict(res.values)
     out["finite_only"] = bool(res.finite_only)
     out["reason"] = res.reason
@@ -267,6 +277,17 @@ def run_stats(task: StatsTask) -> dict[str, Any]:
 def _run_with_twins(task: PairTask) -> list[dict[str, Any]]:
     """The task's result, then one per twin: a copy of the task's for each twin whose two files hold the same
     bytes as the task's, a computed result for the others (their digests matched, their bytes do not)."""
+    streamed = stream_pair(task)
+    if streamed is not None:
+        result = _with_metrics(_ids(task), task, streamed[0])
+        out = [result]
+        for twin, same in zip((Twin(*t) for t in task.twins), streamed[1], strict=True):
+            if same:
+                out.append({**result, "pair_id": twin.pair_id})
+            else:
+                alone = PairTask(twin.pair_id, twin.golden_path, twin.test_path, task.test_dtype, -1, -1)
+                out.append(run_pair(replace(alone, golden_at=twin.golden_at, test_at=twin.test_at)))
+        return out
     golden, g_err = _load(task.golden_path, "golden_data_path", _GOLDEN, task.golden_at)
     test, t_err = _load(task.test_path, "my_data_path", _TEST, task.test_at)
     result = _pair_result(task, golden, g_err, test, t_err)
@@ -282,24 +303,6 @@ def _run_with_twins(task: PairTask) -> list[dict[str, Any]]:
     return out
 
 
-_EQUAL_CHUNK = 1 << 22  # bytes compared at a time where there is no memcmp: no temporary the size of a tensor
-
-
-def _libc_memcmp() -> Callable[[int, int, int], int] | None:
-    """The C library's `memcmp` (it compares at memory speed, numpy's `==` makes a temporary): None where the
-    process has no such symbol."""
-    try:
-        fn = ctypes.CDLL(None).memcmp
-    except (OSError, AttributeError, TypeError):
-        return None
-    fn.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_MEMCMP = _libc_memcmp()
-
-
 def same_bytes(a: RawTensor | None, b: RawTensor | None) -> bool:
     """Whether two tensors have one dtype and shape and bit-identical values (NaNs included)."""
     if a is None or b is None or a.dtype != b.dtype or a.shape != b.shape:
@@ -307,16 +310,7 @@ def same_bytes(a: RawTensor | None, b: RawTensor | None) -> bool:
     x, y = a.array, b.array
     if x.dtype != y.dtype or not (x.flags.c_contiguous and y.flags.c_contiguous):
         return False
-    if _MEMCMP is not None:
-        return x.nbytes == y.nbytes and (x.nbytes == 0 or _MEMCMP(x.ctypes.data, y.ctypes.data, x.nbytes) == 0)
-    xb, yb = x.reshape(-1).view(np.uint8), y.reshape(-1).view(np.uint8)
-    whole = xb.size // 8 * 8  # compared as 64-bit words (3x faster than bytes), the last few bytes as bytes
-    return all(
-        np.array_equal(
-            xb[i : min(i + _EQUAL_CHUNK, whole)].view(np.uint64), yb[i : min(i + _EQUAL_CHUNK, whole)].view(np.uint64)
-        )
-        for i in range(0, whole, _EQUAL_CHUNK)
-    ) and np.array_equal(xb[whole:], yb[whole:])
+    return equal_arrays(x, y)
 
 
 def read_dump(path: str, follow_symlinks: bool) -> Dump:

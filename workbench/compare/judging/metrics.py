@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +26,7 @@ import numpy as np
 
 from workbench.catalog.schema import ALL_METRICS
 from workbench.compare.judging import kernel_state as k
-from workbench.compare.judging.kernel_code import kernel_code
+from workbench.compare.judging.kernel_code import KINDS, kernel_code
 from workbench.compare.pairing.layout import layout_rule, not_comparable
 from workbench.formats.arrays import RawTensor, as_raw
 from workbench.formats.model import canonical_dtype
@@ -220,13 +220,57 @@ def _compare(g_raw: RawTensor, t_raw: RawTensor, test_dtype: str | None) -> Pair
         )
     if g_raw.numel == 0:
         return PairMetrics(none, summarize(g_raw), summarize(t_raw), False, "empty tensor: nothing to compare")
-    reasons: list[str] = []
     if gshape != tshape and layout_rule(gshape, tshape) is None:
         return PairMetrics(none, summarize(g_raw), summarize(t_raw), False, not_comparable(gshape, tshape))
     top, floor, ulp_scale = _ulp_constants(canonical_dtype(test_dtype) or canonical_dtype(t_raw.dtype))
     st, counts = _pass(g_raw, t_raw, top, floor)
-    summ_g = _side_summary(st, k.G_SIDE, g_raw.numel, counts[0], counts[1])
-    summ_t = _side_summary(st, k.M_SIDE, t_raw.numel, counts[2], counts[3])
+    return _metrics_of_state(st, counts, g_raw.numel, ulp_scale, lambda: _kl_direct(g_raw, t_raw))
+
+
+class BlockPass:
+    """One pair's metrics fed block by block: consecutive blocks of both sides (the arrays the kernels read:
+    `kernel_dtype`), each but the last a whole number of `CHUNK`s, give the numbers `compare_tensors` gives for the
+    whole pair, to the last bit. A caller reading a pair's files a block at a time keeps the block in the CPU's
+    cache for the pass."""
+
+    def __init__(self, test_dtype: str | None) -> None:
+        self._top, self._floor, self._ulp_scale = _ulp_constants(canonical_dtype(test_dtype))
+        self._st, self._counts = k.new_state(), [0, 0, 0, 0]
+        self.numel = 0
+
+    def add(self, g: np.ndarray, m: np.ndarray) -> None:
+        """The next block of each side (1-D, contiguous, of one size)."""
+        if g.size != m.size or (self.numel % CHUNK and g.size):
+            raise ValueError("blocks of a pair: one size a side, whole chunks but the last")
+        _add_chunks(g, m, 0, -(-g.size // CHUNK), self._st, self._counts, self._top, self._floor)
+        self.numel += g.size
+
+    def metrics(self, whole: Callable[[], tuple[RawTensor, RawTensor]]) -> PairMetrics:
+        """The pair's metrics once every block was added; `whole` reads the pair in full when the KL divergence
+        needs its float64 two-pass form (a large shift between the sides)."""
+
+        def kl_direct() -> float | None:
+            with np.errstate(all="ignore"):
+                return _kl_direct(*whole())
+
+        return _metrics_of_state(self._st, self._counts, self.numel, self._ulp_scale, kl_direct)
+
+
+def kernel_dtype(dtype: str) -> np.dtype[Any] | None:
+    """The array dtype the kernels read a payload of `dtype` (its name) as, in place; None for any other dtype."""
+    return _KERNEL_DTYPES.get(dtype)
+
+
+_KERNEL_DTYPES: dict[str, np.dtype[Any]] = {name: dt for dt, name in KINDS.items()}
+
+
+def _metrics_of_state(
+    st: np.ndarray, counts: list[int], numel: int, ulp_scale: float | None, kl_direct: Callable[[], float | None]
+) -> PairMetrics:
+    """The pair's metrics from the kernels' state of a pass over all its `numel` positions."""
+    reasons: list[str] = []
+    summ_g = _side_summary(st, k.G_SIDE, numel, counts[0], counts[1])
+    summ_t = _side_summary(st, k.M_SIDE, numel, counts[2], counts[3])
     finite_only = any(counts)
     for side, s in (("golden_data", summ_g), ("my_data", summ_t)):
         if s.nan_count or s.inf_count:
@@ -234,12 +278,12 @@ def _compare(g_raw: RawTensor, t_raw: RawTensor, test_dtype: str | None) -> Pair
     n = int(st[k.P_N])
     if n == 0:
         reasons.append("no position is finite on both sides: no metrics")
-        return PairMetrics(none, summ_g, summ_t, finite_only, "; ".join(reasons))
+        return PairMetrics(dict.fromkeys(ALL_METRICS), summ_g, summ_t, finite_only, "; ".join(reasons))
     if finite_only:
-        reasons.append(f"metrics on the {n} of {g_raw.numel} positions finite on both sides")
+        reasons.append(f"metrics on the {n} of {numel} positions finite on both sides")
     values = _pair_values(st, ulp_scale)
     if values["kl_divergence"] is None:
-        values["kl_divergence"] = _kl_direct(g_raw, t_raw)
+        values["kl_divergence"] = kl_direct()
     return PairMetrics(values, summ_g, summ_t, finite_only, "; ".join(reasons) or None)
 
 
