@@ -24,10 +24,13 @@ def _save(path: Path, tensor: torch.Tensor) -> str:
     return str(path)
 
 
-def _task(pair_id: int, golden: str, test: str, test_dtype: str, **kw: object) -> PairTask:
+def _task(
+    pair_id: int, golden: str, test: str, test_dtype: str, transform: str | None = None, twins: tuple[Twin, ...] = ()
+) -> PairTask:
+    g_at, t_at = pth_header(golden)[2], pth_header(test)[2]
     return PairTask(
-        pair_id, golden, test, test_dtype, -1, -1, golden_at=pth_header(golden)[2], test_at=pth_header(test)[2], **kw
-    )  # type: ignore[arg-type]
+        pair_id, golden, test, test_dtype, -1, -1, transform=transform, twins=twins, golden_at=g_at, test_at=t_at
+    )
 
 
 def _same_numbers(a: PairMetrics, b: PairMetrics) -> None:
