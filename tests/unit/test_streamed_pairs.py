@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +15,9 @@ import torch
 from workbench.compare.execution.streamed import BLOCK_ELEMENTS, stream_pair, streamable
 from workbench.compare.execution.tasks import PairTask, Twin
 from workbench.compare.execution.worker import run_batch, run_pair
-from workbench.compare.judging.metrics import PairMetrics, compare_tensors
-from workbench.formats.arrays import read_array
+from workbench.compare.judging.metrics import PairMetrics, compare_tensors, summarize
+from workbench.formats import atb_bin
+from workbench.formats.arrays import RawTensor, payload_place, read_array, read_payload
 from workbench.formats.scan import pth_header
 
 
@@ -157,3 +159,42 @@ def test_a_merged_heads_layout_is_streamed(tmp_path: Path) -> None:
     assert got is not None
     _same_numbers(got[0], _whole(golden, test, "bfloat16"))
     assert np.isclose(got[0].values["cosine_similarity"] or 0.0, 1.0, atol=1e-4)
+
+
+def test_payload_place_reads_the_headers_users_files_have(tmp_path: Path) -> None:
+    """`.pth`, ATB `.bin` and C-ordered `.npy` files say where their values lie; anything else says nothing."""
+    arr = (np.arange(3 * 4096, dtype=np.float32) / 7).reshape(3, 4096)
+    torch_file = _save(tmp_path / "x.pth", torch.from_numpy(arr))
+    atb_bin.write_bin(tmp_path / "x.bin", arr, "float32")
+    np.save(tmp_path / "x.npy", arr)
+    for name in (torch_file, str(tmp_path / "x.bin"), str(tmp_path / "x.npy")):
+        at = payload_place(name)
+        assert at is not None and (at.dtype, at.shape) == ("float32", (3, 4096)), name
+        got = read_payload(name, at)
+        assert got is not None and np.array_equal(got.array, arr), name
+    np.save(tmp_path / "f.npy", np.asfortranarray(arr))
+    np.save(tmp_path / "big_endian.npy", arr.astype(">f4"))
+    (tmp_path / "notes.txt").write_text("not a tensor")
+    for name in ("f.npy", "big_endian.npy", "notes.txt", "missing.pth"):
+        assert payload_place(str(tmp_path / name)) is None, name
+    torch.save(torch.randn(5, 7).t(), tmp_path / "t.pth")  # a view whose elements are not contiguous
+    assert payload_place(str(tmp_path / "t.pth")) is None
+
+
+def test_pairs_planned_from_the_catalog_are_streamed_with_their_layout_view(tmp_path: Path) -> None:
+    """A pair with no reader's places (planned from the catalog: a torch golden against an ATB test run, the batch
+    squeezed on one side) gets its places from the headers and is streamed: the whole-tensor numbers, and the
+    statistics of both whole files."""
+    x = torch.randn(1, 6, 3 * BLOCK_ELEMENTS // 6 + 5, generator=torch.Generator().manual_seed(11))
+    golden = _save(tmp_path / "g.pth", x)
+    atb_bin.write_bin(tmp_path / "t.bin", x[0].bfloat16().view(torch.int16).numpy().view(np.uint16), "bfloat16")
+    test = str(tmp_path / "t.bin")
+    task = PairTask(0, golden, test, "bfloat16", 4, 5, transform="layout:squeeze")
+    placed = replace(task, golden_at=payload_place(golden), test_at=payload_place(test))
+    assert streamable(placed) and not streamable(replace(placed, transform="t.flat"))
+    got = run_pair(task)
+    g_raw, t_raw = read_array(golden), read_array(test)
+    whole = compare_tensors(g_raw, RawTensor(t_raw.array.reshape(g_raw.shape), t_raw.dtype), test_dtype="bfloat16")
+    assert got["values"] == whole.values and (got["golden_tensor_id"], got["test_tensor_id"]) == (4, 5)
+    assert got["golden"] == {f: getattr(summarize(g_raw), f) for f in got["golden"]}
+    assert got["test"] == {f: getattr(summarize(t_raw), f) for f in got["test"]}

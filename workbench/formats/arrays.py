@@ -26,7 +26,7 @@ import numpy as np
 
 from workbench.formats import atb_bin
 from workbench.formats.model import DumpError, Payload, dtype_name
-from workbench.formats.pth_header import PlainTensor, contiguous_strides, plain_tensor
+from workbench.formats.pth_header import PlainTensor, contiguous_strides, payload_of, plain_tensor
 from workbench.formats.staging import Staging
 
 NUMPY_STORAGE: dict[str, str] = {
@@ -202,6 +202,51 @@ def read_payload(path: str, at: Payload, staging: Staging | None = None) -> RawT
         return RawTensor(flat.reshape(at.shape), at.dtype)
     finally:
         os.close(fd)
+
+
+def payload_place(path: str) -> Payload | None:
+    """Where a tensor file's values lie (`Payload`: contiguous, C-ordered, in a dtype numpy holds as the file stores
+    it), from its header alone; None for any other file, or one that cannot be read (`read_array` then says why).
+    A compare worker given a pair without its readers' places finds them here, then reads the values a block at a
+    time."""
+    suffix = os.path.splitext(path)[1].lower()
+    try:
+        before = os.stat(path)
+        if not stat.S_ISREG(before.st_mode):
+            return None
+        key = (before.st_dev, before.st_ino, before.st_size, before.st_mtime_ns)
+        if suffix in (".pth", ".pt"):
+            found = plain_tensor(path, before.st_size) if before.st_size > 0 else None
+            at = None if found is None else payload_of(found, key)
+        elif suffix == ".bin":
+            hdr = atb_bin.read_header(path)
+            at = Payload(key, hdr.payload_offset, hdr.dtype, hdr.shape) if hdr.payload_length else None
+        elif suffix == ".npy":
+            at = _npy_place(path, key)
+        else:
+            return None
+        after = os.stat(path)
+    except (OSError, DumpError):
+        return None
+    if at is None or (after.st_dev, after.st_ino, after.st_size, after.st_mtime_ns) != key:
+        return None  # replaced while its header was read
+    storage = NUMPY_STORAGE.get(at.dtype)
+    if storage is None or at.offset + np.dtype(storage).itemsize * math.prod(at.shape) > before.st_size:
+        return None
+    return at
+
+
+def _npy_place(path: str, key: tuple[int, int, int, int]) -> Payload | None:
+    try:
+        with open(path, "rb") as fh:
+            shape, fortran, dtype = npy_header_of(fh)
+            start = fh.tell()
+    except (ValueError, OSError, EOFError):
+        return None
+    name = dtype_name(dtype) if not dtype.hasobject else None
+    if fortran or name is None or NUMPY_STORAGE.get(name) is None or np.dtype(NUMPY_STORAGE[name]) != dtype:
+        return None
+    return Payload(key, start, name, tuple(int(d) for d in shape))
 
 
 def read_array(path: str | Path, staging: Staging | None = None) -> RawTensor:

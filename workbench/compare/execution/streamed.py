@@ -6,10 +6,11 @@ into a small buffer that stays in the core's cache and is passed from there: the
 same numbers to the last bit, for less CPU (docs/performance.md, issue 23). The pair's twins (files that likely hold
 the same bytes: `tasks.Twin`) are read block by block beside it and compared byte for byte, from the cache too.
 
-Only the common pair is streamed: both payloads where the dump's reader found them (`Payload`: the files unchanged
-since), of a dtype the kernels read in place, one element count, no transform, at most two `PART_BYTES` (a larger
-pair is passed in parts on threads). Anything else, and any pair whose files fail to read on the way, is left to the
-whole-tensor path (`worker.run_pair`), which says what went wrong.
+Only the common pair is streamed: both payloads at a known place (`Payload`, from the dump's reader or the file's
+header: the files unchanged since), of a dtype the kernels read in place, one element count, no transform but a
+layout view (`layout_only`), at most two `PART_BYTES` (a larger pair is passed in parts on threads). Anything else,
+and any pair whose files fail to read on the way, is left to the whole-tensor path (`worker.run_pair`), which says
+what went wrong.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import numpy as np
 
 from workbench.compare.execution.tasks import PairTask, Twin
 from workbench.compare.judging.metrics import CHUNK, PART_BYTES, BlockPass, PairMetrics, kernel_dtype
-from workbench.compare.pairing.layout import layout_rule
+from workbench.compare.pairing.layout import LAYOUT_PREFIX, layout_rule
 from workbench.formats.arrays import NUMPY_STORAGE, RawTensor, read_array, read_payload
 from workbench.formats.model import Payload
 
@@ -113,7 +114,7 @@ def _stream_dtype(at: Payload) -> np.dtype[Any] | None:
 def streamable(task: PairTask) -> bool:
     """Whether `stream_pair` takes this pair (the files are checked when it reads them)."""
     g, t = task.golden_at, task.test_at
-    if task.transform or g is None or t is None or task.golden_path is None or task.test_path is None:
+    if not layout_only(task.transform) or g is None or t is None or task.golden_path is None or task.test_path is None:
         return False
     if task.golden_stats is not None or task.test_stats is not None:
         return False
@@ -124,6 +125,12 @@ def streamable(task: PairTask) -> bool:
     if numel == 0 or numel != math.prod(t.shape) or numel * (g_dt.itemsize + t_dt.itemsize) > 2 * PART_BYTES:
         return False
     return g.shape == t.shape or layout_rule(list(g.shape), list(t.shape)) is not None
+
+
+def layout_only(transform: str | None) -> bool:
+    """Whether a pair's transform (`worker.apply_transform`) at most views one side in the other's shape: the
+    elements compared are then every element of both files, in their order."""
+    return not transform or all(step.strip().startswith(LAYOUT_PREFIX) for step in transform.split(";") if step.strip())
 
 
 def stream_pair(task: PairTask) -> tuple[PairMetrics, list[bool]] | None:

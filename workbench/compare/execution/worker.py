@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.compare.execution.streamed import equal_arrays, release_buffers, stream_pair
+from workbench.compare.execution.streamed import equal_arrays, layout_only, release_buffers, stream_pair
 from workbench.compare.execution.tasks import PairTask, StatsTask, Twin
 from workbench.compare.judging.kernel_code import kernel_code
 from workbench.compare.judging.metrics import PairMetrics, compare_tensors, summarize
@@ -27,7 +27,7 @@ from workbench.compare.judging.stat_metrics import stat_metrics
 from workbench.compare.pairing.layout import LAYOUT_PREFIX, layout_rule, not_comparable
 from workbench.compare.pairing.quant_pairs import INT_ONLY, INT_STEP
 from workbench.core.metrics import SUMMARY_FIELDS
-from workbench.formats.arrays import RawTensor, read_array, read_payload
+from workbench.formats.arrays import RawTensor, payload_place, read_array, read_payload
 from workbench.formats.model import Dump, DumpError, Payload
 from workbench.formats.staging import Staging
 
@@ -154,12 +154,26 @@ def run_pair(task: PairTask) -> dict[str, Any]:
     """
     if task.golden_stats is not None or task.test_stats is not None:
         return _run_stats_pair(task)
+    task = _placed(task)
     streamed = stream_pair(task)
     if streamed is not None:
-        return _with_metrics(_ids(task), task, streamed[0])
+        out, res = _ids(task), streamed[0]
+        if task.transform:  # a layout view only: the pair compares the whole files, which the catalog describes
+            out["golden"], out["test"] = _summary_dict(res.golden), _summary_dict(res.test)
+        return _with_metrics(out, task, res)
     golden, g_err = _load(task.golden_path, "golden_data_path", _GOLDEN, task.golden_at)
     test, t_err = _load(task.test_path, "my_data_path", _TEST, task.test_at)
     return _pair_result(task, golden, g_err, test, t_err)
+
+
+def _placed(task: PairTask) -> PairTask:
+    """The task with where each side's values lie, found from the files' headers when its dump's reader did not say
+    (pairs planned from the catalog): such a pair is streamed too, and read without a second header parse."""
+    if not layout_only(task.transform) or (task.golden_at is not None and task.test_at is not None):
+        return task
+    golden_at = task.golden_at or (payload_place(task.golden_path) if task.golden_path else None)
+    test_at = task.test_at or (payload_place(task.test_path) if task.test_path else None)
+    return replace(task, golden_at=golden_at, test_at=test_at)
 
 
 def _pair_result(
