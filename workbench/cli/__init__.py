@@ -36,6 +36,7 @@ from workbench.cli.common import (
     on_sigterm,
     use_plain_help,
 )
+from workbench.core.interrupts import keep_interrupts_from_finalizers
 
 use_plain_help(app)  # every command is registered by now (the imports above)
 
@@ -52,6 +53,7 @@ def main() -> None:
     _only_the_named_command(sys.argv[1:2])
     with contextlib.suppress(ValueError):  # not the main thread (embedded): leave signals alone
         signal.signal(signal.SIGTERM, on_sigterm)
+        keep_interrupts_from_finalizers()
     code: int = 0
     try:
         app()

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import _thread
+import signal
+import sys
+from typing import Any
+
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, delivered as an interrupt so it ends exactly like Ctrl-C (everything committed kept)."""
@@ -16,6 +21,26 @@ def on_sigterm(_signum: int, _frame: object) -> None:
     global _sigterm_received
     _sigterm_received = True
     raise Terminated
+
+
+def keep_interrupts_from_finalizers() -> None:
+    """An interrupt (Ctrl-C's `KeyboardInterrupt`, SIGTERM's `Terminated`) raised while Python runs a finalizer (a
+    `__del__`, a weakref callback: when the signal lands there) is printed by Python as "Exception ignored in ..."
+    and dropped, and the command would go on as if the signal never came: it is delivered again, from a thread of
+    its own, so the main thread raises it once the finalizer has returned (a hook on `sys.unraisablehook`; other
+    unraisable errors go to the previous hook)."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        exc = unraisable.exc_value
+        if isinstance(exc, KeyboardInterrupt):
+            # from this thread the main thread would raise it at once, still inside the finalizer
+            signum = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
+            _thread.start_new_thread(_thread.interrupt_main, (signum,))
+            return
+        previous(unraisable)
+
+    sys.unraisablehook = hook
 
 
 def sigterm_received() -> bool:
