@@ -108,8 +108,12 @@ def model_config(size: str) -> tuple[dict[str, int], int]:
     return SIZES[size]
 
 
-def dump_one(base: Path, dumper: str, side: str, size: str) -> None:
-    """Dump one side (fp32 golden or bf16 test) with `dumper` (`wb` or `msit`), in this process.
+TEST_DTYPES = {"bfloat16": "", "float16": "_fp16"}  # the test run's dtype, and what its folders' names end with
+
+
+def dump_one(base: Path, dumper: str, side: str, size: str, test_dtype: str = "bfloat16") -> None:
+    """Dump one side (fp32 golden, or the test run in `test_dtype`) with `dumper` (`wb` or `msit`), in this
+    process.
 
     msit's DumpConfig is a process-wide singleton and its hooks stay installed, so every side runs in a
     fresh process; the test side replays the golden side's tokens (saved next to the dumps).
@@ -122,7 +126,7 @@ def dump_one(base: Path, dumper: str, side: str, size: str) -> None:
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**cfg_kw)).eval()
     if side == "test":
-        model = model.to(torch.bfloat16)
+        model = model.to(getattr(torch, test_dtype))
     prompt = torch.randint(3, cfg_kw["vocab_size"], (1, prompt_len), generator=torch.Generator().manual_seed(1))
     token_file = base / "tokens.json"
     forced = json.loads(token_file.read_text()) if side == "test" else None
@@ -154,7 +158,7 @@ def dump_one(base: Path, dumper: str, side: str, size: str) -> None:
         token_file.write_text(json.dumps(chosen))
 
 
-def build_dumps(base: Path, dumper: str, size: str) -> tuple[Path, Path]:
+def build_dumps(base: Path, dumper: str, size: str, test_dtype: str = "bfloat16") -> tuple[Path, Path]:
     """Golden and test dumps by `dumper`, each side in a fresh process; returns their `{device}_{pid}` folders.
 
     When a dumper fails (msprobe saves every module's weights at every step: its 1.6gb pair fills a small disk), the
@@ -164,6 +168,7 @@ def build_dumps(base: Path, dumper: str, size: str) -> tuple[Path, Path]:
     try:
         for side in ("golden", "test"):
             cmd = [sys.executable, __file__, "--dump-one", dumper, side, str(base), "--size", size]
+            cmd += ["--test-dtype", test_dtype]
             subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     except (subprocess.CalledProcessError, OSError) as exc:
         if created:
@@ -602,11 +607,17 @@ def main() -> None:
         "--no-msprobe", action="store_true", help="no msprobe-made pair (msprobe's own dumper and `msprobe compare`)"
     )
     ap.add_argument("--ref", type=Path, help="another checkout whose wb runs in every round too (e.g. /work/main)")
+    ap.add_argument(
+        "--test-dtype",
+        choices=sorted(TEST_DTYPES),
+        default="bfloat16",
+        help="the test run's dtype against the fp32 golden (default bfloat16; float16 pairs live in *_fp16 folders)",
+    )
     ap.add_argument("--dump-one", nargs=3, metavar=("DUMPER", "SIDE", "BASE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.dump_one:
         dumper, side, base_dir = args.dump_one
-        dump_one(Path(base_dir), dumper, side, (args.size or ["620mb"])[0])
+        dump_one(Path(base_dir), dumper, side, (args.size or ["620mb"])[0], args.test_dtype)
         return
     sizes = ["quick"] if args.quick else (args.size or ["620mb"])
     base = args.keep or Path(tempfile.mkdtemp(prefix="wb_bench_compare_"))
@@ -626,11 +637,12 @@ def main() -> None:
             print(f"msprobe-made {size} pair skipped (msprobe's own pairs are made at {' and '.join(MSPROBE_SIZES)})")
             continue
         # 620mb keeps the folder name earlier runs used, so a --keep folder is reused
-        where = base / (f"{dumper}_made" if size in ("620mb", "quick") else f"{dumper}_made_{size}")
+        ending = TEST_DTYPES[args.test_dtype]
+        where = base / (f"{dumper}_made{ending}" if size in ("620mb", "quick") else f"{dumper}_made_{size}{ending}")
         if not (where / "test").exists():
             t0 = time.perf_counter()
-            build_dumps(where, dumper, size)
-            print(f"{dumper}-made dumps ({size}) built in {time.perf_counter() - t0:.1f} s")
+            build_dumps(where, dumper, size, args.test_dtype)
+            print(f"{dumper}-made dumps ({size}, test {args.test_dtype}) built in {time.perf_counter() - t0:.1f} s")
         golden, test = dump_dirs(where)
         size_mb = (du(golden) + du(test)) / 1e6
         n_files = len(tensor_files(golden))
@@ -639,7 +651,8 @@ def main() -> None:
             f"{n_files} golden files"
         )
         peer = "msprobe" if dumper == "msprobe" else "msit"
-        all_runs.append(Runs(f"{dumper}-made {size}", golden, test, where, size_mb, peer))
+        label = f"{dumper}-made {size}" + (f" {args.test_dtype}" if ending else "")
+        all_runs.append(Runs(label, golden, test, where, size_mb, peer))
     for checkout in [ROOT, *([args.ref] if args.ref else [])]:
         # the byte code of each timed checkout, written now: under PYTHONDONTWRITEBYTECODE (set on some machines)
         # every wb run would compile workbench's sources again (~0.3 s of the main process), which users never pay
