@@ -5,6 +5,7 @@ damaged file is refused and the entry compiled anew."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -140,3 +141,54 @@ def test_a_pair_runs_the_entry_of_its_dtypes_any_other_dtype_as_float32() -> Non
     assert pair_entry("float64", "int8") == ("pass_pair", ("float32", "float32"))
     assert pair_entry(None, "bfloat16") == ("pass_pair", ("float32", "bfloat16"))
     assert all(pair_entry(g, t) in ENTRIES for g in ("float32", "bfloat16", "x") for t in ("float16", None))
+
+
+# float16 values of every kind (normal, subnormal, zeros, Inf, NaN) against a float32 golden, read out exactly
+_HALVES = """
+import json
+import sys
+import numpy as np
+from workbench.compare.judging import kernels
+from workbench.compare.judging.metrics import compare_tensors
+gen = np.random.default_rng(6)
+g = (gen.standard_normal(70_001) * 4).astype(np.float32)
+g[::11] *= np.float32(1e-6)  # subnormal halves
+m = g.astype(np.float16)
+m[5], m[6], m[7], m[8] = np.inf, -np.inf, np.nan, -0.0
+r = compare_tensors(g, m)
+print(kernels._CPU_CONVERTS_HALVES)
+print(json.dumps({k: None if v is None else float(v) for k, v in r.values.items()}))
+print(repr((r.golden, r.test)))
+"""
+
+
+@pytest.mark.slow
+def test_float16_read_by_the_cpu_or_in_bits_gives_the_same_numbers(tmp_path: Path) -> None:
+    """A CPU that converts halves itself (F16C, ARM) and code compiled for a generic CPU (bit arithmetic) see the
+    same float16 values: every count, extreme and metric agrees (sums to float32 rounding: the loops vectorise
+    differently)."""
+
+    def run(**env: str) -> list[str]:
+        return subprocess.run(
+            [sys.executable, "-c", _HALVES],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, **env},
+            check=True,
+        ).stdout.splitlines()
+
+    native, generic = run(), run(NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path))
+    assert generic[0] == "False"
+    values = [json.loads(out[1]) for out in (native, generic)]
+    assert values[0].keys() == values[1].keys()
+    for name, v in values[0].items():
+        # the KL divergence from float32 sums of exponentials: absolute precision ~1e-7 (docs/metrics.md)
+        rel, tol = (None, 1e-7) if name == "kl_divergence" else (1e-6, 1e-12)
+        assert v == pytest.approx(values[1][name], rel=rel, abs=tol), name
+    # the statistics: NaN/Inf counts, min and max exactly, the sums to rounding
+    sides = [out[2] for out in (native, generic)]
+    for field in ("nan_count=1", "inf_count=2", "min=", "max="):
+        assert field in sides[0] and field in sides[1], field
+    extremes = [[part for part in side.split(", ") if part.startswith(("min=", "max="))] for side in sides]
+    assert extremes[0] == extremes[1]

@@ -19,6 +19,7 @@ functions (`compile_entry`), one per element kind of each array; `kernel_code` k
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -75,6 +76,26 @@ def _array_math_without_scipy() -> None:
 
 
 _array_math_without_scipy()
+
+
+def _cpu_converts_halves() -> bool:
+    """Whether the code is compiled for this CPU and it converts float16 to float32 itself (x86's F16C, every 64-bit
+    ARM): elsewhere LLVM would call a runtime helper the loaded machine code cannot find."""
+    import platform
+
+    import llvmlite.binding as llvm
+
+    if os.environ.get("NUMBA_CPU_NAME") or os.environ.get("NUMBA_CPU_FEATURES"):
+        return False
+    if platform.machine().lower() in ("aarch64", "arm64"):
+        return True
+    try:
+        return bool(llvm.get_host_cpu_features().get("f16c", False))
+    except RuntimeError:
+        return False
+
+
+_CPU_CONVERTS_HALVES = _cpu_converts_halves()
 
 BLOCK = 256  # elements summed in float32 before their sum is added in float64
 
@@ -143,12 +164,21 @@ def _load_impl(a: Any, i: Any) -> Any:
     def float16_at(a: Any, i: Any) -> Any:
         return _f32_from_f16_bits(a[i])
 
+    def float16_in_bits_at(a: Any, i: Any) -> Any:
+        # a CPU without its own conversion: exponent and mantissa moved into float32's places and scaled by 2^112
+        # (normal and subnormal halves alike); Inf and NaN keep float32's top exponent; then the sign
+        h = np.uint32(a[i]) & np.uint32(0xFFFF)
+        em = (h & np.uint32(0x7FFF)) << np.uint32(13)
+        v = _bits_of_f32(_f32_from_bits(em) * _F(5.192296858534828e33))
+        v = v if em < np.uint32(0x0F800000) else em | np.uint32(0x7F800000)
+        return _f32_from_bits(v | ((h & np.uint32(0x8000)) << np.uint32(16)))
+
     if a.dtype == types.float32:
         return float32_at
     if a.dtype == types.uint16:
         return bfloat16_at
     if a.dtype == types.int16:
-        return float16_at
+        return float16_at if _CPU_CONVERTS_HALVES else float16_in_bits_at
     return None
 
 
