@@ -18,6 +18,7 @@ refused: re-running `wb demo --out DIR` would replace the very dumps and catalog
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -344,7 +345,9 @@ def _ingest(con: duckdb.DuckDBPyConnection, plan: RedumpPlan, dump_dir: Path, lo
     dump = open_dump(dump_dir)
     new_run = ingest_dump(con, dump).run_id
     # the compared run's rows of the op's subtree at this token take the new files (same node, io, index)
-    upd = con.execute(
+    # the rows to update, kept in DuckDB (no DataFrame: pandas is not loaded for this)
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE _upd AS "
         "SELECT o.tensor_id, t.path, t.dtype, t.shape, t.numel FROM tensors o "
         "JOIN nodes on_ ON on_.run_id = o.run_id AND on_.node_id = o.node_id "
         "JOIN nodes nn ON nn.run_id = ? AND nn.name = on_.name "
@@ -352,9 +355,12 @@ def _ingest(con: duckdb.DuckDBPyConnection, plan: RedumpPlan, dump_dir: Path, lo
         "AND t.token_id = o.token_id "
         "WHERE o.run_id = ? AND o.token_id = ? AND t.path IS NOT NULL AND t.error IS NULL",
         [new_run, plan.run_id, plan.token],
-    ).df()
+    )
+    found = con.execute("SELECT count(*) FROM _upd").fetchone()
+    updated = int(found[0]) if found else 0
     notes: list[str] = []
-    if upd.empty:
+    if not updated:
+        con.execute("DROP TABLE _upd")
         notes.append("no tensor of the compared run matched the re-dumped files (node names differ?)")
         return RedumpResult(dump_dir, new_run, 0, 0, log, notes)
     row = con.execute(
@@ -364,7 +370,6 @@ def _ingest(con: duckdb.DuckDBPyConnection, plan: RedumpPlan, dump_dir: Path, lo
     side_col = "test_tensor_id" if int(row[1]) == plan.run_id else "golden_tensor_id"
     con.execute("BEGIN TRANSACTION")
     try:
-        con.register("_upd", upd)
         con.execute(
             "UPDATE tensors SET path = u.path, dtype = u.dtype, shape = u.shape, numel = u.numel, std = NULL, "
             "error = NULL FROM _upd u WHERE tensors.run_id = ? AND tensors.tensor_id = u.tensor_id",
@@ -375,11 +380,13 @@ def _ingest(con: duckdb.DuckDBPyConnection, plan: RedumpPlan, dump_dir: Path, lo
             f"AND {side_col} IN (SELECT tensor_id FROM _upd))",
             [plan.cmp_id, plan.cmp_id],
         )
-        con.unregister("_upd")
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
         raise
+    finally:
+        with contextlib.suppress(duckdb.Error):  # a connection that failed keeps its first error
+            con.execute("DROP TABLE IF EXISTS _upd")
     pairs = pending_pairs(con, plan.cmp_id)
     th = Thresholds.from_dict(json.loads(row[2])) if row[2] else Thresholds.load(None)
     golden, test = load_frames(con, int(row[0])), load_frames(con, int(row[1]))
@@ -387,4 +394,4 @@ def _ingest(con: duckdb.DuckDBPyConnection, plan: RedumpPlan, dump_dir: Path, lo
     if len(pairs):
         computed, _, _ = compute_pending(con, plan.cmp_id, golden, test, pairs, th, workers=1, stats_for_unpaired=False)
     refresh_verdicts(con, plan.cmp_id)
-    return RedumpResult(dump_dir, new_run, len(upd), computed, log, notes)
+    return RedumpResult(dump_dir, new_run, updated, computed, log, notes)
