@@ -43,7 +43,7 @@ use_plain_help(app)  # every command is registered by now (the imports above)
 
 def main() -> None:
     """The `wb` console script. Ends the process without the interpreter's teardown: every catalog and
-    file is closed by then, and tearing down DuckDB/numpy (for some commands pandas) objects costs ~0.15 s per
+    file is closed by then, and tearing down DuckDB/numpy objects costs ~0.15 s per
     command.
 
     `--debug` (anywhere on the line) or `WB_DEBUG=1` shows the traceback of a crash (exit 3)."""
