@@ -174,6 +174,24 @@ def _staged_npy(path: str, staging: Staging) -> RawTensor | None:
     return None if values is None else RawTensor(values, dtype_name(dtype))
 
 
+def open_unchanged(path: str, at: Payload, nbytes: int) -> int | None:
+    """A descriptor of `path` (the caller closes it) when the file is still the one `at` describes (same device,
+    inode, size and modification time) and holds `nbytes` from `at.offset`; None when it is not, or cannot be
+    opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == at.file_key and at.offset + nbytes <= st.st_size:
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
 def read_payload(path: str, at: Payload, staging: Staging | None = None) -> RawTensor | None:
     """The values where the dump's reader found them (`Payload`), when the file is still the one it read (same
     device, inode, size and modification time): no header parsed again. None when it is not, or the values are
@@ -183,14 +201,10 @@ def read_payload(path: str, at: Payload, staging: Staging | None = None) -> RawT
         return None
     np_dtype = np.dtype(np_name)
     nbytes = np_dtype.itemsize * math.prod(at.shape)
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
+    fd = open_unchanged(path, at, nbytes)
+    if fd is None:
         return None
     try:
-        st = os.fstat(fd)
-        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != at.file_key or at.offset + nbytes > st.st_size:
-            return None
         if nbytes == 0:
             return RawTensor(np.empty(at.shape, dtype=np_dtype), at.dtype)
         staged = None if staging is None else staging.values(path, at.offset, np_dtype, at.shape, fd)

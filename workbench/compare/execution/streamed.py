@@ -28,8 +28,9 @@ import numpy as np
 from workbench.compare.execution.tasks import PairTask, Twin
 from workbench.compare.judging.metrics import CHUNK, PART_BYTES, BlockPass, PairMetrics, kernel_dtype
 from workbench.compare.pairing.layout import LAYOUT_PREFIX, layout_rule
-from workbench.formats.arrays import NUMPY_STORAGE, RawTensor, read_array, read_payload
-from workbench.formats.model import Payload
+from workbench.formats.arrays import NUMPY_STORAGE, RawTensor, open_unchanged, read_array, read_payload
+from workbench.formats.model import DumpError, Payload
+from workbench.formats.staging import Staging
 
 BLOCK_ELEMENTS = 8 * CHUNK  # elements of each side read at a time: a float32 block is 1 MiB
 _BUFFERS = threading.local()
@@ -70,32 +71,22 @@ def equal_arrays(x: np.ndarray, y: np.ndarray) -> bool:
 
 
 class _Side:
-    """One payload's file, open and checked: still the file its reader described."""
+    """One payload's file, open and checked: still the file its reader described, of a dtype the kernels read in
+    place (OSError otherwise)."""
 
     def __init__(self, path: str, at: Payload) -> None:
-        self.path, self.at = path, at
-        self.dtype = _stream_dtype(at)
-        self.fd = os.open(path, os.O_RDONLY)
-        try:
-            st = os.fstat(self.fd)
-            nbytes = math.prod(at.shape) * (self.dtype.itemsize if self.dtype is not None else 0)
-            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != at.file_key or at.offset + nbytes > st.st_size:
-                raise OSError(f"{path}: changed since the dump was read")
-        except BaseException:
-            os.close(self.fd)
-            raise
+        dtype = _stream_dtype(at)
+        fd = None if dtype is None else open_unchanged(path, at, math.prod(at.shape) * dtype.itemsize)
+        if dtype is None or fd is None:
+            raise OSError(f"{path}: changed since the dump was read, or not a payload the kernels read in place")
+        self.path, self.at, self.dtype, self.fd = path, at, dtype, fd
 
-    def read(self, buffer: bytearray, start: int, count: int) -> np.ndarray:
-        """Elements start .. start + count - 1, read into `buffer`; OSError when the file ends before them."""
-        assert self.dtype is not None
-        nbytes = count * self.dtype.itemsize
-        view = memoryview(buffer)[:nbytes]
-        done, offset = 0, self.at.offset + start * self.dtype.itemsize
-        while done < nbytes:
-            got = os.preadv(self.fd, [view[done:]], offset + done)
-            if got <= 0:
-                raise OSError(f"{self.path}: shorter than its header says")
-            done += got
+    def read(self, buffer: Staging, start: int, count: int) -> np.ndarray:
+        """Elements start .. start + count - 1, read into `buffer` (of at least a block); `DumpError` when the file
+        ends before them or cannot be read."""
+        size = self.dtype.itemsize
+        view = buffer.fill(self.path, self.at.offset + start * size, count * size, self.fd)
+        assert view is not None  # a block fits the buffer
         return np.frombuffer(view, self.dtype)
 
     def close(self) -> None:
@@ -165,9 +156,9 @@ def stream_pair(task: PairTask) -> tuple[PairMetrics, list[bool]] | None:
                         same[i] = equal_arrays(sides[0].read(buffers[2], start, count), g) and equal_arrays(
                             sides[1].read(buffers[3], start, count), m
                         )
-                    except OSError:
+                    except DumpError:
                         same[i] = False  # computed on its own, where the read error is reported
-        except OSError:
+        except DumpError:
             return None
         return block.metrics(lambda: _whole(task)), same
 
@@ -196,11 +187,11 @@ def _twin_sides(stack: contextlib.ExitStack, twin: Twin, task: PairTask) -> tupl
         return None
 
 
-def _buffers() -> list[bytearray]:
-    """This thread's four block buffers (golden, test, a twin's golden and test), allocated at first use."""
-    found: list[bytearray] | None = getattr(_BUFFERS, "blocks", None)
+def _buffers() -> list[Staging]:
+    """This thread's four block buffers (golden, test, a twin's golden and test), each allocated at its first read."""
+    found: list[Staging] | None = getattr(_BUFFERS, "blocks", None)
     if found is None:
-        found = _BUFFERS.blocks = [bytearray(BLOCK_ELEMENTS * 4) for _ in range(4)]
+        found = _BUFFERS.blocks = [Staging(cap=BLOCK_ELEMENTS * 4) for _ in range(4)]
     return found
 
 
