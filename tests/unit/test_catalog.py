@@ -10,7 +10,8 @@ import duckdb
 import pytest
 
 from workbench.catalog.schema import SCHEMA_VERSION
-from workbench.catalog.store import CatalogError, dump_fingerprint, first_row, ingest_dump, open_catalog
+from workbench.catalog.store import CatalogError, first_row, ingest_dump, open_catalog
+from workbench.formats.fingerprint import dump_fingerprint
 from workbench.formats.model import Dump, Node, TensorEntry, TensorStats
 
 

@@ -19,8 +19,9 @@ from workbench.compare.judging.judge import PairResult, StatsResult, judge_pair,
 from workbench.compare.judging.thresholds import Thresholds
 from workbench.core.metrics import ALL_METRICS, NAN_INF
 from workbench.formats import open_dump
+from workbench.formats.fingerprint import run_fingerprint
 from workbench.formats.model import DumpError
-from workbench.jobs.compare import CompareCancelled, run_compare
+from workbench.jobs.compare import CompareCancelled, _fingerprint_in_worker, _worker_fingerprint, run_compare
 
 
 def _rows(catalog: Path) -> list[tuple[object, ...]]:
@@ -83,6 +84,36 @@ def test_a_worker_reads_the_test_dump_and_its_errors_read_as_here(
     alone = run_compare(tiny_dumps.golden, tiny_dumps.defect, tmp_path / "b.duckdb", workers=2)
     assert (alone.pairs, alone.failed, alone.born) == (ref.pairs, ref.failed, ref.born)
     assert _rows(tmp_path / "b.duckdb") == _rows(tmp_path / "a.duckdb")
+
+
+def test_fingerprints_made_by_a_worker_key_the_runs_as_made_here(
+    tiny_dumps: TinyDumps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a pool, a worker stats every file of each dump for its fingerprint while this process reads them: the
+    catalog keys the runs by the digest `run_fingerprint` gives here, so a second compare into the same catalog finds
+    both runs and computes nothing again. Without a worker (none, or the pool gone) the ingest computes it."""
+    monkeypatch.setattr(pool_mod, "IN_PROCESS_BYTES", 0)
+    monkeypatch.setattr(executor, "IN_PROCESS_BYTES", 0)
+    roots = [open_dump(p).root for p in (tiny_dumps.golden, tiny_dumps.defect)]
+    starter = pool_mod.PoolStarter(1)
+    try:
+        assert [_worker_fingerprint(_fingerprint_in_worker(r, starter)) for r in roots] == [
+            run_fingerprint(r) for r in roots
+        ]
+    finally:
+        starter.shutdown()
+    assert _worker_fingerprint(_fingerprint_in_worker(roots[0], starter)) is None  # shut down: made by the ingest
+    assert _fingerprint_in_worker(roots[0], None) is None
+    cat = tmp_path / "c.duckdb"
+    first = run_compare(tiny_dumps.golden, tiny_dumps.defect, cat, workers=2)
+    again = run_compare(tiny_dumps.golden, tiny_dumps.defect, cat, workers=2)
+    con = duckdb.connect(str(cat), read_only=True)
+    try:
+        runs = con.execute("SELECT path, fingerprint FROM runs ORDER BY run_id").fetchall()
+    finally:
+        con.close()
+    assert runs == [(str(r), run_fingerprint(r)) for r in roots]
+    assert first.computed == first.pairs > 0 and again.computed == 0 and again.pairs == first.pairs
 
 
 def test_job_cancelled_keeps_what_was_ingested(tiny_dumps: TinyDumps, tmp_path: Path) -> None:

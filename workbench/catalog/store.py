@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import json
 import math
-import os
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from workbench.catalog.lockdown import connect, restore_read_write, view_is_ours
 from workbench.catalog.readonly import connect_read_only, schema_version_of
 from workbench.catalog.schema import COMPARISON_VIEW, OUR_VIEWS, RANK_VIEW, SCHEMA_VERSION, TABLES_DDL
 from workbench.core.capped import FileRefused, check_regular
+from workbench.formats.fingerprint import run_fingerprint
 from workbench.formats.model import Dump, Node, TensorEntry
 
 if TYPE_CHECKING:
@@ -260,31 +260,6 @@ def _remove_new(p: Path, created: bool) -> None:
                 f.unlink()
 
 
-def dump_fingerprint(root: Path) -> str:
-    """Digest of every file's relative path, size and mtime below `root` (content identity without reading)."""
-    entries: list[str] = []
-    base = len(os.path.join(str(root), ""))  # entry paths start with root + separator: cut, not relpath (slow)
-    stack = [str(root)]  # plain strings: a Path per folder was a third of the walk's CPU
-    while stack:
-        cur = stack.pop()
-        try:
-            with os.scandir(cur) as it:
-                for e in it:
-                    try:
-                        if e.is_dir(follow_symlinks=False):
-                            stack.append(e.path)
-                        else:
-                            st = e.stat()
-                            entries.append(f"{e.path[base:]}\0{st.st_size}\0{st.st_mtime_ns}")
-                    except OSError:
-                        entries.append(f"{e.path[base:]}\0unreadable")
-        except OSError:
-            entries.append(f"{os.path.relpath(cur, root)}\0unreadable-dir")
-    entries.sort()
-    entries.append("")  # every line ends with a newline
-    return hashlib.sha256("\n".join(entries).encode("utf-8", "surrogateescape")).hexdigest()[:32]
-
-
 @dataclass(slots=True)
 class IngestResult:
     run_id: int
@@ -304,10 +279,12 @@ def find_run(con: duckdb.DuckDBPyConnection, path: str, fingerprint: str) -> int
     return int(row[0]) if row else None
 
 
-def ingest_dump(con: duckdb.DuckDBPyConnection, dump: Dump) -> IngestResult:
-    """Add a dump as a new run (one transaction); skip it if the same content is already there."""
+def ingest_dump(con: duckdb.DuckDBPyConnection, dump: Dump, fingerprint: str | None = None) -> IngestResult:
+    """Add a dump as a new run (one transaction); skip it if the same content is already there. `fingerprint`:
+    `run_fingerprint(dump.root)` when the caller had it computed (in a compare worker), else computed here."""
     root = str(dump.root)
-    fingerprint = dump_fingerprint(dump.root) if dump.root.is_dir() else hashlib.sha256(root.encode()).hexdigest()[:32]
+    if fingerprint is None:
+        fingerprint = run_fingerprint(dump.root)
     existing = find_run(con, root, fingerprint)
     if existing is not None:
         n = first_row(con.execute("SELECT n_nodes, n_tensors, problems FROM runs WHERE run_id = ?", [existing]))
