@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from workbench.core.pickling import by_fields
+
 DumpKind = Literal["msit_torch", "atb", "msprobe", "torchair_ge", "torchair_fx"]
 GE_KIND: DumpKind = "torchair_ge"  # a TorchAir GE dump (`formats/ge_run.py`)
 FX_KIND: DumpKind = "torchair_fx"  # a TorchAir FX dump (`formats/fx_dump.py`)
@@ -123,6 +125,7 @@ def token_folder_problem(path: str, name: str) -> str | None:
     return None
 
 
+@by_fields
 @dataclass(frozen=True, slots=True)
 class Payload:
     """Where a tensor file's values lie, as its reader found them (header parsed and checked against the file's
@@ -136,6 +139,7 @@ class Payload:
     shape: tuple[int, ...]
 
 
+@by_fields
 @dataclass(frozen=True, slots=True)
 class TensorStats:
     """Statistics a statistics-only dump records instead of the payload."""
@@ -211,6 +215,7 @@ def checked_stats(entry: TensorEntry, where: str | Path, problems: list[str], la
     return dataclasses.replace(entry, stats=None)
 
 
+@by_fields
 @dataclass(slots=True)
 class Node:
     """One module (torch) or operation (ATB, msprobe call) of the dumped model.
@@ -232,6 +237,7 @@ class Node:
     out_names: list[str] | None = None
 
 
+@by_fields
 @dataclass(frozen=True, slots=True)
 class TensorEntry:
     """One tensor file (or one statistics record) of one node at one token."""

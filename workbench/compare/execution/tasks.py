@@ -8,6 +8,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
+from workbench.core.pickling import by_fields
 from workbench.formats.model import Payload
 
 BATCH_BYTES = 48 * 1024 * 1024  # tasks go to a worker in batches of about this much tensor data
@@ -37,6 +38,7 @@ class Twin(NamedTuple):
     test_at: Payload | None = None
 
 
+@by_fields
 @dataclass(frozen=True, slots=True)
 class PairTask:
     pair_id: int
@@ -57,6 +59,7 @@ class PairTask:
     test_at: Payload | None = None
 
 
+@by_fields
 @dataclass(frozen=True, slots=True)
 class StatsTask:
     run_id: int
