@@ -8,7 +8,10 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from tests.fixtures.hostile_cases import pair_pair, wb
+from workbench.core.output import report_cell, report_column
 from workbench.core.text import csv_safe
 
 CONTROLS = ("\x1b", "\x07", "\r", "\x9b")
@@ -73,3 +76,13 @@ def test_query_advise_and_compare_outputs(tmp_path: Path) -> None:
     for fmt in ("table", "csv"):
         a = wb("advise", "-c", cat, "-f", fmt, "-k", "0")
         assert a.returncode == 0 and not _raw(a.stdout), a.stderr
+
+
+def test_a_report_column_is_its_cells_one_by_one() -> None:
+    """`report_column` (the msit CSVs, a column at a time) gives exactly `report_cell` of each value."""
+    values: list[object] = [
+        None, float("nan"), float("inf"), float("-inf"), -0.0, 0.1, 1e-05, 123456789.123, 1 / 3, 7, True, False,
+        "=cmd|' /C calc'!A0", "-0.5", "+x", "@sum", "root.model.layers.0", "", "[1, 2]", np.float64(2.5), np.nan,
+    ]  # fmt: skip
+    assert report_column(values) == [report_cell(v) for v in values]
+    assert report_column(v for v in values[:3]) == ["", "", "inf"]
