@@ -2,14 +2,15 @@
 
 The dumps (`--size`, repeatable): `620mb`, an 8-layer, 1024-hidden Llama (fp32 golden, bf16 test, vocab 8000),
 384-token prompt + 3 decode steps (tokens 0-3); `1.6gb`, the same with hidden 2048 and a 512-token prompt; `4.5gb`,
-hidden 3072 and an 896-token prompt (how the ratio holds as dumps grow).
+hidden 3072 and an 896-token prompt (how the ratio holds as dumps grow); `files`, hidden 512 with a 64-token prompt
+and 63 decode steps: 151 MB in 13,376 files a side (how it holds as the file count grows: per-file costs).
 The headline pair is dumped by msit's own `register_hook` (no manifest, no hard links: the dumps users have); a
 second by msprobe's own `PrecisionDebugger` (level L0, one step per token), timed against `msprobe compare` on its
 first step (msprobe compares a step at a time); the last by our dumper. Each round runs wb and the peer on every
 pair; prints wall time, pairs/s, MB/s and peak memory (max RSS of the process tree), the load average, and the
 peer/wb wall-time ratio of the medians and per round.
 
-    .venv/bin/python bench/bench_compare.py [--quick] [--size 620mb|1.6gb|4.5gb ...] [--keep DIR] [--workers N]
+    .venv/bin/python bench/bench_compare.py [--quick] [--size 620mb|1.6gb|4.5gb|files ...] [--keep DIR] [--workers N]
         [--repeat R] [--no-ours] [--no-msit] [--no-msprobe] [--ref CHECKOUT]
 
 `--ref` names another checkout (say /work/main): its `wb compare` runs in every round next to this checkout's, on
@@ -46,6 +47,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DECODE_CALLS = 4  # prefill + 3 decode steps: tokens 0-3
+# forward calls per size where not DECODE_CALLS: `files` is a long generation on a small model (file count grows, bytes
+# do not: the per-file cost of each tool)
+DECODE_CALLS_OF = {"files": 64}
 WALL_TARGETS = {"620mb": 6, "1.6gb": 10}  # issue 23: msit/wb wall time, by dump size
 
 
@@ -85,6 +89,18 @@ SIZES: dict[str, tuple[dict[str, int], int]] = {
             vocab_size=8000,
         ),
         896,
+    ),
+    # as the file count grows: hidden 512, a 64-token prompt and 63 decode steps (64 tokens, ~13,000 files a side)
+    "files": (
+        dict(
+            hidden_size=512,
+            intermediate_size=1376,
+            num_hidden_layers=8,
+            num_attention_heads=8,
+            num_key_value_heads=8,
+            vocab_size=4000,
+        ),
+        64,
     ),
     "quick": (
         dict(
@@ -131,12 +147,13 @@ def dump_one(base: Path, dumper: str, side: str, size: str, test_dtype: str = "b
     token_file = base / "tokens.json"
     forced = json.loads(token_file.read_text()) if side == "test" else None
     out = base / side
-    tokens = list(range(DECODE_CALLS))
+    calls = DECODE_CALLS_OF.get(size, DECODE_CALLS)
+    tokens = list(range(calls))
     if dumper == "msprobe":
         from bench.advisor_defects import decode_msprobe
 
         out.mkdir(parents=True, exist_ok=True)
-        chosen = decode_msprobe(model, prompt, forced, out, steps=DECODE_CALLS)
+        chosen = decode_msprobe(model, prompt, forced, out, steps=calls)
     elif dumper == "msit":
         import logging
 
@@ -145,13 +162,13 @@ def dump_one(base: Path, dumper: str, side: str, size: str, test_dtype: str = "b
 
         logging.getLogger("msit_logger").disabled = True
         msit_register(model, MsitConfig(dump_path=str(out), token_range=tokens))
-        chosen = decode(model, prompt, DECODE_CALLS, forced)
+        chosen = decode(model, prompt, calls, forced)
     else:
         from workbench.dump import DumpConfig, register_hook
 
         h = register_hook(model, DumpConfig(dump_path=str(out), token_range=tokens))
         try:
-            chosen = decode(model, prompt, DECODE_CALLS, forced)
+            chosen = decode(model, prompt, calls, forced)
         finally:
             h.remove()
     if side == "golden":
