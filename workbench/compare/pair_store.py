@@ -120,8 +120,14 @@ def frames_of_dump(dump: Dump, run_id: int) -> RunFrames:
         np.fromiter((_known(tensor_numel(t.shape), -1) for t in ts), np.int64, n),
         np.fromiter((_known(None if t.stats is None else t.stats.norm, np.nan) for t in ts), np.float64, n),
         np.fromiter((_known(None if t.stats is None else t.stats.mean, np.nan) for t in ts), np.float64, n),
+        np.fromiter(
+            (v for t in ts for v in (t.payload.file_key[:2] if t.payload is not None else _NO_FILE)), np.int64, 2 * n
+        ).reshape(n, 2),
     )
     return RunFrames(run_id, str(dump.kind), nodes, tensors, quant=_quant_of(run_meta(dump)))
+
+
+_NO_FILE = (-1, -1)
 
 
 def _sorted_coded(keys: list[K | None], text: Callable[[K], str]) -> Coded:

@@ -473,6 +473,8 @@ def compute_pending(
     owners: dict[tuple[tuple[int, int], str | None, int | None], int] = {}  # golden file, test dtype, numel -> task
     twin_ids: dict[int, tuple[int, int]] = {}
     g_stats, t_stats = _recorded_stats(con, golden.run_id), _recorded_stats(con, test.run_id)
+    # the files' identities as the readers saw them (a stat per file otherwise: ~0.08 s at 13,000 pairs)
+    g_files, t_files = golden.tensors.known_files(), test.tensors.known_files()
     if early is not None:
         early.wait_submitted()
     # paths come from the catalog a slice at a time: one Python string per tensor file is held by no frame
@@ -485,7 +487,8 @@ def compute_pending(
             for pair_id, g_tid, t_tid, transform, g_path, g_dtype, g_numel, t_path, t_dtype, t_numel in rows:
                 if transform is not None and "#" in transform:  # a dequantized int tensor's operands
                     transform = operand_paths(con, test.run_id, transform)
-                g_file, t_file = file_identity(g_path), file_identity(t_path)
+                g_file = (g_files.get(g_tid) or file_identity(g_path)) if g_path is not None else None
+                t_file = (t_files.get(t_tid) or file_identity(t_path)) if t_path is not None else None
                 key: PairKey | None = None
                 if g_file is not None and t_file is not None:
                     key = (g_file, t_file, t_dtype, transform)

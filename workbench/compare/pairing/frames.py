@@ -102,16 +102,30 @@ class TensorTable:
     numel: np.ndarray  # int64, -1 where unknown
     norm: np.ndarray  # float64, NaN where unknown
     mean: np.ndarray  # float64, NaN where unknown
+    # (device, inode) of each tensor's file as its reader saw it, -1 where it did not (a run read back from the
+    # catalog has none: None)
+    file_id: np.ndarray | None = None  # int64, shape (n, 2)
 
     def __len__(self) -> int:
         return len(self.tensor_id)
+
+    def known_files(self) -> dict[int, tuple[int, int]]:
+        """Tensor id -> (device, inode) of its file, where the reader saw it (see `file_id`)."""
+        if self.file_id is None:
+            return {}
+        ids = self.tensor_id.tolist()
+        return {
+            tid: (dev, ino)
+            for tid, dev, ino in zip(ids, self.file_id[:, 0].tolist(), self.file_id[:, 1].tolist(), strict=True)
+            if dev >= 0
+        }
 
     def take(self, rows: _Rows) -> TensorTable:
         """The rows at `rows` (positions or a mask), in that order."""
         picked: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            picked[f.name] = value.take(rows) if isinstance(value, Coded) else value[rows]
+            picked[f.name] = value if value is None else value.take(rows) if isinstance(value, Coded) else value[rows]
         return TensorTable(**picked)
 
     def rows_of(self, tensor_ids: np.ndarray) -> np.ndarray:
