@@ -390,3 +390,24 @@ def test_a_pair_passed_in_parts_on_threads_gives_the_numbers_of_one_pass(monkeyp
             )
             for stat in ("mean", "std", "norm"):
                 assert getattr(a, stat) == pytest.approx(getattr(b, stat), rel=1e-7), (label, side, stat)
+
+
+def test_metrics_from_the_state_as_python_floats_are_those_of_numpy_scalars() -> None:
+    """The metrics are computed from the kernels' state as Python floats (`state_values`): the same IEEE operations
+    as on numpy's float64 scalars, and the cosine's rounding to 10 decimals done as numpy does it (x 1e10, to the
+    even integer, / 1e10): every value equal to the last bit."""
+    from workbench.formats.arrays import as_raw
+
+    rng = np.random.default_rng(3)
+    top, floor, scale = metrics._ulp_constants("bfloat16")
+    for n in (1, 7, 1000, 70_001):
+        g = torch.from_numpy(rng.standard_normal(n).astype(np.float32))
+        m = (g * (1 + 0.01 * torch.randn(n))).to(torch.bfloat16)
+        st, _counts = metrics._pass(as_raw(g), as_raw(m), top, floor)
+        scalars, floats = list(st), metrics.state_values(st)
+        assert all(type(v) is float for v in floats) and all(isinstance(v, np.float64) for v in scalars)
+        for side in (kernel_state.G_SIDE, kernel_state.M_SIDE):
+            assert metrics._side_summary(floats, side, n, 0, 0) == metrics._side_summary(scalars, side, n, 0, 0)
+        assert metrics._pair_values(floats, scale) == metrics._pair_values(scalars, scale)
+    cosines = np.concatenate([rng.uniform(-1, 1, 20_000), 1 - rng.exponential(1e-7, 20_000), [0.25e-10, 2.5e-10]])
+    assert all(round(np.float64(c), 10) == round(float(c) * 1e10) / 1e10 for c in cosines)

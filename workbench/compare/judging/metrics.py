@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -94,7 +94,15 @@ class PairMetrics:
 _DIRECT_MAX_SHIFT = 10.0  # beyond this the one-pass direct KL loses precision: two passes in float64
 
 
-def _side_summary(st: np.ndarray, side: int, numel: int, nan: int, inf: int) -> TensorSummary:
+def state_values(st: np.ndarray) -> list[float]:
+    """The kernels' state as Python floats: the metrics' arithmetic on them is what it was on numpy's float64 scalars
+    (IEEE doubles, the same operations in the same order), at a fraction of the cost (~25 us less a pair)."""
+    values: list[float] = st.tolist()
+    return values
+
+
+def _side_summary(st: Sequence[float], side: int, numel: int, nan: int, inf: int) -> TensorSummary:
+    """One side's statistics from the kernels' state (`st`: its values as Python floats, `state_values`)."""
     n = int(st[side + k.S_N])
     if n == 0:
         return TensorSummary(numel, nan_count=nan, inf_count=inf)
@@ -109,15 +117,18 @@ def _side_summary(st: np.ndarray, side: int, numel: int, nan: int, inf: int) -> 
     return TensorSummary(numel, lo, hi, mean, std, math.sqrt(sumsq), nan, inf)
 
 
-def _pair_values(st: np.ndarray, ulp_scale: float | None) -> dict[str, float | None]:
-    """The reported metrics from the pair sums (`st` holds at least one position finite on both sides)."""
+def _pair_values(st: Sequence[float], ulp_scale: float | None) -> dict[str, float | None]:
+    """The reported metrics from the pair sums (`st`: the state as Python floats, holding at least one position
+    finite on both sides)."""
     n = st[k.P_N]
     dot, g2, m2, d2 = st[k.P_DOT], st[k.P_GG], st[k.P_MM], st[k.P_D2]
     if g2 == 0.0 and m2 == 0.0:
         cos = 1.0
     else:  # msit's: float64 dot, torch's per-norm eps clamp
         cos = dot / (max(math.sqrt(g2), COSINE_NORM_EPS) * max(math.sqrt(m2), COSINE_NORM_EPS))
-        cos = round(min(max(cos, -1.0), 1.0), 10)
+        # numpy's round to 10 decimals, as these metrics were computed on numpy scalars (x 1e10, to the even
+        # integer, / 1e10), at a tenth of its cost
+        cos = round(min(max(cos, -1.0), 1.0) * 1e10) / 1e10
     red = 0.0 if math.sqrt(g2) <= FLOAT_EPS else math.sqrt(d2 / g2)
     if d2 == 0.0:
         snr = SNR_CAP_DB
@@ -140,7 +151,7 @@ def _pair_values(st: np.ndarray, ulp_scale: float | None) -> dict[str, float | N
     }
 
 
-def _kl(st: np.ndarray) -> float | None:
+def _kl(st: Sequence[float]) -> float | None:
     """KL(softmax(g) || softmax(m)) from the online sums; None when only the float64 two-pass form is exact enough."""
     z, a, b = st[k.P_KL_Z], st[k.P_KL_A], st[k.P_KL_B]
     if st[k.P_D_MAX] < k.SERIES_MAX:
@@ -189,7 +200,7 @@ def summarize(t: TensorLike) -> TensorSummary:
         for x in [whole] if whole is not None else _chunks(raw, None):
             x_nan, x_inf = kernel_code().add_side(x, CHUNK, st, k.G_SIDE)
             nan, inf = nan + x_nan, inf + x_inf
-    return _side_summary(st, k.G_SIDE, raw.numel, nan, inf)
+    return _side_summary(state_values(st), k.G_SIDE, raw.numel, nan, inf)
 
 
 def compare_tensors(golden: TensorLike, test: TensorLike, test_dtype: str | None = None) -> PairMetrics:
@@ -269,8 +280,9 @@ def _metrics_of_state(
 ) -> PairMetrics:
     """The pair's metrics from the kernels' state of a pass over all its `numel` positions."""
     reasons: list[str] = []
-    summ_g = _side_summary(st, k.G_SIDE, numel, counts[0], counts[1])
-    summ_t = _side_summary(st, k.M_SIDE, numel, counts[2], counts[3])
+    values_of_state = state_values(st)
+    summ_g = _side_summary(values_of_state, k.G_SIDE, numel, counts[0], counts[1])
+    summ_t = _side_summary(values_of_state, k.M_SIDE, numel, counts[2], counts[3])
     finite_only = any(counts)
     for side, s in (("golden_data", summ_g), ("my_data", summ_t)):
         if s.nan_count or s.inf_count:
@@ -281,7 +293,7 @@ def _metrics_of_state(
         return PairMetrics(dict.fromkeys(ALL_METRICS), summ_g, summ_t, finite_only, "; ".join(reasons))
     if finite_only:
         reasons.append(f"metrics on the {n} of {numel} positions finite on both sides")
-    values = _pair_values(st, ulp_scale)
+    values = _pair_values(values_of_state, ulp_scale)
     if values["kl_divergence"] is None:
         values["kl_divergence"] = kl_direct()
     return PairMetrics(values, summ_g, summ_t, finite_only, "; ".join(reasons) or None)
