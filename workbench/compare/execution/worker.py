@@ -218,11 +218,11 @@ def _with_metrics(out: dict[str, Any], task: PairTask, res: PairMetrics) -> dict
     out["reason"] = res.reason
     if task.transform and INT_STEP in task.transform.split(";"):
         out["reason"] = "; ".join(r for r in (res.reason, f"compared as integers: {INT_ONLY}") if r)
+    golden, test = _summary_dict(res.golden), _summary_dict(res.test)  # read, not changed, by stat_metrics
     if not task.transform:
-        out["golden"] = _summary_dict(res.golden)
-        out["test"] = _summary_dict(res.test)
+        out["golden"], out["test"] = golden, test
     if any(v is not None for v in res.values.values()):  # not for pairs the tensors could not compare (layout)
-        out["stat_values"] = stat_metrics(_summary_dict(res.golden), _summary_dict(res.test), res.golden.numel)
+        out["stat_values"] = stat_metrics(golden, test, res.golden.numel)
     return out
 
 
