@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import os
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 import duckdb
@@ -97,13 +98,16 @@ def test_fingerprints_made_by_a_worker_key_the_runs_as_made_here(
     roots = [open_dump(p).root for p in (tiny_dumps.golden, tiny_dumps.defect)]
     starter = pool_mod.PoolStarter(1)
     try:
-        assert [_worker_fingerprint(_fingerprint_in_worker(r, starter)) for r in roots] == [
-            run_fingerprint(r) for r in roots
-        ]
+        jobs = [_fingerprint_in_worker(r, starter) for r in roots]
+        for job in jobs:
+            assert job is not None and job.result(timeout=120)
+        assert [_worker_fingerprint(job) for job in jobs] == [run_fingerprint(r) for r in roots]
     finally:
         starter.shutdown()
     assert _worker_fingerprint(_fingerprint_in_worker(roots[0], starter)) is None  # shut down: made by the ingest
     assert _fingerprint_in_worker(roots[0], None) is None
+    queued: Future[str] = Future()  # behind the kernels' first compile, say: not waited for, and taken off the queue
+    assert _worker_fingerprint(queued) is None and queued.cancelled()
     cat = tmp_path / "c.duckdb"
     first = run_compare(tiny_dumps.golden, tiny_dumps.defect, cat, workers=2)
     again = run_compare(tiny_dumps.golden, tiny_dumps.defect, cat, workers=2)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import gc
 import threading
 from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -282,8 +282,7 @@ def _read_in_worker(
 
 def _fingerprint_in_worker(root: Path, pool: ProcessPoolExecutor | PoolStarter | None) -> Future[str] | None:
     """The run fingerprint of the dump at `root` (every file stat-ed: 0.19 s at 13,000 files) computed by a pool
-    worker while this process reads, imports and opens the catalog (None without a pool: `ingest_dump` computes it).
-    Queued before the early pairs, it holds one worker back for that long."""
+    worker while this process reads, imports and opens the catalog (None without a pool: `ingest_dump` computes it)."""
     if pool is None:
         return None
     from workbench.formats.fingerprint import run_fingerprint
@@ -295,8 +294,13 @@ def _fingerprint_in_worker(root: Path, pool: ProcessPoolExecutor | PoolStarter |
 
 
 def _worker_fingerprint(job: Future[str] | None) -> str | None:
-    """What `_fingerprint_in_worker` computed; None (computed by the ingest) when no worker could."""
+    """What `_fingerprint_in_worker` computed, if a worker has by the time the ingest needs it; else None (and the
+    ingest computes it): a fingerprint queued behind the kernels' first compile or an early batch of a large pair is
+    never waited for."""
     if job is None:
+        return None
+    if not job.done():
+        job.cancel()  # still queued: no worker takes it
         return None
     from concurrent.futures.process import BrokenProcessPool
 
@@ -304,7 +308,7 @@ def _worker_fingerprint(job: Future[str] | None) -> str | None:
 
     try:
         return job.result()
-    except (PoolUnavailable, BrokenProcessPool, OSError):
+    except (PoolUnavailable, BrokenProcessPool, OSError, CancelledError):
         return None
 
 
