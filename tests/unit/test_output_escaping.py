@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from tests.fixtures.hostile_cases import pair_pair, wb
-from workbench.core.output import report_cell, report_column
+from workbench.core.output import report_cell
 from workbench.core.text import csv_safe
 
 CONTROLS = ("\x1b", "\x07", "\r", "\x9b")
@@ -78,14 +78,17 @@ def test_query_advise_and_compare_outputs(tmp_path: Path) -> None:
         assert a.returncode == 0 and not _raw(a.stdout), a.stderr
 
 
-def test_a_report_column_is_its_cells_one_by_one() -> None:
-    """`report_column` (the msit CSVs, a column at a time) gives exactly `report_cell` of each value."""
+def test_a_report_cell_is_written_as_the_reports_always_were() -> None:
+    """The msit CSVs' cells (`report_cell`, a column at a time in `report._write_result`): None and NaN empty,
+    floats to 10 significant digits, formula text neutralised, other values as they are."""
     values: list[object] = [
         None, float("nan"), float("inf"), float("-inf"), -0.0, 0.1, 1e-05, 123456789.123, 1 / 3, 7, True, False,
         "=cmd|' /C calc'!A0", "-0.5", "+x", "@sum", "root.model.layers.0", "", "[1, 2]", np.float64(2.5), np.nan,
     ]  # fmt: skip
-    assert report_column(values) == [report_cell(v) for v in values]
-    assert report_column(v for v in values[:3]) == ["", "", "inf"]
+    assert [report_cell(v) for v in values] == [
+        "", "", "inf", "-inf", "-0", "0.1", "1e-05", "123456789.1", "0.3333333333", 7, True, False,
+        "'=cmd|' /C calc'!A0", "-0.5", "'+x", "'@sum", "root.model.layers.0", "", "[1, 2]", "2.5", "",
+    ]  # fmt: skip
 
 
 def test_the_quick_check_before_the_formula_search_changes_no_cell() -> None:

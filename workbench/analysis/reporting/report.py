@@ -15,7 +15,7 @@ from workbench.catalog import first_row
 from workbench.catalog.schema import MSIT_CSV_COLUMNS
 from workbench.catalog.store import registered
 from workbench.core.advice import born_in_noise
-from workbench.core.output import report_column
+from workbench.core.output import report_cell
 from workbench.core.tokens import token_text
 
 CSV_SLICE = 16384  # report rows read sorted in one query at most (above: a slice of tokens at a time)
@@ -90,7 +90,7 @@ def _write_result(
     at_id = names.index("data_id") if renumber else None
     rows = first or result.fetchmany(_FETCH_ROWS)
     while rows:
-        columns = [report_column(values) for values in zip(*rows)]  # a column at a time: no call per cell
+        columns = [list(map(report_cell, values)) for values in zip(*rows)]  # a column at a time
         if at_id is not None:
             columns[at_id] = [str(i) for i in range(done, done + len(rows))]
         out.writerows(zip(*columns))
