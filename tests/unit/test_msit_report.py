@@ -93,3 +93,41 @@ def test_rows_sharing_a_golden_tensor_keep_one_order(tiny_dumps: TinyDumps, tmp_
     assert len(reads[0]) == 2 * (top + 1) and all(r == reads[0] for r in reads)
     pairs = [p for (p,) in reads[0]]
     assert all(a < b for a, b in zip(pairs[::2], pairs[1::2], strict=True))  # the original before its copy
+
+
+def test_work_beside_the_verdicts_sees_every_metric_and_its_error_is_raised(
+    tiny_dumps: TinyDumps, tmp_path: Path
+) -> None:
+    """`run_compare(beside_verdicts=...)` (the CLI writes its CSVs there): a thread of its own, on a cursor that sees
+    every pair's metrics, ended before `then`; what it raises, the compare raises, with the verdicts still stored."""
+    import threading
+
+    import duckdb
+
+    seen: dict[str, object] = {}
+
+    def beside(cur: duckdb.DuckDBPyConnection, cmp_id: int, golden_run: int) -> None:
+        seen["thread"] = threading.current_thread().name
+        seen["metrics"] = cur.execute("SELECT count(*) FROM metrics WHERE cmp_id = ?", [cmp_id]).fetchall()[0][0]
+        seen["golden"] = golden_run
+        seen["csv"] = report.write_msit_csv(cur, cmp_id, tmp_path).read_text(encoding="utf-8")
+
+    def then(con: duckdb.DuckDBPyConnection, _res: object) -> None:
+        seen["then_after_csv"] = "csv" in seen
+
+    catalog = tmp_path / "c.duckdb"
+    res = run_compare(tiny_dumps.golden, tiny_dumps.defect, catalog, workers=1, beside_verdicts=beside, then=then)
+    assert seen["thread"] != threading.current_thread().name and seen["then_after_csv"] is True
+    assert seen["metrics"] == res.pairs > 0 and seen["golden"] == res.golden_run
+    assert str(seen["csv"]).count("\n") == res.pairs + 1  # a header and a line per pair
+
+    def fails(_cur: duckdb.DuckDBPyConnection, _cmp_id: int, _golden_run: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        run_compare(tiny_dumps.golden, tiny_dumps.bf16, catalog, workers=1, beside_verdicts=fails)
+    con = open_catalog(catalog)
+    try:
+        assert con.execute("SELECT count(DISTINCT cmp_id) FROM error_born").fetchall()[0][0] == 2
+    finally:
+        con.close()

@@ -91,6 +91,47 @@ def test_a_report_cell_is_written_as_the_reports_always_were() -> None:
     ]  # fmt: skip
 
 
+def test_a_report_line_built_in_duckdb_is_what_csv_writes_of_the_report_cells() -> None:
+    """`report_line_sql` (the msit CSVs' lines, built inside DuckDB) writes every value as `csv.writer` writes
+    `report_cell` of it: floats of every magnitude, NaN, Inf, -0, NULL, booleans, integers, and text with commas,
+    quotes, newlines, carriage returns, formula starts (ASCII and full-width), `;` triggers, numbers a formula
+    check lets through, combining marks and the empty string."""
+    import itertools
+    import random
+
+    import duckdb
+
+    from workbench.core.output import report_line_sql
+
+    rng = random.Random(7)
+    floats: list[float | None] = [None, float("nan"), float("inf"), float("-inf"), -0.0, 0.0, 1e-05, 1.5e-4]
+    floats += [0.1, 1 / 3, 123456789.123, 1e100, -5e-324, 9999999999.5, 0.99999999995]
+    floats += [rng.choice([-1, 1]) * rng.random() * 10 ** rng.uniform(-40, 40) for _ in range(400)]
+    texts: list[str | None] = [None, "", "plain", "a,b", 'say "x"', "two\nlines", "cr\rhere", "\r=x", "=1+1"]
+    texts += ["-0.5", "-inf", "+x", "@sum", "%p", "\tx", "x;=y", "x;a", "\uff1d1", "=\u0301", " =x", "é,中", '"']
+    chars = '=+-;,"\n\r a1.'
+    texts += ["".join(c) for c in itertools.product(chars, repeat=3)]
+    reals = [x for x in floats if x is None or x != x or abs(x) == float("inf") or abs(x) < 1e30]  # REAL: < 3.4e38
+    n = max(len(floats), len(texts))
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t (i BIGINT, f DOUBLE, r REAL, b BOOLEAN, s VARCHAR, k INTEGER)")
+    rows = [
+        (i, floats[i % len(floats)], reals[(i * 7) % len(reals)], [True, False, None][i % 3], texts[i % len(texts)],
+         None if i % 5 == 0 else -i)
+        for i in range(n)
+    ]  # fmt: skip
+    con.executemany("INSERT INTO t VALUES (?, ?, ?, ?, ?, ?)", rows)
+    con.create_function("safe_fn", csv_safe, ["VARCHAR"], "VARCHAR", side_effects=False)
+    kinds = [(d[0], str(d[1])) for d in con.execute("SELECT * FROM t LIMIT 0").description]
+    lines = [r[0] for r in con.execute(f"SELECT {report_line_sql(kinds, 'safe_fn')} FROM t ORDER BY i").fetchall()]
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(
+        [report_cell(v) for v in row] for row in con.execute("SELECT * FROM t ORDER BY i").fetchall()
+    )
+    assert len(lines) == n > 1000 and "\n".join(lines) + "\n" == buf.getvalue()
+    assert any(",'=1+1," in line for line in lines)  # formula text neutralised in SQL too
+
+
 def test_the_quick_check_before_the_formula_search_changes_no_cell() -> None:
     """`csv_safe` skips the regular expression for text that neither starts with a trigger nor holds `;`: every
     string of up to three characters from the triggers and their neighbours gets what the expression alone gives."""

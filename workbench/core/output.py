@@ -7,7 +7,7 @@ import io
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from workbench.core.text import csv_safe
+from workbench.core.text import FORMULA_STARTS, csv_safe
 
 OUTPUT_FORMATS = ("table", "csv", "json")
 
@@ -39,6 +39,56 @@ def report_cell(value: object) -> object:
     if isinstance(value, str):
         return csv_safe(value)
     return value
+
+
+_FLOAT_TYPES = frozenset({"DOUBLE", "FLOAT", "REAL"})
+_INT_TYPES = frozenset(
+    {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT"}
+)
+
+
+def report_line_sql(columns: Sequence[tuple[str, str]], csv_safe_function: str) -> str:
+    """A DuckDB expression of one CSV line of a report over `columns` ((name, DuckDB type name), in order): what
+    `csv.writer(lineterminator="\\n")` writes of `report_cell` of each value, byte for byte, built inside DuckDB
+    (no Python object per cell). NULL and NaN empty, floats `%.10g`, booleans `True`/`False`, integers as they
+    are; text through `csv_safe` (registered by the caller as the SQL function `csv_safe_function`, called only
+    for text its quick check does not clear), quoted where this Python's `csv` quotes (a comma, a quote, a newline,
+    and a carriage return where its `csv` quotes one: 3.11's does not), quotes doubled. Other types are refused
+    (`ValueError`): their text would not be Python's."""
+    cells = []
+    for name, kind in columns:
+        col = '"' + name.replace('"', '""') + '"'
+        if kind in _FLOAT_TYPES:
+            cells.append(f"CASE WHEN isnan({col}) THEN NULL ELSE printf('%.10g', CAST({col} AS DOUBLE)) END")
+        elif kind in _INT_TYPES:
+            cells.append(f"CAST({col} AS VARCHAR)")
+        elif kind == "BOOLEAN":
+            cells.append(f"CASE WHEN {col} THEN 'True' WHEN NOT {col} THEN 'False' END")
+        elif kind == "VARCHAR":
+            starts = ", ".join(str(ord(c)) for c in FORMULA_STARTS)
+            cells.append(
+                f"CASE WHEN {col} = '' THEN NULL WHEN unicode({col}) IN ({starts}) OR contains({col}, ';') "
+                f"THEN {_quoted_sql(f'{csv_safe_function}({col})')} ELSE {_quoted_sql(col)} END"
+            )
+        else:
+            raise ValueError(f"a report column of type {kind} ({name}): no CSV rule for it")
+    return "concat(" + ", ',', ".join(cells) + ")"
+
+
+def _csv_quotes(char: str) -> bool:
+    """Whether this Python's `csv.writer(lineterminator="\\n")` quotes a cell holding `char`."""
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerow(["a" + char, "b"])
+    return buf.getvalue().startswith('"')
+
+
+# the characters that make this Python's `csv` quote a cell (asked once: whether a carriage return does varies)
+_QUOTED_BY = [c for c in ',"\n\r' if _csv_quotes(c)]
+
+
+def _quoted_sql(text: str) -> str:
+    holds = " OR ".join(f"contains({text}, chr({ord(c)}))" for c in _QUOTED_BY)
+    return f"CASE WHEN {holds} THEN '\"' || replace({text}, '\"', '\"\"') || '\"' ELSE {text} END"
 
 
 def report_csv(rows: Sequence[Mapping[str, object]], columns: Sequence[str]) -> str:

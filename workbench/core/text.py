@@ -57,17 +57,18 @@ def has_foreign_digit(name: str) -> bool:
 
 
 # msit's rule for a CSV cell a spreadsheet would run (msprobe `MALICIOUS_CSV_PATTERN`), plus TAB and CR: a cell that
-# starts with one of `_FORMULA_STARTS`, or holds `;` and then one of `_FORMULA_TRIGGERS`
+# starts with one of `FORMULA_STARTS`, or holds `;` and then one of `_FORMULA_TRIGGERS` (text starting otherwise and
+# holding no `;` is safe as it is: the quick check, here and in `core.output.report_line_sql`'s SQL)
 _FORMULA_TRIGGERS = "=+-@%\uff1d\uff0b\uff0d\uff20"
-_FORMULA_STARTS = _FORMULA_TRIGGERS + "\t\r"
-_FORMULA = re.compile(f"^[{re.escape(_FORMULA_STARTS)}]|;[{re.escape(_FORMULA_TRIGGERS)}]")
+FORMULA_STARTS = _FORMULA_TRIGGERS + "\t\r"
+_FORMULA = re.compile(f"^[{re.escape(FORMULA_STARTS)}]|;[{re.escape(_FORMULA_TRIGGERS)}]")
 
 
 def csv_safe(value: object) -> object:
     """A CSV cell a spreadsheet will not evaluate: text starting with `= + - @ %`, TAB or CR (or holding
     `;=`, `;+`...) gets a leading `'`, as msit does; numbers, and text that reads as a number (`-0.5`), stay."""
     # text starting otherwise and holding no `;` cannot match: checked before the search, which scans a whole path
-    if not isinstance(value, str) or (value[:1] not in _FORMULA_STARTS and ";" not in value):
+    if not isinstance(value, str) or (value[:1] not in FORMULA_STARTS and ";" not in value):
         return value
     if not _FORMULA.search(value):
         return value

@@ -36,7 +36,10 @@ if TYPE_CHECKING:
     from workbench.compare.pairing.matching import AutoMatcher
     from workbench.formats.model import Dump
 
-__all__ = ["CompareCancelled", "Progress", "ProgressFn", "add_node_pairs", "run_compare"]
+__all__ = ["BesideVerdicts", "CompareCancelled", "Progress", "ProgressFn", "add_node_pairs", "run_compare"]
+
+# work on the metrics alone, run beside the verdicts: (a cursor of the catalog, cmp_id, golden run id)
+BesideVerdicts = Callable[["duckdb.DuckDBPyConnection", int, int], None]
 
 
 def run_compare(
@@ -57,6 +60,7 @@ def run_compare(
     follow_symlinks: bool = False,
     cluster: Cluster | None = None,
     then: Callable[[duckdb.DuckDBPyConnection, CompareResult], None] | None = None,
+    beside_verdicts: BesideVerdicts | None = None,
 ) -> CompareResult:
     """Read (unless given read), ingest, match and compare two dumps into `catalog`; see the module docstring.
 
@@ -73,6 +77,10 @@ def run_compare(
     the local pool, on the nodes that hold the files (docs/scaling.md).
     `then` is called with the catalog's connection and the result before the connection closes: the caller's
     own reads and writes (the report) share this one open of the catalog (each open checks it, ~50 ms).
+    `beside_verdicts(cursor, cmp_id, golden_run)` runs on a thread of its own, on a cursor of the catalog, once every
+    pair's metrics are stored, while this thread computes the verdicts (DuckDB lets go of the GIL while it runs a
+    query): the caller's reads of the metrics alone (the CSV reports) then take no time after the verdicts. It has
+    ended before `then` is called; what it raises, `run_compare` raises.
     Raises `CompareCancelled` when `cancel` is set; what was committed is kept.
     """
     n_workers = workers or default_workers()
@@ -86,7 +94,18 @@ def run_compare(
         th = thresholds if isinstance(thresholds, Thresholds) else Thresholds.load(thresholds)
         mf = mapping if isinstance(mapping, MappingFile) or mapping is None else MappingFile.load(mapping)
         settings = _Settings(
-            Path(catalog), mf, th, n_workers, progress, cancel, auto, pool, follow_symlinks, cluster, then
+            Path(catalog),
+            mf,
+            th,
+            n_workers,
+            progress,
+            cancel,
+            auto,
+            pool,
+            follow_symlinks,
+            cluster,
+            then,
+            beside_verdicts,
         )
         with _CollectorPause(freeze_gc) as collector:
             return _read_ingest_compare(golden, test, tokens, settings, early, collector)
@@ -115,6 +134,7 @@ class _Settings:
     follow_symlinks: bool
     cluster: Cluster | None
     then: Callable[[duckdb.DuckDBPyConnection, CompareResult], None] | None
+    beside_verdicts: BesideVerdicts | None
 
 
 class _CollectorPause:
@@ -395,16 +415,49 @@ def _compare_runs(
         cluster=job.cluster,
     )
     preload.join()
-    if job.progress:
-        job.progress(Progress("verdict", 0, 1))
-    refresh_verdicts(con, cmp_id)
-    if job.progress:
-        job.progress(Progress("verdict", 1, 1))
-    res = summarize_comparison(
-        con, job.catalog, cmp_id, golden, test, matches, pairs, tokens, computed=computed, problems=problems
-    )
+    beside = None if job.beside_verdicts is None else _Beside(con, job.beside_verdicts, cmp_id, golden_run)
+    try:
+        if job.progress:
+            job.progress(Progress("verdict", 0, 1))
+        refresh_verdicts(con, cmp_id)
+        if job.progress:
+            job.progress(Progress("verdict", 1, 1))
+        res = summarize_comparison(
+            con, job.catalog, cmp_id, golden, test, matches, pairs, tokens, computed=computed, problems=problems
+        )
+    except BaseException:
+        if beside is not None:
+            beside.join(raise_error=False)  # the verdicts' error is the one told
+        raise
+    if beside is not None:
+        beside.join()
     res.mapping_check = check
     return res
+
+
+class _Beside:
+    """`work(cursor, cmp_id, golden_run)` on a thread of its own and a cursor of `con` (see `run_compare`)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, work: BesideVerdicts, cmp_id: int, golden_run: int) -> None:
+        self._cursor = con.cursor()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(work, cmp_id, golden_run), name="wb-beside-verdicts", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, work: BesideVerdicts, cmp_id: int, golden_run: int) -> None:
+        try:
+            work(self._cursor, cmp_id, golden_run)
+        except BaseException as exc:  # raised by `join`, in the compare's thread
+            self._error = exc
+        finally:
+            self._cursor.close()
+
+    def join(self, *, raise_error: bool = True) -> None:
+        self._thread.join()
+        if raise_error and self._error is not None:
+            raise self._error
 
 
 def add_node_pairs(

@@ -385,6 +385,7 @@ def _compare_one(
             cancel=cancel,
             pool=pool,
             then=functools.partial(_write_reports, req, pair, done),  # on run_compare's open of the catalog
+            beside_verdicts=functools.partial(_write_csvs, req, pair, done),
         ),
     )
     from workbench.analysis.reporting.report import format_summary
@@ -409,7 +410,7 @@ def _compare_one(
 
 @dataclass(slots=True)
 class _Written:
-    """What `_write_reports` read and wrote on the catalog's connection, for `_compare_one`'s summary."""
+    """What `_write_csvs` and `_write_reports` read and wrote on the catalog, for `_compare_one`'s summary."""
 
     tokens: set[int] | None = None
     csv: Path | None = None
@@ -419,24 +420,32 @@ class _Written:
     labels: dict[int, str] = field(default_factory=dict)
 
 
+def _write_csvs(
+    req: CompareRequest, pair: _RankPair, out: _Written, cur: duckdb.DuckDBPyConnection, cmp_id: int, golden_run: int
+) -> None:
+    """On a cursor of the catalog, while the compare computes its verdicts: the `--tokens` among the golden run's
+    tokens and the msit CSVs (into `out`)."""
+    from workbench.analysis.reporting.report import write_msit_csv, write_msit_stats_csv
+
+    tok = None if req.tokens is None else req.tokens.among(_run_tokens(cur, golden_run))
+    out.tokens = tok
+    suffix = "" if pair.rank is None else f"_rank{pair.rank}"
+    if req.report_dir is not None:
+        out.csv = write_msit_csv(cur, cmp_id, req.report_dir, tok, suffix)
+        out.stats = write_msit_stats_csv(cur, cmp_id, req.report_dir, tok, suffix)
+
+
 def _write_reports(
     req: CompareRequest, pair: _RankPair, out: _Written, con: duckdb.DuckDBPyConnection, res: CompareResult
 ) -> None:
-    """On the compare's own connection: the rank of each side, the `--tokens` among the golden run's tokens,
-    the msit CSVs, the token lines and the run labels (into `out`)."""
-    from workbench.analysis.reporting.report import write_msit_csv, write_msit_stats_csv
+    """On the compare's own connection, after `_write_csvs`: the rank of each side, the token lines and the run
+    labels (into `out`)."""
     from workbench.analysis.verdicts.token_inputs import token_lines
 
     if pair.rank is not None:  # a single-rank side partnering every rank keeps rank NULL
         sides = [run for run, is_rank in zip((res.golden_run, res.test_run), pair.sides) if is_rank]
         for run_id in sides:
             con.execute("UPDATE runs SET rank = ? WHERE run_id = ?", [pair.rank, run_id])
-    tok = None if req.tokens is None else req.tokens.among(_run_tokens(con, res.golden_run))
-    out.tokens = tok
-    suffix = "" if pair.rank is None else f"_rank{pair.rank}"
-    if req.report_dir is not None:
-        out.csv = write_msit_csv(con, res.cmp_id, req.report_dir, tok, suffix)
-        out.stats = write_msit_stats_csv(con, res.cmp_id, req.report_dir, tok, suffix)
     out.first_divergent, out.inputs_differ = token_lines(con, res.cmp_id)
     for run_id in (res.golden_run, res.test_run):
         row = first_row(con.execute("SELECT kind, path FROM runs WHERE run_id = ?", [run_id]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import secrets
 from pathlib import Path
 from typing import TextIO
 
@@ -15,11 +16,12 @@ from workbench.catalog import first_row
 from workbench.catalog.schema import MSIT_CSV_COLUMNS
 from workbench.catalog.store import registered
 from workbench.core.advice import born_in_noise
-from workbench.core.output import report_cell
+from workbench.core.output import report_line_sql
+from workbench.core.text import csv_safe
 from workbench.core.tokens import token_text
 
 CSV_SLICE = 16384  # report rows read sorted in one query at most (above: a slice of tokens at a time)
-_FETCH_ROWS = 4096  # rows fetched from DuckDB at a time as they are written
+_FETCH_LINES = 4096  # report lines fetched from DuckDB at a time as they are written
 
 
 def write_msit_csv(
@@ -28,74 +30,82 @@ def write_msit_csv(
     """msit's report columns by msit's names, rows in token then execution order; returns the file
     (`suffix`, e.g. `_rank1`, keeps the reports of several ranks apart).
 
-    Up to `CSV_SLICE` rows are read sorted in one query. Above that the row order is read first (pair ids only),
-    then the rows a slice of tokens at a time: sorting the full-width rows at once held every path and name of
-    the comparison in DuckDB (~2 KB per pair)."""
+    DuckDB writes each line (`core.output.report_line_sql`): Python only joins the lines. Up to `CSV_SLICE` rows
+    are read sorted in one query. Above that the row order is read first (pair ids only), then the rows a slice of
+    tokens at a time: sorting the full-width rows at once held every path and name of the comparison in DuckDB
+    (~2 KB per pair). Runs on a cursor of its own: a thread may write the report while `con` computes verdicts."""
     path = _fresh_path(out_dir, f"msit_cmp_report{suffix}")
     listed = None if tokens is None else ",".join(str(int(t)) for t in sorted(tokens))
     tok = "" if listed is None else f" AND golden_token_id IN ({listed})"
-    # the view has a row per match of the comparison, at most (every other table joins one row to a match)
-    n = first_row(
-        con.execute(
-            f"SELECT count(*) FROM matches WHERE cmp_id = ?{'' if listed is None else f' AND token_id IN ({listed})'}",
-            [cmp_id],
-        )
-    )
-    done = 0
-    with open(path, "x", encoding="utf-8", newline="") as fh:
-        if n is None or int(n[0]) <= CSV_SLICE:
-            sql = f"SELECT {', '.join(MSIT_CSV_COLUMNS)}, passed FROM comparison WHERE cmp_id = ?{tok} ORDER BY data_id"
-            done = _write_result(fh, con.execute(sql, [cmp_id]), done)
-        else:
-            done = _write_sliced(con, fh, cmp_id, tok)
-        if not done:  # the header alone
-            csv.writer(fh, lineterminator="\n").writerow([*MSIT_CSV_COLUMNS, "passed"])
+    names = [*MSIT_CSV_COLUMNS, "passed"]
+    only = "" if listed is None else f" AND token_id IN ({listed})"
+    with _ReportCursor(con) as rc:
+        # the view has a row per match of the comparison, at most (every other table joins one row to a match)
+        n = first_row(rc.cur.execute(f"SELECT count(*) FROM matches WHERE cmp_id = ?{only}", [cmp_id]))
+        with open(path, "x", encoding="utf-8", newline="") as fh:
+            csv.writer(fh, lineterminator="\n").writerow(names)
+            if n is None or int(n[0]) <= CSV_SLICE:
+                cols = ", ".join(
+                    "row_number() OVER (ORDER BY data_id) - 1 AS data_id" if c == "data_id" else c for c in names
+                )
+                _write_lines(fh, rc, f"SELECT {cols} FROM comparison WHERE cmp_id = ?{tok}", [cmp_id])
+            else:
+                _write_sliced(rc, fh, cmp_id, tok, names)
     return path
 
 
-def _write_sliced(con: duckdb.DuckDBPyConnection, fh: TextIO, cmp_id: int, tok: str) -> int:
-    """The report's rows a slice of tokens at a time (see `write_msit_csv`); the number of rows written."""
-    order = con.execute(
+def _write_sliced(rc: _ReportCursor, fh: TextIO, cmp_id: int, tok: str, names: list[str]) -> None:
+    """The report's rows a slice of tokens at a time (see `write_msit_csv`)."""
+    order = rc.cur.execute(
         f"SELECT pair_id, golden_token_id FROM comparison WHERE cmp_id = ?{tok} ORDER BY data_id", [cmp_id]
     ).fetchnumpy()
     pair_ids, row_tokens = np.asarray(order["pair_id"]), np.asarray(order["golden_token_id"])
-    cols = ", ".join("s.pos AS data_id" if c == "data_id" else f"c.{c}" for c in MSIT_CSV_COLUMNS)
-    done = 0
+    cols = ", ".join("s.pos AS data_id" if c == "data_id" else f"c.{c}" for c in names)
     for lo, hi in _token_slices(row_tokens):
-        with registered(con, "_csv_slice", {"pair_id": pair_ids[lo:hi], "pos": np.arange(lo, hi)}):
-            result = con.execute(
-                f"SELECT {cols}, c.passed FROM comparison c JOIN _csv_slice s ON s.pair_id = c.pair_id "
-                "WHERE c.cmp_id = ? AND c.golden_token_id BETWEEN ? AND ? ORDER BY s.pos",
+        with registered(rc.cur, "_csv_slice", {"pair_id": pair_ids[lo:hi], "pos": np.arange(lo, hi)}):
+            _write_lines(
+                fh,
+                rc,
+                f"SELECT {cols} FROM comparison c JOIN _csv_slice s ON s.pair_id = c.pair_id "
+                "WHERE c.cmp_id = ? AND c.golden_token_id BETWEEN ? AND ?",
                 [cmp_id, int(row_tokens[lo]), int(row_tokens[hi - 1])],
             )
-            done = _write_result(fh, result, done)
-    return done
 
 
-def _write_result(
-    fh: TextIO,
-    result: duckdb.DuckDBPyConnection,
-    done: int,
-    *,
-    renumber: bool = True,
-    first: list[tuple[object, ...]] | None = None,
-) -> int:
-    """Every row of `result` (after `first`, rows already fetched from it) written after the `done` already written,
-    the header before the first; `renumber`: `data_id` numbered from `done` (the msit report's slices). Returns the
-    rows written in all."""
-    names = [d[0] for d in result.description]
-    out = csv.writer(fh, lineterminator="\n")
-    if done == 0:
-        out.writerow(names)
-    at_id = names.index("data_id") if renumber else None
-    rows = first or result.fetchmany(_FETCH_ROWS)
-    while rows:
-        columns = [list(map(report_cell, values)) for values in zip(*rows)]  # a column at a time
-        if at_id is not None:
-            columns[at_id] = [str(i) for i in range(done, done + len(rows))]
-        out.writerows(zip(*columns))
+class _ReportCursor:
+    """A cursor of a connection that knows `csv_safe` as an SQL function (for `report_line_sql`) while it is open.
+    The function's name is drawn anew each time: a Python function is the database's, not the cursor's, and a name
+    fixed in advance could already stand for a macro of the catalog's."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.cur = con.cursor()
+        self.csv_safe = f"wb_csv_safe_{secrets.token_hex(8)}"
+        try:
+            self.cur.create_function(self.csv_safe, csv_safe, ["VARCHAR"], "VARCHAR", side_effects=False)
+        except BaseException:
+            self.cur.close()
+            raise
+
+    def __enter__(self) -> _ReportCursor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.cur.remove_function(self.csv_safe)
+        finally:
+            self.cur.close()
+
+
+def _write_lines(fh: TextIO, rc: _ReportCursor, select: str, params: list[object]) -> int:
+    """The rows of `select` (its columns in report order, `data_id` among them) as CSV lines sorted by `data_id`,
+    written to `fh`; returns how many."""
+    kinds = [(d[0], str(d[1])) for d in rc.cur.execute(f"SELECT * FROM ({select}) LIMIT 0", params).description]
+    result = rc.cur.execute(f"SELECT {report_line_sql(kinds, rc.csv_safe)} FROM ({select}) ORDER BY data_id", params)
+    done = 0
+    while rows := result.fetchmany(_FETCH_LINES):
+        fh.write("\n".join([r[0] for r in rows]))
+        fh.write("\n")
         done += len(rows)
-        rows = result.fetchmany(_FETCH_ROWS)
     return done
 
 
@@ -132,16 +142,14 @@ def write_msit_stats_csv(
         elif c == "my_data_path":
             c = "coalesce(my_data_path, test_node || ':' || io || test_index) AS my_data_path"
         cols.append(c)
-    result = con.execute(
-        f"SELECT {', '.join(cols)} FROM comparison WHERE cmp_id = ? AND on_statistics{tok} ORDER BY data_id",
-        [cmp_id],
-    )
-    first = result.fetchmany(_FETCH_ROWS)
-    if not first:
-        return None
-    path = _fresh_path(out_dir, f"statstics_cmp_report{suffix}")  # msit's own spelling
-    with open(path, "x", encoding="utf-8", newline="") as fh:
-        _write_result(fh, result, 0, renumber=False, first=first)
+    select = f"SELECT {', '.join(cols)} FROM comparison WHERE cmp_id = ? AND on_statistics{tok}"
+    with _ReportCursor(con) as rc:
+        if not rc.cur.execute(f"SELECT 1 FROM ({select}) LIMIT 1", [cmp_id]).fetchall():
+            return None
+        path = _fresh_path(out_dir, f"statstics_cmp_report{suffix}")  # msit's own spelling
+        with open(path, "x", encoding="utf-8", newline="") as fh:
+            csv.writer(fh, lineterminator="\n").writerow(MSIT_STAT_CSV_COLUMNS)
+            _write_lines(fh, rc, select, [cmp_id])
     return path
 
 
