@@ -112,6 +112,8 @@ class _Node:
     exec_order: int
     end_order: int
     layer: int | None
+    pattern: str = ""  # `_pattern` of the node, set once its run's nodes are loaded (ranked again at every token)
+    op_label: str = ""  # `_op_label` of the node, likewise
 
 
 _ROWS_SQL = """
@@ -343,6 +345,9 @@ def _load_nodes(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[int, _Node]
             int(end) if end is not None else start,
             None if layer is None else int(layer),
         )
+    for node in out.values():
+        node.pattern = _pattern(node)
+        node.op_label = _op_label(node, out)
     return out
 
 
@@ -420,10 +425,25 @@ def _fetch_slices(cur: duckdb.DuckDBPyConnection, size: int = 8192) -> Iterator[
         yield from rows
 
 
-def _stat_key(values: tuple[object, ...]) -> tuple[float, ...] | None:
-    if any(v is None or not isinstance(v, float | int) or v != v for v in values):
-        return None
-    return tuple(float(f"{float(v):.9g}") for v in values)  # type: ignore[arg-type]
+def _stat_key(
+    values: tuple[object, ...], known: dict[tuple[object, ...], tuple[float, ...] | None]
+) -> tuple[float, ...] | None:
+    """The statistics to 9 significant digits (None where one is missing or NaN); `known`: the keys made so far
+    (a tensor's statistics come back as a node's output and the next one's input, and a weight at every token)."""
+    key = known.get(values, _NO_KEY)
+    if key is not _NO_KEY:
+        return key
+    out: tuple[float, ...] | None = None
+    for v in values:
+        if v is None or not isinstance(v, float | int) or v != v:
+            break
+    else:
+        out = tuple([float(f"{float(v):.9g}") for v in values])  # type: ignore[arg-type]
+    known[values] = out
+    return out
+
+
+_NO_KEY: tuple[float, ...] = ()  # not in `_stat_key`'s `known` yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -452,19 +472,20 @@ def _split_inputs(
     in would hide whatever the layer adds; it is set apart (`_carried_causes` weighs it), as where msit does not
     dump the tables at all. A node whose every input is a side input keeps them as its inputs."""
     outs: dict[int, set[tuple[float, ...]]] = defaultdict(set)
+    known: dict[tuple[object, ...], tuple[float, ...] | None] = {}
     source_outs: dict[int, dict[tuple[float, ...], int]] = defaultdict(dict)
     for tok, gid, *vals in _fetch_slices(
         con.execute(
             "SELECT token_id, node_id, max, min, mean, norm FROM tensors WHERE run_id = ? AND io = 'out'", [golden_run]
         )
     ):
-        key = _stat_key(tuple(vals))
+        key = _stat_key(tuple(vals), known)
         if key is not None:
             outs[int(tok)].add(key)
             if int(gid) in sources:
                 source_outs[int(tok)][key] = int(gid)
     rows = [  # integer inputs (token ids, positions) are data, never weights
-        (int(tok), int(gid), None if str(dtype) in INT_DTYPES else _stat_key((mx, mn, mean, norm)), err)
+        (int(tok), int(gid), None if str(dtype) in INT_DTYPES else _stat_key((mx, mn, mean, norm), known), err)
         for tok, gid, mx, mn, mean, norm, dtype, err in _fetch_slices(con.execute(_IN_SQL, [cmp_id]))
     ]
     seen_at: dict[tuple[float, ...], set[int]] = defaultdict(set)
@@ -504,6 +525,13 @@ def _split_inputs(
             None if worst_side is None else worst_side[1],
         )
     return out
+
+
+def _median(values: list[float]) -> float:
+    """`statistics.median` of a non-empty list, without its checks (it ran for every op at every token)."""
+    s = sorted(values)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
 
 
 def _short(name: str) -> str:
@@ -550,21 +578,21 @@ def _rank(
     by_type: dict[str, list[int]] = defaultdict(list)
     for gid in rows:
         node = nodes[gid]
-        by_pattern[_pattern(node)].append(gid)
+        by_pattern[node.pattern].append(gid)
         by_type[node.type].append(gid)
     for gid, r in rows.items():
         node = nodes[gid]
         floor = ROUNDING.get(r.dtype or "", 2.0**-24)
-        same = [g for g in by_pattern[_pattern(node)] if g != gid] if node.layer is not None else []
+        same = [g for g in by_pattern[node.pattern] if g != gid] if node.layer is not None else []
         if len(same) >= MIN_PEERS:
-            label = f"what {_op_label(node, nodes)} adds in the other {len(same)} layers"
+            label = f"what {node.op_label} adds in the other {len(same)} layers"
         else:
             same = [g for g in by_type[node.type] if g != gid and nodes[g].layer is not None]
             label = f"what the other {len(same)} {node.type or 'ops'} of this type add" if same else ""
         if len(same) >= MIN_PEERS:
             vals = [rows[g].own for g in same]
-            med = statistics.median(vals)
-            mad = statistics.median(abs(v - med) for v in vals)
+            med = _median(vals)
+            mad = _median([abs(v - med) for v in vals])
             ref = max(med + _MAD_WEIGHT * 1.4826 * mad, floor)
             r.peers = len(same)
         else:
@@ -645,7 +673,7 @@ def _carried_causes(rows: dict[int, _Row], nodes: dict[int, _Node], by_pattern: 
             ),
             None,
         )
-        peers = [rows[g] for g in by_pattern[_pattern(node)] if g != gid]
+        peers = [rows[g] for g in by_pattern[node.pattern] if g != gid]
         if source is None or not _peers_hide_what_they_add(r, peers):
             continue
         src = rows[source]
