@@ -30,6 +30,7 @@ _RULE_KEYS = {"name", "match", "verdict", "dtype", "model_output"}
 _QUANTIZED = {"int8", "uint8", "int4", "qint8", "quint8"}
 
 Bounds = dict[str, tuple[float | None, float | None]]
+_RESOLVED_MAX = 65536  # `Thresholds._resolve` answers kept (a node each; a dump of more nodes starts over)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,10 @@ class Thresholds:
     dtypes: dict[str, Bounds]
     rules: tuple[Rule, ...] = ()
     config: dict[str, Any] = field(default_factory=dict, repr=False)  # the merged TOML data
+    # `_resolve`'s answers by its arguments: a compare judges each node at every token (and rules match by regex)
+    _resolved: dict[tuple[str, str, str, str, bool], tuple[tuple[str, ...], Bounds]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> Thresholds:
@@ -151,21 +156,29 @@ class Thresholds:
 
     def _resolve(
         self, dtype: str | None, node_name: str, node_type: str, io: str = "out", is_model: bool = False
-    ) -> tuple[list[str], Bounds]:
+    ) -> tuple[tuple[str, ...], Bounds]:
+        """(verdict metrics, bounds) for a test dtype and node; the bounds are shared: read them, never change them."""
         dt = self.table_dtype(dtype)
+        key = (dt, node_name, node_type, io, is_model)
+        found = self._resolved.get(key)
+        if found is not None:
+            return found
         bounds = dict(self.dtypes.get(dt, {}))
         verdict = list(self.verdict)
         for rule in self.rules:
             if rule.applies(node_name, node_type, io, is_model):
                 bounds.update(rule.dtypes.get(dt, {}))
                 verdict += [m for m in rule.verdict if m not in verdict]
-        return verdict, bounds
+        if len(self._resolved) >= _RESOLVED_MAX:
+            self._resolved.clear()
+        found = self._resolved[key] = (tuple(verdict), bounds)
+        return found
 
     def verdict_metrics(
         self, dtype: str | None = None, *, node_name: str = "", node_type: str = "", io: str = "out"
     ) -> list[str]:
         """Metrics that decide pass/fail for a node's output (or input, `io="in"`) of this dtype."""
-        return self._resolve(dtype, node_name, node_type, io)[0]
+        return list(self._resolve(dtype, node_name, node_type, io)[0])
 
     def bounds_for(
         self, metric: str, dtype: str | None, *, node_name: str = "", node_type: str = "", io: str = "out"
