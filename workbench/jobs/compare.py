@@ -415,7 +415,7 @@ def _compare_runs(
         cluster=job.cluster,
     )
     preload.join()
-    beside = None if job.beside_verdicts is None else _Beside(con, job.beside_verdicts, cmp_id, golden_run)
+    beside = _Beside(con, job.beside_verdicts, cmp_id, golden_run)
     try:
         if job.progress:
             job.progress(Progress("verdict", 0, 1))
@@ -426,19 +426,22 @@ def _compare_runs(
             con, job.catalog, cmp_id, golden, test, matches, pairs, tokens, computed=computed, problems=problems
         )
     except BaseException:
-        if beside is not None:
-            beside.join(raise_error=False)  # the verdicts' error is the one told
+        beside.join(raise_error=False)  # the verdicts' error is the one told
         raise
-    if beside is not None:
-        beside.join()
+    beside.join()
     res.mapping_check = check
     return res
 
 
 class _Beside:
-    """`work(cursor, cmp_id, golden_run)` on a thread of its own and a cursor of `con` (see `run_compare`)."""
+    """Beside the verdicts, on a thread of its own and a cursor of `con`: `work(cursor, cmp_id, golden_run)` (see
+    `run_compare`), then a checkpoint. What is committed by then (the dumps, the pairs, every metric) is written to
+    the catalog file while the verdicts are computed, and closing the catalog writes only theirs (~15 ms less after
+    them, for 836 pairs)."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, work: BesideVerdicts, cmp_id: int, golden_run: int) -> None:
+    def __init__(
+        self, con: duckdb.DuckDBPyConnection, work: BesideVerdicts | None, cmp_id: int, golden_run: int
+    ) -> None:
         self._cursor = con.cursor()
         self._error: BaseException | None = None
         self._thread = threading.Thread(
@@ -446,9 +449,16 @@ class _Beside:
         )
         self._thread.start()
 
-    def _run(self, work: BesideVerdicts, cmp_id: int, golden_run: int) -> None:
+    def _run(self, work: BesideVerdicts | None, cmp_id: int, golden_run: int) -> None:
+        import duckdb
+
         try:
-            work(self._cursor, cmp_id, golden_run)
+            if work is not None:
+                work(self._cursor, cmp_id, golden_run)
+            try:
+                self._cursor.execute("CHECKPOINT")
+            except duckdb.Error:
+                pass  # not now (another transaction stands in its way): closing the catalog checkpoints it
         except BaseException as exc:  # raised by `join`, in the compare's thread
             self._error = exc
         finally:
