@@ -131,3 +131,30 @@ def test_work_beside_the_verdicts_sees_every_metric_and_its_error_is_raised(
         assert con.execute("SELECT count(DISTINCT cmp_id) FROM error_born").fetchall()[0][0] == 2
     finally:
         con.close()
+
+
+def test_a_pair_whose_metrics_were_deleted_is_computed_again_over_its_old_statistics_metrics(
+    tiny_dumps: TinyDumps, tmp_path: Path
+) -> None:
+    """The compare inserts its rows (no INSERT OR REPLACE): a catalog whose re-dump deleted some pairs' metrics and
+    kept their statistics metrics (as releases before 2026-11-27 did) is compared again without a key conflict, the
+    same numbers back."""
+    catalog = tmp_path / "c.duckdb"
+    first = run_compare(tiny_dumps.golden, tiny_dumps.defect, catalog, workers=1)
+    con = open_catalog(catalog)
+    try:
+        before = con.execute("SELECT * FROM metrics ORDER BY pair_id").fetchall()
+        stat_before = con.execute("SELECT * FROM stat_metrics ORDER BY pair_id").fetchall()
+        assert len(stat_before) == len(before) == first.pairs > 4
+        con.execute("DELETE FROM metrics WHERE pair_id % 3 = 0")  # what a re-dump of those tensors did
+    finally:
+        con.close()
+    again = run_compare(tiny_dumps.golden, tiny_dumps.defect, catalog, workers=1)
+    con = open_catalog(catalog)
+    try:
+        after = con.execute("SELECT * FROM metrics ORDER BY pair_id").fetchall()
+        stat_after = con.execute("SELECT * FROM stat_metrics ORDER BY pair_id").fetchall()
+    finally:
+        con.close()
+    assert again.computed == len([r for r in before if r[1] % 3 == 0]) > 0
+    assert after == before and stat_after == stat_before

@@ -318,11 +318,12 @@ def edit_node_pairs(
             gid, tid = g_names.get(g), t_names.get(t)
             if gid is None or tid is None:
                 continue
-            con.execute(
-                "DELETE FROM metrics WHERE cmp_id = ? AND pair_id IN (SELECT pair_id FROM matches "
-                "WHERE cmp_id = ? AND golden_node_id = ? AND test_node_id = ?)",
-                [cmp_id, cmp_id, gid, tid],
-            )
+            for table in ("metrics", "stat_metrics"):  # a pair's two rows go together
+                con.execute(
+                    f"DELETE FROM {table} WHERE cmp_id = ? AND pair_id IN (SELECT pair_id FROM matches "
+                    "WHERE cmp_id = ? AND golden_node_id = ? AND test_node_id = ?)",
+                    [cmp_id, cmp_id, gid, tid],
+                )
             con.execute(
                 "DELETE FROM matches WHERE cmp_id = ? AND golden_node_id = ? AND test_node_id = ?", [cmp_id, gid, tid]
             )

@@ -375,11 +375,12 @@ def _ingest(con: duckdb.DuckDBPyConnection, plan: RedumpPlan, dump_dir: Path, lo
             "error = NULL FROM _upd u WHERE tensors.run_id = ? AND tensors.tensor_id = u.tensor_id",
             [plan.run_id],
         )
-        con.execute(
-            f"DELETE FROM metrics WHERE cmp_id = ? AND pair_id IN (SELECT pair_id FROM matches WHERE cmp_id = ? "
-            f"AND {side_col} IN (SELECT tensor_id FROM _upd))",
-            [plan.cmp_id, plan.cmp_id],
-        )
+        for table in ("metrics", "stat_metrics"):  # a pair's two rows go together: the next compare writes both
+            con.execute(
+                f"DELETE FROM {table} WHERE cmp_id = ? AND pair_id IN (SELECT pair_id FROM matches WHERE cmp_id = ? "
+                f"AND {side_col} IN (SELECT tensor_id FROM _upd))",
+                [plan.cmp_id, plan.cmp_id],
+            )
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")

@@ -90,6 +90,8 @@ class ResultSink:
             s = res.summary or {}
             self.stat_rows.append((res.run_id, res.tensor_id, *map(s.get, SUMMARY_FIELDS), res.error))
             return
+        if res.pair_id in self.done_pairs:  # delivered twice (a retried batch): the same files, the same numbers
+            return
         ids = self.twin_ids.pop(res.pair_id, None)
         if ids is not None:  # a twin's result comes with its owner's tensor ids (or none, when computed)
             res = res.under(res.pair_id, ids[0], ids[1])
@@ -146,11 +148,11 @@ class ResultSink:
                     self.metric_rows, _METRIC_COLUMNS, ints=_COUNTS, floats=ALL_METRICS, bools=("finite_only", "passed")
                 )
                 target = f"metrics (cmp_id, {', '.join(_METRIC_COLUMNS)})"
-                insert_columns(con, target, mdf, select="?, *", params=[self.cmp_id], replace=True)
+                insert_columns(con, target, mdf, select="?, *", params=[self.cmp_id])
             if self.stat_metric_rows:
                 xdf = _columns(self.stat_metric_rows, _STAT_METRIC_COLUMNS, floats=STAT_METRIC_NAMES)
                 target = f"stat_metrics (cmp_id, {', '.join(_STAT_METRIC_COLUMNS)})"
-                insert_columns(con, target, xdf, select="?, *", params=[self.cmp_id], replace=True)
+                insert_columns(con, target, xdf, select="?, *", params=[self.cmp_id])
             if self.stat_rows:
                 last = {r[:2]: r for r in self.stat_rows}  # a tensor's last statistics
                 sdf = _columns(
@@ -464,6 +466,13 @@ def compute_pending(
     Returns (computed, failed, uncomparable).
     """
     done = con.execute("SELECT pair_id::BIGINT AS pair_id FROM metrics WHERE cmp_id = ?", [cmp_id]).fetchnumpy()
+    # the sink inserts rows (INSERT OR REPLACE took ~3x as long): no pair it computes may have a row already. A pair
+    # without metrics has none; statistics metrics left of a pair whose metrics were deleted (catalogs before
+    # 2026-11-27: a re-dump or an unpairing kept them) go first
+    con.execute(
+        "DELETE FROM stat_metrics WHERE cmp_id = ? AND pair_id NOT IN (SELECT pair_id FROM metrics WHERE cmp_id = ?)",
+        [cmp_id, cmp_id],
+    )
     todo = pairs.take(~np.isin(pairs.pair_id, np.asarray(done["pair_id"], dtype=np.int64)))
     tasks: list[PairTask | StatsTask] = []
     sizes: list[int] = []
