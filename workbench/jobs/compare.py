@@ -422,6 +422,8 @@ def _compare_runs(
         refresh_verdicts(con, cmp_id)
         if job.progress:
             job.progress(Progress("verdict", 1, 1))
+        beside.join()
+        beside = _Beside(con, None, cmp_id, golden_run)  # the verdicts checkpointed while the summary reads
         res = summarize_comparison(
             con, job.catalog, cmp_id, golden, test, matches, pairs, tokens, computed=computed, problems=problems
         )
