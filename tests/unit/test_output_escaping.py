@@ -79,7 +79,7 @@ def test_query_advise_and_compare_outputs(tmp_path: Path) -> None:
 
 
 def test_a_report_cell_is_written_as_the_reports_always_were() -> None:
-    """The msit CSVs' cells (`report_cell`, a column at a time in `report._write_result`): None and NaN empty,
+    """A report's cells (`report_cell`; the msit CSVs write the same in SQL, `report_line_sql`): None and NaN empty,
     floats to 10 significant digits, formula text neutralised, other values as they are."""
     values: list[object] = [
         None, float("nan"), float("inf"), float("-inf"), -0.0, 0.1, 1e-05, 123456789.123, 1 / 3, 7, True, False,

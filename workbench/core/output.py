@@ -45,6 +45,7 @@ _FLOAT_TYPES = frozenset({"DOUBLE", "FLOAT", "REAL"})
 _INT_TYPES = frozenset(
     {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT"}
 )
+_FORMULA_START_CODES = ", ".join(str(ord(c)) for c in FORMULA_STARTS)  # `csv_safe`'s quick check, as code points
 
 
 def report_line_sql(columns: Sequence[tuple[str, str]], csv_safe_function: str) -> str:
@@ -65,9 +66,9 @@ def report_line_sql(columns: Sequence[tuple[str, str]], csv_safe_function: str) 
         elif kind == "BOOLEAN":
             cells.append(f"CASE WHEN {col} THEN 'True' WHEN NOT {col} THEN 'False' END")
         elif kind == "VARCHAR":
-            starts = ", ".join(str(ord(c)) for c in FORMULA_STARTS)
+            maybe_formula = f"unicode({col}) IN ({_FORMULA_START_CODES}) OR contains({col}, ';')"
             cells.append(
-                f"CASE WHEN {col} = '' THEN NULL WHEN unicode({col}) IN ({starts}) OR contains({col}, ';') "
+                f"CASE WHEN {col} = '' THEN NULL WHEN {maybe_formula} "
                 f"THEN {_quoted_sql(f'{csv_safe_function}({col})')} ELSE {_quoted_sql(col)} END"
             )
         else:

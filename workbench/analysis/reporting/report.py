@@ -48,7 +48,7 @@ def write_msit_csv(
                 cols = ", ".join(
                     "row_number() OVER (ORDER BY data_id) - 1 AS data_id" if c == "data_id" else c for c in names
                 )
-                _write_lines(fh, rc, f"SELECT {cols} FROM comparison WHERE cmp_id = ?{tok}", [cmp_id])
+                _write_lines(fh, _report_lines(rc, f"SELECT {cols} FROM comparison WHERE cmp_id = ?{tok}", [cmp_id]))
             else:
                 _write_sliced(rc, fh, cmp_id, tok, names)
     return path
@@ -63,13 +63,13 @@ def _write_sliced(rc: _ReportCursor, fh: TextIO, cmp_id: int, tok: str, names: l
     cols = ", ".join("s.pos AS data_id" if c == "data_id" else f"c.{c}" for c in names)
     for lo, hi in _token_slices(row_tokens):
         with registered(rc.cur, "_csv_slice", {"pair_id": pair_ids[lo:hi], "pos": np.arange(lo, hi)}):
-            _write_lines(
-                fh,
+            lines = _report_lines(
                 rc,
                 f"SELECT {cols} FROM comparison c JOIN _csv_slice s ON s.pair_id = c.pair_id "
                 "WHERE c.cmp_id = ? AND c.golden_token_id BETWEEN ? AND ?",
                 [cmp_id, int(row_tokens[lo]), int(row_tokens[hi - 1])],
             )
+            _write_lines(fh, lines)
 
 
 class _ReportCursor:
@@ -96,17 +96,20 @@ class _ReportCursor:
             self.cur.close()
 
 
-def _write_lines(fh: TextIO, rc: _ReportCursor, select: str, params: list[object]) -> int:
-    """The rows of `select` (its columns in report order, `data_id` among them) as CSV lines sorted by `data_id`,
-    written to `fh`; returns how many."""
+def _report_lines(rc: _ReportCursor, select: str, params: list[object]) -> duckdb.DuckDBPyConnection:
+    """The rows of `select` (its columns in report order, `data_id` among them) as CSV lines sorted by `data_id`, a
+    query to fetch them from."""
     kinds = [(d[0], str(d[1])) for d in rc.cur.execute(f"SELECT * FROM ({select}) LIMIT 0", params).description]
-    result = rc.cur.execute(f"SELECT {report_line_sql(kinds, rc.csv_safe)} FROM ({select}) ORDER BY data_id", params)
-    done = 0
-    while rows := result.fetchmany(_FETCH_LINES):
+    return rc.cur.execute(f"SELECT {report_line_sql(kinds, rc.csv_safe)} FROM ({select}) ORDER BY data_id", params)
+
+
+def _write_lines(fh: TextIO, result: duckdb.DuckDBPyConnection, first: list[tuple[str]] | None = None) -> None:
+    """The lines of `result` (`_report_lines`), after `first` (lines already fetched from it), written to `fh`."""
+    rows = first or result.fetchmany(_FETCH_LINES)
+    while rows:
         fh.write("\n".join([r[0] for r in rows]))
         fh.write("\n")
-        done += len(rows)
-    return done
+        rows = result.fetchmany(_FETCH_LINES)
 
 
 # msit's statistics comparison report (`CSV_STATISTICS_HEADER` of msit_llm.common.constant), in its order
@@ -144,12 +147,14 @@ def write_msit_stats_csv(
         cols.append(c)
     select = f"SELECT {', '.join(cols)} FROM comparison WHERE cmp_id = ? AND on_statistics{tok}"
     with _ReportCursor(con) as rc:
-        if not rc.cur.execute(f"SELECT 1 FROM ({select}) LIMIT 1", [cmp_id]).fetchall():
+        lines = _report_lines(rc, select, [cmp_id])
+        first = lines.fetchmany(_FETCH_LINES)
+        if not first:
             return None
         path = _fresh_path(out_dir, f"statstics_cmp_report{suffix}")  # msit's own spelling
         with open(path, "x", encoding="utf-8", newline="") as fh:
             csv.writer(fh, lineterminator="\n").writerow(MSIT_STAT_CSV_COLUMNS)
-            _write_lines(fh, rc, select, [cmp_id])
+            _write_lines(fh, lines, first)
     return path
 
 
