@@ -432,3 +432,6 @@ PAST_VIEWS: dict[str, tuple[str, ...]] = {
     "comparison": (COMPARISON_VIEW.replace("gt.idx, m.pair_id) - 1 AS data_id", "gt.idx) - 1 AS data_id", 1),),
 }
 OUR_TABLES: frozenset[str] = frozenset(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", TABLES_DDL))
+# the tables holding a computed pair's rows, keyed (cmp_id, pair_id): deleted together (a pair recomputed gets both
+# again, inserted: executor.ResultSink)
+PAIR_RESULT_TABLES: tuple[str, ...] = ("metrics", "stat_metrics")

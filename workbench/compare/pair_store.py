@@ -15,6 +15,7 @@ import duckdb
 import numpy as np
 
 from workbench.catalog import first_row
+from workbench.catalog.schema import PAIR_RESULT_TABLES
 from workbench.catalog.store import (
     insert_columns,
     node_columns,
@@ -318,7 +319,7 @@ def edit_node_pairs(
             gid, tid = g_names.get(g), t_names.get(t)
             if gid is None or tid is None:
                 continue
-            for table in ("metrics", "stat_metrics"):  # a pair's two rows go together
+            for table in PAIR_RESULT_TABLES:
                 con.execute(
                     f"DELETE FROM {table} WHERE cmp_id = ? AND pair_id IN (SELECT pair_id FROM matches "
                     "WHERE cmp_id = ? AND golden_node_id = ? AND test_node_id = ?)",

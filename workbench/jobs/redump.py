@@ -34,6 +34,7 @@ from typing import Any
 
 import duckdb
 
+from workbench.catalog.schema import PAIR_RESULT_TABLES
 from workbench.core.files import REDUMP_ENV
 from workbench.core.progress import Progress, ProgressFn
 from workbench.core.text import printable
@@ -375,7 +376,7 @@ def _ingest(con: duckdb.DuckDBPyConnection, plan: RedumpPlan, dump_dir: Path, lo
             "error = NULL FROM _upd u WHERE tensors.run_id = ? AND tensors.tensor_id = u.tensor_id",
             [plan.run_id],
         )
-        for table in ("metrics", "stat_metrics"):  # a pair's two rows go together: the next compare writes both
+        for table in PAIR_RESULT_TABLES:  # the next compare writes them again
             con.execute(
                 f"DELETE FROM {table} WHERE cmp_id = ? AND pair_id IN (SELECT pair_id FROM matches WHERE cmp_id = ? "
                 f"AND {side_col} IN (SELECT tensor_id FROM _upd))",
