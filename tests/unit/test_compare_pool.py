@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import duckdb
@@ -164,20 +165,33 @@ def test_worker_never_imports_torch(tiny_dumps: TinyDumps) -> None:
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
-def test_pool_processes_import_nothing_from_the_folder_wb_runs_in(tmp_path: Path) -> None:
-    """`wb` started in a folder someone else filled (a dump): the pool's forkserver and resource tracker run
-    `python -c`, which would import that folder's `numpy.py`, `multiprocessing/` or `workbench/` first."""
+@pytest.mark.parametrize("started_from", ["main thread", "a thread"])
+def test_pool_processes_import_nothing_from_the_folder_wb_runs_in(tmp_path: Path, started_from: str) -> None:
+    """`wb` started in a folder someone else filled (a dump): a forkserver pool's forkserver and resource tracker run
+    `python -c`, which would import that folder's `numpy.py`, `multiprocessing/` or `workbench/` first. A process
+    with no other thread (`wb compare` at its start) forks its workers itself: their parent is that process; from a
+    thread (the app), the forkserver forks them."""
     here, marker = folder_with_planted_modules(tmp_path)
     driver = tmp_path / "driver" / "start_pool.py"  # a script: its own folder, not the current one, leads sys.path
     driver.parent.mkdir()
+    from_thread = started_from == "a thread"
     driver.write_text(
-        "import os\n"
+        "import os, threading\n"
+        "from concurrent.futures import ThreadPoolExecutor\n"
         "from workbench.compare.execution.pool import new_pool\n"
+        "def parent():\n"
+        "    return os.getpid(), os.getppid()\n"
         "if __name__ == '__main__':\n"
-        "    pool = new_pool(2)\n"
-        "    pids = {pool.submit(os.getpid).result(timeout=120) for _ in range(8)}\n"
+        f"    if {from_thread}:\n"
+        "        with ThreadPoolExecutor(1) as starter:\n"
+        "            pool = starter.submit(new_pool, 2).result()\n"
+        "    else:\n"
+        "        pool = new_pool(2)\n"
+        "    seen = {pool.submit(parent).result(timeout=120) for _ in range(8)}\n"
         "    pool.shutdown()\n"
+        "    pids, parents = {p for p, _ in seen}, {pp for _, pp in seen}\n"
         "    assert pids and os.getpid() not in pids, pids\n"
+        f"    assert (os.getpid() in parents) is (not {from_thread}), (os.getpid(), parents)\n"
         "    assert 'PYTHONSAFEPATH' not in os.environ  # set only while the helper interpreters start\n"
         "    print('ok')\n"
     )
@@ -230,3 +244,45 @@ def test_early_results_are_not_held_when_the_pairs_are_computed_in_process(
     plain = pipeline.run_compare(tiny_dumps.golden, tiny_dumps.bf16, tmp_path / "p.duckdb", workers=1)
     assert (res.pairs, res.failed) == (plain.pairs, plain.failed)
     assert _metrics(tmp_path / "e.duckdb") == _metrics(tmp_path / "p.duckdb")
+
+
+@pytest.mark.parametrize("started_from", ["main thread", "a thread"])
+def test_pool_processes_end_with_their_owner_killed(tmp_path: Path, started_from: str) -> None:
+    """The owner killed with SIGKILL (no clean-up runs): its workers, forked by it or by a forkserver, and the
+    forkserver end within seconds (`lifeline`), instead of living on and holding its stdout."""
+    driver = tmp_path / "owner.py"
+    from_thread = started_from == "a thread"
+    driver.write_text(
+        "import multiprocessing.forkserver, os, signal, sys\n"
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "from workbench.compare.execution.pool import new_pool\n"
+        "if __name__ == '__main__':\n"
+        f"    if {from_thread}:\n"
+        "        with ThreadPoolExecutor(1) as starter:\n"
+        "            pool = starter.submit(new_pool, 2).result()\n"
+        "    else:\n"
+        "        pool = new_pool(2)\n"
+        "    [pool.submit(os.getpid).result(timeout=120) for _ in range(8)]\n"
+        "    pids = set(pool._processes)  # every worker, whichever took the tasks\n"
+        "    server = multiprocessing.forkserver._forkserver._forkserver_pid\n"
+        "    print(' '.join(str(p) for p in sorted(pids | ({server} if server else set()))), flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    printed = tmp_path / "pids.txt"  # a file, not a pipe: workers left alive would hold a pipe open
+    with printed.open("w") as sink:
+        owner = subprocess.Popen([sys.executable, str(driver)], cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT)
+        assert owner.wait(timeout=180) == -9, printed.read_text()[-2000:]
+    family = [int(p) for p in printed.read_text().split()]
+    assert len(family) == (3 if from_thread else 2), family  # two workers, and the forkserver where it forked them
+
+    def alive(pid: int) -> bool:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return False
+        return state != "Z"
+
+    deadline = time.monotonic() + 20
+    while any(alive(p) for p in family) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in family if alive(p)], "pool processes outlived their owner"

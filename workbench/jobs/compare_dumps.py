@@ -100,8 +100,8 @@ def compare_dumps(
         import_ray()  # before anything is read or written: `ray is not installed: ...`
     if request.report_dir is not None:
         check_output_dir(request.report_dir, request.catalog)
+    _numpy_one_blas_thread()  # before the pool: workers forked from this process have it loaded
     pool = _start_pool(request) if request.ray is None else None
-    _numpy_one_blas_thread()
     if request.ray is None:
         try:
             return _compare_ranks(request, None, progress, say, cancel, pool)

@@ -18,5 +18,6 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from workbench.compare.execution import lifeline, worker  # noqa: F401  (loaded for the workers)
 from workbench.compare.judging import kernel_code
 
+lifeline.watch_owner()
 kernel_code.preload()
 atexit.register(os._exit, 0)  # at exit: end here, without the teardown

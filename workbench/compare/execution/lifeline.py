@@ -7,11 +7,12 @@ stderr open (`wb compare ... | cat` never ends). Two mechanisms, because each al
   forkserver's main thread, which lives exactly as long as the forkserver;
 - a watchdog thread that polls `getppid()` twice a second and exits when the process was re-parented
   (its parent died). The forkserver uses it (the parent-death signal follows the *thread* that forked
-  it, and `wb` starts the pool from a short-lived thread); workers use it where `prctl` is missing.
+  it, and `wb` starts a forkserver pool from a short-lived thread); workers use it where `prctl` is missing.
 
 The resource tracker needs nothing: it exits when the last process holding its pipe is gone.
-Imported by the forkserver as a preload module: importing it there starts the watchdog when the
-environment names the forkserver's parent as the pool's owner (nothing happens in any other process).
+The forkserver's preload calls `watch_owner`, which starts the watchdog when the environment names the
+forkserver's parent as the pool's owner. Workers `wb` forks itself need only the signal (their parent
+thread is its main thread).
 """
 
 from __future__ import annotations
@@ -68,5 +69,7 @@ def mark_owner() -> None:
     os.environ[OWNER_ENV] = str(os.getpid())
 
 
-if os.environ.get(OWNER_ENV) == str(os.getppid()):  # imported by the forkserver the owner started
-    watch_parent(os.getppid())
+def watch_owner() -> None:
+    """In a forkserver: exit with the pool's owner (when the environment names this process's parent as it)."""
+    if os.environ.get(OWNER_ENV) == str(os.getppid()):
+        watch_parent(os.getppid())

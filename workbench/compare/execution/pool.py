@@ -1,9 +1,12 @@
 """The compare worker pool, kept free of torch so a caller can start it before importing anything heavy.
 
-Workers are forked from a forkserver that has already imported the worker module and loaded the metric kernels
-(`forkserver_preload`: numpy, the worker module and the kernels' machine code, about 0.12 s), so every worker starts
-warm; starting the pool first lets that overlap with the caller's own start-up and with reading the dumps. Every pool
-process dies with the process that started it (`lifeline`).
+A process with no thread but its own (the `wb compare` command at its start) forks its workers itself, at once, from
+what it has already imported (numpy and the worker module): a worker is ready in milliseconds and loads each metric
+kernel's machine code at its first use. Any other process (the app, a caller with threads: `fork` copies only the
+calling thread, and a lock another thread held would stay locked in the copy) gets its workers from a forkserver
+that has already imported the worker module and loaded the kernels (`forkserver_preload`, about 0.12 s, started on a
+thread), so every worker starts warm; that overlaps with the caller's own start-up and with reading the dumps. Every
+pool process dies with the process that started it (`lifeline`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import io
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -33,6 +37,18 @@ WORKER_NICE = 10
 
 def default_workers() -> int:
     return max(1, min(os.cpu_count() or 1, 8))
+
+
+def fork_is_safe() -> bool:
+    """Whether this process may fork its workers itself: on Linux, while it runs no thread but the calling one
+    (Python's or a library's, such as a DuckDB database's or OpenBLAS's: the kernel's list of the process's
+    tasks says)."""
+    if not sys.platform.startswith("linux") or "fork" not in multiprocessing.get_all_start_methods():
+        return False
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
 
 
 def _pool_context() -> multiprocessing.context.BaseContext:
@@ -60,7 +76,12 @@ def _no_imports_from_the_current_folder() -> Iterator[None]:
         os.environ.pop("PYTHONSAFEPATH", None)
 
 
-def _worker_init(owner: int) -> None:
+def _worker_init(owner: int, forked: bool = False) -> None:
+    if forked:
+        # a worker forked from `wb` itself inherits its handlers: SIGTERM and Ctrl-C act on it as on a worker a
+        # forkserver forks (SIGTERM ends it, Ctrl-C interrupts the task), not as `wb`'s own ending would
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     lifeline.worker_init(owner)
     with contextlib.suppress(OSError, AttributeError):  # not permitted, or no os.nice on this platform
         os.nice(WORKER_NICE)
@@ -117,7 +138,11 @@ def _real_stderr() -> Iterator[None]:
 
 
 def new_pool(workers: int) -> ProcessPoolExecutor:
-    """A process pool with every worker process started now."""
+    """A process pool with every worker process started now (forked here when `fork_is_safe`)."""
+    if fork_is_safe():
+        from workbench.compare.execution import worker  # noqa: F401  (the workers' module, forked loaded)
+
+        return _start_workers(multiprocessing.get_context("fork"), workers, forked=True)
     lifeline.mark_owner()
     ctx = _pool_context()
     with _real_stderr():
@@ -133,8 +158,12 @@ def new_pool(workers: int) -> ProcessPoolExecutor:
     return pool
 
 
-def _start_workers(ctx: multiprocessing.context.BaseContext, workers: int) -> ProcessPoolExecutor:
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(),))
+def _start_workers(
+    ctx: multiprocessing.context.BaseContext, workers: int, *, forked: bool = False
+) -> ProcessPoolExecutor:
+    pool = ProcessPoolExecutor(
+        max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(), forked)
+    )
     for _ in range(workers):
         pool.submit(_warm_up)
     return pool
@@ -145,11 +174,15 @@ class PoolUnavailable(Exception):
 
 
 class PoolStarter:
-    """Starts a pool in a background thread (the forkserver's preload takes seconds) and hands it over later."""
+    """Starts a pool and hands it over later: forked at once where `fork_is_safe`, else from a background thread (a
+    forkserver's start and preload take ~0.3 s)."""
 
     def __init__(self, workers: int) -> None:
         self._future: Future[ProcessPoolExecutor] = Future()
-        threading.Thread(target=self._start, args=(workers,), name="wb-pool-start", daemon=True).start()
+        if fork_is_safe():
+            self._start(workers)
+        else:
+            threading.Thread(target=self._start, args=(workers,), name="wb-pool-start", daemon=True).start()
 
     def _start(self, workers: int) -> None:
         try:
