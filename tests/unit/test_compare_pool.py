@@ -275,14 +275,49 @@ def test_pool_processes_end_with_their_owner_killed(tmp_path: Path, started_from
     family = [int(p) for p in printed.read_text().split()]
     assert len(family) == (3 if from_thread else 2), family  # two workers, and the forkserver where it forked them
 
-    def alive(pid: int) -> bool:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return False
-        return state != "Z"
-
     deadline = time.monotonic() + 20
-    while any(alive(p) for p in family) and time.monotonic() < deadline:
+    while any(_alive(p) for p in family) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [p for p in family if alive(p)], "pool processes outlived their owner"
+    assert not [p for p in family if _alive(p)], "pool processes outlived their owner"
+
+
+def test_a_forked_worker_whose_owner_died_before_it_started_ends(tmp_path: Path) -> None:
+    """The race `kill -9` can hit just after `wb` forks its workers: the owner dies before a worker's initializer
+    arms the parent-death signal, so the worker is already re-parented. It knows its owner's pid and ends at once,
+    instead of living on (and holding `wb`'s stdout)."""
+    driver = tmp_path / "owner.py"
+    driver.write_text(
+        "import os, signal, sys, time\n"
+        "from workbench.compare.execution import lifeline\n"
+        "owner = os.getpid()\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    while os.getppid() == owner:  # the owner is killed first\n"
+        "        time.sleep(0.01)\n"
+        "    lifeline.worker_init(owner, forked_by_owner=True)\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "print(child, flush=True)\n"
+        "os.kill(owner, signal.SIGKILL)\n"
+    )
+    printed = tmp_path / "pid.txt"
+    with printed.open("w") as sink:
+        owner = subprocess.Popen([sys.executable, str(driver)], cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT)
+        assert owner.wait(timeout=120) == -9, printed.read_text()[-2000:]
+    worker = int(printed.read_text().split()[0])
+    deadline = time.monotonic() + 20
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = _alive(worker)
+    if left:
+        os.kill(worker, 9)
+    assert not left, "a worker re-parented before its initializer ran lived on"
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -55,9 +55,11 @@ def watch_parent(parent: int) -> None:
     threading.Thread(target=_watch, args=(parent,), name="wb-lifeline", daemon=True).start()
 
 
-def worker_init(owner: int) -> None:
-    """`ProcessPoolExecutor` initializer: this worker dies with its forkserver (or its owner, when spawned)."""
-    parent = os.getppid()
+def worker_init(owner: int, forked_by_owner: bool = False) -> None:
+    """`ProcessPoolExecutor` initializer: this worker dies with its parent: the owner that forked it
+    (`forked_by_owner`), its forkserver, or its owner when spawned. A worker the owner forked knows its parent's
+    pid, so one whose owner died before the signal was armed (re-parented already) ends too."""
+    parent = owner if forked_by_owner else os.getppid()
     if not _die_with_parent_signal():
         watch_parent(parent)
     elif os.getppid() != parent:  # the parent died before the signal was armed

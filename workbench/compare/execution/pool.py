@@ -82,7 +82,7 @@ def _worker_init(owner: int, forked: bool = False) -> None:
         # forkserver forks (SIGTERM ends it, Ctrl-C interrupts the task), not as `wb`'s own ending would
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    lifeline.worker_init(owner)
+    lifeline.worker_init(owner, forked_by_owner=forked)
     with contextlib.suppress(OSError, AttributeError):  # not permitted, or no os.nice on this platform
         os.nice(WORKER_NICE)
 
