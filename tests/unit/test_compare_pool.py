@@ -16,6 +16,7 @@ import torch
 import workbench.compare.execution.executor as executor
 import workbench.jobs.compare as pipeline
 from tests.conftest import TinyDumps
+from tests.fixtures.hostile_cases import running
 from tests.fixtures.hostile_files import folder_with_planted_modules
 from tests.fixtures.peers import PeerDumps
 from workbench.catalog.schema import ALL_METRICS
@@ -165,6 +166,16 @@ def test_worker_never_imports_torch(tiny_dumps: TinyDumps) -> None:
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
+# a driver script's lines that start a pool of two, from its main thread or (`from_thread`) from another thread
+_START_POOL = (
+    "    if {from_thread}:\n"
+    "        with ThreadPoolExecutor(1) as starter:\n"
+    "            pool = starter.submit(new_pool, 2).result()\n"
+    "    else:\n"
+    "        pool = new_pool(2)\n"
+)
+
+
 @pytest.mark.parametrize("started_from", ["main thread", "a thread"])
 def test_pool_processes_import_nothing_from_the_folder_wb_runs_in(tmp_path: Path, started_from: str) -> None:
     """`wb` started in a folder someone else filled (a dump): a forkserver pool's forkserver and resource tracker run
@@ -182,12 +193,8 @@ def test_pool_processes_import_nothing_from_the_folder_wb_runs_in(tmp_path: Path
         "def parent():\n"
         "    return os.getpid(), os.getppid()\n"
         "if __name__ == '__main__':\n"
-        f"    if {from_thread}:\n"
-        "        with ThreadPoolExecutor(1) as starter:\n"
-        "            pool = starter.submit(new_pool, 2).result()\n"
-        "    else:\n"
-        "        pool = new_pool(2)\n"
-        "    seen = {pool.submit(parent).result(timeout=120) for _ in range(8)}\n"
+        + _START_POOL.format(from_thread=from_thread)
+        + "    seen = {pool.submit(parent).result(timeout=120) for _ in range(8)}\n"
         "    pool.shutdown()\n"
         "    pids, parents = {p for p, _ in seen}, {pp for _, pp in seen}\n"
         "    assert pids and os.getpid() not in pids, pids\n"
@@ -257,12 +264,8 @@ def test_pool_processes_end_with_their_owner_killed(tmp_path: Path, started_from
         "from concurrent.futures import ThreadPoolExecutor\n"
         "from workbench.compare.execution.pool import new_pool\n"
         "if __name__ == '__main__':\n"
-        f"    if {from_thread}:\n"
-        "        with ThreadPoolExecutor(1) as starter:\n"
-        "            pool = starter.submit(new_pool, 2).result()\n"
-        "    else:\n"
-        "        pool = new_pool(2)\n"
-        "    [pool.submit(os.getpid).result(timeout=120) for _ in range(8)]\n"
+        + _START_POOL.format(from_thread=from_thread)
+        + "    [pool.submit(os.getpid).result(timeout=120) for _ in range(8)]\n"
         "    pids = set(pool._processes)  # every worker, whichever took the tasks\n"
         "    server = multiprocessing.forkserver._forkserver._forkserver_pid\n"
         "    print(' '.join(str(p) for p in sorted(pids | ({server} if server else set()))), flush=True)\n"
@@ -276,9 +279,9 @@ def test_pool_processes_end_with_their_owner_killed(tmp_path: Path, started_from
     assert len(family) == (3 if from_thread else 2), family  # two workers, and the forkserver where it forked them
 
     deadline = time.monotonic() + 20
-    while any(_alive(p) for p in family) and time.monotonic() < deadline:
+    while any(running(p) for p in family) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [p for p in family if _alive(p)], "pool processes outlived their owner"
+    assert not [p for p in family if running(p)], "pool processes outlived their owner"
 
 
 def test_a_forked_worker_whose_owner_died_before_it_started_ends(tmp_path: Path) -> None:
@@ -306,18 +309,9 @@ def test_a_forked_worker_whose_owner_died_before_it_started_ends(tmp_path: Path)
         assert owner.wait(timeout=120) == -9, printed.read_text()[-2000:]
     worker = int(printed.read_text().split()[0])
     deadline = time.monotonic() + 20
-    while _alive(worker) and time.monotonic() < deadline:
+    while running(worker) and time.monotonic() < deadline:
         time.sleep(0.05)
-    left = _alive(worker)
+    left = running(worker)
     if left:
         os.kill(worker, 9)
     assert not left, "a worker re-parented before its initializer ran lived on"
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie, ended but not yet reaped, does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
