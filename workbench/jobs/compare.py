@@ -454,22 +454,24 @@ class _Beside:
         self._thread.start()
 
     def _run(self, work: BesideVerdicts | None, cmp_id: int, golden_run: int) -> None:
-        import duckdb
-
         try:
             if work is not None:
                 work(self._cursor, cmp_id, golden_run)
-            for ready in (None, self.verdicts_done):
-                if ready is not None:
-                    ready.wait()
-                try:
-                    self._cursor.execute("CHECKPOINT")
-                except duckdb.Error:
-                    pass  # not now (another transaction stands in its way): closing the catalog checkpoints it
+            self._checkpoint()
+            self.verdicts_done.wait()
+            self._checkpoint()
         except BaseException as exc:  # raised by `join`, in the compare's thread
             self._error = exc
         finally:
             self._cursor.close()
+
+    def _checkpoint(self) -> None:
+        import duckdb
+
+        try:
+            self._cursor.execute("CHECKPOINT")
+        except duckdb.Error:
+            pass  # not now (another transaction stands in its way): closing the catalog checkpoints it
 
     def join(self, *, raise_error: bool = True) -> None:
         self._thread.join()
