@@ -315,3 +315,33 @@ def test_a_forked_worker_whose_owner_died_before_it_started_ends(tmp_path: Path)
     if left:
         os.kill(worker, 9)
     assert not left, "a worker re-parented before its initializer ran lived on"
+
+
+def test_a_sigterm_between_a_workers_fork_and_its_initializer_ends_it_as_a_worker(tmp_path: Path) -> None:
+    """A forked worker starts with `wb`'s own SIGTERM handler (its one line and exit code) until its initializer
+    sets a worker's: a SIGTERM sent to the process group just then is held across the fork and delivered once the
+    worker's handlers are set, so the worker ends by the signal; the pool's workers run with nothing held, and so
+    does the process that forked them, once they are forked."""
+    driver = tmp_path / "window.py"
+    driver.write_text(
+        "import os, signal\n"
+        "from workbench.compare.execution import pool\n"
+        "signal.signal(signal.SIGTERM, lambda *_: os._exit(7))  # as `wb`'s own: its line, then its exit code\n"
+        "with pool._held_across_fork():\n"
+        "    child = os.fork()\n"
+        "    if child == 0:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)  # sent after the fork, before the initializer\n"
+        "        pool._worker_init(os.getppid(), forked=True)\n"
+        "        os._exit(0)\n"
+        "_, status = os.waitpid(child, 0)\n"
+        "print(os.waitstatus_to_exitcode(status))\n"
+        "workers = pool.new_pool(2)\n"
+        "held = [workers.submit(signal.pthread_sigmask, signal.SIG_BLOCK, []).result(timeout=120) for _ in range(4)]\n"
+        "workers.shutdown()\n"
+        "print(sorted(int(s) for mask in held for s in mask), sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))\n"
+    )
+    out = subprocess.run([sys.executable, str(driver)], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    ended, masks = out.stdout.splitlines()
+    assert int(ended) == -15, f"the forked worker ended with {ended}, not by the SIGTERM (-15)"
+    assert masks == "[] []", f"signals still held (workers, then the process that forked them): {masks}"

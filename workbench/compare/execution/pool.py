@@ -76,12 +76,17 @@ def _no_imports_from_the_current_folder() -> Iterator[None]:
         os.environ.pop("PYTHONSAFEPATH", None)
 
 
+_FORK_HELD = frozenset({signal.SIGTERM, signal.SIGINT})  # held from the fork until a worker's own handlers are set
+
+
 def _worker_init(owner: int, forked: bool = False) -> None:
     if forked:
         # a worker forked from `wb` itself inherits its handlers: SIGTERM and Ctrl-C act on it as on a worker a
-        # forkserver forks (SIGTERM ends it, Ctrl-C interrupts the task), not as `wb`'s own ending would
+        # forkserver forks (SIGTERM ends it, Ctrl-C interrupts the task), not as `wb`'s own ending would. They were
+        # held since the fork (`_held_across_fork`): one sent meanwhile is delivered now, to these handlers
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORK_HELD)
     lifeline.worker_init(owner, forked_by_owner=forked)
     with contextlib.suppress(OSError, AttributeError):  # not permitted, or no os.nice on this platform
         os.nice(WORKER_NICE)
@@ -137,12 +142,26 @@ def _real_stderr() -> Iterator[None]:
         sys.stderr = saved
 
 
+@contextlib.contextmanager
+def _held_across_fork() -> Iterator[None]:
+    """SIGTERM and Ctrl-C held (blocked) in this process while it forks its workers: a forked worker would otherwise
+    run this process's own handlers until its initializer replaces them (a SIGTERM to the process group just then
+    ended it inside multiprocessing's start-up). Each worker releases them once its handlers are set; this process
+    when its workers are forked, and a signal sent meanwhile then reaches its handler."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _FORK_HELD)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def new_pool(workers: int) -> ProcessPoolExecutor:
     """A process pool with every worker process started now (forked here when `fork_is_safe`)."""
     if fork_is_safe():
         from workbench.compare.execution import worker  # noqa: F401  (the workers' module, forked loaded)
 
-        return _start_workers(multiprocessing.get_context("fork"), workers, forked=True)
+        with _held_across_fork():
+            return _start_workers(multiprocessing.get_context("fork"), workers, forked=True)
     lifeline.mark_owner()
     ctx = _pool_context()
     with _real_stderr():
