@@ -168,6 +168,9 @@ CASES: tuple[Case, ...] = (
     Case("eps3", "qwen4", "model.layers.3.input_layernorm", "norm_eps", 1e-2, "RMSNorm eps 1e-2 (not 1e-6), layer 3"),
     Case("o0", "qwen4", "model.layers.0.self_attn.o_proj", "scale_weight", 0.96, "o_proj x0.96, layer 0"),
     Case("k1", "llama5", "model.layers.1.self_attn.k_proj", "scale_weight", 1.04, "k_proj x1.04, layer 1"),
+    # a fused gate and up projection: SwiGLU multiplies the two halves, both off, and doubles the error in the MLP's
+    # own code (the MLP ranked before the projection until a standing-out child could explain a third of it)
+    Case("gu3p", "phi3_4", "model.layers.3.mlp.gate_up_proj", "scale_weight", 0.98, "Phi-3 gate_up x0.98, layer 3"),
     # a whole decoder layer: its output carries +2 % of its input (the residual added twice, scaled), children clean
     Case("res2", "llama5", "model.layers.2", "residual_twice", 0.02, "layer 2 adds 2 % of its input", "layer"),
     Case("res1m", "mistral4", "model.layers.1", "residual_twice", 0.02, "Mistral layer 1 adds 2 % of input", "layer"),

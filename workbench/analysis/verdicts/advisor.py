@@ -309,8 +309,8 @@ def advice_evidence(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, st
 ORDER_RULE = (
     "order: score, highest first, except: an op a precheck pinned down comes first; an op whose error a known "
     "cause explains comes after those standing out unexplained (such ops in the order they ran, one carrying "
-    "another's error right after it); an op carrying half or more of a parent's added error comes right before "
-    "that parent (^: ranked above a higher score)"
+    "another's error right after it); an op carrying half or more of a parent's added error (a third, if it "
+    "stands out itself) comes right before that parent (^: ranked above a higher score)"
 )
 
 
@@ -716,11 +716,20 @@ def _stands_out_alone(r: _Row) -> bool:
     return r.score >= STANDS_OUT and not r.nan_inf_born and r.own >= r.added * 0.5
 
 
+# The share of a parent's added error a child must add to explain it. A child that stands out may add a third: the
+# parent's own code can multiply two tensors that both carry the child's error (SwiGLU after a fused gate_up
+# projection: gate and up each off by e give a product off by ~2e, more where SiLU's slope exceeds 1).
+_EXPLAINS_SHARE = 0.5
+_EXPLAINS_SHARE_STANDING_OUT = 1.0 / 3.0
+
+
 def _explains(child: _Row, parent: _Row) -> bool:
-    """`child` adds half of `parent`'s added error or more, and more than its own peers (score 1) unless the parent
-    scores no higher; a child whose error stays in its peers' noise while the parent's own error stands out
-    explains nothing (a whole decoder layer adding error its children do not: the residual added twice)."""
-    if not child.added >= 0.5 * parent.added > 0:
+    """`child` adds half of `parent`'s added error or more (a third when the child stands out), and more than its own
+    peers (score 1) unless the parent scores no higher; a child whose error stays in its peers' noise while the
+    parent's own error stands out explains nothing (a whole decoder layer adding error its children do not: the
+    residual added twice)."""
+    share = _EXPLAINS_SHARE_STANDING_OUT if child.score >= STANDS_OUT else _EXPLAINS_SHARE
+    if not child.added >= share * parent.added > 0:
         return False
     if _stands_out_alone(parent) and child.score < STANDS_OUT:
         return False
