@@ -186,15 +186,25 @@ def _aligned(ctx: MatchContext) -> list[NodeMatch]:
             scopes.append((gid, tid))
             out.append(_aligned_match(g, t, gid, tid, how, where))
         # the same module under the same parent whose class was swapped (a wrong activation): still itself
+        # (msprobe's names hold the class: compared without it where no name is identical)
         left_t = {t.name[n]: n for n in ts if n not in paired_t}
+        classless: dict[str, int | None] = {}
+        for n in left_t.values():
+            key = _without_class(t.name[n], t.type[n])
+            classless[key] = None if key in classless else n  # two calls under one name: neither is taken
         for gid in gs:
-            swapped = left_t.get(g.name[gid]) if gid not in paired_g else None
-            if swapped is not None:
+            if gid in paired_g:
+                continue
+            swapped = left_t.get(g.name[gid])
+            if swapped is None:
+                swapped = classless.get(_without_class(g.name[gid], g.type[gid]))
+            if swapped is not None and swapped not in paired_t:
                 tid = swapped
                 paired_g.add(gid)
                 paired_t.add(tid)
                 scopes.append((gid, tid))
-                why = f"identical name under {where}, other type ({g.type[gid]} vs {t.type[tid]})"
+                same = "identical name" if g.name[gid] == t.name[tid] else "one module, its class in its name"
+                why = f"{same} under {where}, other type ({g.type[gid]} vs {t.type[tid]})"
                 out.append(NodeMatch(gid, tid, "name", 0.9, why))
     # nodes outside every aligned scope (a parent that only one run has): identical names and types
     t_names = {name: nid for nid, name in t.name.items() if nid not in paired_t and nid not in ctx.taken_test}
@@ -204,6 +214,14 @@ def _aligned(ctx: MatchContext) -> list[NodeMatch]:
             continue
         out.append(NodeMatch(gid, other, "name", 1.0, "identical name"))
     return out
+
+
+def _without_class(name: str, type_name: str | None) -> str:
+    """A node's name without its module's class, where the name holds it (msprobe's `Module.mlp.act_fn.SiLU.forward`
+    -> `Module.mlp.act_fn.forward`): a module whose class was swapped keeps its name."""
+    segment = f".{type_name}." if type_name else ""
+    at = name.rfind(segment) if segment else -1
+    return name if at < 0 else name[: at + 1] + name[at + len(segment) :]
 
 
 def _aligned_match(g: StreamSide, t: StreamSide, gid: int, tid: int, how: str, where: str) -> NodeMatch:
