@@ -10,7 +10,7 @@ of the planted module at each token, and whether it is first / in the top 3 at e
 
     PYTHONPATH=. .venv/bin/python bench/advisor_defects.py [--dumpers msit,msprobe,wb,atbprobe]
         [--dtypes bf16,fp16] [--cases NAME,...] [--keep DIR] [--stats] [--prompt N] [--fp32-inv-freq]
-        [--clean llama5,qwen4,mistral4,phi3_4,neox4]
+        [--clean llama5,qwen4,mistral4,phi3_4,neox4] [--heldout]
 
 Families: Llama, Qwen2, Mistral, Phi-3, GPT-NeoX. Defect classes (`Case.group`): `weight` (a weight scale, a wrong
 activation or epsilon in one op), `layer` (a decoder layer's output carries +2 % of its input: the residual added
@@ -18,6 +18,9 @@ twice, every child op clean), `decode` (an op wrong at decode tokens only; count
 softmax scale off by sqrt(2), a rotary table in the interleaved layout). The report sums per class and dtype: named
 first, in the top 3, missed, and each miss's planted score (its own error over its peers' noise). `--clean`: the
 same models without a defect, bf16/fp16 against fp32: `wb compare` and `wb advise` must name no op at any token.
+
+`--heldout`: 21 defects in other places and sizes (`HELDOUT_CASES`), on every family's weights drawn from other
+seeds (`HELDOUT_SEED_OFFSET`), kept apart while the advisor's rules were tuned (docs/performance.md).
 
 `--prompt N`: a longer prompt; past ~100 positions `model.to(bfloat16)`'s rounded rotary inv_freq makes the rotary
 table's own error stand out (the advisor says so and ranks it after an unexplained op); `--fp32-inv-freq` keeps
@@ -257,17 +260,46 @@ CASES: tuple[Case, ...] = (
         "attention",
     ),
 )
+# Held-out cases (`--heldout`): other places and sizes, on every family's weights drawn from another seed
+# (`HELDOUT_SEED_OFFSET`); none of them was looked at while the advisor's rules were written, until 2026-11-28
+HELDOUT_SEED_OFFSET = 200
+HELDOUT_CASES: tuple[Case, ...] = (
+    Case("h_down1", "llama5", "model.layers.1.mlp.down_proj", "scale_weight", 1.02, "down_proj x1.02, layer 1"),
+    Case("h_gate3", "llama5", "model.layers.3.mlp.gate_proj", "scale_weight", 0.97, "gate_proj x0.97, layer 3"),
+    Case("h_v4", "llama5", "model.layers.4.self_attn.v_proj", "scale_weight", 1.04, "v_proj x1.04, layer 4"),
+    Case("h_inorm2", "llama5", "model.layers.2.input_layernorm", "scale_weight", 1.03, "input norm x1.03, layer 2"),
+    Case("h_up3q", "qwen4", "model.layers.3.mlp.up_proj", "scale_weight", 1.03, "Qwen up_proj x1.03, layer 3"),
+    Case("h_k0q", "qwen4", "model.layers.0.self_attn.k_proj", "scale_weight", 0.96, "Qwen k_proj x0.96, layer 0"),
+    Case("h_gelu2q", "qwen4", "model.layers.2.mlp.act_fn", "act_gelu", 0.0, "Qwen tanh-GELU, layer 2"),
+    Case("h_o3m", "mistral4", "model.layers.3.self_attn.o_proj", "scale_weight", 1.04, "Mistral o_proj x1.04, l. 3"),
+    Case("h_down0m", "mistral4", "model.layers.0.mlp.down_proj", "scale_weight", 0.98, "Mistral down x0.98, l. 0"),
+    Case("h_qkv1p", "phi3_4", "model.layers.1.self_attn.qkv_proj", "scale_weight", 1.03, "Phi-3 qkv x1.03, l. 1"),
+    Case("h_gu3p", "phi3_4", "model.layers.3.mlp.gate_up_proj", "scale_weight", 0.98, "Phi-3 gate_up x0.98, l. 3"),
+    Case("h_res1", "llama5", "model.layers.1", "residual_twice", 0.02, "layer 1 adds 2 % of its input", "layer"),
+    Case(
+        "h_dec2q", "qwen4", "model.layers.2.mlp.down_proj", "decode_scale", 1.03, "Qwen down x1.03 decode", "decode", 1
+    ),
+    Case("h_scale3", "llama5", "model.layers.3.self_attn", "attn_scale", 1.4142, "softmax x1.41, l. 3", "attention"),
+    Case("h_gu1p", "phi3_4", "model.layers.1.mlp.gate_up_proj", "scale_weight", 1.03, "Phi-3 gate_up x1.03, l. 1"),
+    Case("h_gu0p", "phi3_4", "model.layers.0.mlp.gate_up_proj", "scale_weight", 0.97, "Phi-3 gate_up x0.97, l. 0"),
+    Case("h_qkv3p", "phi3_4", "model.layers.3.self_attn.qkv_proj", "scale_weight", 0.97, "Phi-3 qkv x0.97, l. 3"),
+    Case("h_o2p", "phi3_4", "model.layers.2.self_attn.o_proj", "scale_weight", 1.03, "Phi-3 o_proj x1.03, l. 2"),
+    Case("h_down2p", "phi3_4", "model.layers.2.mlp.down_proj", "scale_weight", 0.98, "Phi-3 down x0.98, l. 2"),
+    Case("h_gelu0", "llama5", "model.layers.0.mlp.act_fn", "act_gelu", 0.0, "Llama tanh-GELU, layer 0"),
+    Case("h_eps1m", "mistral4", "model.layers.1.post_attention_layernorm", "norm_eps", 1e-2, "Mistral eps 1e-2, l. 1"),
+)
+ALL_CASES = CASES + HELDOUT_CASES
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 # ------------------------------------------------------------------------------- building and dumping
-def build_model(name: str) -> Any:
-    """The fp32 model of `name` (random weights from the model's fixed seed)."""
+def build_model(name: str, seed_offset: int = 0) -> Any:
+    """The fp32 model of `name` (random weights from the model's fixed seed plus `seed_offset`)."""
     import torch
 
     spec = dict(MODELS[name])
     family, seed = spec.pop("family"), spec.pop("seed")
-    torch.manual_seed(seed)
+    torch.manual_seed(seed + seed_offset)
     common = {"max_position_embeddings": 128, "tie_word_embeddings": False, **spec}
     import transformers
 
@@ -337,10 +369,10 @@ def _wrap_forward(mod: Any, case: Case) -> None:
     mod.forward = forward
 
 
-def prompt_ids(model_name: str, length: int = PROMPT) -> Any:
+def prompt_ids(model_name: str, length: int = PROMPT, seed_offset: int = 0) -> Any:
     import torch
 
-    g = torch.Generator().manual_seed(MODELS[model_name]["seed"] + 1)
+    g = torch.Generator().manual_seed(MODELS[model_name]["seed"] + seed_offset + 1)
     return torch.randint(3, MODELS[model_name]["vocab_size"], (1, length), generator=g)
 
 
@@ -353,9 +385,10 @@ def dump_one(job: dict[str, Any]) -> None:
     from workbench.demo import decode
 
     torch.manual_seed(0)
-    model = build_model(job["model"])
+    offset = int(job.get("seed_offset", 0))
+    model = build_model(job["model"], offset)
     if job.get("case"):
-        case = next(c for c in CASES if c.name == job["case"])
+        case = next(c for c in ALL_CASES if c.name == job["case"])
         plant(model, case)
     if job.get("dtype"):
         inv_freq = {n: m.inv_freq.clone() for n, m in model.named_modules() if hasattr(m, "inv_freq")}
@@ -364,7 +397,7 @@ def dump_one(job: dict[str, Any]) -> None:
             for name, freq in inv_freq.items():
                 model.get_submodule(name).inv_freq = freq
     forced = job.get("tokens")
-    prompt = prompt_ids(job["model"], int(job.get("prompt", PROMPT)))
+    prompt = prompt_ids(job["model"], int(job.get("prompt", PROMPT)), int(job.get("seed_offset", 0)))
     out = job["out"]
     stats = bool(job.get("stats"))
     if job["dumper"] == "atbprobe":
@@ -442,7 +475,7 @@ def _decode_atb_probe(model: Any, job: dict[str, Any], forced: list[int] | None,
 
     dtype = getattr(torch, job["dtype"]) if job.get("dtype") else torch.float32
     stack = AtbLlama.from_hf(model.float(), dtype=dtype)
-    prompt = prompt_ids(job["model"], int(job.get("prompt", PROMPT)))
+    prompt = prompt_ids(job["model"], int(job.get("prompt", PROMPT)), int(job.get("seed_offset", 0)))
     run = stack.run(prompt, STEPS, dump=AtbDumpConfig(out / "atb", seed=0), forced=forced)
     assert run.dump_root is not None
     probe_dump(run.dump_root, out / "probe", task="statistics" if stats else "tensor")
@@ -585,7 +618,13 @@ def main() -> int:
     ap.add_argument("--dump-one", help=argparse.SUPPRESS)
     ap.add_argument("--dumpers", default="msit,wb")
     ap.add_argument("--dtypes", default="bf16,fp16")
-    ap.add_argument("--cases", default=",".join(c.name for c in CASES))
+    ap.add_argument("--cases", help="case names, comma-separated (default: every case of the set run)")
+    ap.add_argument(
+        "--heldout",
+        action="store_true",
+        help=f"the held-out cases (HELDOUT_CASES) on weights from seeds +{HELDOUT_SEED_OFFSET} (give --keep a folder "
+        "of their own: the goldens differ)",
+    )
     ap.add_argument("--keep", type=Path, help="keep the dumps and catalogs in this folder")
     ap.add_argument(
         "--clean",
@@ -626,7 +665,9 @@ def main() -> int:
                 print(f"{dumper} is not importable: its runs are skipped")
                 dumpers.remove(dumper)
     dtypes = [DTYPES[d] for d in args.dtypes.split(",") if d]
-    cases = [c for c in CASES if c.name in args.cases.split(",")]
+    offset = HELDOUT_SEED_OFFSET if args.heldout else 0
+    chosen = args.cases.split(",") if args.cases else [c.name for c in (HELDOUT_CASES if args.heldout else CASES)]
+    cases = [c for c in ALL_CASES if c.name in chosen]
     work = args.keep or Path(tempfile.mkdtemp(prefix="wb_advisor_bench_"))
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -650,6 +691,7 @@ def main() -> int:
         if key not in goldens:
             out = work / f"golden_{model}_{dumper}"
             job = {"model": model, "dumper": dumper, "out": str(out), "stats": args.stats, "prompt": args.prompt}
+            job["seed_offset"] = offset
             kept = reuse and (out / "tokens.json").is_file()
             if not kept:
                 shutil.rmtree(out, ignore_errors=True)
@@ -665,7 +707,7 @@ def main() -> int:
                 out = work / f"clean_{model}_{dtype}_{dumper}"
                 fresh_folder(out)
                 job = {"model": model, "dumper": dumper, "out": str(out), "dtype": dtype, "tokens": tokens}
-                test = run_dump({**job, "stats": args.stats, "prompt": args.prompt}, reuse)
+                test = run_dump({**job, "stats": args.stats, "prompt": args.prompt, "seed_offset": offset}, reuse)
                 ranks, named = rank_of(golden, test, out / "catalog.duckdb", None)
                 clean_rows.append((model, dtype, dumper, ranks, named))
                 top = max(s for _, _, s, _ in ranks.values())
@@ -692,6 +734,7 @@ def main() -> int:
                         "tokens": tokens,
                         "stats": args.stats,
                         "prompt": args.prompt,
+                        "seed_offset": offset,
                         "fp32_inv_freq": args.fp32_inv_freq,
                     },
                     reuse,
