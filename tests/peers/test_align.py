@@ -20,15 +20,27 @@ from tests.fixtures.align_dumps import EXTRA_AT, ours_pair
 from tests.fixtures.peers import PeerDumps
 from workbench.compare.execution.tasks import PairTask
 from workbench.compare.execution.worker import run_pair
-from workbench.compare.pairing.align import _refine_runs, lcs_pairs
+from workbench.compare.pairing.align import StreamSide, _refine_runs, lcs_pairs
 from workbench.compare.pairing.layout import MERGE_DIMS, SQUEEZE, layout_rule, shape_after
-from workbench.compare.pairing.matching import MATCHERS
+from workbench.compare.pairing.matching import MATCHERS, _by_classless, _without_class
 
 # ---------------------------------------------------------------------------------------------- units
 
 
 def test_registry_order() -> None:
     assert list(MATCHERS) == ["mapping-file", "mapping-rule", "type-map", "torchair", "quant", "aligned", "auto"]
+
+
+def test_a_module_whose_class_was_swapped_keeps_its_name_only_where_one_node_has_it() -> None:
+    """msprobe's names hold the module's class: a swapped activation is paired by its name without it, but two calls
+    that share that name (functional ops: `Functional.linear`, `Functional.gelu`) pair nothing that way."""
+    assert _without_class("Module.model.layers.2.mlp.act_fn.SiLUActivation.forward", "SiLUActivation") == (
+        "Module.model.layers.2.mlp.act_fn.forward"
+    )
+    assert _without_class("root.model.layers.2.mlp.act_fn", "SiLUActivation") == "root.model.layers.2.mlp.act_fn"
+    names = {1: "Module.mlp.act_fn.GELU.forward", 2: "Functional.linear.forward", 3: "Functional.gelu.forward"}
+    side = StreamSide("msprobe", {None: [1, 2, 3]}, names, {1: "GELU", 2: "linear", 3: "gelu"}, {}, {})
+    assert _by_classless(side, [1, 2, 3]) == {"Module.mlp.act_fn.forward": 1, "Functional.forward": None}
 
 
 def _lcs_len(a: list[int], b: list[int]) -> int:

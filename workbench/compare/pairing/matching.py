@@ -185,27 +185,20 @@ def _aligned(ctx: MatchContext) -> list[NodeMatch]:
             paired_t.add(tid)
             scopes.append((gid, tid))
             out.append(_aligned_match(g, t, gid, tid, how, where))
-        # the same module under the same parent whose class was swapped (a wrong activation): still itself
-        # (msprobe's names hold the class: compared without it where no name is identical)
+        # the same module under the same parent whose class was swapped (a wrong activation): still itself;
+        # msprobe's names hold the class, so what is left is then paired by the name without it, where that name is
+        # one node's on each side (`Functional.linear` and `Functional.gelu` would both lose their op)
         left_t = {t.name[n]: n for n in ts if n not in paired_t}
-        classless: dict[str, int | None] = {}
-        for n in left_t.values():
-            key = _without_class(t.name[n], t.type[n])
-            classless[key] = None if key in classless else n  # two calls under one name: neither is taken
-        for gid in gs:
-            if gid in paired_g:
-                continue
-            swapped = left_t.get(g.name[gid])
-            if swapped is None:
-                swapped = classless.get(_without_class(g.name[gid], g.type[gid]))
-            if swapped is not None and swapped not in paired_t:
-                tid = swapped
-                paired_g.add(gid)
-                paired_t.add(tid)
-                scopes.append((gid, tid))
-                same = "identical name" if g.name[gid] == t.name[tid] else "one module, its class in its name"
-                why = f"{same} under {where}, other type ({g.type[gid]} vs {t.type[tid]})"
-                out.append(NodeMatch(gid, tid, "name", 0.9, why))
+        for g_node in gs:
+            named = left_t.get(g.name[g_node]) if g_node not in paired_g else None
+            if named is not None and named not in paired_t:
+                _pair_swapped(out, scopes, paired_g, paired_t, g, t, g_node, named, where)
+        g_rest = _by_classless(g, [n for n in gs if n not in paired_g])
+        t_rest = _by_classless(t, [n for n in ts if n not in paired_t])
+        for key, g_only in g_rest.items():
+            t_only = t_rest.get(key)
+            if g_only is not None and t_only is not None:
+                _pair_swapped(out, scopes, paired_g, paired_t, g, t, g_only, t_only, where)
     # nodes outside every aligned scope (a parent that only one run has): identical names and types
     t_names = {name: nid for nid, name in t.name.items() if nid not in paired_t and nid not in ctx.taken_test}
     for gid, name in g.name.items():
@@ -214,6 +207,34 @@ def _aligned(ctx: MatchContext) -> list[NodeMatch]:
             continue
         out.append(NodeMatch(gid, other, "name", 1.0, "identical name"))
     return out
+
+
+def _pair_swapped(
+    out: list[NodeMatch],
+    scopes: list[tuple[int | None, int | None]],
+    paired_g: set[int],
+    paired_t: set[int],
+    g: StreamSide,
+    t: StreamSide,
+    gid: int,
+    tid: int,
+    where: str,
+) -> None:
+    """Record one module of both runs whose class differs (its children are aligned next)."""
+    paired_g.add(gid)
+    paired_t.add(tid)
+    scopes.append((gid, tid))
+    same = "identical name" if g.name[gid] == t.name[tid] else "one module, its class in its name"
+    out.append(NodeMatch(gid, tid, "name", 0.9, f"{same} under {where}, other type ({g.type[gid]} vs {t.type[tid]})"))
+
+
+def _by_classless(side: StreamSide, ids: list[int]) -> dict[str, int | None]:
+    """The nodes by their name without their class (`_without_class`); None for a name two of them share."""
+    found: dict[str, int | None] = {}
+    for n in ids:
+        key = _without_class(side.name[n], side.type[n])
+        found[key] = None if key in found else n
+    return found
 
 
 def _without_class(name: str, type_name: str | None) -> str:
