@@ -397,7 +397,7 @@ def dump_one(job: dict[str, Any]) -> None:
             for name, freq in inv_freq.items():
                 model.get_submodule(name).inv_freq = freq
     forced = job.get("tokens")
-    prompt = prompt_ids(job["model"], int(job.get("prompt", PROMPT)), int(job.get("seed_offset", 0)))
+    prompt = prompt_ids(job["model"], int(job.get("prompt", PROMPT)), offset)
     out = job["out"]
     stats = bool(job.get("stats"))
     if job["dumper"] == "atbprobe":
@@ -690,8 +690,14 @@ def main() -> int:
         key = (model, dumper)
         if key not in goldens:
             out = work / f"golden_{model}_{dumper}"
-            job = {"model": model, "dumper": dumper, "out": str(out), "stats": args.stats, "prompt": args.prompt}
-            job["seed_offset"] = offset
+            job = {
+                "model": model,
+                "dumper": dumper,
+                "out": str(out),
+                "stats": args.stats,
+                "prompt": args.prompt,
+                "seed_offset": offset,
+            }
             kept = reuse and (out / "tokens.json").is_file()
             if not kept:
                 shutil.rmtree(out, ignore_errors=True)

@@ -189,16 +189,23 @@ def _aligned(ctx: MatchContext) -> list[NodeMatch]:
         # msprobe's names hold the class, so what is left is then paired by the name without it, where that name is
         # one node's on each side (`Functional.linear` and `Functional.gelu` would both lose their op)
         left_t = {t.name[n]: n for n in ts if n not in paired_t}
-        for g_node in gs:
-            named = left_t.get(g.name[g_node]) if g_node not in paired_g else None
-            if named is not None and named not in paired_t:
-                _pair_swapped(out, scopes, paired_g, paired_t, g, t, g_node, named, where)
-        g_rest = _by_classless(g, [n for n in gs if n not in paired_g])
-        t_rest = _by_classless(t, [n for n in ts if n not in paired_t])
-        for key, g_only in g_rest.items():
-            t_only = t_rest.get(key)
-            if g_only is not None and t_only is not None:
-                _pair_swapped(out, scopes, paired_g, paired_t, g, t, g_only, t_only, where)
+        swapped: dict[int, int] = {}
+        taken_t: set[int] = set()
+        for n in gs:
+            named = left_t.get(g.name[n]) if n not in paired_g else None
+            if named is not None and named not in taken_t:
+                swapped[n] = named
+                taken_t.add(named)
+        g_rest = _by_classless(g, [n for n in gs if n not in paired_g and n not in swapped])
+        t_rest = _by_classless(t, [n for n in ts if n not in paired_t and n not in taken_t])
+        swapped.update((gn, tn) for key, gn in g_rest.items() if gn is not None and (tn := t_rest.get(key)) is not None)
+        for g_node, t_node in swapped.items():
+            paired_g.add(g_node)
+            paired_t.add(t_node)
+            scopes.append((g_node, t_node))
+            same = "identical name" if g.name[g_node] == t.name[t_node] else "one module, its class in its name"
+            why = f"{same} under {where}, other type ({g.type[g_node]} vs {t.type[t_node]})"
+            out.append(NodeMatch(g_node, t_node, "name", 0.9, why))
     # nodes outside every aligned scope (a parent that only one run has): identical names and types
     t_names = {name: nid for nid, name in t.name.items() if nid not in paired_t and nid not in ctx.taken_test}
     for gid, name in g.name.items():
@@ -207,25 +214,6 @@ def _aligned(ctx: MatchContext) -> list[NodeMatch]:
             continue
         out.append(NodeMatch(gid, other, "name", 1.0, "identical name"))
     return out
-
-
-def _pair_swapped(
-    out: list[NodeMatch],
-    scopes: list[tuple[int | None, int | None]],
-    paired_g: set[int],
-    paired_t: set[int],
-    g: StreamSide,
-    t: StreamSide,
-    gid: int,
-    tid: int,
-    where: str,
-) -> None:
-    """Record one module of both runs whose class differs (its children are aligned next)."""
-    paired_g.add(gid)
-    paired_t.add(tid)
-    scopes.append((gid, tid))
-    same = "identical name" if g.name[gid] == t.name[tid] else "one module, its class in its name"
-    out.append(NodeMatch(gid, tid, "name", 0.9, f"{same} under {where}, other type ({g.type[gid]} vs {t.type[tid]})"))
 
 
 def _by_classless(side: StreamSide, ids: list[int]) -> dict[str, int | None]:
@@ -240,9 +228,8 @@ def _by_classless(side: StreamSide, ids: list[int]) -> dict[str, int | None]:
 def _without_class(name: str, type_name: str | None) -> str:
     """A node's name without its module's class, where the name holds it (msprobe's `Module.mlp.act_fn.SiLU.forward`
     -> `Module.mlp.act_fn.forward`): a module whose class was swapped keeps its name."""
-    segment = f".{type_name}." if type_name else ""
-    at = name.rfind(segment) if segment else -1
-    return name if at < 0 else name[: at + 1] + name[at + len(segment) :]
+    at = name.rfind(f".{type_name}.") if type_name else -1
+    return name if at < 0 else name[: at + 1] + name[at + len(type_name or "") + 2 :]
 
 
 def _aligned_match(g: StreamSide, t: StreamSide, gid: int, tid: int, how: str, where: str) -> NodeMatch:
