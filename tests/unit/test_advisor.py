@@ -271,6 +271,8 @@ def test_peer_dumper_defect_ranked_first(
     for a in firsts:
         assert bench._same_module(a.golden_node, planted), firsts
         assert a.score >= SIGNIFICANT
+        # a swapped class is said where the error is born, and only there
+        assert ("the test run has a " in a.reason and "the golden run a SiLU" in a.reason) == case.startswith("gelu")
     assert run.stdout.count("most likely origin: ") + run.stdout.count("error born at: ") == 3, run.stdout
 
 
@@ -318,6 +320,7 @@ def test_atb_demo_catalog(demo_catalog: Path) -> None:
     assert [a.token_id for a in top] == [0, 1, 2, 3]
     for a in top:
         assert a.golden_node == "root.model.layers.1.post_attention_layernorm", a
+        assert "the test run has a " not in a.reason, a  # a torch module and an ATB op: types of two kinds
         assert a.test_node is not None and a.test_node.endswith("3_RmsNormOperation")
 
 

@@ -96,6 +96,7 @@ class _Row:
     carried_from: int | None = None  # the op whose explained error reaches it unseen (`_carried_causes`)
     side_from: int | None = None  # a known-cause op whose output it takes besides its inputs (`_split_inputs`)
     side_err: float | None = None  # that input's error, not counted in `in_err`
+    test_type: str | None = None  # the paired test node's type where it is not the golden node's (dumps of one kind)
 
 
 # one io side of a golden node at a token: test node (or the known-cause op of a side input), worst relative error,
@@ -143,10 +144,14 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
         raise ValueError(f"comparison {cmp_id} is not in the catalog")
     golden_run, test_run = int(row[0]), int(row[1])
     nodes = _load_nodes(con, golden_run)
-    test_names = dict(
-        (int(n), str(s))
-        for n, s in con.execute("SELECT node_id, name FROM nodes WHERE run_id = ?", [test_run]).fetchall()
-    )
+    test_names: dict[int, str] = {}
+    test_types: dict[int, str] = {}
+    for n, name, typ in con.execute("SELECT node_id, name, type FROM nodes WHERE run_id = ?", [test_run]).fetchall():
+        test_names[int(n)] = str(name)
+        if typ:
+            test_types[int(n)] = str(typ)
+    if not _one_kind(con, golden_run, test_run):
+        test_types = {}  # a torch module against an ATB op, a GE op...: their types name different things
     per_token: dict[int, dict[int, dict[str, _IO]]] = defaultdict(dict)
     for tok, gid, io, tid, err, nan_inf, dtype in _fetch_slices(con.execute(_ROWS_SQL, [cmp_id])):
         per_token[int(tok)].setdefault(int(gid), {})[str(io)] = (
@@ -178,6 +183,10 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
             per_token.pop(tok)
             continue
         rows = _rows_of_token(per_token.pop(tok), nodes)  # each token's rows freed once ranked
+        for r in rows.values():
+            other = test_types.get(r.test_node_id) if r.test_node_id is not None else None
+            if other is not None and nodes[r.node_id].type and other != nodes[r.node_id].type:
+                r.test_type = other
         ranked = _rank(rows, nodes, {g: e for (t, g), e in expect.items() if t == tok})
         out[tok] = [
             Advice(
@@ -194,6 +203,12 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
             for i, r in enumerate(ranked)
         ]
     return out
+
+
+def _one_kind(con: duckdb.DuckDBPyConnection, golden_run: int, test_run: int) -> bool:
+    """Whether both runs were read from dumps of one kind (their node types then name the same things)."""
+    kinds = con.execute("SELECT DISTINCT kind FROM runs WHERE run_id IN (?, ?)", [golden_run, test_run]).fetchall()
+    return len(kinds) == 1
 
 
 def inputs_differ(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, str]:
@@ -801,6 +816,8 @@ def _reason(r: _Row, nodes: dict[int, _Node]) -> str:
         head += f" (its weight input differs by {r.weight_err:.3g})"
     if r.side_from is not None and r.side_err is not None:
         head += f" (and {_short(nodes[r.side_from].name)}'s output at {r.side_err:.3g}, counted apart)"
+    if r.test_type is not None:
+        head += f" (the test run has a {r.test_type} here, the golden run a {nodes[r.node_id].type})"
     if r.nan_inf_born:
         return f"NaN/Inf appear in its output and not in its inputs ({head})"
     if r.added <= 0:
