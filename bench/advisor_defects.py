@@ -56,7 +56,8 @@ class Case:
     name: str
     model: str  # key of MODELS
     module: str  # the planted module, relative to the model root (`model.layers.2.mlp.down_proj`)
-    kind: str  # scale_weight | act_gelu | norm_eps | residual_twice | decode_scale | attn_scale | rope_interleaved
+    kind: str  # scale_weight | shift_bias | act_gelu | norm_eps | residual_twice | decode_scale | attn_scale |
+    # rope_interleaved
     value: float
     text: str
     group: str = "weight"  # the defect class the report sums over: weight | layer | decode | attention
@@ -287,6 +288,22 @@ HELDOUT_CASES: tuple[Case, ...] = (
     Case("h_down2p", "phi3_4", "model.layers.2.mlp.down_proj", "scale_weight", 0.98, "Phi-3 down x0.98, l. 2"),
     Case("h_gelu0", "llama5", "model.layers.0.mlp.act_fn", "act_gelu", 0.0, "Llama tanh-GELU, layer 0"),
     Case("h_eps1m", "mistral4", "model.layers.1.post_attention_layernorm", "norm_eps", 1e-2, "Mistral eps 1e-2, l. 1"),
+    # the ends of the model, a bias, a decode-only query, and GPT-NeoX (parallel residual, fused qkv, LayerNorm with
+    # a bias): places and a family no case of the suite holds
+    Case("h_embed", "llama5", "model.embed_tokens", "scale_weight", 1.02, "embedding x1.02"),
+    Case("h_head", "llama5", "lm_head", "scale_weight", 0.98, "lm_head x0.98"),
+    Case("h_fnormq", "qwen4", "model.norm", "scale_weight", 1.03, "Qwen final norm x1.03"),
+    Case("h_vbias2q", "qwen4", "model.layers.2.self_attn.v_proj", "shift_bias", 0.02, "Qwen v_proj bias +0.02, l. 2"),
+    Case("h_decq2", "llama5", "model.layers.2.self_attn.q_proj", "decode_scale", 1.03, "q x1.03 decode", "decode", 1),
+    Case("h_qkv1x", "neox4", "gpt_neox.layers.1.attention.query_key_value", "scale_weight", 1.03, "NeoX qkv x1.03 l.1"),
+    Case("h_4h2x", "neox4", "gpt_neox.layers.2.mlp.dense_4h_to_h", "scale_weight", 0.98, "NeoX 4h_to_h x0.98, l. 2"),
+    Case("h_dense3x", "neox4", "gpt_neox.layers.3.attention.dense", "scale_weight", 1.03, "NeoX dense x1.03 l.3"),
+    Case("h_ln0x", "neox4", "gpt_neox.layers.0.post_attention_layernorm", "scale_weight", 1.03, "NeoX LN x1.03"),
+    # 1-1.5 %: where the bf16 rounding (0.39 %) and what each op carries in start to hide a defect
+    Case("h_down2s", "llama5", "model.layers.2.mlp.down_proj", "scale_weight", 1.01, "down_proj x1.01, layer 2"),
+    Case("h_o1qs", "qwen4", "model.layers.1.self_attn.o_proj", "scale_weight", 0.99, "Qwen o_proj x0.99, l. 1"),
+    Case("h_v2ms", "mistral4", "model.layers.2.self_attn.v_proj", "scale_weight", 1.015, "Mistral v_proj x1.015, l. 2"),
+    Case("h_h4h1xs", "neox4", "gpt_neox.layers.1.mlp.dense_h_to_4h", "scale_weight", 1.01, "NeoX h_to_4h x1.01, l. 1"),
 )
 ALL_CASES = CASES + HELDOUT_CASES
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -326,6 +343,9 @@ def plant(model: Any, case: Case) -> None:
     if case.kind == "scale_weight":
         with torch.no_grad():
             mod.weight.mul_(case.value)
+    elif case.kind == "shift_bias":
+        with torch.no_grad():
+            mod.bias.add_(case.value)
     elif case.kind == "act_gelu":
         parent = model.get_submodule(case.module.rsplit(".", 1)[0])
         parent.act_fn = torch.nn.GELU(approximate="tanh")
