@@ -11,6 +11,7 @@ import copy
 import csv
 import io
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -242,6 +243,8 @@ def test_cli_errors_are_one_line(runs: dict[str, Run], tmp_path: Path) -> None:
         # msprobe names hold the module's class (`act_fn.SiLUActivation.forward` against `act_fn.GELU.forward`): the
         # swapped activation is still paired with the golden one, and ranked first
         ("msprobe", "msprobe.pytorch", "gelu1", "bfloat16", 16),
+        # the token embedding has no peers: a lookup is held to one rounding, and its reason says so with its score
+        ("msprobe", "msprobe.pytorch", "emb", "bfloat16", 16),
         # a whole decoder layer adds 2 % of its input, every child op clean: the layer is the finding
         ("msit", "msit_llm", "res2", "float16", 16),
         ("msprobe", "msprobe.pytorch", "res1m", "float16", 16),
@@ -273,6 +276,14 @@ def test_peer_dumper_defect_ranked_first(
         assert a.score >= SIGNIFICANT
         # a swapped class is said where the error is born, and only there
         assert ("the test run has a " in a.reason and "the golden run a SiLU" in a.reason) == case.startswith("gelu")
+        if case == "emb":  # the score is the error over the rounding the reason names (a leaf: all of it its own)
+            said = re.fullmatch(
+                r"output rel\. error ([0-9.e-]+) from inputs at 0: ([0-9.]+)x one bfloat16 rounding \(2\^-8\), "
+                r"all a lookup adds",
+                a.reason,
+            )
+            assert said is not None, a.reason
+            assert float(said[2]) == pytest.approx(float(said[1]) / 2**-8, rel=0.02), a.reason
     assert run.stdout.count("most likely origin: ") + run.stdout.count("error born at: ") == 3, run.stdout
 
 

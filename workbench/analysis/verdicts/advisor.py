@@ -542,6 +542,14 @@ def _split_inputs(
     return out
 
 
+_LOOKUP_TYPES = frozenset(("embedding", "gatheroperation", "gather", "gatherv2"))  # torch, msprobe, ATB, GE
+
+
+def _is_lookup(op_type: str) -> bool:
+    """Whether an op of this type only looks rows up in a table (a token embedding): it computes nothing."""
+    return op_type.lower() in _LOOKUP_TYPES
+
+
 def _median(values: list[float]) -> float:
     """`statistics.median` of a non-empty list, without its checks (it ran for every op at every token)."""
     s = sorted(values)
@@ -610,9 +618,12 @@ def _rank(
             mad = _median([abs(v - med) for v in vals])
             ref = max(med + _MAD_WEIGHT * 1.4826 * mad, floor)
             r.peers = len(same)
+        elif _is_lookup(node.type):
+            ref = floor  # its output is rows of its table, each rounded once to the test dtype: no more to add
+            label = f"one {r.dtype or 'test dtype'} rounding ({_pow2(floor)}), all a lookup adds"
         else:
             ref = 2.0 * floor  # nothing to compare with: twice the rounding, to stay cautious
-            label = f"the {r.dtype or 'test dtype'} rounding ({_pow2(floor)})"
+            label = f"twice the {r.dtype or 'test dtype'} rounding (2 x {_pow2(floor)}), for want of peers"
         if q_below.get(gid, 0.0) > ref:  # a module holding quantized ops: their noise adds up in it
             ref = q_below[gid]
             label = f"the int8 rounding its quantized ops are expected to add ({ref:.3g})"
