@@ -175,6 +175,8 @@ CASES: tuple[Case, ...] = (
     # a fused gate and up projection: SwiGLU multiplies the two halves, both off, and doubles the error in the MLP's
     # own code (the MLP ranked before the projection until a standing-out child could explain a third of it)
     Case("gu3p", "phi3_4", "model.layers.3.mlp.gate_up_proj", "scale_weight", 0.98, "Phi-3 gate_up x0.98, layer 3"),
+    # a weight far off: in fp16 it overflows, the op's whole output is NaN/Inf and no error can be measured there
+    Case("inf1", "qwen4", "model.layers.1.mlp.up_proj", "scale_weight", 1.0e7, "up_proj x1e7 (fp16 Inf), layer 1"),
     # the token embedding, an op without peers: a lookup adds one rounding at most, so that is what it is held to
     # (twice the rounding, as for other ops without peers, left a 2 % defect in bf16 at 2.6, under "stands out")
     Case("emb", "qwen4", "model.embed_tokens", "scale_weight", 0.98, "token embedding x0.98"),
@@ -302,6 +304,8 @@ HELDOUT_CASES: tuple[Case, ...] = (
     Case("h_4h2x", "neox4", "gpt_neox.layers.2.mlp.dense_4h_to_h", "scale_weight", 0.98, "NeoX 4h_to_h x0.98, l. 2"),
     Case("h_dense3x", "neox4", "gpt_neox.layers.3.attention.dense", "scale_weight", 1.03, "NeoX dense x1.03 l.3"),
     Case("h_ln0x", "neox4", "gpt_neox.layers.0.post_attention_layernorm", "scale_weight", 1.03, "NeoX LN x1.03"),
+    # a weight far off: fp16 overflows to Inf in the op's output (NaN/Inf born there), bf16 does not
+    Case("h_inf2", "llama5", "model.layers.2.mlp.down_proj", "scale_weight", 1.0e7, "down_proj x1e7 (fp16 Inf), l. 2"),
     # 1-1.5 %: where the bf16 rounding (0.39 %) and what each op carries in start to hide a defect
     Case("h_down2s", "llama5", "model.layers.2.mlp.down_proj", "scale_weight", 1.01, "down_proj x1.01, layer 2"),
     Case("h_o1qs", "qwen4", "model.layers.1.self_attn.o_proj", "scale_weight", 0.99, "Qwen o_proj x0.99, l. 1"),

@@ -228,6 +228,42 @@ async def test_detail_verdict_from_the_advisor_says_so_with_its_score(subtle_cat
         assert "(>= 3: stands out of its peers' noise)" in text, text
 
 
+@pytest.fixture(scope="module")
+def embedding_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """msit's own dumper: the tiny Llama in fp32 against bf16 with its token embedding's table x1.02, an op without
+    peers: the advisor holds a lookup to one rounding and names it."""
+    from tests.fixtures.peer_dumps import dump
+    from tests.fixtures.peers import HAS_MSIT, MSIT_MISSING
+
+    if not HAS_MSIT:
+        pytest.skip(MSIT_MISSING)
+    base = tmp_path_factory.mktemp("embedding")
+    ids = dump("msit", base / "golden")
+    dump("msit", base / "test", bf16=True, forced=ids, scale_embed=1.02)
+    golden = next((base / "golden").glob("msit_dump_*/torch_tensors/*"))
+    test = next((base / "test").glob("msit_dump_*/torch_tensors/*"))
+    proc = run_wb("compare", "-gp", str(golden), "-mp", str(test), "-o", str(base / "out"), "--workers", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "most likely origin: root.model.embed_tokens (token 0)" in proc.stdout, proc.stdout
+    assert "x one bfloat16 rounding (2^-8), all a lookup adds" in proc.stdout, proc.stdout
+    return base / "out" / "catalog.duckdb"
+
+
+@pytest.mark.anyio
+async def test_detail_verdict_of_a_lookup_says_what_its_score_is_over(embedding_catalog: Path) -> None:
+    embed = _golden_id(embedding_catalog, "root.model.embed_tokens")
+    app = make_app(catalog=embedding_catalog)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot, app)
+        screen.set_token(0)
+        screen.select(embed)
+        detail = screen.query_one("#detail", Static)
+        await wait_for(pilot, lambda: "embed_tokens" in _text(detail) and "out0" in _text(detail), timeout=30)
+        text = _text(detail)
+        assert "◆ most likely origin at token 0" in text, text
+        assert "(>= 3: beyond the one rounding a lookup adds)" in text and "peers' noise" not in text, text
+
+
 @pytest.mark.anyio
 async def test_status_line_and_trees_name_the_advisors_origin(subtle_catalog: Path) -> None:
     """Nothing fails at token 0, but the advisor names down_proj: the status line says so (it said "nothing fails"

@@ -172,8 +172,15 @@ def _verdict(detail: PairDetail, styles: dict[str, str]) -> Text:
     born_style = styles.get("born", "orange1")
     verdict = Text()
     score = f"advisor score {detail.born_score:.1f}" if detail.born_score is not None else ""
-    # a quantized linear's score is its error over what its int8 rounding predicts; any other op's, over its peers'
-    basis = "beyond its expected int8 rounding" if detail.born_quantized else "stands out of its peers' noise"
+    # a quantized linear's score is its error over what its int8 rounding predicts, a lookup's over one rounding;
+    # any other op's over its peers'
+    basis = (
+        "beyond its expected int8 rounding"
+        if detail.born_quantized
+        else "beyond the one rounding a lookup adds"
+        if detail.born_lookup
+        else "stands out of its peers' noise"
+    )
     stands = f"{score} (>= {STANDS_OUT:g}: {basis})" if score else ""
     if detail.born_why == BORN_ADVISOR:
         if detail.born_here:

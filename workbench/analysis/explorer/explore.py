@@ -47,6 +47,7 @@ from workbench.analysis.explorer.views import (
     TreeRow,
     Unmatched,
 )
+from workbench.analysis.verdicts.causes import is_lookup
 from workbench.compare.judging.thresholds import Thresholds
 from workbench.core.advice import STANDS_OUT
 from workbench.core.metrics import ALL_METRICS, BY_NAME
@@ -642,6 +643,7 @@ class Explorer:
             why,
             score,
             born_name is not None and born_name in self.quantized_linears(),
+            is_lookup(self._node_type(info.golden_run, born_g)),
         )
 
     def _advice_score(self, golden_node_id: int, token: int) -> float | None:
@@ -707,6 +709,12 @@ class Explorer:
         """The manifest a side's run was ingested with (`runs.meta`, JSON text), as stored."""
         rows = self._rows("SELECT CAST(meta AS VARCHAR) FROM runs WHERE run_id = ?", [self.run_id(side)])
         return None if not rows or rows[0][0] is None else str(rows[0][0])
+
+    def _node_type(self, run: int, node_id: int | None) -> str | None:
+        if node_id is None:
+            return None
+        rows = self._rows("SELECT type FROM nodes WHERE run_id = ? AND node_id = ?", [run, node_id])
+        return str(rows[0][0]) if rows and rows[0][0] is not None else None
 
     def _node_name(self, run: int, node_id: int | None) -> str | None:
         if node_id is None:

@@ -179,6 +179,7 @@ class PairDetail:
     born_why: str | None = None
     born_score: float | None = None  # the advisor's score of `born_name` at this token, if it ranked it
     born_quantized: bool = False  # `born_name` is a quantized linear: its score is over its expected int8 rounding
+    born_lookup: bool = False  # `born_name` is a lookup (a token embedding): its score is over one rounding
 
 
 @dataclass(frozen=True, slots=True)

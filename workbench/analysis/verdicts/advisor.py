@@ -37,7 +37,7 @@ from typing import Any
 import duckdb
 
 from workbench.analysis.verdicts import quant_noise
-from workbench.analysis.verdicts.causes import CAUSE_LEAD, ROUNDING, cause_in, known_cause
+from workbench.analysis.verdicts.causes import CAUSE_LEAD, ROUNDING, cause_in, is_lookup, known_cause
 from workbench.catalog.store import first_row, insert_rows
 from workbench.core.advice import STANDS_OUT
 from workbench.formats.token_ids import INT_DTYPES
@@ -97,6 +97,7 @@ class _Row:
     side_from: int | None = None  # a known-cause op whose output it takes besides its inputs (`_split_inputs`)
     side_err: float | None = None  # that input's error, not counted in `in_err`
     test_type: str | None = None  # the paired test node's type where it is not the golden node's (dumps of one kind)
+    measured: bool = True  # False: no position of its output is finite on both sides (out_err 0 stands in)
 
 
 # one io side of a golden node at a token: test node (or the known-cause op of a side input), worst relative error,
@@ -370,7 +371,9 @@ def _rows_of_token(data: dict[int, dict[str, _IO]], nodes: dict[int, _Node]) -> 
     rows: dict[int, _Row] = {}
     for gid, ios in data.items():
         out = ios.get("out")
-        if out is None or out[1] is None or gid not in nodes:
+        # an output with no position finite on both sides has no error to measure; it is kept where its NaN/Inf
+        # are new (the op that makes a whole tensor NaN/Inf is where they appear), and counts as nobody's peer
+        if out is None or gid not in nodes or (out[1] is None and not out[2]):
             continue
         inp = ios.get("in")
         tid = out[0] if out[0] is not None else (inp[0] if inp else None)
@@ -379,7 +382,7 @@ def _rows_of_token(data: dict[int, dict[str, _IO]], nodes: dict[int, _Node]) -> 
         rows[gid] = _Row(
             gid,
             tid,
-            out[1],
+            0.0 if out[1] is None else out[1],
             None if inp is None else inp[1],
             out[2],
             bool(inp and inp[2]),
@@ -387,6 +390,7 @@ def _rows_of_token(data: dict[int, dict[str, _IO]], nodes: dict[int, _Node]) -> 
             weight_err=None if weight is None else weight[1],
             side_from=None if side is None else side[0],
             side_err=None if side is None else side[1],
+            measured=out[1] is not None,
         )
     # inputs not dumped: the op that completed last before this one started, or the enclosing
     # module's input when that module started after it (data flows in execution order)
@@ -401,8 +405,9 @@ def _rows_of_token(data: dict[int, dict[str, _IO]], nodes: dict[int, _Node]) -> 
         best: tuple[int, float, str] | None = None
         if prev is not None:
             p = rows[prev[1]]
-            best = (prev[0], p.out_err, f"the output of {_short(nodes[prev[1]].name)}")
-            r.in_nan_inf = p.new_nan_inf or p.in_nan_inf
+            if p.measured:
+                best = (prev[0], p.out_err, f"the output of {_short(nodes[prev[1]].name)}")
+            r.in_nan_inf = r.in_nan_inf or p.new_nan_inf or p.in_nan_inf
         anc = node.parent_id
         while anc is not None and anc in nodes:
             ar = rows.get(anc)
@@ -542,14 +547,6 @@ def _split_inputs(
     return out
 
 
-_LOOKUP_TYPES = frozenset(("embedding", "gatheroperation", "gather", "gatherv2"))  # torch, msprobe, ATB, GE
-
-
-def _is_lookup(op_type: str) -> bool:
-    """Whether an op of this type only looks rows up in a table (a token embedding): it computes nothing."""
-    return op_type.lower() in _LOOKUP_TYPES
-
-
 def _median(values: list[float]) -> float:
     """`statistics.median` of a non-empty list, without its checks (it ran for every op at every token)."""
     s = sorted(values)
@@ -599,7 +596,9 @@ def _rank(
     # peers: the same op (name with its layer index masked) at the other layers, else the same type
     by_pattern: dict[str, list[int]] = defaultdict(list)
     by_type: dict[str, list[int]] = defaultdict(list)
-    for gid in rows:
+    for gid, r in rows.items():
+        if not r.measured:
+            continue
         node = nodes[gid]
         by_pattern[node.pattern].append(gid)
         by_type[node.type].append(gid)
@@ -618,7 +617,7 @@ def _rank(
             mad = _median([abs(v - med) for v in vals])
             ref = max(med + _MAD_WEIGHT * 1.4826 * mad, floor)
             r.peers = len(same)
-        elif _is_lookup(node.type):
+        elif is_lookup(node.type):
             ref = floor  # its output is rows of its table, each rounded once to the test dtype: no more to add
             label = f"one {r.dtype or 'test dtype'} rounding ({_pow2(floor)}), all a lookup adds"
         else:
@@ -822,7 +821,10 @@ def _pow2(x: float) -> str:
 
 def _reason(r: _Row, nodes: dict[int, _Node]) -> str:
     src = "inputs" if r.in_from == "inputs" else r.in_from
-    head = f"output rel. error {r.out_err:.3g} from {src} at {r.in_err or 0.0:.3g}"
+    if r.measured:
+        head = f"output rel. error {r.out_err:.3g} from {src} at {r.in_err or 0.0:.3g}"
+    else:
+        head = f"output with no position finite on both sides, {src} at {r.in_err or 0.0:.3g}"
     if r.weight_err is not None and r.weight_err > max(r.in_err or 0.0, ROUNDING.get(r.dtype or "", 0.0)):
         head += f" (its weight input differs by {r.weight_err:.3g})"
     if r.side_from is not None and r.side_err is not None:
@@ -831,6 +833,8 @@ def _reason(r: _Row, nodes: dict[int, _Node]) -> str:
         head += f" (the test run has a {r.test_type} here, the golden run a {nodes[r.node_id].type})"
     if r.nan_inf_born:
         return f"NaN/Inf appear in its output and not in its inputs ({head})"
+    if not r.measured:
+        return f"{head}: not measured (its NaN/Inf come from its inputs or an op inside it)"
     if r.added <= 0:
         return f"{head}: adds nothing measurable"
     if r.own < r.added * 0.5:

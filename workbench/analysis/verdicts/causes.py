@@ -37,3 +37,12 @@ def cause_in(reason: str) -> str | None:
     """The known cause an advisor reason ends with (see `known_cause`), if any."""
     at = reason.find("; " + CAUSE_LEAD)
     return reason[at + 2 :] if at >= 0 else None
+
+
+LOOKUP_TYPES = frozenset(("embedding", "gatheroperation", "gather", "gatherv2"))  # torch and msprobe, ATB, GE
+
+
+def is_lookup(op_type: str | None) -> bool:
+    """Whether an op of this type only looks rows up in a table (a token embedding): it computes nothing, so its
+    output carries one rounding to the test dtype at most, and the advisor holds it to that."""
+    return (op_type or "").lower() in LOOKUP_TYPES
