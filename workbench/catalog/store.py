@@ -341,8 +341,8 @@ def ingest_dump(con: duckdb.DuckDBPyConnection, dump: Dump, fingerprint: str | N
                 "tensors (run_id, tensor_id, token_id, node_id, io, idx, path, dtype, shape, layout, numel, min, max, "
                 "mean, norm, error)",
                 _tensor_columns(dump.tensors, lo, node_ids),
-                select="?, tensor_id, token_id, node_id, io, idx, path, dtype, shape::BIGINT[], layout, numel, min, "
-                "max, mean, norm, error",
+                select=f"?, tensor_id, token_id, node_id, io, idx, path, dtype, shape::BIGINT[], layout, numel, "
+                f"{_STAT_SELECT}, error",
                 params=[run_id],
             )
         con.execute("COMMIT")
@@ -402,12 +402,27 @@ def _tensor_columns(tensors: list[TensorEntry], lo: int, node_ids: dict[str, int
         "shape": object_column([list(t.shape) if t.shape is not None else None for t in part]),
         "layout": object_column([t.layout for t in part]),
         "numel": int_column([tensor_numel(t.shape) for t in part]),
-        "min": float_column([s.min if s else None for s in stats]),
-        "max": float_column([s.max if s else None for s in stats]),
-        "mean": float_column([s.mean if s else None for s in stats]),
-        "norm": float_column([s.norm if s else None for s in stats]),
+        **{
+            column: values
+            for key in _STAT_COLUMNS
+            for column, values in _stat_columns(key, [getattr(s, key) if s else None for s in stats]).items()
+        },
         "error": object_column([t.error for t in part]),
     }
+
+
+_STAT_COLUMNS = ("min", "max", "mean", "norm")
+# a statistic recorded as NaN (msit writes `nan` where the tensor holds one) stays NaN in the catalog, not NULL (not
+# recorded): DuckDB reads a NaN it is handed as NULL, so a flag beside it says which values were NaN
+_STAT_SELECT = ", ".join(f"CASE WHEN {k}_nan THEN 'NaN'::DOUBLE ELSE {k} END" for k in _STAT_COLUMNS)
+
+
+def _stat_columns(key: str, values: list[float | None]) -> dict[str, np.ndarray]:
+    """One statistic's column (None NULL) and its NaN flags."""
+    import numpy as np
+
+    data = float_column(values)
+    return {key: data, f"{key}_nan": np.array([v is not None and v != v for v in values], dtype=np.bool_)}
 
 
 def _end_orders(nodes: list[Node]) -> list[int | None]:

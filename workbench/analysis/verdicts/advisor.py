@@ -125,14 +125,21 @@ SELECT m.token_id, m.golden_node_id, m.io,
                     CASE WHEN x.cosine_similarity IS NOT NULL
                          THEN sqrt(greatest(0.0, 2.0 * (1.0 - x.cosine_similarity))) END,
                     s.stat_rel_euclid_bound)) AS err,
-       bool_or(coalesce(x.my_nan_count, 0) + coalesce(x.my_inf_count, 0)
-               > coalesce(x.golden_nan_count, 0) + coalesce(x.golden_inf_count, 0)) AS new_nan_inf,
+       bool_or(CASE WHEN coalesce(x.my_nan_count, x.my_inf_count, x.golden_nan_count, x.golden_inf_count) IS NOT NULL
+                    THEN coalesce(x.my_nan_count, 0) + coalesce(x.my_inf_count, 0)
+                         > coalesce(x.golden_nan_count, 0) + coalesce(x.golden_inf_count, 0)
+                    -- statistics only: a NaN or Inf statistic says the tensor holds one
+                    ELSE NOT coalesce(isfinite(tt.max) AND isfinite(tt.min) AND isfinite(tt.mean)
+                                      AND isfinite(tt.norm), true)
+                         AND coalesce(isfinite(gt.max) AND isfinite(gt.min) AND isfinite(gt.mean)
+                                      AND isfinite(gt.norm), true) END) AS new_nan_inf,
        mode(tt.dtype) AS dtype
 FROM matches m
 JOIN comparisons c ON c.cmp_id = m.cmp_id
 LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
 LEFT JOIN stat_metrics s ON s.cmp_id = m.cmp_id AND s.pair_id = m.pair_id
 LEFT JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id
+LEFT JOIN tensors gt ON gt.run_id = c.golden_run AND gt.tensor_id = m.golden_tensor_id
 WHERE m.cmp_id = ? AND m.method <> 'quant'  -- dequantized int tensors: the quantization noise model reads them
 GROUP BY m.token_id, m.golden_node_id, m.io
 """
@@ -411,6 +418,9 @@ def _rows_of_token(data: dict[int, dict[str, _IO]], nodes: dict[int, _Node]) -> 
         anc = node.parent_id
         while anc is not None and anc in nodes:
             ar = rows.get(anc)
+            recorded = data.get(anc, {}).get("in")
+            if recorded is not None and recorded[2]:  # NaN/Inf enter a module around it: not born in it
+                r.in_nan_inf = True
             if ar is not None and ar.in_err is not None:
                 if best is None or nodes[anc].exec_order > best[0]:
                     best = (nodes[anc].exec_order, ar.in_err, f"the input of {_short(nodes[anc].name)}")
