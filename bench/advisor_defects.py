@@ -628,8 +628,16 @@ ATB_OPS = {
 }
 
 
+ATB_OUTSIDE = {"model.embed_tokens": "_WordEmbedding/0_GatherOperation", "lm_head": "_LmHead/0_LinearOperation"}
+
+
 def _same_atb_op(node: str, layer: int | None, planted: str) -> bool:
-    """An ATB op (`2_Prefill_layer/4_Mlp/2_LinearOperation`, layer 0) is the planted `model.layers.0.mlp.down_proj`."""
+    """An ATB op (`2_Prefill_layer/4_Mlp/2_LinearOperation`, layer 0) is the planted `model.layers.0.mlp.down_proj`;
+    the graphs outside the layers (`0_WordEmbedding/0_GatherOperation`, `17_LmHead/0_LinearOperation`) are the
+    embedding and the LM head."""
+    outside = ATB_OUTSIDE.get(planted)
+    if outside is not None:
+        return layer is None and outside in node
     parts = planted.split(".")
     if len(parts) < 4 or parts[:2] != ["model", "layers"] or layer is None or str(layer) != parts[2]:
         return False
