@@ -226,6 +226,9 @@ def test_stats_problem(stats: TensorStats, shape: tuple[int, ...], why: str | No
     assert (got is None) if why is None else (got is not None and why in got), got
 
 
+FLT_MAX_PRINTED = "340282346638528859811704183484516925440.000000"  # std::to_string(FLT_MAX)
+
+
 def _csv_row(op: str, io: str, index: int, dims: str, mx: str, mn: str, mean: str, norm: str) -> str:
     return f"0_77,0,Prefill_layer/{op},{op},0_0,{io},{index},float,nd,{dims},{mx},{mn},{mean},{norm},N/A"
 
@@ -239,6 +242,8 @@ def test_impossible_statistics_refused_per_tensor(tmp_path: Path) -> None:
         _csv_row("RmsNormOperation", "output", 1, "2x4", "1", "0", "0.5", "-2"),
         _csv_row("RmsNormOperation", "input", 0, "2x4", "0", "3", "1", "4"),
         _csv_row("RmsNormOperation", "input", 1, "2x4", "inf", "-inf", "nan", "nan"),
+        # every element NaN: the probe prints its reductions' starting values, -FLT_MAX and FLT_MAX, as max and min
+        _csv_row("RmsNormOperation", "input", 2, "2x4", f"-{FLT_MAX_PRINTED}", FLT_MAX_PRINTED, "nan", "nan"),
     ]
     (dev / atb_csv.STATS_FILE).write_text(",".join(atb_csv.HEADER) + "\n" + "\n".join(rows) + "\n")
     d = open_dump(tmp_path / "atb_dump_data")
@@ -252,6 +257,10 @@ def test_impossible_statistics_refused_per_tensor(tmp_path: Path) -> None:
     assert by["out", 1].stats is None and by["out", 1].error and "negative norm" in by["out", 1].error
     assert by["in", 0].stats is None and by["in", 0].error
     assert by["in", 1].stats is not None and by["in", 1].error is None  # inf, -inf, NaN: legitimate
+    all_nan = by["in", 2].stats  # read as a tensor of NaN (the pair then fails), not refused as min above max
+    assert all_nan is not None and by["in", 2].error is None
+    assert all(math.isnan(v) for v in (all_nan.max, all_nan.min, all_nan.mean, all_nan.norm) if v is not None)
+    assert None not in (all_nan.max, all_nan.min, all_nan.mean, all_nan.norm)
 
     # an ATB statistics-only .bin header
     root = atb_dump(tmp_path / "msit_dump_1")

@@ -195,6 +195,13 @@ def stats_problem(stats: TensorStats, shape: tuple[int, ...] | None) -> str | No
     return None
 
 
+def _every_element_nan(stats: TensorStats) -> bool:
+    """Statistics of a tensor whose every element is NaN, as msprobe's ATB probe prints them: its max and min are
+    the reductions' starting values (-FLT_MAX, FLT_MAX: no element compared greater or less), its mean NaN."""
+    mx, mn, mean = stats.max, stats.min, stats.mean
+    return mx is not None and mn is not None and mn > mx and mean is not None and math.isnan(mean)
+
+
 def _g(v: float | None) -> str:
     return "?" if v is None else f"{v:g}"
 
@@ -203,6 +210,9 @@ def checked_stats(entry: TensorEntry, where: str | Path, problems: list[str], la
     """`entry` as read, or without its statistics (one line in `problems` naming `where`) when no tensor of its shape
     can have them (`stats_problem`): a statistics-only entry is then not judged at all, one with a tensor file on
     its payload only."""
+    if entry.stats is not None and _every_element_nan(entry.stats):
+        nan = math.nan
+        return dataclasses.replace(entry, stats=TensorStats(max=nan, min=nan, mean=nan, norm=nan))
     why = None if entry.stats is None else stats_problem(entry.stats, entry.shape)
     if why is None:
         return entry

@@ -83,6 +83,7 @@ class _Row:
     dtype: str | None
     in_from: str = "inputs"
     weight_err: float | None = None  # worst error of its weight inputs (ATB: weights are op inputs)
+    weight_nan_inf: bool = False  # a weight input holds NaN/Inf the golden one does not
     nan_inf_born: bool = False
     added: float = 0.0
     own: float = 0.0
@@ -118,21 +119,24 @@ class _Node:
     op_label: str = ""  # `_op_label` of the node, likewise
 
 
-_ROWS_SQL = """
+# whether a pair's test tensor holds NaN/Inf its golden one does not: by the counts of a tensor comparison, else (a
+# statistics-only side) by NaN/Inf statistics on the test side only (`x` metrics, `tt`/`gt` test/golden tensors)
+_NEW_NAN_INF = """CASE WHEN coalesce(x.my_nan_count, x.my_inf_count, x.golden_nan_count, x.golden_inf_count) IS NOT NULL
+                    THEN coalesce(x.my_nan_count, 0) + coalesce(x.my_inf_count, 0)
+                         > coalesce(x.golden_nan_count, 0) + coalesce(x.golden_inf_count, 0)
+                    ELSE NOT coalesce(isfinite(tt.max) AND isfinite(tt.min) AND isfinite(tt.mean)
+                                      AND isfinite(tt.norm), true)
+                         AND coalesce(isfinite(gt.max) AND isfinite(gt.min) AND isfinite(gt.mean)
+                                      AND isfinite(gt.norm), true) END"""
+
+_ROWS_SQL = f"""
 SELECT m.token_id, m.golden_node_id, m.io,
        arg_min(m.test_node_id, m.pair_id) AS test_node_id,
        max(coalesce(x.relative_euclidean_distance,
                     CASE WHEN x.cosine_similarity IS NOT NULL
                          THEN sqrt(greatest(0.0, 2.0 * (1.0 - x.cosine_similarity))) END,
                     s.stat_rel_euclid_bound)) AS err,
-       bool_or(CASE WHEN coalesce(x.my_nan_count, x.my_inf_count, x.golden_nan_count, x.golden_inf_count) IS NOT NULL
-                    THEN coalesce(x.my_nan_count, 0) + coalesce(x.my_inf_count, 0)
-                         > coalesce(x.golden_nan_count, 0) + coalesce(x.golden_inf_count, 0)
-                    -- statistics only: a NaN or Inf statistic says the tensor holds one
-                    ELSE NOT coalesce(isfinite(tt.max) AND isfinite(tt.min) AND isfinite(tt.mean)
-                                      AND isfinite(tt.norm), true)
-                         AND coalesce(isfinite(gt.max) AND isfinite(gt.min) AND isfinite(gt.mean)
-                                      AND isfinite(gt.norm), true) END) AS new_nan_inf,
+       bool_or({_NEW_NAN_INF}) AS new_nan_inf,
        mode(tt.dtype) AS dtype
 FROM matches m
 JOIN comparisons c ON c.cmp_id = m.cmp_id
@@ -176,10 +180,11 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
     ).items():
         ios = per_token.get(tok, {}).get(gid)
         if ios is not None and "in" in ios:
-            tid, _err, nan_inf, dtype = ios["in"]
-            ios["in"] = (tid, split.act_err, nan_inf, dtype)
-            if split.weight_err is not None:
-                ios["weight"] = (tid, split.weight_err, False, dtype)
+            tid, _err, _nan_inf, dtype = ios["in"]
+            # NaN/Inf in a weight input are the op's own, as a weight's error is: its activations decide what came in
+            ios["in"] = (tid, split.act_err, split.act_nan_inf, dtype)
+            if split.weight_err is not None or split.weight_nan_inf:
+                ios["weight"] = (tid, split.weight_err, split.weight_nan_inf, dtype)
             if split.side_err is not None:
                 ios["side"] = (split.side_from, split.side_err, False, dtype)
     differ = inputs_differ(con, cmp_id)
@@ -395,6 +400,7 @@ def _rows_of_token(data: dict[int, dict[str, _IO]], nodes: dict[int, _Node]) -> 
             bool(inp and inp[2]),
             out[3],
             weight_err=None if weight is None else weight[1],
+            weight_nan_inf=bool(weight and weight[2]),
             side_from=None if side is None else side[0],
             side_err=None if side is None else side[1],
             measured=out[1] is not None,
@@ -433,15 +439,17 @@ def _rows_of_token(data: dict[int, dict[str, _IO]], nodes: dict[int, _Node]) -> 
     return rows
 
 
-_IN_SQL = """
+_IN_SQL = f"""
 SELECT m.token_id, m.golden_node_id, gt.max, gt.min, gt.mean, gt.norm, gt.dtype,
        coalesce(x.relative_euclidean_distance,
                 CASE WHEN x.cosine_similarity IS NOT NULL
                      THEN sqrt(greatest(0.0, 2.0 * (1.0 - x.cosine_similarity))) END,
-                s.stat_rel_euclid_bound) AS err
+                s.stat_rel_euclid_bound) AS err,
+       {_NEW_NAN_INF} AS new_nan_inf
 FROM matches m
 JOIN comparisons c ON c.cmp_id = m.cmp_id
 JOIN tensors gt ON gt.run_id = c.golden_run AND gt.tensor_id = m.golden_tensor_id
+LEFT JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id
 LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
 LEFT JOIN stat_metrics s ON s.cmp_id = m.cmp_id AND s.pair_id = m.pair_id
 WHERE m.cmp_id = ? AND m.io = 'in' AND m.method <> 'quant'
@@ -484,6 +492,8 @@ class _InputSplit:
     weight_err: float | None  # worst error of its weight inputs (ATB: weights are op inputs)
     side_err: float | None  # worst error of inputs that are a known-cause op's output (the rotary tables)
     side_from: int | None  # that op (golden node)
+    act_nan_inf: bool = False  # NaN/Inf new in an input that is not a weight
+    weight_nan_inf: bool = False  # NaN/Inf new in a weight input (a weight that overflows the test dtype)
 
 
 def _split_inputs(
@@ -515,31 +525,33 @@ def _split_inputs(
             if int(gid) in sources:
                 source_outs[int(tok)][key] = int(gid)
     rows = [  # integer inputs (token ids, positions) are data, never weights
-        (int(tok), int(gid), None if str(dtype) in INT_DTYPES else _stat_key((mx, mn, mean, norm), known), err)
-        for tok, gid, mx, mn, mean, norm, dtype, err in _fetch_slices(con.execute(_IN_SQL, [cmp_id]))
+        (int(tok), int(gid), None if str(dtype) in INT_DTYPES else _stat_key((mx, mn, mean, norm), known), err, nan)
+        for tok, gid, mx, mn, mean, norm, dtype, err, nan in _fetch_slices(con.execute(_IN_SQL, [cmp_id]))
     ]
     seen_at: dict[tuple[float, ...], set[int]] = defaultdict(set)
-    for tok, _gid, key, _err in rows:
+    for tok, _gid, key, _err, _nan in rows:
         if key is not None:
             seen_at[key].add(tok)
     one_token = len({tok for tok, *_ in rows}) == 1
     acts: dict[tuple[int, int], list[float | None]] = defaultdict(list)
     weights: dict[tuple[int, int], list[float | None]] = defaultdict(list)
     sides: dict[tuple[int, int], list[tuple[float | None, int]]] = defaultdict(list)
-    for tok, gid, key, err in rows:
+    nan_in: dict[tuple[int, int], list[bool]] = defaultdict(lambda: [False, False])  # (activation, weight) NaN/Inf
+    for tok, gid, key, err, nan in rows:
         value = None if err is None or (isinstance(err, float) and math.isnan(err)) else float(err)
         src = source_outs[tok].get(key) if key is not None and tok in source_outs else None
         if src is not None and src != gid:
             sides[(tok, gid)].append((value, src))
+            nan_in[(tok, gid)][0] |= bool(nan)
             continue
         is_weight = (
-            value is not None
-            and value > floor
+            ((value is not None and value > floor) or bool(nan))
             and key is not None
             and key not in outs[tok]
             and (one_token or len(seen_at[key]) >= 2)
         )
         (weights if is_weight else acts)[(tok, gid)].append(value)
+        nan_in[(tok, gid)][1 if is_weight else 0] |= bool(nan)
     out: dict[tuple[int, int], _InputSplit] = {}
     for k in weights.keys() | sides.keys():
         known_w = [v for v in weights.get(k, []) if v is not None]
@@ -553,6 +565,8 @@ def _split_inputs(
             max(known_w) if known_w else None,
             None if worst_side is None else worst_side[0],
             None if worst_side is None else worst_side[1],
+            nan_in[k][0],
+            nan_in[k][1],
         )
     return out
 
@@ -837,6 +851,8 @@ def _reason(r: _Row, nodes: dict[int, _Node]) -> str:
         head = f"output with no position finite on both sides, {src} at {r.in_err or 0.0:.3g}"
     if r.weight_err is not None and r.weight_err > max(r.in_err or 0.0, ROUNDING.get(r.dtype or "", 0.0)):
         head += f" (its weight input differs by {r.weight_err:.3g})"
+    if r.weight_nan_inf:
+        head += " (its weight input holds NaN/Inf: a weight out of the test dtype's range?)"
     if r.side_from is not None and r.side_err is not None:
         head += f" (and {_short(nodes[r.side_from].name)}'s output at {r.side_err:.3g}, counted apart)"
     if r.test_type is not None:
