@@ -191,77 +191,71 @@ async def test_advice_list_marks_rows_above_a_higher_score(rope_catalog: Path) -
         assert any(m for _, _, m in scores)
 
 
-@pytest.fixture(scope="module")
-def subtle_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """msit's own dumper: the tiny Llama in fp32 against bf16 with layer 1's down_proj weight x1.02. Every output
-    passes; the advisor names down_proj as the most likely origin (it stands out of the other Linears' noise)."""
+def _msit_bf16_catalog(tmp_path_factory: pytest.TempPathFactory, name: str, **defect: float) -> tuple[Path, str]:
+    """msit's own dumper: the tiny Llama in fp32 against bf16 with a planted defect (`peer_dumps.dump`'s options),
+    compared by `wb compare`: (the catalog, what the compare printed)."""
     from tests.fixtures.peer_dumps import dump
     from tests.fixtures.peers import HAS_MSIT, MSIT_MISSING
 
     if not HAS_MSIT:
         pytest.skip(MSIT_MISSING)
-    base = tmp_path_factory.mktemp("subtle")
+    base = tmp_path_factory.mktemp(name)
     ids = dump("msit", base / "golden")
-    dump("msit", base / "test", bf16=True, forced=ids, scale_down=1.02)
+    dump("msit", base / "test", bf16=True, forced=ids, **defect)  # type: ignore[arg-type]
     golden = next((base / "golden").glob("msit_dump_*/torch_tensors/*"))
     test = next((base / "test").glob("msit_dump_*/torch_tensors/*"))
     proc = run_wb("compare", "-gp", str(golden), "-mp", str(test), "-o", str(base / "out"), "--workers", "1")
     assert proc.returncode == 0, proc.stderr
-    assert "most likely origin: root.model.layers.1.mlp.down_proj (token 0)" in proc.stdout, proc.stdout
-    return base / "out" / "catalog.duckdb"
+    return base / "out" / "catalog.duckdb", proc.stdout
+
+
+@pytest.fixture(scope="module")
+def subtle_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Layer 1's down_proj weight x1.02. Every output passes; the advisor names down_proj as the most likely origin
+    (it stands out of the other Linears' noise)."""
+    catalog, said = _msit_bf16_catalog(tmp_path_factory, "subtle", scale_down=1.02)
+    assert "most likely origin: root.model.layers.1.mlp.down_proj (token 0)" in said, said
+    return catalog
+
+
+async def _detail_at_token_0(catalog: Path, node: str) -> str:
+    """The detail pane's text once the app shows golden node `node` at token 0."""
+    node_id = _golden_id(catalog, node)
+    leaf = node.rsplit(".", 1)[-1]
+    app = make_app(catalog=catalog)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot, app)
+        screen.set_token(0)
+        screen.select(node_id)
+        detail = screen.query_one("#detail", Static)
+        await wait_for(pilot, lambda: leaf in _text(detail) and "out0" in _text(detail), timeout=30)
+        return _text(detail)
 
 
 @pytest.mark.anyio
 async def test_detail_verdict_from_the_advisor_says_so_with_its_score(subtle_catalog: Path) -> None:
-    down = _golden_id(subtle_catalog, "root.model.layers.1.mlp.down_proj")
-    app = make_app(catalog=subtle_catalog)
-    async with app.run_test(size=SIZE) as pilot:
-        screen = await ready(pilot, app)
-        screen.set_token(0)
-        screen.select(down)
-        detail = screen.query_one("#detail", Static)
-        await wait_for(pilot, lambda: "down_proj" in _text(detail) and "out0" in _text(detail), timeout=30)
-        text = _text(detail)
-        assert "out0 ✓" in text and "✗" not in text  # every pair passes
-        assert "error born" not in text
-        assert "◆ most likely origin at token 0: no output fails, but the error it adds has advisor score" in text
-        assert "(>= 3: stands out of its peers' noise)" in text, text
+    text = await _detail_at_token_0(subtle_catalog, "root.model.layers.1.mlp.down_proj")
+    assert "out0 ✓" in text and "✗" not in text  # every pair passes
+    assert "error born" not in text
+    assert "◆ most likely origin at token 0: no output fails, but the error it adds has advisor score" in text
+    assert "(>= 3: stands out of its peers' noise)" in text, text
 
 
 @pytest.fixture(scope="module")
 def embedding_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """msit's own dumper: the tiny Llama in fp32 against bf16 with its token embedding's table x1.02, an op without
-    peers: the advisor holds a lookup to one rounding and names it."""
-    from tests.fixtures.peer_dumps import dump
-    from tests.fixtures.peers import HAS_MSIT, MSIT_MISSING
-
-    if not HAS_MSIT:
-        pytest.skip(MSIT_MISSING)
-    base = tmp_path_factory.mktemp("embedding")
-    ids = dump("msit", base / "golden")
-    dump("msit", base / "test", bf16=True, forced=ids, scale_embed=1.02)
-    golden = next((base / "golden").glob("msit_dump_*/torch_tensors/*"))
-    test = next((base / "test").glob("msit_dump_*/torch_tensors/*"))
-    proc = run_wb("compare", "-gp", str(golden), "-mp", str(test), "-o", str(base / "out"), "--workers", "1")
-    assert proc.returncode == 0, proc.stderr
-    assert "most likely origin: root.model.embed_tokens (token 0)" in proc.stdout, proc.stdout
-    assert "x one bfloat16 rounding (2^-8), all a lookup adds" in proc.stdout, proc.stdout
-    return base / "out" / "catalog.duckdb"
+    """The token embedding's table x1.02, an op without peers: the advisor holds a lookup to one rounding and names
+    it."""
+    catalog, said = _msit_bf16_catalog(tmp_path_factory, "embedding", scale_embed=1.02)
+    assert "most likely origin: root.model.embed_tokens (token 0)" in said, said
+    assert "x one bfloat16 rounding (2^-8), all a lookup adds" in said, said
+    return catalog
 
 
 @pytest.mark.anyio
 async def test_detail_verdict_of_a_lookup_says_what_its_score_is_over(embedding_catalog: Path) -> None:
-    embed = _golden_id(embedding_catalog, "root.model.embed_tokens")
-    app = make_app(catalog=embedding_catalog)
-    async with app.run_test(size=SIZE) as pilot:
-        screen = await ready(pilot, app)
-        screen.set_token(0)
-        screen.select(embed)
-        detail = screen.query_one("#detail", Static)
-        await wait_for(pilot, lambda: "embed_tokens" in _text(detail) and "out0" in _text(detail), timeout=30)
-        text = _text(detail)
-        assert "◆ most likely origin at token 0" in text, text
-        assert "(>= 3: beyond the one rounding a lookup adds)" in text and "peers' noise" not in text, text
+    text = await _detail_at_token_0(embedding_catalog, "root.model.embed_tokens")
+    assert "◆ most likely origin at token 0" in text, text
+    assert "(>= 3: beyond the one rounding a lookup adds)" in text and "peers' noise" not in text, text
 
 
 @pytest.mark.anyio
