@@ -625,7 +625,7 @@ class Explorer:
             )
         v = self.verdict(token)
         born_g, born_t, evidence, why, score = v.golden, v.test, v.evidence, v.why, v.score
-        born_name = self._node_name(info.golden_run, born_g)
+        born_name, born_type = self._node_name_type(info.golden_run, born_g)
         born_test = self._node_name(info.test_run, born_t)
         return PairDetail(
             golden_node_id,
@@ -643,7 +643,7 @@ class Explorer:
             why,
             score,
             born_name is not None and born_name in self.quantized_linears(),
-            is_lookup(self._node_type(info.golden_run, born_g)),
+            is_lookup(born_type),
         )
 
     def _advice_score(self, golden_node_id: int, token: int) -> float | None:
@@ -710,17 +710,16 @@ class Explorer:
         rows = self._rows("SELECT CAST(meta AS VARCHAR) FROM runs WHERE run_id = ?", [self.run_id(side)])
         return None if not rows or rows[0][0] is None else str(rows[0][0])
 
-    def _node_type(self, run: int, node_id: int | None) -> str | None:
+    def _node_name_type(self, run: int, node_id: int | None) -> tuple[str | None, str | None]:
         if node_id is None:
-            return None
-        rows = self._rows("SELECT type FROM nodes WHERE run_id = ? AND node_id = ?", [run, node_id])
-        return str(rows[0][0]) if rows and rows[0][0] is not None else None
+            return None, None
+        rows = self._rows("SELECT name, type FROM nodes WHERE run_id = ? AND node_id = ?", [run, node_id])
+        if not rows:
+            return None, None
+        return str(rows[0][0]), None if rows[0][1] is None else str(rows[0][1])
 
     def _node_name(self, run: int, node_id: int | None) -> str | None:
-        if node_id is None:
-            return None
-        rows = self._rows("SELECT name FROM nodes WHERE run_id = ? AND node_id = ?", [run, node_id])
-        return str(rows[0][0]) if rows else None
+        return self._node_name_type(run, node_id)[0]
 
     def tensor_diff(self, pair: PairRow, k: int = 8) -> TensorDiff:
         """Histogram of log10|error| and the k worst elements of ONE pair, read from its two files (no torch)."""

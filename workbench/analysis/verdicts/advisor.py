@@ -151,19 +151,23 @@ GROUP BY m.token_id, m.golden_node_id, m.io
 
 def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, list[Advice]]:
     """Rank every compared golden node of every token of comparison `cmp_id` (nothing is stored)."""
-    row = first_row(con.execute("SELECT golden_run, test_run FROM comparisons WHERE cmp_id = ?", [cmp_id]))
+    row = first_row(
+        con.execute(
+            "SELECT c.golden_run, c.test_run, coalesce(g.kind = t.kind, false) FROM comparisons c "
+            "LEFT JOIN runs g ON g.run_id = c.golden_run LEFT JOIN runs t ON t.run_id = c.test_run WHERE c.cmp_id = ?",
+            [cmp_id],
+        )
+    )
     if row is None:
         raise ValueError(f"comparison {cmp_id} is not in the catalog")
-    golden_run, test_run = int(row[0]), int(row[1])
+    golden_run, test_run, one_kind = int(row[0]), int(row[1]), bool(row[2])
     nodes = _load_nodes(con, golden_run)
     test_names: dict[int, str] = {}
-    test_types: dict[int, str] = {}
+    test_types: dict[int, str] = {}  # only between dumps of one kind: a torch module and an ATB op always differ
     for n, name, typ in con.execute("SELECT node_id, name, type FROM nodes WHERE run_id = ?", [test_run]).fetchall():
         test_names[int(n)] = str(name)
-        if typ:
+        if typ and one_kind:
             test_types[int(n)] = str(typ)
-    if not _one_kind(con, golden_run, test_run):
-        test_types = {}  # a torch module against an ATB op, a GE op...: their types name different things
     per_token: dict[int, dict[int, dict[str, _IO]]] = defaultdict(dict)
     for tok, gid, io, tid, err, nan_inf, dtype in _fetch_slices(con.execute(_ROWS_SQL, [cmp_id])):
         per_token[int(tok)].setdefault(int(gid), {})[str(io)] = (
@@ -216,12 +220,6 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
             for i, r in enumerate(ranked)
         ]
     return out
-
-
-def _one_kind(con: duckdb.DuckDBPyConnection, golden_run: int, test_run: int) -> bool:
-    """Whether both runs were read from dumps of one kind (their node types then name the same things)."""
-    kinds = con.execute("SELECT DISTINCT kind FROM runs WHERE run_id IN (?, ?)", [golden_run, test_run]).fetchall()
-    return len(kinds) == 1
 
 
 def inputs_differ(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, str]:
