@@ -49,6 +49,12 @@ def test_stat_metrics_definitions_and_bound() -> None:
         bound = stat_metrics(_summary(a), _summary(b), a.size)[STAT_BOUND]
         assert bound is not None and red is not None and bound <= red * (1 + 1e-5) + 1e-7
     assert math.isnan(stat_metrics(g, {**t, "max": math.nan}, 16)[STAT_BOUND] or 0.0)
+    # the golden run overflowed too: the same NaN (or Inf) on both sides is no difference, one NaN more is
+    both_nan = {"max": math.nan, "min": math.nan, "mean": math.nan, "norm": math.nan}
+    assert stat_metrics(both_nan, dict(both_nan), 16)[STAT_BOUND] == 0.0
+    assert stat_metrics({**g, "max": math.inf}, {**g, "max": math.inf}, 16)[STAT_BOUND] == 0.0
+    assert stat_metrics({**g, "max": math.nan}, {**t, "max": math.nan}, 16)[STAT_BOUND] == pytest.approx(0.1)
+    assert math.isnan(stat_metrics(g, both_nan, 16)[STAT_BOUND] or 0.0)
     assert stat_metrics({"max": 3.0}, {"max": 3.0}, 4)[STAT_BOUND] == 0.0  # no norm recorded, equal statistics
     assert stat_metrics({}, {}, 4)[STAT_BOUND] is None
 

@@ -10,8 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 from workbench.analysis.explorer.views import BORN_ADVISOR, BORN_PRECHECK, NodeTensors, PairDetail, PairRow, TensorDiff
-from workbench.core.advice import STANDS_OUT, born_in_noise
-from workbench.core.metrics import METRICS
+from workbench.core.advice import NO_PEERS, STANDS_OUT, born_in_noise
+from workbench.core.metrics import BY_NAME, METRICS, STAT_BOUND, STAT_KEYS
 from workbench.core.tokens import token_text
 
 BARS = " ▁▂▃▄▅▆▇█"
@@ -26,6 +26,9 @@ STATISTICS = (
     ("nan_count", "NaN"),
     ("inf_count", "Inf"),
 )
+# the statistics metrics a pair compared on statistics only shows: the bound that judges it, then each statistic's
+# relative difference (the absolute ones are in the statistics table's two columns)
+DETAIL_STAT_METRICS = (STAT_BOUND, *(f"{k}_stat_relative_error" for k in STAT_KEYS))
 
 
 def pair_labels(pairs: list[PairRow]) -> list[str]:
@@ -101,7 +104,13 @@ def render_detail(detail: PairDetail | None, diff: TensorDiff | None, styles: di
             justify="right",
             style=ok if p.passed else (bad if p.passed is False else ""),
         )
-    for spec in METRICS:
+    # a pair with a statistics-only side has no tensor metric: its verdict rests on the statistics bound, so that row
+    # (and the statistics' relative differences) are shown; tensor metric rows only where some pair has one
+    on_tensors = any(p.metrics.get(spec.name) is not None for p in detail.pairs for spec in METRICS)
+    on_statistics = any(all(p.metrics.get(spec.name) is None for spec in METRICS) for p in detail.pairs)
+    rows = [spec for spec in METRICS if on_tensors or not on_statistics]
+    rows += [BY_NAME[name] for name in DETAIL_STAT_METRICS if on_statistics]
+    for spec in rows:
         cells: list[Text | str] = []
         for p in detail.pairs:
             failed = spec.name in p.failed_metrics
@@ -172,13 +181,15 @@ def _verdict(detail: PairDetail, styles: dict[str, str]) -> Text:
     born_style = styles.get("born", "orange1")
     verdict = Text()
     score = f"advisor score {detail.born_score:.1f}" if detail.born_score is not None else ""
-    # a quantized linear's score is its error over what its int8 rounding predicts, a lookup's over one rounding;
-    # any other op's over its peers'
+    # a quantized linear's score is its error over what its int8 rounding predicts, a lookup's over one rounding, an
+    # op without peers over twice the rounding; any other op's over its peers'
     basis = (
         "beyond its expected int8 rounding"
         if detail.born_quantized
         else "beyond the one rounding a lookup adds"
         if detail.born_lookup
+        else f"beyond twice the rounding, {NO_PEERS}"
+        if detail.born_peerless
         else "stands out of its peers' noise"
     )
     stands = f"{score} (>= {STANDS_OUT:g}: {basis})" if score else ""

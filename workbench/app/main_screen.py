@@ -538,7 +538,8 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
             colour,
         )
         self.query_one("#status", Static).update(status, layout=False)
-        legend_key = (self.metric, self._scale(self.metric), self.app.theme, view.bound)
+        from_statistics = view.data is not None and bool(view.data.from_statistics.any())
+        legend_key = (self.metric, self._scale(self.metric), self.app.theme, view.bound, from_statistics)
         if legend_key != self._legend_key:
             self._legend_key = legend_key
             self.query_one("#legend", Static).update(self._legend(view))
@@ -575,6 +576,9 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         text.append(" NaN/Inf ")
         text.append(f"{GLYPH_NONE}", style=v["unmatched"])
         text.append(" none")
+        if view.data is not None and view.data.from_statistics.any():
+            # statistics-only pairs are shaded by a lower bound of their rel. euclidean distance
+            text.append("\nstatistics only: a lower bound", style=v["unmatched"])
         return text
 
     # ------------------------------------------------------------------ selection

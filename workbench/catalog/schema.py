@@ -12,7 +12,7 @@ from workbench.core.advice import STANDS_OUT
 from workbench.core.metrics import ALL_METRICS as ALL_METRICS
 from workbench.core.metrics import MSIT_METRICS as MSIT_METRICS
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: node_results.max_stat_bound (an older wb's roll-up would supply one value too few)
 
 TABLES_DDL = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -191,6 +191,7 @@ CREATE TABLE IF NOT EXISTS node_results (
     passed          BOOLEAN,              -- all outputs passed
     inputs_passed   BOOLEAN,              -- all inputs passed (TRUE when none dumped)
     born            BOOLEAN,              -- output fails while inputs pass
+    max_stat_bound  DOUBLE,               -- worst stat_rel_euclid_bound of the outputs without tensor metrics
     PRIMARY KEY (cmp_id, token_id, golden_node_id)
 );
 

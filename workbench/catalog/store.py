@@ -80,6 +80,21 @@ def float_column(values: Sequence[object]) -> np.ndarray:
     return _with_nulls(data, np.isnan(data))
 
 
+def nan_kept_column(key: str, values: Sequence[float | None]) -> dict[str, np.ndarray]:
+    """The column `key` (None NULL) and `{key}_nan`, its NaN flags: DuckDB reads a NaN it is handed as NULL, so a
+    value that IS NaN (a statistic of a tensor holding NaN, a bound computed from one) is written back as NaN by
+    `nan_kept_select`."""
+    import numpy as np
+
+    flags = np.array([v is not None and v != v for v in values], dtype=np.bool_)
+    return {key: float_column(values), f"{key}_nan": flags}
+
+
+def nan_kept_select(keys: Sequence[str]) -> str:
+    """The SELECT list giving back the `nan_kept_column` columns `keys`, NaN where flagged."""
+    return ", ".join(f"CASE WHEN {k}_nan THEN 'NaN'::DOUBLE ELSE {k} END" for k in keys)
+
+
 def bool_column(values: Sequence[object]) -> np.ndarray:
     """bool (pandas' `boolean`): None is NULL."""
     import numpy as np
@@ -227,10 +242,13 @@ def open_catalog(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBP
         # catalog), and an upgrade that fails leaves the catalog as it was
         con.execute("BEGIN TRANSACTION")
         try:
-            if version is None or repaired or _schema_digest_of(con) != _SCHEMA_DIGEST:
+            older = version is not None and version < SCHEMA_VERSION
+            if version is None or older or repaired or _schema_digest_of(con) != _SCHEMA_DIGEST:
                 con.execute(TABLES_DDL)  # every statement is IF NOT EXISTS: older catalogs gain the newer tables
                 con.execute("ALTER TABLE runs ADD COLUMN IF NOT EXISTS rank INTEGER")  # catalogs made before ranks
-                if version is None:
+                # catalogs made before the heatmap coloured statistics-only pairs (the column comes last, as here)
+                con.execute("ALTER TABLE node_results ADD COLUMN IF NOT EXISTS max_stat_bound DOUBLE")
+                if version is None or older:  # brought up to date: an older wb now refuses it, in one line
                     con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
                 con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_digest', ?)", [_SCHEMA_DIGEST])
             for name, ddl in OUR_VIEWS.items():  # a view in the file is never trusted: replaced unless it is ours
@@ -254,7 +272,9 @@ def open_catalog(path: str | Path, *, read_only: bool = False) -> duckdb.DuckDBP
 
 
 # the DDL a catalog was last brought up to date with: an open skips it when nothing changed (~40 ms a command)
-_SCHEMA_DIGEST = hashlib.sha256("\0".join((TABLES_DDL, COMPARISON_VIEW, RANK_VIEW, "rank")).encode()).hexdigest()[:16]
+_SCHEMA_DIGEST = hashlib.sha256(
+    "\0".join((TABLES_DDL, COMPARISON_VIEW, RANK_VIEW, "rank", "max_stat_bound")).encode()
+).hexdigest()[:16]
 
 
 def _schema_digest_of(con: duckdb.DuckDBPyConnection) -> str | None:
@@ -405,7 +425,7 @@ def _tensor_columns(tensors: list[TensorEntry], lo: int, node_ids: dict[str, int
         **{
             column: values
             for key in _STAT_COLUMNS
-            for column, values in _stat_columns(key, [getattr(s, key) if s else None for s in stats]).items()
+            for column, values in nan_kept_column(key, [getattr(s, key) if s else None for s in stats]).items()
         },
         "error": object_column([t.error for t in part]),
     }
@@ -413,16 +433,8 @@ def _tensor_columns(tensors: list[TensorEntry], lo: int, node_ids: dict[str, int
 
 _STAT_COLUMNS = ("min", "max", "mean", "norm")
 # a statistic recorded as NaN (msit writes `nan` where the tensor holds one) stays NaN in the catalog, not NULL (not
-# recorded): DuckDB reads a NaN it is handed as NULL, so a flag beside it says which values were NaN
-_STAT_SELECT = ", ".join(f"CASE WHEN {k}_nan THEN 'NaN'::DOUBLE ELSE {k} END" for k in _STAT_COLUMNS)
-
-
-def _stat_columns(key: str, values: list[float | None]) -> dict[str, np.ndarray]:
-    """One statistic's column (None NULL) and its NaN flags."""
-    import numpy as np
-
-    data = float_column(values)
-    return {key: data, f"{key}_nan": np.array([v is not None and v != v for v in values], dtype=np.bool_)}
+# recorded)
+_STAT_SELECT = nan_kept_select(_STAT_COLUMNS)
 
 
 def _end_orders(nodes: list[Node]) -> list[int | None]:

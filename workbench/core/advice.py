@@ -6,6 +6,9 @@ from __future__ import annotations
 # A score (error an op adds / what its peers add) from which an op clearly stands out of the noise:
 # `wb compare` names it as the most likely origin only from here on.
 STANDS_OUT = 3.0
+# What the advisor's reason says of an op with no peers (no same op in other layers, no op of its type) that is no
+# lookup: its score is over twice its dtype's rounding; the app's detail says so instead of "its peers' noise".
+NO_PEERS = "for want of peers"
 
 
 def born_in_noise(score: float | None, evidence: str | None = None) -> str | None:

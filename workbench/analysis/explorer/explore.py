@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -49,8 +50,8 @@ from workbench.analysis.explorer.views import (
 )
 from workbench.analysis.verdicts.causes import is_lookup
 from workbench.compare.judging.thresholds import Thresholds
-from workbench.core.advice import STANDS_OUT
-from workbench.core.metrics import ALL_METRICS, BY_NAME
+from workbench.core.advice import NO_PEERS, STANDS_OUT
+from workbench.core.metrics import ALL_METRICS, BY_NAME, STAT_BOUND_JUDGED_AS, STAT_METRIC_NAMES
 
 if TYPE_CHECKING:
     from workbench.compare.pairing.fingerprint import MappingCheck
@@ -107,6 +108,7 @@ class Explorer:
         self._verdicts: dict[int, TokenVerdict] = {}
         self._first_shape: dict[tuple[int, int], Any] | None = None
         self._quant_names: frozenset[str] | None = None
+        self._stat_roll_up: bool | None = None
         try:
             self.info = self._load_info(cmp_id)
         except duckdb.Error as exc:
@@ -430,8 +432,12 @@ class Explorer:
     def _cells(
         self, key_sql: str, where: str, params: list[Any], colour_by: str, key_params: Sequence[Any] = ()
     ) -> dict[str, np.ndarray]:
-        """(key, token) aggregates: the colouring's worst value, any failed output, any NaN/Inf."""
+        """(key, token) aggregates: the colouring's worst value, any failed output, any NaN/Inf, and whether an
+        output was compared on statistics only (its `stat_rel_euclid_bound`, a lower bound of the relative euclidean
+        distance, colours the cell where that metric decides or is the colouring)."""
         info = self.info
+        stat_bound = self._stat_bound_in(colour_by)
+        stat_agg = "max(r.max_stat_bound)" if stat_bound is not None and self._has_stat_roll_up() else "NULL::DOUBLE"
         if colour_by == VERDICT:
             cols = info_verdict_columns(info)
             aggs = [
@@ -443,7 +449,8 @@ class Explorer:
         res = self._numpy(
             f"""
             SELECT {key_sql} AS k, r.token_id AS tok, {", ".join(aggs)},
-                   sum(coalesce(r.out_failed, 0)) > 0 AS fail, bool_or(coalesce(r.has_nan_inf, false)) AS nan
+                   sum(coalesce(r.out_failed, 0)) > 0 AS fail, bool_or(coalesce(r.has_nan_inf, false)) AS nan,
+                   {stat_agg} AS stat_bound
             FROM node_results r JOIN nodes n ON n.run_id = ? AND n.node_id = r.golden_node_id
             WHERE r.cmp_id = ? AND n.parent_id IS NOT NULL AND {where}
             GROUP BY 1, 2""",
@@ -464,7 +471,36 @@ class Explorer:
             res["val"] = val
         else:
             res["val"] = np.ma.filled(np.ma.asarray(res["v0"]).astype(np.float64), np.nan)
+        stat = np.ma.filled(np.ma.asarray(res["stat_bound"]).astype(np.float64), np.nan)
+        res["stat"] = ~np.isnan(stat)  # NaN bounds (NaN/Inf statistics) are the `nan` mark's, not a shade
+        if stat_bound is not None and res["stat"].any():
+            if colour_by == VERDICT:  # in severities, as the verdict's other values
+                stat = severity_array(stat, STAT_BOUND_JUDGED_AS, stat_bound)
+            with np.errstate(invalid="ignore"):
+                res["val"] = np.where(np.isnan(res["val"]) | (stat > res["val"]), stat, res["val"])
         return res
+
+    def _stat_bound_in(self, colour_by: str) -> float | None:
+        """Where a statistics-only output's `stat_rel_euclid_bound` colours a cell: the relative euclidean distance's
+        bound in the verdict (where that metric decides), the colouring's own bound when it is that metric (inf where
+        it has none); None where statistics say nothing of the colouring."""
+        if colour_by == VERDICT:
+            return next((b for m, _, b in info_verdict_columns(self.info) if m == STAT_BOUND_JUDGED_AS), None)
+        if colour_by == STAT_BOUND_JUDGED_AS:
+            bound = self.info.bound(colour_by)
+            return math.inf if bound is None else bound
+        return None
+
+    def _has_stat_roll_up(self) -> bool:
+        """Whether `node_results` has `max_stat_bound` (a catalog opened read-only may predate it)."""
+        if self._stat_roll_up is None:
+            self._stat_roll_up = bool(
+                self._rows(
+                    "SELECT 1 FROM duckdb_columns() WHERE database_name = current_database() "
+                    "AND table_name = 'node_results' AND column_name = 'max_stat_bound'"
+                )
+            )
+        return self._stat_roll_up
 
     def heatmap(self, colour_by: str = VERDICT, layer: int | None = None) -> Heatmap:
         """Token x layer (`layer` None) or token x op of one row group (a layer, PRE or POST) of a colouring."""
@@ -501,6 +537,7 @@ class Explorer:
         values = np.full((len(keys), len(tokens)), np.nan)
         failed = np.zeros((len(keys), len(tokens)), dtype=bool)
         nan_inf = np.zeros((len(keys), len(tokens)), dtype=bool)
+        from_statistics = np.zeros((len(keys), len(tokens)), dtype=bool)
         if cells["k"].size and keys:
             i, ok_i = _positions(np.asarray(keys, dtype=np.int64), np.asarray(cells["k"], dtype=np.int64))
             j, ok_j = _positions(np.asarray(tokens, dtype=np.int64), np.asarray(cells["tok"], dtype=np.int64))
@@ -509,13 +546,18 @@ class Explorer:
             values[i, j] = np.asarray(cells["val"], dtype=np.float64)[ok]
             failed[i, j] = np.ma.filled(np.ma.asarray(cells["fail"]), False)[ok]
             nan_inf[i, j] = np.ma.filled(np.ma.asarray(cells["nan"]), False)[ok]
-        return Heatmap(colour_by, layer, labels, row_nodes, row_layers, list(tokens), values, failed, nan_inf)
+            from_statistics[i, j] = cells["stat"][ok]
+        return Heatmap(
+            colour_by, layer, labels, row_nodes, row_layers, list(tokens), values, failed, nan_inf, from_statistics
+        )
 
     def worst_node(self, token: int, layer: int | None, colour_by: str = VERDICT) -> int | None:
         """The golden node to select for a row group's cell: where the error is born in it, else its worst op."""
         where, params = self._group_sql(layer)
         if colour_by == VERDICT:
             order = "coalesce(r.out_failed, 0) DESC, r.min_cosine ASC NULLS LAST"
+            if self._has_stat_roll_up():  # statistics-only ops: the largest bound (NaN, from NaN/Inf, sorts first)
+                order += ", r.max_stat_bound DESC NULLS LAST"
         else:
             c = colouring(colour_by)
             order = f"r.{c.column} {'ASC' if c.higher_is_better else 'DESC'} NULLS LAST"
@@ -588,6 +630,19 @@ class Explorer:
                 else []
             )
         }
+        # statistics metrics (the only ones of a pair with a statistics-only side): the detail's `rel euclid >=` rows
+        stat_by_pair = {
+            int(x[0]): dict(zip(STAT_METRIC_NAMES, x[1:]))
+            for x in (
+                self._rows(
+                    f"SELECT pair_id, {', '.join(STAT_METRIC_NAMES)} FROM stat_metrics "
+                    f"WHERE cmp_id = ? AND pair_id IN ({', '.join('?' * len(pair_ids))})",
+                    [info.cmp_id, *pair_ids],
+                )
+                if pair_ids
+                else []
+            )
+        }
         absent = (None,) * (len(metric_cols) + len(count_cols))
         rows = []
         for r in tensor_rows:
@@ -598,6 +653,7 @@ class Explorer:
         s0 = 4 + n_metrics + 3
         for r in rows:
             metrics = {k: _f(v) for k, v in zip(ALL_METRICS, r[4 : 4 + n_metrics])}
+            metrics.update({k: _f(v) for k, v in stat_by_pair.get(int(r[0]), {}).items()})
             g = dict(zip(keys, r[s0 : s0 + len(keys)]))
             t = dict(zip(keys, r[s0 + len(keys) : s0 + 2 * len(keys)]))
             counts = r[s0 + 2 * len(keys) : s0 + 2 * len(keys) + 4]
@@ -644,7 +700,18 @@ class Explorer:
             score,
             born_name is not None and born_name in self.quantized_linears(),
             is_lookup(born_type),
+            born_g is not None and score is not None and self._scored_without_peers(born_g, token),
         )
+
+    def _scored_without_peers(self, golden_node_id: int, token: int) -> bool:
+        """Whether the advisor scored a node at a token over twice the rounding, having no peers (its reason says
+        `Nx twice the ... rounding ..., for want of peers`; an op judged on the error it carries in says more)."""
+        rows = self._rows(
+            "SELECT reason FROM advice WHERE cmp_id = ? AND token_id = ? AND golden_node_id = ? ORDER BY rank LIMIT 1",
+            [self.info.cmp_id, token, golden_node_id],
+        )
+        reason = str(rows[0][0]) if rows and rows[0][0] is not None else ""
+        return re.search(rf"\dx twice the [^;]*{re.escape(NO_PEERS)}", reason) is not None
 
     def _advice_score(self, golden_node_id: int, token: int) -> float | None:
         if not self._rows("SELECT 1 FROM duckdb_tables() WHERE table_name = 'advice'"):

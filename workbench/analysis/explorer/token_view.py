@@ -6,7 +6,7 @@ Reads the catalog tables `logits` and `token_status` only (no tensor, no pandas)
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import duckdb
@@ -25,6 +25,7 @@ class StripCell:
     inputs_differ: bool
     inputs_reason: str | None
     reason: str | None = None  # why the logits were not compared
+    on_statistics: bool = False  # the logits were dumped as statistics only: `passed` is their max/min/mean/norm's
 
     def describe(self, why: bool = False) -> str:
         """One line for the strip's label; `why` adds why the logits were not compared (the tooltip)."""
@@ -42,7 +43,12 @@ class StripCell:
 
     def parts(self, why: bool = False) -> list[str]:
         """The line's parts, most important first."""
-        verdict = {True: "logits pass", False: "logits FAIL", None: "logits not compared"}[self.passed]
+        if self.on_statistics:
+            verdict = {True: "logits' statistics pass", False: "logits' statistics FAIL", None: "logits not compared"}[
+                self.passed
+            ]
+        else:
+            verdict = {True: "logits pass", False: "logits FAIL", None: "logits not compared"}[self.passed]
         parts = [f"token {self.token}: {verdict}"]
         if self.kl is not None:
             parts.append(f"KL {self.kl:.3g}, cosine {'-' if self.cosine is None else f'{self.cosine:.6g}'}")
@@ -79,21 +85,29 @@ def strip_cells(con: duckdb.DuckDBPyConnection, cmp_id: int, tokens: Iterable[in
         }
     if not rows and not status:
         return []
+    from workbench.analysis.verdicts.logits import statistics_logits
+
+    on_stats = statistics_logits(con, cmp_id) if not any(r[1] is not None for r in rows.values()) else None
     out = []
     for tok in sorted(set(tokens) | set(rows)):
         r = rows.get(tok)
         s = status.get(tok)
-        out.append(
-            StripCell(
-                tok,
-                None if r is None else r[1],
-                None if r is None else r[2],
-                None if r is None else r[3],
-                None if r is None else r[4],
-                None if r is None else r[5],
-                bool(s and s[1]),
-                None if s is None else s[2],
-                None if r is None else r[6],
-            )
+        cell = StripCell(
+            tok,
+            None if r is None else r[1],
+            None if r is None else r[2],
+            None if r is None else r[3],
+            None if r is None else r[4],
+            None if r is None else r[5],
+            bool(s and s[1]),
+            None if s is None else s[2],
+            None if r is None else r[6],
         )
+        if on_stats is not None and tok in on_stats.counts:
+            why = (
+                f"the logits ({on_stats.node}) were dumped as statistics only: their max/min/mean/norm are compared, "
+                "no cosine, KL or top-1"
+            )
+            cell = replace(cell, passed=on_stats.passed(tok), reason=why, on_statistics=True)
+        out.append(cell)
     return out

@@ -107,6 +107,8 @@ class Heatmap:
     values: np.ndarray  # float64 [rows, tokens], NaN where nothing was compared
     failed: np.ndarray  # bool [rows, tokens]
     nan_inf: np.ndarray  # bool [rows, tokens]
+    # bool [rows, tokens]: an output compared on statistics only, its lower bound of the rel. euclidean distance shown
+    from_statistics: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +182,7 @@ class PairDetail:
     born_score: float | None = None  # the advisor's score of `born_name` at this token, if it ranked it
     born_quantized: bool = False  # `born_name` is a quantized linear: its score is over its expected int8 rounding
     born_lookup: bool = False  # `born_name` is a lookup (a token embedding): its score is over one rounding
+    born_peerless: bool = False  # the advisor found no peers for `born_name`: its score is over twice the rounding
 
 
 @dataclass(frozen=True, slots=True)

@@ -177,6 +177,8 @@ def heatmap_svg(hm: Heatmap, colours: dict[str, str]) -> str:
             fill = colours["heat-none"] if lv < 0 else colours[f"heat-{lv}"]
             x = label_w + j * cell
             what = "not compared" if lv < 0 else f"severity {v:.3g}"
+            if lv >= 0 and hm.from_statistics[i, j]:
+                what = f"severity at least {v:.3g} (from max/min/mean/norm: a statistics-only pair)"
             fail = bool(hm.failed[i, j]) or lv >= PASS_LEVELS
             parts.append(
                 f'<rect x="{x}" y="{y}" width="{cell - 1}" height="{cell - 1}" fill="{fill}" stroke="#d0d7de">'
@@ -211,8 +213,11 @@ def logits_svg(cells: list[StripCell], colours: dict[str, str]) -> str:
         colour = {True: colours["ok"], False: colours["fail"], None: colours["heat-none"]}[c.passed]
         verdict = {True: "pass", False: "FAIL", None: "not compared"}[c.passed]
         lines = [f"token {c.token}: {verdict}"]
-        lines.append(f"KL {c.kl:.3g}" if c.kl is not None else "KL -")
-        lines.append(f"cosine {c.cosine:.6g}" if c.cosine is not None else "cosine -")
+        if c.on_statistics:  # max/min/mean/norm only: no KL or cosine to show
+            lines.append("on statistics only")
+        else:
+            lines.append(f"KL {c.kl:.3g}" if c.kl is not None else "KL -")
+            lines.append(f"cosine {c.cosine:.6g}" if c.cosine is not None else "cosine -")
         if c.golden_top1 is not None:
             lines.append(f"top-1 {c.golden_top1}/{c.test_top1}")
         if c.inputs_differ:
@@ -228,8 +233,8 @@ def logits_svg(cells: list[StripCell], colours: dict[str, str]) -> str:
     return "".join(parts)
 
 
-def legend_html(colours: dict[str, str]) -> str:
-    """The severity levels' colours and what they mean."""
+def legend_html(colours: dict[str, str], from_statistics: bool = False) -> str:
+    """The severity levels' colours and what they mean (`from_statistics`: cells coloured by statistics only)."""
     edges = (0.0, *LEVEL_EDGES)
     items = []
     for i, lo in enumerate(edges):
@@ -241,7 +246,14 @@ def legend_html(colours: dict[str, str]) -> str:
     return (
         '<p class="legend">severity (1 = the pass/fail bound): '
         + " ".join(items)
-        + ' <span class="key">\u00d7 fails</span> <span class="key">! NaN/Inf</span></p>'
+        + ' <span class="key">\u00d7 fails</span> <span class="key">! NaN/Inf</span>'
+        + (
+            "<br>pairs compared on statistics only (max/min/mean/norm) are shaded by a lower bound of their "
+            "relative euclidean distance: their error is at least what their colour says"
+            if from_statistics
+            else ""
+        )
+        + "</p>"
     )
 
 
@@ -283,7 +295,7 @@ def render(facts: ReportFacts) -> str:
     out.append(_section("verdict", "Verdict per token", _verdict_table(facts)))
     hm = facts.heatmap
     heat_body = (
-        legend_html(colours) + heatmap_svg(hm, colours)
+        legend_html(colours, bool(hm.from_statistics.any())) + heatmap_svg(hm, colours)
         if hm.row_labels and hm.tokens
         else "<p>nothing compared: no heatmap</p>"
     )

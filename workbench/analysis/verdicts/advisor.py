@@ -39,7 +39,7 @@ import duckdb
 from workbench.analysis.verdicts import quant_noise
 from workbench.analysis.verdicts.causes import CAUSE_LEAD, ROUNDING, cause_in, is_lookup, known_cause
 from workbench.catalog.store import first_row, insert_rows
-from workbench.core.advice import STANDS_OUT
+from workbench.core.advice import NO_PEERS, STANDS_OUT
 from workbench.formats.token_ids import INT_DTYPES
 
 NAN_INF_SCORE = 1.0e9  # new NaN/Inf in an output: ranked before any finite error
@@ -129,13 +129,16 @@ _NEW_NAN_INF = """CASE WHEN coalesce(x.my_nan_count, x.my_inf_count, x.golden_na
                          AND coalesce(isfinite(gt.max) AND isfinite(gt.min) AND isfinite(gt.mean)
                                       AND isfinite(gt.norm), true) END"""
 
+# a NaN bound (NaN/Inf statistics on one side) measures nothing: `_NEW_NAN_INF` says what it means
+_STAT_BOUND_FINITE = "CASE WHEN NOT isnan(s.stat_rel_euclid_bound) THEN s.stat_rel_euclid_bound END"
+
 _ROWS_SQL = f"""
 SELECT m.token_id, m.golden_node_id, m.io,
        arg_min(m.test_node_id, m.pair_id) AS test_node_id,
        max(coalesce(x.relative_euclidean_distance,
                     CASE WHEN x.cosine_similarity IS NOT NULL
                          THEN sqrt(greatest(0.0, 2.0 * (1.0 - x.cosine_similarity))) END,
-                    s.stat_rel_euclid_bound)) AS err,
+                    {_STAT_BOUND_FINITE})) AS err,
        bool_or({_NEW_NAN_INF}) AS new_nan_inf,
        mode(tt.dtype) AS dtype
 FROM matches m
@@ -442,7 +445,7 @@ SELECT m.token_id, m.golden_node_id, gt.max, gt.min, gt.mean, gt.norm, gt.dtype,
        coalesce(x.relative_euclidean_distance,
                 CASE WHEN x.cosine_similarity IS NOT NULL
                      THEN sqrt(greatest(0.0, 2.0 * (1.0 - x.cosine_similarity))) END,
-                s.stat_rel_euclid_bound) AS err,
+                {_STAT_BOUND_FINITE}) AS err,
        {_NEW_NAN_INF} AS new_nan_inf
 FROM matches m
 JOIN comparisons c ON c.cmp_id = m.cmp_id
@@ -644,7 +647,7 @@ def _rank(
             label = f"one {r.dtype or 'test dtype'} rounding ({_pow2(floor)}), all a lookup adds"
         else:
             ref = 2.0 * floor  # nothing to compare with: twice the rounding, to stay cautious
-            label = f"twice the {r.dtype or 'test dtype'} rounding (2 x {_pow2(floor)}), for want of peers"
+            label = f"twice the {r.dtype or 'test dtype'} rounding (2 x {_pow2(floor)}), {NO_PEERS}"
         if q_below.get(gid, 0.0) > ref:  # a module holding quantized ops: their noise adds up in it
             ref = q_below[gid]
             label = f"the int8 rounding its quantized ops are expected to add ({ref:.3g})"

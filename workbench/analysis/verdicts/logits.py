@@ -348,36 +348,72 @@ def _num(v: float | None) -> str:
 
 
 _STAT_LOGITS_SQL = """
-SELECT gn.name, count(*) AS pairs, count(*) FILTER (WHERE x.passed = false) AS failed,
-       min(m.token_id) FILTER (WHERE x.passed = false) AS first_failed
-FROM matches m
+WITH logits_node AS (
+    SELECT gn.node_id, gn.name
+    FROM matches m
+    JOIN comparisons c ON c.cmp_id = m.cmp_id
+    JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id
+    JOIN tensors gt ON gt.run_id = c.golden_run AND gt.tensor_id = m.golden_tensor_id
+    JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id
+    WHERE m.cmp_id = ? AND m.io = 'out' AND (gt.path IS NULL OR tt.path IS NULL)
+      AND (regexp_matches(gn.name, ?, 'i') OR regexp_matches(coalesce(gn.type, ''), ?, 'i'))
+    GROUP BY gn.node_id, gn.name
+    ORDER BY max(coalesce(gn.exec_order, -1)) DESC
+    LIMIT 1
+)
+SELECT n.name, m.token_id, count(*) AS pairs, count(*) FILTER (WHERE x.passed = false) AS failed,
+       count(x.passed) AS judged
+FROM logits_node n
+JOIN matches m ON m.cmp_id = ? AND m.golden_node_id = n.node_id AND m.io = 'out'
 JOIN comparisons c ON c.cmp_id = m.cmp_id
-JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id
 JOIN tensors gt ON gt.run_id = c.golden_run AND gt.tensor_id = m.golden_tensor_id
 JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id
 LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
-WHERE m.cmp_id = ? AND m.io = 'out' AND (gt.path IS NULL OR tt.path IS NULL)
-  AND (regexp_matches(gn.name, ?, 'i') OR regexp_matches(coalesce(gn.type, ''), ?, 'i'))
-GROUP BY gn.name
-ORDER BY max(coalesce(gn.exec_order, -1)) DESC
-LIMIT 1
+WHERE gt.path IS NULL OR tt.path IS NULL
+GROUP BY n.name, m.token_id
+ORDER BY m.token_id
 """
+
+
+@dataclass(frozen=True, slots=True)
+class StatisticsLogits:
+    """The logits (the last `lm_head`-like output) of a comparison that dumped them as statistics only."""
+
+    node: str
+    counts: dict[int, tuple[int, int, int]]  # token -> (pairs, failed, judged)
+
+    def passed(self, token: int) -> bool | None:
+        """Whether the logits' statistics pass at `token` (None: none judged there)."""
+        _pairs, failed, judged = self.counts.get(token, (0, 0, 0))
+        return False if failed else (True if judged else None)
+
+
+def statistics_logits(con: duckdb.DuckDBPyConnection, cmp_id: int) -> StatisticsLogits | None:
+    """The statistics-only logits of comparison `cmp_id` per token; None when the logits were dumped with tensors
+    (or not at all)."""
+    pattern = _LOGITS_RE.pattern
+    rows = con.execute(_STAT_LOGITS_SQL, [cmp_id, pattern, pattern, cmp_id]).fetchall()
+    if not rows:
+        return None
+    return StatisticsLogits(str(rows[0][0]), {int(t): (int(p), int(f), int(j)) for _n, t, p, f, j in rows})
 
 
 def statistics_only_logits(con: duckdb.DuckDBPyConnection, cmp_id: int) -> str | None:
     """Why no token's logits were compared when the logits (an `lm_head` output) were dumped as statistics only,
     and what their statistics say; None when they were not."""
-    row = con.execute(_STAT_LOGITS_SQL, [cmp_id, _LOGITS_RE.pattern, _LOGITS_RE.pattern]).fetchone()
-    if row is None:
+    found = statistics_logits(con, cmp_id)
+    if found is None:
         return None
-    name, pairs, failed, first = str(row[0]), int(row[1]), int(row[2]), row[3]
+    pairs = sum(c[0] for c in found.counts.values())
+    failed = sum(c[1] for c in found.counts.values())
+    first = next((t for t, c in sorted(found.counts.items()) if c[1]), None)
     said = (
-        f"their max/min/mean/norm first fail at token {int(first)} ({failed} of {pairs} pairs fail)"
-        if failed
+        f"their max/min/mean/norm first fail at token {first} ({failed} of {pairs} pairs fail)"
+        if first is not None
         else f"their max/min/mean/norm pass at all {pairs} pairs"
     )
     return (
-        f"the logits ({name}) were dumped as statistics only: no cosine, KL or top-1 per token; {said}; "
+        f"the logits ({found.node}) were dumped as statistics only: no cosine, KL or top-1 per token; {said}; "
         "re-dump them with tensors to judge each token's next-token distribution"
     )
 

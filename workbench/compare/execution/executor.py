@@ -20,7 +20,14 @@ import duckdb
 import numpy as np
 
 from workbench.catalog import first_row
-from workbench.catalog.store import insert_columns, registered, typed_columns
+from workbench.catalog.store import (
+    insert_columns,
+    int_column,
+    nan_kept_column,
+    nan_kept_select,
+    registered,
+    typed_columns,
+)
 from workbench.compare.execution.early import EarlyPairs, PairKey
 from workbench.compare.execution.pool import IN_PROCESS_BYTES, PoolStarter
 from workbench.compare.execution.tasks import PairTask, StatsTask, Twin, batches, file_identity, tensor_bytes
@@ -150,9 +157,14 @@ class ResultSink:
                 target = f"metrics (cmp_id, {', '.join(_METRIC_COLUMNS)})"
                 insert_columns(con, target, mdf, select="?, *", params=[self.cmp_id])
             if self.stat_metric_rows:
-                xdf = _columns(self.stat_metric_rows, _STAT_METRIC_COLUMNS, floats=STAT_METRIC_NAMES)
+                # NaN stays NaN: a bound from NaN/Inf statistics fails (a re-judge reads it back), NULL is "none"
+                columns = list(zip(*self.stat_metric_rows, strict=True))
+                xdf = {"pair_id": int_column(columns[0])}
+                for name, values in zip(STAT_METRIC_NAMES, columns[1:], strict=True):
+                    xdf.update(nan_kept_column(name, values))
                 target = f"stat_metrics (cmp_id, {', '.join(_STAT_METRIC_COLUMNS)})"
-                insert_columns(con, target, xdf, select="?, *", params=[self.cmp_id])
+                select = f"?, pair_id, {nan_kept_select(STAT_METRIC_NAMES)}"
+                insert_columns(con, target, xdf, select=select, params=[self.cmp_id])
             if self.stat_rows:
                 last = {r[:2]: r for r in self.stat_rows}  # a tensor's last statistics
                 sdf = _columns(

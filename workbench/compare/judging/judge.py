@@ -200,7 +200,7 @@ def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds)
             node_type=str(r["_type"] or ""),
             io=str(r["_io"]),
             is_model=bool(r["_root"]),
-            stat_bound=none_if_na(r["_stat_bound"]),
+            stat_bound=r["_stat_bound"],  # NaN (NaN/Inf statistics) fails; None judges nothing
             run_dtype=run_dtype,
         )
         passed.append(p)

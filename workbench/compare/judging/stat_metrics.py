@@ -31,9 +31,10 @@ def _num(v: object) -> float | None:
 def stat_metrics(golden: StatValues, test: StatValues, numel: int | None) -> dict[str, float | None]:
     """Every `STAT_METRICS` value of one pair from both sides' statistics (keys max/min/mean/norm).
 
-    A statistic missing on either side leaves its two values None; NaN/Inf statistics give NaN, which
-    fails a verdict (as msprobe marks them). A side may carry `step`, the resolution its statistics were
-    printed with (`STAT_STEP_KEY`): the bound then takes off what the printing may have added to each difference.
+    A statistic missing on either side leaves its two values None; a NaN/Inf statistic the other side lacks gives
+    NaN, which fails a verdict (as msprobe marks them); the same NaN or Inf on both sides is no difference. A side
+    may carry `step`, the resolution its statistics were printed with (`STAT_STEP_KEY`): the bound then takes off
+    what the printing may have added to each difference.
     """
     out: dict[str, float | None] = {}
     slack = (_num(golden.get("step")) or 0.0) / 2 + (_num(test.get("step")) or 0.0) / 2
@@ -43,7 +44,10 @@ def stat_metrics(golden: StatValues, test: StatValues, numel: int | None) -> dic
         if g is None or t is None:
             out[f"{key}_stat_absolute_error"] = out[f"{key}_stat_relative_error"] = diffs[key] = None
             continue
-        d = abs(t - g) if math.isfinite(t) and math.isfinite(g) else (0.0 if t == g else math.nan)
+        if math.isfinite(t) and math.isfinite(g):
+            d = abs(t - g)
+        else:  # NaN on both sides (the golden run overflowed too) or the same Inf is no difference
+            d = 0.0 if t == g or (math.isnan(t) and math.isnan(g)) else math.nan
         diffs[key] = d
         out[f"{key}_stat_absolute_error"] = d
         out[f"{key}_stat_relative_error"] = d / max(abs(g), FP32_EPS) if math.isfinite(g) else d
@@ -65,8 +69,10 @@ def _rel_euclid_bound(diffs: dict[str, float | None], g_norm: float | None, nume
     known = [x for x in terms if x is not None]
     if not known:
         return None
-    if g_norm is None:  # no norm recorded (msprobe leaves it out for integer tensors): equal statistics bound 0
-        return 0.0 if all(x == 0.0 for x in known) else None
+    if all(x == 0.0 for x in known):  # equal statistics (NaN alike on both sides too) bound nothing
+        return 0.0
+    if g_norm is None:  # no norm recorded (msprobe leaves it out for integer tensors)
+        return None
     if any(math.isnan(x) for x in known) or not math.isfinite(g_norm):
         return math.nan
     top = max(known)
