@@ -109,6 +109,31 @@ def test_msit_statistics_dumps(tmp_path: Path) -> None:
     assert "no lm_head" not in out and "were dumped as statistics only" in out, out
 
 
+@needs_msit
+def test_msit_statistics_dump_is_ordered_by_its_data_flow(tmp_path: Path) -> None:
+    """msit's dumper records no order; with tensors wb orders modules by their data flow (an output's content found
+    in a later module's input). A statistics-only dump kept the modules' definition order: a Llama layer's
+    `self_attn` and `mlp` before its `input_layernorm` (their order in `__init__`), so an input_layernorm defect
+    was born at `self_attn` (its hidden state is a keyword argument msit does not dump). msit prints statistics in
+    full: the same dtype, shape, max, min, mean and norm find the same tensor, as the content does."""
+    from workbench.formats.msit_torch import read_msit_torch
+
+    tokens = stats_dumps.dump("msit", "full", tmp_path / "full")
+    stats_dumps.dump("msit", "stats", tmp_path / "stats", forced=tokens)
+    weight = "model.layers.1.input_layernorm=1.1"
+    stats_dumps.dump("msit", "stats", tmp_path / "bad", bf16=True, forced=tokens, weight=weight)
+    full, stats, bad = (next((tmp_path / n).glob("msit_dump_*/torch_tensors/*")) for n in ("full", "stats", "bad"))
+    orders = []
+    for dump in (read_msit_torch(full), read_msit_torch(stats)):
+        assert dump.order_source == "data-flow"
+        orders.append([n.name for n in sorted(dump.nodes, key=lambda n: (n.exec_order is None, n.exec_order or 0))])
+    assert orders[0] == orders[1]
+    layer = [n for n in orders[1] if n.startswith("root.model.layers.1.") and n.count(".") == 4]
+    assert layer.index("root.model.layers.1.input_layernorm") < layer.index("root.model.layers.1.self_attn"), layer
+    out, con = stats_dumps.compare(stats, bad, tmp_path / "o_bad")
+    assert stats_dumps.born(con) == {"root.model.layers.1.input_layernorm"}, out
+
+
 @needs_msprobe
 def test_msprobe_summary_dumps(tmp_path: Path) -> None:
     tokens = stats_dumps.dump("msprobe", "stats", tmp_path / "golden")

@@ -407,8 +407,23 @@ def _scan_module(
                     hashes.has_inputs = True
     for (role, idx), (st_dtype, st_shape, st_) in sorted(stats.items()):
         out.append(TensorEntry(tok, module, role, idx, None, dtype=st_dtype, shape=st_shape, stats=st_))
+        if hashes is not None and (key := _stats_key(st_dtype, st_shape, st_)) is not None:
+            target = hashes.inputs if role == "in" else hashes.outputs
+            assert target is not None
+            target[module].append(key)
+            hashes.has_inputs = hashes.has_inputs or role == "in"
     if stats_file is not None:  # impossible statistics refused, with their line naming the CSV
         out[first:] = [checked_stats(e, stats_file, problems) for e in out[first:]]
+
+
+def _stats_key(dtype: str | None, shape: tuple[int, ...] | None, stats: TensorStats) -> bytes | None:
+    """A statistics-only tensor's content key for the data-flow order: msit prints each statistic in full (`repr`),
+    so one tensor dumped as a module's output and the next one's input has the same dtype, shape, max, min, mean and
+    L2 norm. None where a statistic is missing or NaN (every overflowed tensor would look alike)."""
+    values = (stats.max, stats.min, stats.mean, stats.norm)
+    if dtype is None or shape is None or any(v is None or v != v for v in values):
+        return None
+    return f"{dtype}|{shape}|{'|'.join(repr(v) for v in values)}".encode()
 
 
 def _csv_role(row: dict[str, str]) -> TensorRole:
