@@ -107,6 +107,21 @@ def test_report_says_statistics_cells_are_a_lower_bound(
     assert "severity at least" in html and "! NaN/Inf" in html and "on statistics only" in html
 
 
+def test_nan_inf_locations_lists_statistics_pairs_from_the_overflowing_op(
+    stats_overflow: tuple[Path, Path, Path],
+) -> None:
+    """The saved query listed pairs by their NaN/Inf counts, which a statistics-only dump does not record: it listed
+    nothing. It now lists pairs whose statistics are NaN/Inf, the op that made them first."""
+    import csv
+    import io
+
+    res = run_wb("query", "nan_inf_locations", "-c", str(stats_overflow[2]), "-f", "csv")
+    rows = list(csv.DictReader(io.StringIO(res.stdout)))
+    assert rows, res.stderr
+    assert (rows[0]["token_id"], rows[0]["golden_node"], rows[0]["io"]) == ("0", OP, "out"), rows[0]
+    assert all(r["on_statistics"] == "True" and r["my_max_value"] == "nan" for r in rows[:3]), rows[:3]
+
+
 def test_rejudge_keeps_a_nan_statistics_bound_failing(stats_overflow: tuple[Path, Path, Path], tmp_path: Path) -> None:
     """Compared again with other thresholds, the pairs are re-judged from the catalog: a NaN bound read back as
     NULL judged nothing (171 pairs "not comparable", nothing born); it still fails."""
