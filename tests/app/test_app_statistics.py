@@ -122,6 +122,15 @@ def test_nan_inf_locations_lists_statistics_pairs_from_the_overflowing_op(
     assert all(r["on_statistics"] == "True" and r["my_max_value"] == "nan" for r in rows[:3]), rows[:3]
 
 
+def test_advisor_says_its_errors_are_lower_bounds(stats_overflow: tuple[Path, Path, Path]) -> None:
+    """Every pair compared on statistics: the errors the advisor's reasons quote are the statistics' lower bounds of
+    the relative euclidean distance, and they say so."""
+    res = run_wb("advise", "-c", str(stats_overflow[2]), "--top", "3", "--token", "0")
+    assert res.returncode == 0, res.stderr
+    measured = [line for line in res.stdout.splitlines() if "output rel. error" in line]
+    assert measured and all("(lower bounds, from max/min/mean/norm)" in line for line in measured), res.stdout
+
+
 def test_rejudge_keeps_a_nan_statistics_bound_failing(stats_overflow: tuple[Path, Path, Path], tmp_path: Path) -> None:
     """Compared again with other thresholds, the pairs are re-judged from the catalog: a NaN bound read back as
     NULL judged nothing (171 pairs "not comparable", nothing born); it still fails."""

@@ -99,6 +99,8 @@ class _Row:
     side_err: float | None = None  # that input's error, not counted in `in_err`
     test_type: str | None = None  # the paired test node's type where it is not the golden node's (dumps of one kind)
     measured: bool = True  # False: no position of its output is finite on both sides (out_err 0 stands in)
+    # every pair of the comparison compared on statistics only: its errors are lower bounds (`stat_rel_euclid_bound`)
+    bounds_only: bool = False
 
 
 # one io side of a golden node at a token: test node (or the known-cause op of a side input), worst relative error,
@@ -152,6 +154,14 @@ GROUP BY m.token_id, m.golden_node_id, m.io
 """
 
 
+# a comparison whose every computed pair lacks tensor metrics (statistics-only dumps): its errors are lower bounds
+_BOUNDS_ONLY_SQL = """
+SELECT EXISTS (SELECT 1 FROM metrics WHERE cmp_id = ?)
+   AND NOT EXISTS (SELECT 1 FROM metrics WHERE cmp_id = ?
+                   AND (relative_euclidean_distance IS NOT NULL OR cosine_similarity IS NOT NULL))
+"""
+
+
 def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, list[Advice]]:
     """Rank every compared golden node of every token of comparison `cmp_id` (nothing is stored)."""
     row = first_row(
@@ -196,6 +206,7 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
                 ios["side"] = (split.side_from, split.side_err, False, dtype)
     differ = inputs_differ(con, cmp_id)
     expect = quant_noise.quant_expectations(con, cmp_id)  # {} unless the test run is quantized
+    bounds_only = bool(first_row(con.execute(_BOUNDS_ONLY_SQL, [cmp_id, cmp_id])) == (True,))
     out: dict[int, list[Advice]] = {}
     for tok in sorted(per_token):
         if tok in differ:  # the runs were fed different tokens: nothing compares like with like
@@ -207,6 +218,7 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
             other = test_types.get(r.test_node_id) if r.test_node_id is not None else None
             if other is not None and nodes[r.node_id].type and other != nodes[r.node_id].type:
                 r.test_type = other
+            r.bounds_only = bounds_only
         ranked = _rank(rows, nodes, {g: e for (t, g), e in expect.items() if t == tok})
         out[tok] = [
             Advice(
@@ -848,6 +860,8 @@ def _reason(r: _Row, nodes: dict[int, _Node]) -> str:
     src = "inputs" if r.in_from == "inputs" else r.in_from
     if r.measured:
         head = f"output rel. error {r.out_err:.3g} from {src} at {r.in_err or 0.0:.3g}"
+        if r.bounds_only:
+            head += " (lower bounds, from max/min/mean/norm)"
     else:
         head = f"output with no position finite on both sides, {src} at {r.in_err or 0.0:.3g}"
     if r.weight_err is not None and r.weight_err > max(r.in_err or 0.0, ROUNDING.get(r.dtype or "", 0.0)):
