@@ -127,6 +127,8 @@ def test_advisor_says_its_errors_are_lower_bounds(stats_overflow: tuple[Path, Pa
     the relative euclidean distance, and they say so."""
     res = run_wb("advise", "-c", str(stats_overflow[2]), "--top", "3", "--token", "0")
     assert res.returncode == 0, res.stderr
+    first = next(line for line in res.stdout.splitlines() if line.startswith("1 "))
+    assert first.split()[2:5] == [OP, OP, "NaN/Inf"], first  # its score is NaN/Inf born there, not a number
     measured = [line for line in res.stdout.splitlines() if "output rel. error" in line]
     assert measured and all("(lower bounds, from max/min/mean/norm)" in line for line in measured), res.stdout
 

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from workbench.analysis.explorer.views import BORN_ADVISOR, BORN_PRECHECK, NodeTensors, PairDetail, PairRow, TensorDiff
-from workbench.core.advice import NO_PEERS, STANDS_OUT, born_in_noise
+from workbench.core.advice import NO_PEERS, STANDS_OUT, born_in_noise, score_text
 from workbench.core.metrics import BY_NAME, METRICS, STAT_BOUND, STAT_KEYS
 from workbench.core.tokens import token_text
 
@@ -180,7 +180,7 @@ def _verdict(detail: PairDetail, styles: dict[str, str]) -> Text:
     outputs, a precheck that pinned a test op down, or the advisor's score (an op standing out of the noise)."""
     born_style = styles.get("born", "orange1")
     verdict = Text()
-    score = f"advisor score {detail.born_score:.1f}" if detail.born_score is not None else ""
+    score = f"advisor score {score_text(detail.born_score)}" if detail.born_score is not None else ""
     # a quantized linear's score is its error over what its int8 rounding predicts, a lookup's over one rounding, an
     # op without peers over twice the rounding; any other op's over its peers'
     basis = (

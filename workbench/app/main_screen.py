@@ -52,7 +52,7 @@ from workbench.app.rank_bar import RankBar
 from workbench.app.screens import PickerEntry, PickerScreen, Session, WorkbenchScreen
 from workbench.app.themes import DOMAIN_DEFAULTS
 from workbench.app.trees import TopologyTree
-from workbench.core.advice import STANDS_OUT
+from workbench.core.advice import STANDS_OUT, score_text
 
 MIN_TREES_H = 6  # rows the trees keep whatever the terminal
 LEGEND_W = 30  # the heatmap pane is at least this wide, for the legend
@@ -494,7 +494,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
                 if self.verdict.evidence and "precheck" in self.verdict.evidence:
                     born += " (precheck)"
             if self.verdict.why == BORN_ADVISOR and self.verdict.score is not None:
-                born += f" (advisor score {self.verdict.score:.1f})"
+                born += f" (advisor score {score_text(self.verdict.score)})"
             return born
         if not self.status:
             return "…"

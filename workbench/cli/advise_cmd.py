@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from workbench.cli.common import app, check_format, guarded, open_comparison, render, say, say_lines, text_table
+from workbench.core.advice import score_text
 from workbench.core.files import DEFAULT_CATALOG
 
 QUANT_NOTE = "; a quantized linear's score is its error / the int8 rounding its own scales predict"
@@ -41,7 +42,7 @@ def advise(
         guarded(lambda: check_format(fmt))
         print_fallback(catalog, guarded(pick), fallback, fmt)
         return
-    from workbench.analysis.verdicts.advisor import NAN_INF_SCORE, ORDER_RULE, SIGNIFICANT, above_higher, inputs_differ
+    from workbench.analysis.verdicts.advisor import ORDER_RULE, SIGNIFICANT, above_higher, inputs_differ
     from workbench.analysis.verdicts.advisor import advise as run_advise
     from workbench.analysis.verdicts.fallback import quantized_linears
     from workbench.catalog import first_row
@@ -67,7 +68,7 @@ def advise(
             marked = above_higher(items)
             shown = [{**row, "above_higher": (row["token_id"], row["rank"]) in marked} for row in rows]
             rule = ORDER_RULE + (QUANT_NOTE if quantized else "")
-            return _table(shown, cid, SIGNIFICANT, NAN_INF_SCORE, rule, bool(notes))
+            return _table(shown, cid, SIGNIFICANT, rule, bool(notes))
 
         text = render(fmt, rows, COLUMNS, table)
         if fmt == "json":
@@ -84,7 +85,6 @@ def _table(
     rows: list[dict[str, object]],
     cmp_id: int,
     significant: float,
-    nan_inf_score: float,
     rule: str,
     differ: bool = False,
 ) -> str:
@@ -97,8 +97,7 @@ def _table(
             str(r["token_id"]),
             str(r["golden_node"]),
             "" if r["test_node"] is None else str(r["test_node"]),
-            (f"{float(str(r['score'])):.1f}" if float(str(r["score"])) < nan_inf_score else "NaN/Inf")
-            + ("^" if r.get("above_higher") else ""),
+            score_text(float(str(r["score"]))) + ("^" if r.get("above_higher") else ""),
             str(r["reason"]),
         ]
         for r in rows

@@ -6,6 +6,15 @@ from __future__ import annotations
 # A score (error an op adds / what its peers add) from which an op clearly stands out of the noise:
 # `wb compare` names it as the most likely origin only from here on.
 STANDS_OUT = 3.0
+# The score of an op whose output holds NaN/Inf its inputs do not: ranked before any finite error, shown as `NaN/Inf`.
+NAN_INF_SCORE = 1.0e9
+
+
+def score_text(score: float) -> str:
+    """An advisor score as shown: one decimal, `NaN/Inf` for NaN/Inf born in the op (`NAN_INF_SCORE`)."""
+    return "NaN/Inf" if score >= NAN_INF_SCORE else f"{score:.1f}"
+
+
 # What the advisor's reason says of an op with no peers (no same op in other layers, no op of its type) that is no
 # lookup: its score is over twice its dtype's rounding; the app's detail says so instead of "its peers' noise".
 NO_PEERS = "for want of peers"

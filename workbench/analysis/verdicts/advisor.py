@@ -39,10 +39,9 @@ import duckdb
 from workbench.analysis.verdicts import quant_noise
 from workbench.analysis.verdicts.causes import CAUSE_LEAD, ROUNDING, cause_in, is_lookup, known_cause
 from workbench.catalog.store import first_row, insert_rows
-from workbench.core.advice import NO_PEERS, STANDS_OUT
+from workbench.core.advice import NAN_INF_SCORE, NO_PEERS, STANDS_OUT
 from workbench.formats.token_ids import INT_DTYPES
 
-NAN_INF_SCORE = 1.0e9  # new NaN/Inf in an output: ranked before any finite error
 MAX_SCORE = 1.0e6  # finite scores are capped below it (an op adding error where its peers add exactly none)
 SIGNIFICANT = STANDS_OUT  # score from which an op clearly stands out of its peers' noise
 _EXPLAINED_RANK = STANDS_OUT - 1e-6  # where an explained op ranks: after every op standing out unexplained
