@@ -1,4 +1,5 @@
-"""Find one op of a comparison in the catalog: the golden node by name or id, and its test counterpart."""
+"""Find things of a comparison in the catalog: the golden node by name or id and its test counterpart, whether it
+holds pairs compared on statistics only."""
 
 from __future__ import annotations
 
@@ -56,3 +57,14 @@ def resolve_comparison(con: duckdb.DuckDBPyConnection, cmp_id: int | None, catal
     if con.execute("SELECT 1 FROM comparisons WHERE cmp_id = ?", [cmp_id]).fetchone() is None:
         raise NodeLookupError(f"{catalog}: no comparison {cmp_id} (see `wb query 'SELECT * FROM comparisons'`)")
     return cmp_id
+
+
+def has_statistics_only_pairs(con: duckdb.DuckDBPyConnection, cmp_id: int) -> bool:
+    """Whether comparison `cmp_id` holds pairs without tensor metrics (compared on statistics only): ~1 ms, where
+    the queries that read their statistics cost a join over every pair."""
+    row = con.execute(
+        "SELECT EXISTS (SELECT 1 FROM metrics WHERE cmp_id = ? "
+        "AND relative_euclidean_distance IS NULL AND cosine_similarity IS NULL)",
+        [cmp_id],
+    ).fetchone()
+    return bool(row and row[0])
