@@ -69,6 +69,7 @@ def test_msit_statistics_dumps(tmp_path: Path) -> None:
     n, on_stats, undecided, failed = stats_dumps.verdict_counts(con)
     assert n > 100 and on_stats == n and undecided == 0 and failed == 0, out
     assert stats_dumps.born(con) == {None}
+    assert f"on statistics only: {n} of {n} pairs judged on max/min/mean/norm" in out, out
     # the logits were dumped as statistics only: said so, with what their statistics say
     assert "first divergent token: unknown (the logits (root.lm_head) were dumped as statistics only" in out, out
     assert "their max/min/mean/norm pass at all" in out

@@ -203,6 +203,12 @@ def format_summary(
         f"unmatched: golden {res.unmatched_golden} of {res.golden_nodes} nodes with tensors, "
         f"test {res.unmatched_test} of {res.test_nodes} nodes with tensors",
     ]
+    if res.on_statistics:
+        lines.insert(
+            3,
+            f"on statistics only: {res.on_statistics} of {res.pairs} pairs judged on max/min/mean/norm (a lower bound "
+            "of the rel. euclidean distance: a failure is certain, a pass weaker evidence)",
+        )
     if res.mapping_check is not None:
         lines.extend(res.mapping_check.lines(show_stale))
     cats = cov.get("categories") or {}

@@ -13,6 +13,7 @@ import numpy as np
 
 from workbench.analysis.verdicts.causes import CAUSE_LEAD, cause_in
 from workbench.catalog import first_row
+from workbench.catalog.lookup import has_statistics_only_pairs
 from workbench.catalog.store import registered
 from workbench.compare.pairing.fingerprint import MappingCheck
 from workbench.compare.pairing.frames import RunFrames, TensorPairs
@@ -47,6 +48,7 @@ class CompareResult:
     failed: int = 0
     uncomparable: int = 0  # pairs with no metrics (unreadable file, shape mismatch, ...)
     shape_mismatch: int = 0  # pairs whose element counts differ
+    on_statistics: int = 0  # pairs judged on statistics only (a side kept max/min/mean/norm, no tensor)
     unmatched_golden: int = 0
     unmatched_test: int = 0
     golden_nodes: int = 0
@@ -63,6 +65,22 @@ class CompareResult:
     coverage: dict[str, Any] = field(default_factory=dict)
     mapping_check: MappingCheck | None = None  # the mapping file's pairs held against these dumps
     quantized: bool = False  # the test run declares quantized linears (`formats/quant_links.py`)
+
+
+def _judged_on_statistics(con: duckdb.DuckDBPyConnection, cmp_id: int) -> int:
+    """Pairs of comparison `cmp_id` among `_ids` judged on statistics: a side has no tensor file
+    (`comparison.on_statistics`)."""
+    row = first_row(
+        con.execute(
+            "SELECT count(*) FROM metrics x JOIN matches m USING (cmp_id, pair_id) JOIN comparisons c USING (cmp_id) "
+            "JOIN tensors gt ON gt.run_id = c.golden_run AND gt.tensor_id = m.golden_tensor_id "
+            "JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id "
+            "WHERE x.cmp_id = ? AND x.pair_id IN (SELECT pair_id FROM _ids) AND x.passed IS NOT NULL "
+            "AND (gt.path IS NULL OR tt.path IS NULL)",
+            [cmp_id],
+        )
+    )
+    return int(row[0]) if row else 0
 
 
 def _category(op_type: str) -> str | None:
@@ -137,6 +155,7 @@ def summarize_comparison(
                 [cmp_id],
             )
         )
+        on_statistics = _judged_on_statistics(con, cmp_id) if has_statistics_only_pairs(con, cmp_id) else 0
     assert row is not None
     cov = node_coverage(golden, test, matches, pairs)
     res = CompareResult(
@@ -150,6 +169,7 @@ def summarize_comparison(
         failed=int(row[1]),
         uncomparable=int(row[2]),
         shape_mismatch=int(row[3]),
+        on_statistics=on_statistics,
         unmatched_golden=cov["golden_nodes"] - cov["golden_matched"],
         unmatched_test=cov["test_nodes"] - cov["test_matched"],
         golden_nodes=cov["golden_nodes"],
