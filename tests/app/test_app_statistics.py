@@ -105,6 +105,7 @@ def test_report_says_statistics_cells_are_a_lower_bound(
     html = out.read_text()
     assert "pairs compared on statistics only (max/min/mean/norm) are shaded by a lower bound" in html
     assert "severity at least" in html and "! NaN/Inf" in html and "on statistics only" in html
+    assert html.count('<td class="fail">statistics FAIL</td>') == 3  # the verdict table's logits, token by token
 
 
 def test_nan_inf_locations_lists_statistics_pairs_from_the_overflowing_op(

@@ -344,7 +344,9 @@ def _verdict_table(facts: ReportFacts) -> str:
         if c is None or c.passed is None:
             logits = "<td>not compared</td>"
         else:
-            logits = f'<td class="{"pass" if c.passed else "fail"}">{_e("pass" if c.passed else "FAIL")}</td>'
+            word = ("statistics pass" if c.passed else "statistics FAIL") if c.on_statistics else None
+            word = word or ("pass" if c.passed else "FAIL")
+            logits = f'<td class="{"pass" if c.passed else "fail"}">{_e(word)}</td>'
         g, t, _ = facts.born.get(tok, (None, None, None))
         failing = tok in hm.tokens and bool(hm.failed[:, hm.tokens.index(tok)].any())
         if g:
