@@ -618,30 +618,11 @@ class Explorer:
         pair_ids = [int(r[0]) for r in tensor_rows]
         metric_cols = [*ALL_METRICS, "failed_metrics", "passed", "cmp_fail_reason"]
         count_cols = ["golden_nan_count", "golden_inf_count", "my_nan_count", "my_inf_count"]
-        by_pair = {
-            int(x[0]): x[1:]
-            for x in (
-                self._rows(
-                    f"SELECT pair_id, {', '.join(metric_cols + count_cols)} FROM metrics "
-                    f"WHERE cmp_id = ? AND pair_id IN ({', '.join('?' * len(pair_ids))})",
-                    [info.cmp_id, *pair_ids],
-                )
-                if pair_ids
-                else []
-            )
-        }
+        by_pair = self._pair_rows("metrics", [*metric_cols, *count_cols], pair_ids)
         # statistics metrics (the only ones of a pair with a statistics-only side): the detail's `rel euclid >=` rows
         stat_by_pair = {
-            int(x[0]): dict(zip(STAT_METRIC_NAMES, x[1:]))
-            for x in (
-                self._rows(
-                    f"SELECT pair_id, {', '.join(STAT_METRIC_NAMES)} FROM stat_metrics "
-                    f"WHERE cmp_id = ? AND pair_id IN ({', '.join('?' * len(pair_ids))})",
-                    [info.cmp_id, *pair_ids],
-                )
-                if pair_ids
-                else []
-            )
+            pid: dict(zip(STAT_METRIC_NAMES, x))
+            for pid, x in self._pair_rows("stat_metrics", list(STAT_METRIC_NAMES), pair_ids).items()
         }
         absent = (None,) * (len(metric_cols) + len(count_cols))
         rows = []
@@ -702,6 +683,17 @@ class Explorer:
             is_lookup(born_type),
             born_g is not None and score is not None and self._scored_without_peers(born_g, token),
         )
+
+    def _pair_rows(self, table: str, columns: list[str], pair_ids: list[int]) -> dict[int, tuple[Any, ...]]:
+        """pair_id -> `columns` of `table` (metrics, stat_metrics) for a few pairs of this comparison, by their ids."""
+        if not pair_ids:
+            return {}
+        rows = self._rows(
+            f"SELECT pair_id, {', '.join(columns)} FROM {table} "
+            f"WHERE cmp_id = ? AND pair_id IN ({', '.join('?' * len(pair_ids))})",
+            [self.info.cmp_id, *pair_ids],
+        )
+        return {int(x[0]): tuple(x[1:]) for x in rows}
 
     def _scored_without_peers(self, golden_node_id: int, token: int) -> bool:
         """Whether the advisor scored a node at a token over twice the rounding, having no peers (its reason says
