@@ -70,6 +70,9 @@ def test_msit_statistics_dumps(tmp_path: Path) -> None:
     assert n > 100 and on_stats == n and undecided == 0 and failed == 0, out
     assert stats_dumps.born(con) == {None}
     assert f"on statistics only: {n} of {n} pairs judged on max/min/mean/norm" in out, out
+    # `wb logits` said "no logits ... dump lm_head", which these dumps did, as statistics
+    res = run_wb("logits", "-gp", str(golden), "-mp", str(clean))
+    assert res.returncode == 2 and "the logits (root.lm_head) were dumped as statistics only" in res.stderr, res.stderr
     # the logits were dumped as statistics only: said so, with what their statistics say
     assert "first divergent token: unknown (the logits (root.lm_head) were dumped as statistics only" in out, out
     assert "their max/min/mean/norm pass at all" in out

@@ -126,6 +126,15 @@ def run_logits(
     if wanted is not None:
         rows = [r for r in rows if r.token_id in wanted]
     if not rows:
+        from workbench.analysis.verdicts.logits import statistics_only_logits_node
+
+        for path, dump in ((golden, g_dump), (test, t_dump)):
+            if (node := statistics_only_logits_node(dump)) is not None:
+                raise ValueError(
+                    f"{path}: the logits ({node}) were dumped as statistics only: no cosine, KL or top-1 per token "
+                    "(`wb compare` judges their max/min/mean/norm); re-dump them with tensors (msit "
+                    "dump_statistics_mode=0, msprobe task tensor)"
+                )
         raise ValueError(
             f"no logits in {golden} or {test}: dump lm_head (msit dump_last_logits=True, or a full dump), "
             "ATB's LmHead, or the model's output (one root module; a first module's output is never taken)"

@@ -274,6 +274,14 @@ def compare_logits(
     return [compare_token(k, g.get(k), t.get(k), th) for k in keys]
 
 
+def statistics_only_logits_node(dump: Dump) -> str | None:
+    """The logits node (an `lm_head`-like output) that `dump` kept as statistics only (no tensor file), else None."""
+    for t in dump.tensors:
+        if t.role == "out" and t.path is None and t.stats is not None and _LOGITS_RE.search(t.node):
+            return t.node
+    return None
+
+
 def rows_from_dumps(golden: Dump, test: Dump, th: Thresholds, tokens: Collection[int] | None = None) -> list[LogitsRow]:
     """Logits rows of two dumps read from disk."""
     return compare_logits(candidates_from_dump(golden), candidates_from_dump(test), th, tokens)
