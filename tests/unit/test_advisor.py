@@ -327,7 +327,8 @@ def test_statistics_only_dump_of_an_fp16_overflow_names_the_op(tmp_path: Path, d
     if dumper == "msit":
         for tok in range(3):
             assert f"error born at: root.{spec.module} (token {tok})" in run.stdout, run.stdout
-        assert "their max/min/mean/norm first fail at token 0" in run.stdout, run.stdout
+    # (ATB: the prefill graph's LM head holds token 0's logits, the decode graph's the others: the first was missed)
+    assert "their max/min/mean/norm first fail at token 0" in run.stdout, run.stdout
     assert all(a.reason.startswith("NaN/Inf appear in its output and not in its inputs") for a in firsts), firsts
     assert nan_max is not None and nan_max[0] > 0
 

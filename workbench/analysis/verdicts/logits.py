@@ -357,30 +357,23 @@ def _num(v: float | None) -> str:
 
 
 _STAT_LOGITS_SQL = """
-WITH logits_node AS (
-    SELECT gn.node_id, gn.name
+WITH candidates AS (
+    SELECT m.token_id, gn.name, coalesce(gn.exec_order, -1) AS exec_order, count(*) AS pairs,
+           count(*) FILTER (WHERE x.passed = false) AS failed, count(x.passed) AS judged
     FROM matches m
     JOIN comparisons c ON c.cmp_id = m.cmp_id
     JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id
     JOIN tensors gt ON gt.run_id = c.golden_run AND gt.tensor_id = m.golden_tensor_id
     JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id
+    LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
     WHERE m.cmp_id = ? AND m.io = 'out' AND (gt.path IS NULL OR tt.path IS NULL)
       AND (regexp_matches(gn.name, ?, 'i') OR regexp_matches(coalesce(gn.type, ''), ?, 'i'))
-    GROUP BY gn.node_id, gn.name
-    ORDER BY max(coalesce(gn.exec_order, -1)) DESC
-    LIMIT 1
+    GROUP BY m.token_id, gn.name, gn.exec_order
 )
-SELECT n.name, m.token_id, count(*) AS pairs, count(*) FILTER (WHERE x.passed = false) AS failed,
-       count(x.passed) AS judged
-FROM logits_node n
-JOIN matches m ON m.cmp_id = ? AND m.golden_node_id = n.node_id AND m.io = 'out'
-JOIN comparisons c ON c.cmp_id = m.cmp_id
-JOIN tensors gt ON gt.run_id = c.golden_run AND gt.tensor_id = m.golden_tensor_id
-JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id
-LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
-WHERE gt.path IS NULL OR tt.path IS NULL
-GROUP BY n.name, m.token_id
-ORDER BY m.token_id
+-- per token, the last logits-like op that ran (ATB's prefill and decode graphs each have their own LM head)
+SELECT name, token_id, pairs, failed, judged FROM candidates
+QUALIFY row_number() OVER (PARTITION BY token_id ORDER BY exec_order DESC, name) = 1
+ORDER BY token_id
 """
 
 
@@ -388,8 +381,8 @@ ORDER BY m.token_id
 class StatisticsLogits:
     """The logits (the last `lm_head`-like output) of a comparison that dumped them as statistics only."""
 
-    node: str
-    counts: dict[int, tuple[int, int, int]]  # token -> (pairs, failed, judged)
+    node: str  # the logits op at the first token
+    counts: dict[int, tuple[int, int, int]]  # token -> (pairs, failed, judged) of that token's logits op
 
     def passed(self, token: int) -> bool | None:
         """Whether the logits' statistics pass at `token` (None: none judged there)."""
@@ -403,7 +396,7 @@ def statistics_logits(con: duckdb.DuckDBPyConnection, cmp_id: int) -> Statistics
     if not has_statistics_only_pairs(con, cmp_id):  # (the query joins every output pair: ~0.2 s at 1.9M pairs)
         return None
     pattern = _LOGITS_RE.pattern
-    rows = con.execute(_STAT_LOGITS_SQL, [cmp_id, pattern, pattern, cmp_id]).fetchall()
+    rows = con.execute(_STAT_LOGITS_SQL, [cmp_id, pattern, pattern]).fetchall()
     if not rows:
         return None
     return StatisticsLogits(str(rows[0][0]), {int(t): (int(p), int(f), int(j)) for _n, t, p, f, j in rows})
