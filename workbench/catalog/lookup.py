@@ -62,9 +62,9 @@ def resolve_comparison(con: duckdb.DuckDBPyConnection, cmp_id: int | None, catal
 def has_statistics_only_pairs(con: duckdb.DuckDBPyConnection, cmp_id: int) -> bool:
     """Whether comparison `cmp_id` holds pairs without tensor metrics (compared on statistics only): ~1 ms, where
     the queries that read their statistics cost a join over every pair."""
-    row = con.execute(
+    rows = con.execute(  # fetched whole: DuckDB 2 keeps a half-read result open on the connection
         "SELECT EXISTS (SELECT 1 FROM metrics WHERE cmp_id = ? "
         "AND relative_euclidean_distance IS NULL AND cosine_similarity IS NULL)",
         [cmp_id],
-    ).fetchone()
-    return bool(row and row[0])
+    ).fetchall()
+    return bool(rows and rows[0][0])
