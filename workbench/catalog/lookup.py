@@ -68,3 +68,15 @@ def has_statistics_only_pairs(con: duckdb.DuckDBPyConnection, cmp_id: int) -> bo
         [cmp_id],
     ).fetchall()
     return bool(rows and rows[0][0])
+
+
+def judged_on_statistics_only(con: duckdb.DuckDBPyConnection, cmp_id: int) -> bool:
+    """Whether comparison `cmp_id` has computed pairs and none with tensor metrics (statistics-only dumps): every
+    error it holds is a lower bound (`stat_rel_euclid_bound`)."""
+    rows = con.execute(
+        "SELECT EXISTS (SELECT 1 FROM metrics WHERE cmp_id = ?) "
+        "AND NOT EXISTS (SELECT 1 FROM metrics WHERE cmp_id = ? "
+        "AND (relative_euclidean_distance IS NOT NULL OR cosine_similarity IS NOT NULL))",
+        [cmp_id, cmp_id],
+    ).fetchall()
+    return bool(rows and rows[0][0])

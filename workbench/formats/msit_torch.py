@@ -226,6 +226,13 @@ class _Hashes:
     outputs: dict[str, list[bytes]] | None = None
     has_inputs: bool = False
 
+    def add(self, module: str, role: TensorRole, key: bytes) -> None:
+        """One tensor's content key (a payload's digest, or a statistics-only tensor's `_stats_key`)."""
+        target = self.inputs if role == "in" else self.outputs
+        assert target is not None
+        target[module].append(key)
+        self.has_inputs = self.has_inputs or role == "in"
+
 
 def _scan_tokens(
     dev_dir: Path, sel: _Selection, problems: list[str], *, want_hashes: bool
@@ -400,18 +407,11 @@ def _scan_module(
                 )
             )
             if hashes is not None and key is not None:
-                target = hashes.inputs if role == "in" else hashes.outputs
-                assert target is not None
-                target[module].append(key)
-                if role == "in":
-                    hashes.has_inputs = True
+                hashes.add(module, role, key)
     for (role, idx), (st_dtype, st_shape, st_) in sorted(stats.items()):
         out.append(TensorEntry(tok, module, role, idx, None, dtype=st_dtype, shape=st_shape, stats=st_))
         if hashes is not None and (key := _stats_key(st_dtype, st_shape, st_)) is not None:
-            target = hashes.inputs if role == "in" else hashes.outputs
-            assert target is not None
-            target[module].append(key)
-            hashes.has_inputs = hashes.has_inputs or role == "in"
+            hashes.add(module, role, key)
     if stats_file is not None:  # impossible statistics refused, with their line naming the CSV
         out[first:] = [checked_stats(e, stats_file, problems) for e in out[first:]]
 

@@ -38,6 +38,7 @@ import duckdb
 
 from workbench.analysis.verdicts import quant_noise
 from workbench.analysis.verdicts.causes import CAUSE_LEAD, ROUNDING, cause_in, is_lookup, known_cause
+from workbench.catalog.lookup import judged_on_statistics_only
 from workbench.catalog.store import first_row, insert_rows
 from workbench.core.advice import NAN_INF_SCORE, NO_PEERS, STANDS_OUT
 from workbench.formats.token_ids import INT_DTYPES
@@ -153,14 +154,6 @@ GROUP BY m.token_id, m.golden_node_id, m.io
 """
 
 
-# a comparison whose every computed pair lacks tensor metrics (statistics-only dumps): its errors are lower bounds
-_BOUNDS_ONLY_SQL = """
-SELECT EXISTS (SELECT 1 FROM metrics WHERE cmp_id = ?)
-   AND NOT EXISTS (SELECT 1 FROM metrics WHERE cmp_id = ?
-                   AND (relative_euclidean_distance IS NOT NULL OR cosine_similarity IS NOT NULL))
-"""
-
-
 def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, list[Advice]]:
     """Rank every compared golden node of every token of comparison `cmp_id` (nothing is stored)."""
     row = first_row(
@@ -205,7 +198,7 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
                 ios["side"] = (split.side_from, split.side_err, False, dtype)
     differ = inputs_differ(con, cmp_id)
     expect = quant_noise.quant_expectations(con, cmp_id)  # {} unless the test run is quantized
-    bounds_only = bool(first_row(con.execute(_BOUNDS_ONLY_SQL, [cmp_id, cmp_id])) == (True,))
+    bounds_only = judged_on_statistics_only(con, cmp_id)
     out: dict[int, list[Advice]] = {}
     for tok in sorted(per_token):
         if tok in differ:  # the runs were fed different tokens: nothing compares like with like
