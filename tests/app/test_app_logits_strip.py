@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from textual.widgets import Static
 
-from tests.app.test_app_pilot import ready, wait_for
+from tests.app.test_app_pilot import _text, ready, wait_for
 from tests.conftest import run_wb, tiny_llama
 from tests.fixtures.app_catalogs import SIZE
 from workbench.app.heatmap import HeatmapView
@@ -77,6 +78,13 @@ async def test_logits_strip_cells_label_hover_and_click(diverging_catalog: tuple
         await wait_for(pilot, lambda: screen.token == 1)
         assert "token 1: logits" in strip.cell(1).describe() and "inputs differ" in strip.cell(1).describe()  # type: ignore[union-attr]
         assert len(str(strip.render_text())) <= strip.content_size.width
+        # the status line and the detail's verdict say why no op is named there, not "none stands out"
+        differ = f"inputs differ (golden token id {g_ids[0]}, test token id {t_ids[0]})"
+        status, detail = screen.query_one("#status", Static), screen.query_one("#detail", Static)
+        await wait_for(pilot, lambda: f"token 1 {differ}" in str(status.render()))
+        assert "no op named" in str(status.render()) and "none stands out" not in str(status.render())
+        await wait_for(pilot, lambda: "token 1" in _text(detail) and "metric" in _text(detail))
+        assert f"token 1: {differ}: no op named" in " ".join(_text(detail).split()), _text(detail)
 
         x = 1 + len(LABEL) + 3 * strip.width_per_cell  # the cell of token 3
         await pilot.hover(strip, offset=(x, 0))

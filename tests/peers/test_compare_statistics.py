@@ -217,3 +217,47 @@ def test_advisor_on_statistics_dumps(tmp_path: Path, tool: str, weight: str) -> 
     for tok, r in firsts.items():
         assert _inside(con, r["golden_node"], weight.removeprefix("model.")), (tok, r, rows)
         assert r["score"] >= 3.0, r  # it stands out of its peers' noise
+
+
+@pytest.mark.parametrize("tool", [pytest.param("msit", marks=needs_msit), pytest.param("msprobe", marks=needs_msprobe)])
+def test_statistics_dumps_whose_tokens_diverge(tmp_path: Path, tool: str) -> None:
+    """A bf16 test run with a 40x down_proj weight generates other tokens than its fp32 golden run (it does not
+    follow them): the decode tokens' ids are read from the statistics of the embedding's one-element input
+    (max = min = the id), so `wb compare` says the inputs differ there and names no op. msprobe's module holding the
+    defect is where the error is born (its Functional.linear reads the bad weight as an input): the note under it
+    names that call, which scores high, not `inside its peers' noise`."""
+    golden_ids = stats_dumps.dump(tool, "stats", tmp_path / "golden")
+    test_ids = stats_dumps.dump(tool, "stats", tmp_path / "bad", bf16=True, weight="model.layers.0.mlp.down_proj=40")
+    assert golden_ids[0] != test_ids[0], "the planted defect should change the first generated token"
+    sub = "" if tool == "msit" else "dump"
+    out, con = stats_dumps.compare(tmp_path / "golden" / sub, tmp_path / "bad" / sub, tmp_path / "o")
+    said = f"token 1: inputs differ (golden token id {golden_ids[0]}, test token id {test_ids[0]})"
+    assert said in out and "[from the embedding input's statistics]" in out, out
+    assert "(token 1)" not in out and "(token 2)" not in out, out  # no op is named where the inputs differ
+    rows = con.execute("SELECT token_id, inputs_differ, source FROM token_status ORDER BY 1").fetchall()
+    assert rows == [(0, None, None), (1, True, "embedding statistics"), (2, True, "embedding statistics")], rows
+    assert stats_dumps.born(con) - {None} and all(
+        "layers.0.mlp.down_proj" in str(b) for b in stats_dumps.born(con) - {None}
+    )
+    assert "inside its peers' noise" not in out, out
+    if tool == "msprobe":
+        assert "most of it is added inside it, by Functional.linear." in out, out
+        html = tmp_path / "report.html"
+        proc = run_wb("report", str(tmp_path / "o" / "catalog.duckdb"), "-o", str(html))
+        assert proc.returncode == 0, proc.stderr
+        page = html.read_text(encoding="utf-8")
+        assert "most of it is added inside it, by Functional.linear." in page
+        assert f"none named: {said.removeprefix('token 1: ')}" in page
+
+
+@needs_msit
+def test_statistics_dumps_of_other_prompts(tmp_path: Path) -> None:
+    """Two msit statistics-only runs fed different prompts of the same length: the prefill's ids are not in the
+    statistics (max != min), but their statistics differ, so token 0's inputs differ and no op is named."""
+    stats_dumps.dump("msit", "stats", tmp_path / "golden")
+    stats_dumps.dump("msit", "stats", tmp_path / "other", prompt_seed=4)
+    out, con = stats_dumps.compare(tmp_path / "golden", tmp_path / "other", tmp_path / "o")
+    assert "token 0: inputs differ (the word embedding's input has " in out, out
+    assert "error born at" not in out, out
+    row = con.execute("SELECT inputs_differ, source, golden_input_id FROM token_status WHERE token_id = 0").fetchone()
+    assert row == (True, "embedding statistics", None), row

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from workbench.analysis.explorer.views import BORN_ADVISOR, BORN_PRECHECK, NodeTensors, PairDetail, PairRow, TensorDiff
-from workbench.core.advice import NO_PEERS, STANDS_OUT, born_in_noise, score_text
+from workbench.core.advice import NO_PEERS, STANDS_OUT, added_inside, born_in_noise, score_text
 from workbench.core.metrics import BY_NAME, METRICS, STAT_BOUND, STAT_KEYS
 from workbench.core.tokens import token_text
 
@@ -215,10 +215,17 @@ def _verdict(detail: PairDetail, styles: dict[str, str]) -> Text:
     elif detail.born_here:
         verdict.append("◆ error born here", style=f"bold {born_style}")
         verdict.append(f" at token {detail.token}: outputs fail while inputs pass")
-        if not detail.born_quantized and (note := born_in_noise(detail.born_score, detail.evidence)):
+        note = None
+        if not detail.born_quantized:
+            note = added_inside(detail.born_score, detail.born_inside_name, detail.born_inside_score) or born_in_noise(
+                detail.born_score, detail.evidence, detail.born_inside_score
+            )
+        if note:
             verdict.append(f"; {note}")
     elif detail.born_name:
         verdict.append(f"error born at: {detail.born_name} (token {detail.token})", style=born_style)
+    elif detail.inputs_differ:  # the pairs below compare different inputs: no verdict is drawn from them
+        verdict.append(f"token {detail.token}: {detail.inputs_differ}: no op named", style=styles.get("warn", "yellow"))
     elif any(p.passed is False for p in detail.pairs if p.io == "out"):  # failing, yet not where it is born
         verdict.append(f"token {detail.token}: no op where the error is born (none fails with passing inputs), none")
         verdict.append(" stands out of the noise")

@@ -496,6 +496,8 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
             if self.verdict.why == BORN_ADVISOR and self.verdict.score is not None:
                 born += f" (advisor score {score_text(self.verdict.score)})"
             return born
+        if self.verdict.inputs_differ:
+            return f"{self.verdict.inputs_differ}: no op named"
         if not self.status:
             return "…"
         # no op born: "nothing fails" only when nothing does (a run failing everywhere has no born op either)

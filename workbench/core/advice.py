@@ -20,13 +20,27 @@ def score_text(score: float) -> str:
 NO_PEERS = "for want of peers"
 
 
-def born_in_noise(score: float | None, evidence: str | None = None) -> str | None:
+def born_in_noise(score: float | None, evidence: str | None = None, inside: float | None = None) -> str | None:
     """What `wb compare`, the HTML report and the app add under an op whose outputs fail while its inputs pass, when
     the advisor scores it under `STANDS_OUT`: the thresholds caught it, but it adds no more than the same op
-    elsewhere. None where the advisor did not rank it, it stands out, or evidence (a precheck) says more."""
-    if score is None or score >= STANDS_OUT or evidence:
+    elsewhere. None where the advisor did not rank it, it or an op inside it (`inside`: the highest score there)
+    stands out, or evidence (a precheck) says more."""
+    if score is None or score >= STANDS_OUT or evidence or (inside is not None and inside >= STANDS_OUT):
         return None
     return (
         f"the advisor scores it {score:.1f} (under {STANDS_OUT:g}: inside its peers' noise), so the run's own "
         "rounding may be what crosses the thresholds here"
+    )
+
+
+def added_inside(score: float | None, inside_name: str | None, inside_score: float | None) -> str | None:
+    """What is said under a born op that does not stand out itself while an op inside it does: the advisor scores a
+    module only for the error none of its child ops explains, so a child adding it all leaves the module near 0."""
+    if inside_name is None or inside_score is None or inside_score < STANDS_OUT:
+        return None
+    if score is not None and score >= inside_score:
+        return None
+    return (
+        f"most of it is added inside it, by {inside_name}: the advisor scores that op {score_text(inside_score)} "
+        f"(>= {STANDS_OUT:g}: stands out)"
     )

@@ -54,6 +54,7 @@ from workbench.core.advice import NO_PEERS, STANDS_OUT
 from workbench.core.metrics import ALL_METRICS, BY_NAME, STAT_BOUND_JUDGED_AS, STAT_METRIC_NAMES
 
 if TYPE_CHECKING:
+    from workbench.analysis.verdicts.advisor import InsideOrigin
     from workbench.compare.pairing.fingerprint import MappingCheck
     from workbench.compare.pairing.mapping import MappingFile
 
@@ -384,7 +385,7 @@ class Explorer:
     def verdict(self, token: int) -> TokenVerdict:
         """The verdict at `token` (cached): the op where the error is born (its outputs fail while its inputs pass,
         or a precheck pinned a test op of it down), else the advisor's first op when it stands out of its peers'
-        noise, else nothing."""
+        noise, else nothing (saying why where the runs' inputs differ)."""
         with self._cache_lock:
             cached = self._verdicts.get(token)
         if cached is None:
@@ -393,7 +394,18 @@ class Explorer:
             if born_g is None and evidence is None:
                 born_g, score, evidence = self._standing_out(token)
                 why = BORN_ADVISOR if born_g is not None else None
-            cached = TokenVerdict(born_g, born_t, evidence, why, score)
+            inside = self._highest_inside(born_g, token) if why == BORN_FAILS and born_g is not None else None
+            differ = self._inputs_differ(token) if born_g is None else None
+            cached = TokenVerdict(
+                born_g,
+                born_t,
+                evidence,
+                why,
+                score,
+                inside.name if inside is not None else None,
+                inside.score if inside is not None else None,
+                differ,
+            )
             with self._cache_lock:
                 self._verdicts[token] = cached
         return cached
@@ -682,6 +694,9 @@ class Explorer:
             born_name is not None and born_name in self.quantized_linears(),
             is_lookup(born_type),
             born_g is not None and score is not None and self._scored_without_peers(born_g, token),
+            v.inside_name,
+            v.inside_score,
+            v.inputs_differ,
         )
 
     def _pair_rows(self, table: str, columns: list[str], pair_ids: list[int]) -> dict[int, tuple[Any, ...]]:
@@ -713,6 +728,25 @@ class Explorer:
             [self.info.cmp_id, token, golden_node_id],
         )
         return float(rows[0][0]) if rows and rows[0][0] is not None else None
+
+    def _inputs_differ(self, token: int) -> str | None:
+        """Why the runs' inputs differ at `token` (`token_status`), None where they do not or nobody knows."""
+        if not self._rows("SELECT 1 FROM duckdb_tables() WHERE table_name = 'token_status'"):
+            return None
+        rows = self._rows(
+            "SELECT reason FROM token_status WHERE cmp_id = ? AND token_id = ? AND inputs_differ",
+            [self.info.cmp_id, token],
+        )
+        return str(rows[0][0] or "inputs differ") if rows else None
+
+    def _highest_inside(self, golden_node_id: int, token: int) -> InsideOrigin | None:
+        from workbench.analysis.verdicts.advisor import highest_inside
+
+        cur = self._cur()
+        try:
+            return highest_inside(cur, self.info.cmp_id, {token: golden_node_id}).get(token)
+        finally:
+            cur.close()
 
     def _born_why(self, born_g: int | None, token: int, evidence: str | None) -> tuple[str | None, float | None]:
         """Why the verdict names `born_g` (`BORN_FAILS` / `BORN_PRECHECK`), and the advisor's score of it."""

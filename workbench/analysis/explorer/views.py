@@ -158,6 +158,10 @@ class TokenVerdict:
     evidence: str | None
     why: str | None  # BORN_FAILS, BORN_PRECHECK or BORN_ADVISOR
     score: float | None  # the advisor's score of `golden` at this token, if it ranked it
+    # the op the advisor scores highest inside `golden` (a module whose child op adds its error), and that score
+    inside_name: str | None = None
+    inside_score: float | None = None
+    inputs_differ: str | None = None  # why the runs' inputs differ at this token (`token_status`): no op is named
 
 
 @dataclass(slots=True)
@@ -183,6 +187,9 @@ class PairDetail:
     born_quantized: bool = False  # `born_name` is a quantized linear: its score is over its expected int8 rounding
     born_lookup: bool = False  # `born_name` is a lookup (a token embedding): its score is over one rounding
     born_peerless: bool = False  # the advisor found no peers for `born_name`: its score is over twice the rounding
+    born_inside_name: str | None = None  # the op the advisor scores highest inside `born_name` (`TokenVerdict`)
+    born_inside_score: float | None = None
+    inputs_differ: str | None = None  # `TokenVerdict.inputs_differ`
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from workbench.analysis.explorer.explore import Explorer
 from workbench.analysis.explorer.severity import LEVEL_EDGES, PASS_LEVELS, VERDICT
 from workbench.analysis.explorer.token_view import StripCell
 from workbench.analysis.explorer.views import BORN_ADVISOR, BORN_FAILS, ComparisonInfo, Heatmap, Side
-from workbench.core.advice import born_in_noise
+from workbench.core.advice import added_inside, born_in_noise
 from workbench.core.files import package_data
 from workbench.core.owned import check_replaceable
 
@@ -56,7 +56,7 @@ class ReportFacts:
     advice_note: str
     commands: list[tuple[str, str]]  # (what, command line)
     origins: dict[int, str] = field(default_factory=dict)  # token with no op born -> the advisor's op standing out
-    in_noise: dict[int, str] = field(default_factory=dict)  # token -> `born_in_noise`'s note on its failing op
+    born_notes: dict[int, str] = field(default_factory=dict)  # token -> `added_inside`'s or `born_in_noise`'s note
 
 
 def _e(value: object) -> str:
@@ -83,7 +83,7 @@ def collect(catalog: Path, cmp_id: int | None = None) -> ReportFacts:
         info = ex.info
         born: dict[int, tuple[str | None, str | None, str | None]] = {}
         origins: dict[int, str] = {}
-        in_noise: dict[int, str] = {}
+        born_notes: dict[int, str] = {}
         for tok in info.tokens:
             v = ex.verdict(tok)  # the app's verdict: the born op, else the advisor's op standing out, else none
             name = ex.node_name("golden", v.golden)
@@ -92,8 +92,9 @@ def collect(catalog: Path, cmp_id: int | None = None) -> ReportFacts:
                 origins[tok] = name
             else:
                 born[tok] = (name, ex.node_name("test", v.test), v.evidence)
-                if v.why == BORN_FAILS and (note := born_in_noise(v.score, v.evidence)):
-                    in_noise[tok] = note
+                note = added_inside(v.score, v.inside_name, v.inside_score) if v.why == BORN_FAILS else None
+                if v.why == BORN_FAILS and (note := note or born_in_noise(v.score, v.evidence, v.inside_score)):
+                    born_notes[tok] = note
         advice, note = ex.advice(top=ADVICE_TOP)
         return ReportFacts(
             catalog,
@@ -105,7 +106,7 @@ def collect(catalog: Path, cmp_id: int | None = None) -> ReportFacts:
             note,
             _commands(ex, catalog),
             origins,
-            in_noise,
+            born_notes,
         )
     finally:
         ex.close()
@@ -350,9 +351,11 @@ def _verdict_table(facts: ReportFacts) -> str:
         g, t, _ = facts.born.get(tok, (None, None, None))
         failing = tok in hm.tokens and bool(hm.failed[:, hm.tokens.index(tok)].any())
         if g:
-            born = _e(g) + (f"<br><small>{_e(facts.in_noise[tok])}</small>" if tok in facts.in_noise else "")
+            born = _e(g) + (f"<br><small>{_e(facts.born_notes[tok])}</small>" if tok in facts.born_notes else "")
         elif tok in facts.origins:
             born = _e(f"most likely origin: {facts.origins[tok]} (the advisor)")
+        elif c is not None and c.inputs_differ:
+            born = _e(f"none named: {c.inputs_reason or 'inputs differ'}")
         elif failing:  # a run failing everywhere (or a quantized one) has no born op either
             born = "none named: outputs fail, but no op is born there and none stands out of the noise"
         else:

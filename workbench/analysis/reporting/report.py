@@ -15,7 +15,7 @@ from workbench.analysis.reporting.summary import CompareResult
 from workbench.catalog import first_row
 from workbench.catalog.schema import MSIT_CSV_COLUMNS
 from workbench.catalog.store import registered
-from workbench.core.advice import born_in_noise
+from workbench.core.advice import added_inside, born_in_noise
 from workbench.core.output import report_line_sql
 from workbench.core.text import csv_safe
 from workbench.core.tokens import token_text
@@ -270,8 +270,13 @@ def format_summary(
             lines.append(f"error born at: {name} (token {tok}){suffix}")
             if tok in res.born_evidence:
                 lines.append(f"  {res.born_evidence[tok]}")
-            elif note := born_in_noise(res.born_score.get(tok)):
-                lines.append(f"  {note}")
+            else:
+                inside = res.born_inside.get(tok)
+                score, inside_name, inside_score = res.born_score.get(tok), None, None
+                if inside is not None:
+                    inside_name, inside_score = inside.name, inside.score
+                if note := added_inside(score, inside_name, inside_score) or born_in_noise(score, inside=inside_score):
+                    lines.append(f"  {note}")
             if name in res.explained and name not in explained:  # once per op, not once per token
                 explained.add(name)
                 lines.append(f"  {res.explained[name][0]}")

@@ -11,6 +11,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
+from workbench.analysis.verdicts.advisor import InsideOrigin, highest_inside
 from workbench.analysis.verdicts.causes import CAUSE_LEAD, cause_in
 from workbench.catalog import first_row
 from workbench.catalog.lookup import has_statistics_only_pairs
@@ -57,6 +58,8 @@ class CompareResult:
     born_test: dict[int, str | None] = field(default_factory=dict)
     born_evidence: dict[int, str] = field(default_factory=dict)
     born_score: dict[int, float] = field(default_factory=dict)  # token -> the advisor's score of its born op
+    # token -> the op the advisor scores highest inside the born op (a module whose child op adds its error)
+    born_inside: dict[int, InsideOrigin] = field(default_factory=dict)
     origins: dict[int, Origin] = field(default_factory=dict)  # the advisor's first op per token
     # ops standing out whose error a known cause explains: golden name -> (the cause, the tokens)
     explained: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
@@ -195,6 +198,15 @@ def summarize_comparison(
         [cmp_id],
     ).fetchall():
         res.born_score[int(tok)] = float(score)
+    born_nodes = {
+        int(t): int(g)
+        for t, g in con.execute(
+            f"SELECT b.token_id, b.golden_node_id FROM error_born b WHERE b.cmp_id = ?{tok_filter} "
+            "AND b.golden_node_id IS NOT NULL",
+            [cmp_id],
+        ).fetchall()
+    }
+    res.born_inside = highest_inside(con, cmp_id, born_nodes)
     for tok, gname, tname, score, reason, why in con.execute(
         "SELECT a.token_id, gn.name, tn.name, a.score, a.reason, a.evidence FROM advice a "
         "JOIN comparisons c USING (cmp_id) JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = a.golden_node_id "

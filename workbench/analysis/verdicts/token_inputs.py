@@ -1,8 +1,10 @@
 """Were both runs fed the same tokens? From the first token whose inputs differ on, nothing compares like with like.
 
 The ids each run was fed at each token come from, in this order: the ids our dumpers record in the manifest,
-the integer inputs of the word embedding in the dump, else the previous token's top-1 of each side (a run that
-did not follow the other's tokens and decodes greedily feeds its own top-1 back). `refresh_token_analysis`
+the integer inputs of the word embedding in the dump, the statistics a statistics-only dump recorded of that input
+(exact ids where max = min, as at every decode token; else only whether the inputs differ), else the previous
+token's top-1 of each side (a run that did not follow the other's tokens and decodes greedily feeds its own top-1
+back). `refresh_token_analysis`
 stores the logits rows and this status per token (`logits`, `token_status`), which `born.refresh_verdicts`
 applies: no op is named for a token whose inputs differ.
 """
@@ -10,6 +12,7 @@ applies: no op is named for a token whose inputs differ.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,24 +44,85 @@ def _run_meta(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
-def embedding_ids(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[int, list[int]]:
+@dataclass(frozen=True, slots=True)
+class EmbeddingInput:
+    """What a dump holds of the integer input of a token's word embedding: its ids (read from the file, or exact
+    from statistics whose max equals min), else only its recorded statistics."""
+
+    ids: list[int] | None
+    shape: tuple[int, ...] | None = None
+    stats: tuple[float | None, ...] = ()
+
+    @property
+    def source(self) -> str:
+        return "embedding" if not self.stats else "embedding statistics"
+
+
+# Statistics of the same ids computed by two runs may differ in the last bits (mean and norm are float
+# reductions); beyond this they come from different ids.
+_STAT_REL_TOL = 1e-6
+_STAT_NAMES = ("min", "max", "mean", "norm")
+
+
+def _number(value: Any) -> float | None:
+    if value is None:
+        return None
+    v = float(value)
+    return v if math.isfinite(v) else None
+
+
+def _from_statistics(shape: Any, numel: Any, stats: tuple[float | None, ...]) -> EmbeddingInput | None:
+    dims = tuple(int(d) for d in shape) if shape is not None else None
+    lo, hi = stats[0], stats[1]
+    if lo is None or hi is None:
+        return None
+    width = dims[-1] if dims else (int(numel) if numel is not None else None)
+    if lo == hi and lo.is_integer() and width is not None and width > 0:
+        return EmbeddingInput([int(lo)] * width, dims, stats)
+    return EmbeddingInput(None, dims, stats)
+
+
+def embedding_inputs(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[int, EmbeddingInput]:
     """Token -> the integer input of the run's word embedding (the first such node in execution order)."""
     rows = con.execute(
-        "SELECT t.token_id, n.name, n.type, t.path, t.dtype FROM tensors t "
-        "JOIN nodes n ON n.run_id = t.run_id AND n.node_id = t.node_id "
-        "WHERE t.run_id = ? AND t.io = 'in' AND t.path IS NOT NULL AND list_contains(?, t.dtype) "
+        "SELECT t.token_id, n.name, n.type, t.path, t.dtype, t.shape, t.numel, t.min, t.max, t.mean, t.norm "
+        "FROM tensors t JOIN nodes n ON n.run_id = t.run_id AND n.node_id = t.node_id "
+        "WHERE t.run_id = ? AND t.io = 'in' AND list_contains(?, t.dtype) "
         "ORDER BY t.token_id, n.exec_order NULLS LAST, t.idx",
         [run_id, sorted(INT_DTYPES)],
     ).fetchall()
-    out: dict[int, list[int]] = {}
-    for tok, name, typ, path, dtype in rows:
-        if int(tok) in out or str(dtype) not in INT_DTYPES or not is_embedding_node(str(name), typ):
+    out: dict[int, EmbeddingInput] = {}
+    for tok, name, typ, path, _dtype, shape, numel, *stats in rows:
+        if int(tok) in out or not is_embedding_node(str(name), typ):
             continue
-        try:
-            out[int(tok)] = read_ids(str(path))
-        except DumpError:
-            continue
+        found: EmbeddingInput | None = None
+        if path is not None:
+            try:
+                found = EmbeddingInput(read_ids(str(path)))
+            except DumpError:
+                found = None
+        if found is None:
+            found = _from_statistics(shape, numel, tuple(_number(v) for v in stats))
+        if found is not None:
+            out[int(tok)] = found
     return out
+
+
+def _statistics_differ(golden: EmbeddingInput, test: EmbeddingInput) -> str | None:
+    """How two embedding inputs known by their statistics differ (None: not by more than rounding, which does not
+    make them the same ids)."""
+    if golden.shape is not None and test.shape is not None and golden.shape != test.shape:
+        return f"shape {list(golden.shape)} vs {list(test.shape)}"
+    for name, a, b in zip(_STAT_NAMES, golden.stats, test.stats, strict=False):
+        if a is not None and b is not None and not math.isclose(a, b, rel_tol=_STAT_REL_TOL, abs_tol=0.0):
+            return f"the word embedding's input has {name} {a:g} vs {b:g}"
+    return None
+
+
+_SOURCE_NOTES = {
+    "top-1": " [from the previous token's top-1]",
+    "embedding statistics": " [from the embedding input's statistics]",
+}
 
 
 def _first_difference(golden: list[int], test: list[int]) -> tuple[int | None, int | None]:
@@ -78,8 +142,8 @@ def token_inputs(
         raise ValueError(f"no comparison {cmp_id} in the catalog")
     g_meta, t_meta = _run_meta(con, int(runs[0])), _run_meta(con, int(runs[1]))
     g_rec, t_rec = recorded_input_ids(g_meta), recorded_input_ids(t_meta)
-    g_emb: dict[int, list[int]] | None = None
-    t_emb: dict[int, list[int]] | None = None
+    g_emb: dict[int, EmbeddingInput] | None = None
+    t_emb: dict[int, EmbeddingInput] | None = None
     followed = follows(g_meta) or follows(t_meta)
     out: list[TokenInputs] = []
     since: int | None = None
@@ -87,26 +151,35 @@ def token_inputs(
         row = TokenInputs(tok)
         g_ids, t_ids = g_rec.get(tok), t_rec.get(tok)
         source = "manifest" if g_ids is not None and t_ids is not None else None
+        by_statistics: str | None = None
         if source is None:
             if g_emb is None or t_emb is None:
-                g_emb, t_emb = embedding_ids(con, int(runs[0])), embedding_ids(con, int(runs[1]))
-            g_ids = g_ids if g_ids is not None else g_emb.get(tok)
-            t_ids = t_ids if t_ids is not None else t_emb.get(tok)
-            source = "embedding" if g_ids is not None and t_ids is not None else None
+                g_emb, t_emb = embedding_inputs(con, int(runs[0])), embedding_inputs(con, int(runs[1]))
+            g_in, t_in = g_emb.get(tok), t_emb.get(tok)
+            g_ids = g_ids if g_ids is not None else (g_in.ids if g_in is not None else None)
+            t_ids = t_ids if t_ids is not None else (t_in.ids if t_in is not None else None)
+            if g_ids is not None and t_ids is not None:
+                source = "embedding"
+                if (g_in is not None and g_in.stats) or (t_in is not None and t_in.stats):
+                    source = "embedding statistics"
+            elif g_in is not None and t_in is not None and g_in.stats and t_in.stats:
+                by_statistics = _statistics_differ(g_in, t_in)
         if source is not None and g_ids is not None and t_ids is not None:
             row.source = source
             row.inputs_differ = g_ids != t_ids
             if row.inputs_differ:
                 row.golden_input_id, row.test_input_id = _first_difference(g_ids, t_ids)
+        elif by_statistics is not None:
+            row.source = "embedding statistics"
+            row.inputs_differ = True
         elif not followed and (prev := logits.get(tok - 1)) is not None and prev.top1_agree is not None:
             row.source = "top-1"
             row.inputs_differ = not prev.top1_agree
             if row.inputs_differ:
                 row.golden_input_id, row.test_input_id = prev.golden_top1, prev.test_top1
         if row.inputs_differ:
-            row.reason = f"inputs differ (golden token id {row.golden_input_id}, test token id {row.test_input_id})" + (
-                " [from the previous token's top-1]" if row.source == "top-1" else ""
-            )
+            what = by_statistics or f"golden token id {row.golden_input_id}, test token id {row.test_input_id}"
+            row.reason = f"inputs differ ({what}){_SOURCE_NOTES.get(row.source or '', '')}"
             since = tok if since is None else since
         elif since is not None:
             row.inputs_differ = True
