@@ -14,7 +14,7 @@ import pytest
 from textual.widgets import Static
 
 from bench import advisor_defects
-from tests.app.test_app_pilot import _text, ready, wait_for
+from tests.app.test_app_pilot import _text, ready, trees, wait_for
 from tests.conftest import run_wb
 from tests.fixtures.app_catalogs import SIZE
 from workbench.analysis.explorer.explore import Explorer
@@ -177,6 +177,16 @@ async def test_app_heatmap_and_legend_on_a_statistics_only_catalog(stats_overflo
         bound = next(line for line in text.splitlines() if line.startswith("rel euclid >="))
         assert bound.split()[3:5] == ["nan", "✗"], text
         assert "max rel diff" in text and "cosine" not in text, text
+        # `a` colours the trees by the error each op adds: the difference of its bounds (it drew nothing here)
+        golden, _ = trees(screen)
+        await pilot.press("a")
+        await wait_for(pilot, lambda: golden.color_by_added)
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+        added = {g: st.added_error for g, st in screen.status.items()}
+        finite = [g for g, a in added.items() if a is not None and math.isfinite(a)]
+        assert len(finite) >= 10, added  # those before the overflow (after it the bounds are NaN)
+        assert any(golden._signature(golden.rows[g])[1] >= 0 for g in finite if g in golden.rows)
 
 
 def test_a_version_1_catalog_is_read_as_is_and_upgraded_by_a_write(

@@ -42,8 +42,11 @@ SELECT
     max(x.max_relative_error) FILTER (WHERE m.io = 'out')                    AS max_rel_err,
     max(x.mean_relative_error) FILTER (WHERE m.io = 'out')                   AS mean_rel_err,
     max(x.relative_euclidean_distance) FILTER (WHERE m.io = 'in')            AS in_rel_euclid,
-    max(x.relative_euclidean_distance) FILTER (WHERE m.io = 'out')
-        - coalesce(max(x.relative_euclidean_distance) FILTER (WHERE m.io = 'in'), 0) AS added_error,
+    -- statistics-only pairs: the same difference of their bounds (what the advisor reads too)
+    coalesce(max(x.relative_euclidean_distance) FILTER (WHERE m.io = 'out'),
+             max({stat_bound}) FILTER (WHERE m.io = 'out'))
+        - coalesce(max(x.relative_euclidean_distance) FILTER (WHERE m.io = 'in'),
+                   max({stat_bound}) FILTER (WHERE m.io = 'in'), 0)          AS added_error,
     -- NaN/Inf that one side has and the other lacks (an attention mask's -inf on both sides is no anomaly)
     -- (statistics-only pairs: a NaN bound, NaN/Inf statistics on one side)
     bool_or(coalesce(x.my_nan_count, 0) <> coalesce(x.golden_nan_count, 0)
