@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from workbench.analysis.explorer.views import BORN_ADVISOR, BORN_PRECHECK, NodeTensors, PairDetail, PairRow, TensorDiff
+from workbench.analysis.verdicts.born import INPUTS_UNCHECKED
 from workbench.core.advice import NO_PEERS, STANDS_OUT, added_inside, born_in_noise, score_text
 from workbench.core.metrics import BY_NAME, METRICS, STAT_BOUND, STAT_KEYS
 from workbench.core.tokens import token_text
@@ -214,7 +215,10 @@ def _verdict(detail: PairDetail, styles: dict[str, str]) -> Text:
         )
     elif detail.born_here:
         verdict.append("◆ error born here", style=f"bold {born_style}")
-        verdict.append(f" at token {detail.token}: outputs fail while inputs pass")
+        if detail.born_inputs_unchecked:
+            verdict.append(f" at token {detail.token}: outputs fail; {INPUTS_UNCHECKED}")
+        else:
+            verdict.append(f" at token {detail.token}: outputs fail while inputs pass")
         note = None
         if not detail.born_quantized:
             note = added_inside(detail.born_score, detail.born_inside_name, detail.born_inside_score) or born_in_noise(

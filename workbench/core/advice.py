@@ -44,3 +44,11 @@ def added_inside(score: float | None, inside_name: str | None, inside_score: flo
         f"most of it is added inside it, by {inside_name}: the advisor scores that op {score_text(inside_score)} "
         f"(>= {STANDS_OUT:g}: stands out)"
     )
+
+
+def elsewhere(name: str, score: float, token: int) -> str:
+    """What follows `born_in_noise`'s note where the advisor's first op at that token is another op that stands out."""
+    return (
+        f"the advisor's most likely origin here is {name} (score {score_text(score)}, >= {STANDS_OUT:g}: stands out; "
+        f"`wb advise -t {token}`)"
+    )

@@ -396,6 +396,7 @@ class Explorer:
                 why = BORN_ADVISOR if born_g is not None else None
             inside = self._highest_inside(born_g, token) if why == BORN_FAILS and born_g is not None else None
             differ = self._inputs_differ(token) if born_g is None else None
+            unchecked = why == BORN_FAILS and born_g is not None and self._inputs_unchecked(born_g, token)
             cached = TokenVerdict(
                 born_g,
                 born_t,
@@ -405,6 +406,7 @@ class Explorer:
                 inside.name if inside is not None else None,
                 inside.score if inside is not None else None,
                 differ,
+                unchecked,
             )
             with self._cache_lock:
                 self._verdicts[token] = cached
@@ -697,6 +699,7 @@ class Explorer:
             v.inside_name,
             v.inside_score,
             v.inputs_differ,
+            v.inputs_unchecked,
         )
 
     def _pair_rows(self, table: str, columns: list[str], pair_ids: list[int]) -> dict[int, tuple[Any, ...]]:
@@ -738,6 +741,15 @@ class Explorer:
             [self.info.cmp_id, token],
         )
         return str(rows[0][0] or "inputs differ") if rows else None
+
+    def _inputs_unchecked(self, golden_node_id: int, token: int) -> bool:
+        from workbench.analysis.verdicts.born import inputs_unchecked
+
+        cur = self._cur()
+        try:
+            return token in inputs_unchecked(cur, self.info.cmp_id, {token: golden_node_id})
+        finally:
+            cur.close()
 
     def _highest_inside(self, golden_node_id: int, token: int) -> InsideOrigin | None:
         from workbench.analysis.verdicts.advisor import highest_inside

@@ -162,6 +162,7 @@ class TokenVerdict:
     inside_name: str | None = None
     inside_score: float | None = None
     inputs_differ: str | None = None  # why the runs' inputs differ at this token (`token_status`): no op is named
+    inputs_unchecked: bool = False  # `golden` fails with no input judged (`analysis.verdicts.born.inputs_unchecked`)
 
 
 @dataclass(slots=True)
@@ -190,6 +191,7 @@ class PairDetail:
     born_inside_name: str | None = None  # the op the advisor scores highest inside `born_name` (`TokenVerdict`)
     born_inside_score: float | None = None
     inputs_differ: str | None = None  # `TokenVerdict.inputs_differ`
+    born_inputs_unchecked: bool = False  # `TokenVerdict.inputs_unchecked`
 
 
 @dataclass(frozen=True, slots=True)

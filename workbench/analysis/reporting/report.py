@@ -12,10 +12,11 @@ import duckdb
 import numpy as np
 
 from workbench.analysis.reporting.summary import CompareResult
+from workbench.analysis.verdicts.born import INPUTS_UNCHECKED
 from workbench.catalog import first_row
 from workbench.catalog.schema import MSIT_CSV_COLUMNS
 from workbench.catalog.store import registered
-from workbench.core.advice import added_inside, born_in_noise
+from workbench.core.advice import added_inside, born_in_noise, elsewhere
 from workbench.core.output import report_line_sql
 from workbench.core.text import csv_safe
 from workbench.core.tokens import token_text
@@ -239,6 +240,7 @@ def format_summary(
     if res.first_failing_token is not None:
         lines.append(f"first token with an error born: {res.first_failing_token}")
     explained: set[str] = set()
+    unchecked: set[str] = set()  # born ops whose inputs were not judged, said once
     for tok in sorted(res.born.keys() | inputs_differ.keys()):
         name = res.born.get(tok)
         origin = res.origins.get(tok)
@@ -268,6 +270,9 @@ def format_summary(
             test_name = res.born_test.get(tok)
             suffix = f"  [test op: {test_name}]" if test_name and test_name != name else ""
             lines.append(f"error born at: {name} (token {tok}){suffix}")
+            if tok in res.born_inputs_unchecked and name not in unchecked:  # once per op, not once per token
+                unchecked.add(name)
+                lines.append(f"  {INPUTS_UNCHECKED}")
             if tok in res.born_evidence:
                 lines.append(f"  {res.born_evidence[tok]}")
             else:
@@ -275,8 +280,12 @@ def format_summary(
                 score, inside_name, inside_score = res.born_score.get(tok), None, None
                 if inside is not None:
                     inside_name, inside_score = inside.name, inside.score
-                if note := added_inside(score, inside_name, inside_score) or born_in_noise(score, inside=inside_score):
+                if note := added_inside(score, inside_name, inside_score):
                     lines.append(f"  {note}")
+                elif note := born_in_noise(score, inside=inside_score):
+                    lines.append(f"  {note}")
+                    if origin is not None and origin.stands_out and origin.golden_node != name:
+                        lines.append(f"  {elsewhere(origin.golden_node, origin.score, tok)}")
             if name in res.explained and name not in explained:  # once per op, not once per token
                 explained.add(name)
                 lines.append(f"  {res.explained[name][0]}")

@@ -12,6 +12,7 @@ import duckdb
 import numpy as np
 
 from workbench.analysis.verdicts.advisor import InsideOrigin, highest_inside
+from workbench.analysis.verdicts.born import inputs_unchecked
 from workbench.analysis.verdicts.causes import CAUSE_LEAD, cause_in
 from workbench.catalog import first_row
 from workbench.catalog.lookup import has_statistics_only_pairs
@@ -60,6 +61,7 @@ class CompareResult:
     born_score: dict[int, float] = field(default_factory=dict)  # token -> the advisor's score of its born op
     # token -> the op the advisor scores highest inside the born op (a module whose child op adds its error)
     born_inside: dict[int, InsideOrigin] = field(default_factory=dict)
+    born_inputs_unchecked: set[int] = field(default_factory=set)  # tokens whose born op had no input judged
     origins: dict[int, Origin] = field(default_factory=dict)  # the advisor's first op per token
     # ops standing out whose error a known cause explains: golden name -> (the cause, the tokens)
     explained: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
@@ -207,6 +209,7 @@ def summarize_comparison(
         ).fetchall()
     }
     res.born_inside = highest_inside(con, cmp_id, born_nodes)
+    res.born_inputs_unchecked = inputs_unchecked(con, cmp_id, born_nodes)
     for tok, gname, tname, score, reason, why in con.execute(
         "SELECT a.token_id, gn.name, tn.name, a.score, a.reason, a.evidence FROM advice a "
         "JOIN comparisons c USING (cmp_id) JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = a.golden_node_id "

@@ -211,7 +211,7 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
             if other is not None and nodes[r.node_id].type and other != nodes[r.node_id].type:
                 r.test_type = other
             r.bounds_only = bounds_only
-        ranked = _rank(rows, nodes, {g: e for (t, g), e in expect.items() if t == tok})
+        ranked = _rank(rows, nodes, {g: e for (t, g), e in expect.items() if t == tok}, run_dtype)
         out[tok] = [
             Advice(
                 rank=i + 1,
@@ -625,7 +625,10 @@ def _short(name: str) -> str:
 
 
 def _rank(
-    rows: dict[int, _Row], nodes: dict[int, _Node], quant: dict[int, quant_noise.QuantExpect] | None = None
+    rows: dict[int, _Row],
+    nodes: dict[int, _Node],
+    quant: dict[int, quant_noise.QuantExpect] | None = None,
+    run_dtype: str | None = None,
 ) -> list[_Row]:
     for r in rows.values():
         i = r.in_err or 0.0
@@ -705,7 +708,7 @@ def _rank(
         r.nan_inf_born = r.new_nan_inf and not r.in_nan_inf and gid not in nan_inf_below
         if r.nan_inf_born:
             r.score = NAN_INF_SCORE
-        r.cause = known_cause(node.type, r.dtype) if _stands_out_alone(r) else None
+        r.cause = _known_cause_of(gid, nodes, r.dtype, run_dtype) if _stands_out_alone(r) else None
         if quant and gid in quant and not r.nan_inf_born:  # a quantized op: its own noise is the reference
             r.quant = True
             r.ref, score, r.peer_label, r.cause = quant_noise.judge(quant[gid], r.own, max(floor, carried))
@@ -779,6 +782,17 @@ def _carried_causes(rows: dict[int, _Row], nodes: dict[int, _Node], by_pattern: 
             + "the other layers' inputs carry more error than their outputs and hide what they add"
         )
         r.reason = _reason(r, nodes)
+
+
+def _known_cause_of(gid: int, nodes: dict[int, _Node], dtype: str | None, run_dtype: str | None) -> str | None:
+    """`known_cause` of an op, else of the module it runs inside, in the run's dtype: msprobe dumps the calls inside
+    a rotary embedding (`Tensor.sin`, `Tensor.cos`), computed in float32 from the `inv_freq` the run's dtype rounded."""
+    cause = known_cause(nodes[gid].type, dtype)
+    p = nodes[gid].parent_id
+    while cause is None and p is not None and p in nodes:
+        cause = known_cause(nodes[p].type, run_dtype)
+        p = nodes[p].parent_id
+    return cause
 
 
 def _ancestors(gid: int, nodes: dict[int, _Node]) -> set[int]:

@@ -10,6 +10,7 @@ no cause explains: that one is the defect the user is after.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -127,6 +128,33 @@ def refresh_verdicts(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, i
     return {t: g for t, (g, _t) in verdicts.items()}
 
 
+# What `wb compare`, the HTML report and the app say under an op named `error born at` none of whose inputs was
+# judged (a dump of outputs only: msit `tensor_part=1`, msprobe `data_mode: ["output"]`): "inputs pass" is unchecked.
+INPUTS_UNCHECKED = (
+    "no input of it was dumped (or compared): 'inputs pass' rests on what ran just before it (an output that "
+    "passes, or the enclosing module's inputs), as data flows in the order the ops ran"
+)
+
+
+def _unjudged_inputs(con: duckdb.DuckDBPyConnection, cmp_id: int, nodes: list[tuple[int, int]]) -> set[tuple[int, int]]:
+    """The (token, golden node)s of `nodes` that have no input pair judged pass or fail."""
+    if not nodes:
+        return set()
+    rows = con.execute(
+        "SELECT b.token_id, b.node_id FROM (SELECT unnest(?) AS token_id, unnest(?) AS node_id) b WHERE NOT EXISTS ("
+        "  SELECT 1 FROM matches m JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id "
+        "  WHERE m.cmp_id = ? AND m.token_id = b.token_id AND m.golden_node_id = b.node_id AND m.io = 'in' "
+        "  AND x.passed IS NOT NULL)",
+        [[t for t, _ in nodes], [g for _, g in nodes], cmp_id],
+    ).fetchall()
+    return {(int(t), int(g)) for t, g in rows}
+
+
+def inputs_unchecked(con: duckdb.DuckDBPyConnection, cmp_id: int, born: dict[int, int]) -> set[int]:
+    """The tokens of `born` (token -> golden node) whose node has no input pair judged pass or fail."""
+    return {t for t, _ in _unjudged_inputs(con, cmp_id, list(born.items()))}
+
+
 def _born_unexplained(cands: list[tuple[int, int | None]], advice: list[Advice]) -> tuple[int | None, int | None]:
     """The earliest candidate whose error no known cause explains (the advisor's `cause`). When every candidate is
     explained: none if the advisor's first op stands out unexplained (it names that one), else the earliest."""
@@ -146,11 +174,13 @@ def _born_candidates(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, l
     golden_run = int(golden_run_row[0])
     parent: dict[int, int | None] = {}
     order: dict[int, tuple[int, int]] = {}
-    for nid, pid, eo in con.execute(
-        "SELECT node_id, parent_id, exec_order FROM nodes WHERE run_id = ?", [golden_run]
+    ends: dict[int, int] = {}
+    for nid, pid, eo, end in con.execute(
+        "SELECT node_id, parent_id, exec_order, end_order FROM nodes WHERE run_id = ?", [golden_run]
     ).fetchall():
         parent[int(nid)] = None if pid is None else int(pid)
         order[int(nid)] = (int(eo) if eo is not None else 1 << 30, int(nid))
+        ends[int(nid)] = int(end) if end is not None else order[int(nid)][0]
     tokens = [
         int(t)
         for (t,) in con.execute(
@@ -162,6 +192,11 @@ def _born_candidates(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, l
         "SELECT token_id, golden_node_id, test_node_id FROM node_results WHERE cmp_id = ? AND born", [cmp_id]
     ).fetchall():
         candidates[int(tok)].append((int(gid), None if tid is None else int(tid)))
+    unjudged = _unjudged_inputs(con, cmp_id, [(t, g) for t, cs in candidates.items() for g, _ in cs])
+    if unjudged:
+        failing_before = _failing_stand_ins(con, cmp_id, unjudged, parent, order, ends)
+        for tok in {t for t, _ in failing_before}:
+            candidates[tok] = [c for c in candidates[tok] if (tok, c[0]) not in failing_before]
     out: dict[int, list[tuple[int, int | None]]] = {}
     for tok in tokens:
         cands = candidates.get(tok, [])
@@ -179,6 +214,53 @@ def _born_candidates(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, l
                 seen += 1
         deepest = [(g, t) for g, t in cands if g not in has_child_candidate]
         out[tok] = sorted(deepest, key=lambda c: order.get(c[0], (1 << 30, c[0])))
+    return out
+
+
+def _failing_stand_ins(
+    con: duckdb.DuckDBPyConnection,
+    cmp_id: int,
+    unjudged: set[tuple[int, int]],
+    parent: dict[int, int | None],
+    order: dict[int, tuple[int, int]],
+    ends: dict[int, int],
+) -> set[tuple[int, int]]:
+    """The (token, node)s of `unjudged` (outputs fail, no input judged) whose stand-in input fails: as the advisor
+    reads it, the output of the op that completed last before the node started, or the inputs of its enclosing
+    module where that module started later (data flows in execution order)."""
+    tokens = sorted({t for t, _ in unjudged})
+    done: dict[int, list[tuple[int, int, int]]] = defaultdict(list)  # token -> (end, start, node) judged outputs
+    passed: dict[tuple[int, int], bool] = {}
+    inputs_pass: dict[tuple[int, int], bool] = {}  # nodes whose inputs were judged: whether they pass
+    for tok, gid, ok, in_pairs, in_ok in con.execute(
+        "SELECT token_id, golden_node_id, passed, in_pairs, inputs_passed FROM node_results "
+        "WHERE cmp_id = ? AND list_contains(?, token_id)",
+        [cmp_id, tokens],
+    ).fetchall():
+        key = (int(tok), int(gid))
+        if ok is not None and int(gid) in ends:
+            done[int(tok)].append((ends[int(gid)], order[int(gid)][0], int(gid)))
+            passed[key] = bool(ok)
+        if in_pairs and in_ok is not None:
+            inputs_pass[key] = bool(in_ok)
+    for items in done.values():
+        items.sort()
+    out: set[tuple[int, int]] = set()
+    for tok, gid in unjudged:
+        start = order.get(gid, (1 << 30, gid))[0]
+        items = done.get(tok, [])
+        k = bisect.bisect_left(items, (start, -1, -1)) - 1
+        before = items[k] if k >= 0 else None
+        fails = before is not None and not passed[(tok, before[2])]
+        anc = parent.get(gid)
+        while anc is not None:
+            if (tok, anc) in inputs_pass:
+                if before is None or order[anc][0] > before[0]:
+                    fails = not inputs_pass[(tok, anc)]
+                break
+            anc = parent.get(anc)
+        if fails:
+            out.add((tok, gid))
     return out
 
 
