@@ -54,7 +54,7 @@ from workbench.core.advice import NO_PEERS, STANDS_OUT
 from workbench.core.metrics import ALL_METRICS, BY_NAME, STAT_BOUND_JUDGED_AS, STAT_METRIC_NAMES
 
 if TYPE_CHECKING:
-    from workbench.analysis.verdicts.advisor import InsideOrigin
+    from workbench.catalog.lookup import InsideOrigin
     from workbench.compare.pairing.fingerprint import MappingCheck
     from workbench.compare.pairing.mapping import MappingFile
 
@@ -752,7 +752,7 @@ class Explorer:
             cur.close()
 
     def _highest_inside(self, golden_node_id: int, token: int) -> InsideOrigin | None:
-        from workbench.analysis.verdicts.advisor import highest_inside
+        from workbench.catalog.lookup import highest_inside
 
         cur = self._cur()
         try:

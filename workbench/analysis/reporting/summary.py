@@ -11,11 +11,10 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from workbench.analysis.verdicts.advisor import InsideOrigin, highest_inside
 from workbench.analysis.verdicts.born import inputs_unchecked
 from workbench.analysis.verdicts.causes import CAUSE_LEAD, cause_in
 from workbench.catalog import first_row
-from workbench.catalog.lookup import has_statistics_only_pairs
+from workbench.catalog.lookup import InsideOrigin, has_statistics_only_pairs, highest_inside
 from workbench.catalog.store import registered
 from workbench.compare.pairing.fingerprint import MappingCheck
 from workbench.compare.pairing.frames import RunFrames, TensorPairs

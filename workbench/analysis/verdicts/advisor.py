@@ -334,43 +334,6 @@ def advice_evidence(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, st
     }
 
 
-@dataclass(frozen=True, slots=True)
-class InsideOrigin:
-    """The op the advisor scores highest inside a node at a token: where a module's error was added when its own
-    score (what none of its child ops explains) is low."""
-
-    golden_node_id: int
-    name: str
-    score: float
-
-
-def highest_inside(
-    con: duckdb.DuckDBPyConnection, cmp_id: int, nodes_by_token: dict[int, int]
-) -> dict[int, InsideOrigin]:
-    """token -> the highest-scored op strictly inside the given golden node at that token (none where no op inside
-    it was ranked)."""
-    if not nodes_by_token or not _has_table(con, "advice"):
-        return {}
-    rows = con.execute(
-        "WITH RECURSIVE sub(token_id, node_id) AS ("
-        "  SELECT n.token_id, c.node_id FROM (SELECT unnest(?) AS token_id, unnest(?) AS node_id) n "
-        "  JOIN comparisons cm ON cm.cmp_id = ? JOIN nodes c ON c.run_id = cm.golden_run AND c.parent_id = n.node_id "
-        "  UNION ALL "
-        "  SELECT s.token_id, c.node_id FROM sub s JOIN comparisons cm ON cm.cmp_id = ? "
-        "  JOIN nodes c ON c.run_id = cm.golden_run AND c.parent_id = s.node_id) "
-        "SELECT a.token_id, a.golden_node_id, n.name, a.score FROM advice a "
-        "JOIN sub s ON s.token_id = a.token_id AND s.node_id = a.golden_node_id "
-        "JOIN comparisons cm ON cm.cmp_id = a.cmp_id "
-        "JOIN nodes n ON n.run_id = cm.golden_run AND n.node_id = a.golden_node_id "
-        "WHERE a.cmp_id = ? AND a.score IS NOT NULL ORDER BY a.token_id, a.score DESC, a.rank",
-        [list(nodes_by_token), list(nodes_by_token.values()), cmp_id, cmp_id, cmp_id],
-    ).fetchall()
-    out: dict[int, InsideOrigin] = {}
-    for tok, gid, name, score in rows:
-        out.setdefault(int(tok), InsideOrigin(int(gid), str(name), float(score)))
-    return out
-
-
 # ----------------------------------------------------------------------------------------------
 
 
