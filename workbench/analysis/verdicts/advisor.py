@@ -37,7 +37,7 @@ from typing import Any
 import duckdb
 
 from workbench.analysis.verdicts import quant_noise
-from workbench.analysis.verdicts.causes import CAUSE_LEAD, ROUNDING, cause_in, is_lookup, known_cause
+from workbench.analysis.verdicts.causes import CAUSE_LEAD, ROUNDING, cause_in, error_gain, is_lookup, known_cause
 from workbench.catalog.lookup import judged_on_statistics_only
 from workbench.catalog.store import first_row, insert_rows
 from workbench.core.advice import NAN_INF_SCORE, NO_PEERS, STANDS_OUT
@@ -658,10 +658,14 @@ def _rank(
         if q_below.get(gid, 0.0) > ref:  # a module holding quantized ops: their noise adds up in it
             ref = q_below[gid]
             label = f"the int8 rounding its quantized ops are expected to add ({ref:.3g})"
-        carried = GAIN_NOISE * (r.in_err or 0.0)
+        # the error an op passes on comes out at gain x what came in, give or take GAIN_NOISE; measured as added
+        # (in quadrature) that is sqrt(gain^2 - 1 + GAIN_NOISE^2) x the input's (GAIN_NOISE for a gain of 1)
+        gain = error_gain(node.type)
+        carried = math.sqrt(gain * gain - 1.0 + GAIN_NOISE * GAIN_NOISE) * (r.in_err or 0.0)
         if carried > ref:
+            what = "an op" if gain == 1.0 else f"an op multiplying a relative error by {gain:g}"
             label = (
-                f"what an op passing on input error {r.in_err or 0.0:.3g} may add ({carried:.3g}; "
+                f"what {what} passing on input error {r.in_err or 0.0:.3g} may add ({carried:.3g}; "
                 f"{label.removeprefix('what ').replace(' adds', f' adds {ref:.3g}', 1)})"
             )
             ref = carried

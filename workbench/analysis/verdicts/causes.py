@@ -39,6 +39,17 @@ def cause_in(reason: str) -> str | None:
     return reason[at + 2 :] if at >= 0 else None
 
 
+# Ops whose output carries a multiple of their input's relative error by what they compute: `x.pow(2)` (the variance
+# in every RMSNorm, dumped by msprobe's API level) doubles it. Keyed by the call's name without its namespace.
+_ERROR_GAIN = {"pow": 2.0}
+
+
+def error_gain(op_type: str | None) -> float:
+    """The factor an op of this type multiplies its input's relative error by, doing nothing wrong (1 for most)."""
+    name = (op_type or "").rsplit(".", 1)[-1].lower()
+    return _ERROR_GAIN.get(name, 1.0)
+
+
 LOOKUP_TYPES = frozenset(("embedding", "gatheroperation", "gather", "gatherv2"))  # torch and msprobe, ATB, GE
 
 

@@ -1,0 +1,74 @@
+"""The advisor on msprobe's API-level dumps (`level: mix`: modules and the torch calls inside them), bf16 test vs
+fp32 golden, real dumps by msprobe's `PrecisionDebugger`. Two things of such dumps misled it: the rotary module's
+`Tensor.sin`/`Tensor.cos`, computed in float32 from the `inv_freq` that `model.to(bfloat16)` rounded, stood out at
+every decode token (named `error born at` there, above the planted op); and an RMSNorm's `x.pow(2)`, which doubles
+the relative error it is fed, stood out of its peers in a clean run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_wb
+from tests.fixtures import stats_dumps
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("msprobe") is None, reason="msprobe not installed")
+CAUSE = "likely cause: the rotary embedding's inv_freq held in bfloat16"
+
+
+def _firsts(catalog: Path) -> dict[int, dict[str, object]]:
+    proc = run_wb("advise", "-c", str(catalog), "-k", "1", "-f", "json")
+    assert proc.returncode == 0, proc.stderr
+    return {int(r["token_id"]): r for r in json.loads(proc.stdout)}
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
+    base = tmp_path_factory.mktemp("msprobe_mix")
+    tokens = stats_dumps.dump("msprobe", "full", base / "golden")
+    return base, tokens
+
+
+@pytest.mark.parametrize(
+    ("weight", "inside"),
+    [
+        ("model.layers.1.mlp.down_proj", "layers.1.mlp.down_proj"),
+        ("model.layers.1.post_attention_layernorm", "layers.1.post_attention_layernorm"),
+    ],
+)
+def test_a_planted_weight_is_named_at_every_token(dumps: tuple[Path, list[int]], weight: str, inside: str) -> None:
+    base, tokens = dumps
+    test = base / weight
+    stats_dumps.dump("msprobe", "full", test, bf16=True, forced=tokens, weight=f"{weight}=1.03")
+    out, con = stats_dumps.compare(base / "golden" / "dump", test / "dump", test / "o")
+    born = [
+        str(r[0])
+        for r in con.execute(
+            "SELECT n.name FROM error_born e JOIN nodes n ON n.run_id = 1 AND n.node_id = e.golden_node_id "
+            "ORDER BY e.token_id"
+        ).fetchall()
+    ]
+    con.close()
+    assert len(born) == len(tokens) and all(inside in b for b in born), (born, out)
+    assert f"also standing out, explained: Tensor.sin.0.forward (tokens 0-{len(tokens) - 1}): {CAUSE}" in out, out
+    firsts = _firsts(test / "o" / "catalog.duckdb")
+    assert len(firsts) == len(tokens)
+    for tok, first in firsts.items():  # the planted module's own call (its Functional.linear, its weight's mul)
+        assert float(first["score"]) >= 3.0 and "sin" not in str(first["golden_node"]), (tok, first)
+
+
+def test_a_clean_run_names_only_the_rounded_rotary_tables(dumps: tuple[Path, list[int]]) -> None:
+    base, tokens = dumps
+    clean = base / "clean"
+    stats_dumps.dump("msprobe", "full", clean, bf16=True, forced=tokens)
+    out, con = stats_dumps.compare(base / "golden" / "dump", clean / "dump", clean / "o")
+    named = {str(b) for b in stats_dumps.born(con) - {None}}
+    con.close()
+    assert named <= {"Tensor.sin.0.forward", "Tensor.cos.0.forward"}, out
+    for tok, first in _firsts(clean / "o" / "catalog.duckdb").items():
+        standing = float(first["score"]) >= 3.0
+        assert not standing or CAUSE in str(first["reason"]), (tok, first)  # no pow, no norm: only the known cause
+    assert "Tensor.pow" not in out, out
