@@ -44,12 +44,19 @@ def test_an_op_born_with_no_input_dumped_says_its_inputs_are_unchecked(tmp_path:
         assert verdict.golden is not None and verdict.inputs_unchecked
         detail = ex.pair_detail(verdict.golden, 0)
         assert detail.born_inputs_unchecked and not any(p.io == "in" for p in detail.pairs)
+        if tool == "msprobe":  # the detail pane names the advisor's origin beside the op born in the noise
+            assert detail.origin_name == verdict.origin_name == "Module.model.layers.1.mlp.LlamaMLP.forward"
+            assert detail.origin_score is not None and detail.origin_score >= 3.0
+        else:
+            assert verdict.origin_name is None
     finally:
         ex.close()
     report = tmp_path / "report.html"
     proc = run_wb("report", str(catalog), "-o", str(report))
     assert proc.returncode == 0, proc.stderr
-    assert html.escape(INPUTS_UNCHECKED) in report.read_text(encoding="utf-8")
+    page = report.read_text(encoding="utf-8")
+    assert html.escape(INPUTS_UNCHECKED) in page
+    assert (html.escape("the advisor's most likely origin here is") in page) == (tool == "msprobe")
 
 
 @pytest.mark.parametrize("tool", [pytest.param("msit", marks=needs_msit), pytest.param("msprobe", marks=needs_msprobe)])

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from workbench.analysis.explorer.views import BORN_ADVISOR, BORN_PRECHECK, NodeTensors, PairDetail, PairRow, TensorDiff
 from workbench.analysis.verdicts.born import INPUTS_UNCHECKED
-from workbench.core.advice import NO_PEERS, STANDS_OUT, added_inside, born_in_noise, score_text
+from workbench.core.advice import NO_PEERS, STANDS_OUT, added_inside, born_in_noise, elsewhere, score_text
 from workbench.core.metrics import BY_NAME, METRICS, STAT_BOUND, STAT_KEYS
 from workbench.core.tokens import token_text
 
@@ -226,6 +226,8 @@ def _verdict(detail: PairDetail, styles: dict[str, str]) -> Text:
             )
         if note:
             verdict.append(f"; {note}")
+            if detail.origin_name is not None and detail.origin_score is not None:
+                verdict.append(f"; {elsewhere(detail.origin_name, detail.origin_score, detail.token)}")
     elif detail.born_name:
         verdict.append(f"error born at: {detail.born_name} (token {detail.token})", style=born_style)
     elif detail.inputs_differ:  # the pairs below compare different inputs: no verdict is drawn from them

@@ -397,6 +397,10 @@ class Explorer:
             inside = self._highest_inside(born_g, token) if why == BORN_FAILS and born_g is not None else None
             differ = self._inputs_differ(token) if born_g is None else None
             unchecked = why == BORN_FAILS and born_g is not None and self._inputs_unchecked(born_g, token)
+            origin: tuple[int | None, float | None, str | None] = (None, None, None)
+            if why == BORN_FAILS and score is not None and score < STANDS_OUT:
+                origin = self._standing_out(token)
+            origin_name = self.node_name("golden", origin[0]) if origin[0] not in (None, born_g) else None
             cached = TokenVerdict(
                 born_g,
                 born_t,
@@ -407,6 +411,8 @@ class Explorer:
                 inside.score if inside is not None else None,
                 differ,
                 unchecked,
+                origin_name,
+                origin[1] if origin_name is not None else None,
             )
             with self._cache_lock:
                 self._verdicts[token] = cached
@@ -700,6 +706,8 @@ class Explorer:
             v.inside_score,
             v.inputs_differ,
             v.inputs_unchecked,
+            v.origin_name,
+            v.origin_score,
         )
 
     def _pair_rows(self, table: str, columns: list[str], pair_ids: list[int]) -> dict[int, tuple[Any, ...]]:

@@ -163,6 +163,9 @@ class TokenVerdict:
     inside_score: float | None = None
     inputs_differ: str | None = None  # why the runs' inputs differ at this token (`token_status`): no op is named
     inputs_unchecked: bool = False  # `golden` fails with no input judged (`analysis.verdicts.born.inputs_unchecked`)
+    # `golden` is born in the noise (score under STANDS_OUT) while the advisor's first op is another, standing out
+    origin_name: str | None = None
+    origin_score: float | None = None
 
 
 @dataclass(slots=True)
@@ -192,6 +195,8 @@ class PairDetail:
     born_inside_score: float | None = None
     inputs_differ: str | None = None  # `TokenVerdict.inputs_differ`
     born_inputs_unchecked: bool = False  # `TokenVerdict.inputs_unchecked`
+    origin_name: str | None = None  # `TokenVerdict.origin_name`
+    origin_score: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

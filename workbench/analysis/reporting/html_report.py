@@ -23,7 +23,7 @@ from workbench.analysis.explorer.severity import LEVEL_EDGES, PASS_LEVELS, VERDI
 from workbench.analysis.explorer.token_view import StripCell
 from workbench.analysis.explorer.views import BORN_ADVISOR, BORN_FAILS, ComparisonInfo, Heatmap, Side
 from workbench.analysis.verdicts.born import INPUTS_UNCHECKED
-from workbench.core.advice import added_inside, born_in_noise
+from workbench.core.advice import added_inside, born_in_noise, elsewhere
 from workbench.core.files import package_data
 from workbench.core.owned import check_replaceable
 
@@ -96,6 +96,8 @@ def collect(catalog: Path, cmp_id: int | None = None) -> ReportFacts:
                 note = added_inside(v.score, v.inside_name, v.inside_score) if v.why == BORN_FAILS else None
                 if v.why == BORN_FAILS and (note := note or born_in_noise(v.score, v.evidence, v.inside_score)):
                     born_notes[tok] = note
+                    if v.origin_name is not None and v.origin_score is not None:
+                        born_notes[tok] += f"; {elsewhere(v.origin_name, v.origin_score, tok)}"
                 if v.why == BORN_FAILS and v.inputs_unchecked:
                     born_notes[tok] = INPUTS_UNCHECKED + (f"; {born_notes[tok]}" if tok in born_notes else "")
         advice, note = ex.advice(top=ADVICE_TOP)
