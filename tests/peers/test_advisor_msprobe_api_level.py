@@ -72,3 +72,27 @@ def test_a_clean_run_names_only_the_rounded_rotary_tables(dumps: tuple[Path, lis
         standing = float(first["score"]) >= 3.0
         assert not standing or CAUSE in str(first["reason"]), (tok, first)  # no pow, no norm: only the known cause
     assert "Tensor.pow" not in out, out
+
+
+def test_level_l1_a_planted_weight_ranks_first_and_the_tables_are_explained(tmp_path: Path) -> None:
+    """msprobe's `level: L1` records the torch calls only, no module around them (and one step holds the three
+    forward calls): the rotary tables' `Tensor.sin`/`cos` are taken for one by their kind, and the planted
+    down_proj's `Functional.linear` calls (its weight input differs) rank first, where `Tensor.sin` did at 21.9."""
+    tokens = stats_dumps.dump("msprobe", "full", tmp_path / "golden", level="L1")
+    stats_dumps.dump(
+        "msprobe",
+        "full",
+        tmp_path / "bad",
+        bf16=True,
+        forced=tokens,
+        level="L1",
+        weight="model.layers.1.mlp.down_proj=1.03",
+    )
+    out, con = stats_dumps.compare(tmp_path / "golden" / "dump", tmp_path / "bad" / "dump", tmp_path / "o")
+    con.close()
+    assert "also standing out, explained: Tensor.sin.2.forward (token 0): " + CAUSE in out, out
+    proc = run_wb("advise", "-c", str(tmp_path / "o" / "catalog.duckdb"), "-k", "3", "-f", "json")
+    assert proc.returncode == 0, proc.stderr
+    top = json.loads(proc.stdout)
+    assert [str(r["golden_node"]).startswith("Functional.linear.") for r in top] == [True] * 3, top
+    assert all("its weight input differs" in str(r["reason"]) and float(r["score"]) >= 3.0 for r in top), top
