@@ -75,9 +75,10 @@ def test_a_clean_run_names_only_the_rounded_rotary_tables(dumps: tuple[Path, lis
 
 
 def test_level_l1_a_planted_weight_ranks_first_and_the_tables_are_explained(tmp_path: Path) -> None:
-    """msprobe's `level: L1` records the torch calls only, no module around them (and one step holds the three
-    forward calls): the rotary tables' `Tensor.sin`/`cos` are taken for one by their kind, and the planted
-    down_proj's `Functional.linear` calls (its weight input differs) rank first, where `Tensor.sin` did at 21.9."""
+    """msprobe's `level: L1` records the torch calls only, no module around them, and one step holds the three
+    forward calls: the step is split into tokens at each word-embedding call (it was all "token 0", the same op at
+    three tokens three ops), the rotary tables' `Tensor.sin`/`cos` are taken for one by their kind, and the planted
+    down_proj's `Functional.linear` (its weight input differs) ranks first at every token, where `Tensor.sin` did."""
     tokens = stats_dumps.dump("msprobe", "full", tmp_path / "golden", level="L1")
     stats_dumps.dump(
         "msprobe",
@@ -89,10 +90,14 @@ def test_level_l1_a_planted_weight_ranks_first_and_the_tables_are_explained(tmp_
         weight="model.layers.1.mlp.down_proj=1.03",
     )
     out, con = stats_dumps.compare(tmp_path / "golden" / "dump", tmp_path / "bad" / "dump", tmp_path / "o")
+    compared = [int(t) for (t,) in con.execute("SELECT DISTINCT token_id FROM matches ORDER BY 1").fetchall()]
+    rule = con.execute("SELECT meta->>'token_rule' FROM runs ORDER BY run_id").fetchall()
     con.close()
-    assert "also standing out, explained: Tensor.sin.2.forward (token 0): " + CAUSE in out, out
-    proc = run_wb("advise", "-c", str(tmp_path / "o" / "catalog.duckdb"), "-k", "3", "-f", "json")
-    assert proc.returncode == 0, proc.stderr
-    top = json.loads(proc.stdout)
-    assert [str(r["golden_node"]).startswith("Functional.linear.") for r in top] == [True] * 3, top
-    assert all("its weight input differs" in str(r["reason"]) and float(r["score"]) >= 3.0 for r in top), top
+    assert compared == list(range(len(tokens))), (compared, out)
+    assert rule == [("word-embedding calls",)] * 2, rule
+    assert f"also standing out, explained: Tensor.sin.0.forward (tokens 0-{len(tokens) - 1}): " + CAUSE in out, out
+    firsts = _firsts(tmp_path / "o" / "catalog.duckdb")
+    assert sorted(firsts) == compared
+    for tok, first in firsts.items():
+        assert first["golden_node"] == "Functional.linear.13.forward", (tok, first)  # layer 1's down_proj
+        assert "its weight input differs" in str(first["reason"]) and float(first["score"]) >= 3.0, (tok, first)

@@ -6,7 +6,9 @@ Tokens. A module call's token is the call counter of its outermost module ancest
 (the k-th forward of the model is token k); an API call takes the token of its enclosing module call,
 or, with no module around it, of the nearest module call before it in `dump.json` (after it when
 there is none before). When every step read holds a single forward (all counters 0, or no module
-at all) the token is the step number instead; several steps with several forwards each are numbered
+at all) the token is the step number instead, except that a step recording no module (`level: L1`) with
+several word-embedding calls (`Functional.embedding`) splits at each: each forward of a language model starts
+with one; several steps with several forwards each are numbered
 in (step, counter) order. `meta["token_rule"]` says which rule applied.
 
 Node names. A module call keeps its name without the call counter
@@ -22,6 +24,7 @@ weights) become `param` tensors numbered by parameter name, so they are compared
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 from collections import Counter, defaultdict
@@ -43,6 +46,7 @@ from workbench.formats.model import (
     param_index,
 )
 from workbench.formats.scan import check_link, list_dir, npy_header, pth_header, read_json
+from workbench.formats.token_ids import is_embedding_node
 
 _MODULE_RE = re.compile(r"^(Module|Cell)\.(.+)\.([^.]+)\.(forward|backward)\.([0-9]{1,9})$", re.DOTALL)
 _API_RE = re.compile(r"^([A-Za-z]\w*)\.(.+)\.([0-9]{1,9})\.(forward|backward)$", re.DOTALL)
@@ -233,6 +237,14 @@ def _raw_tokens(calls: list[_Call]) -> None:
             unresolved.append(c)
         else:
             c.raw_token = top.counter
+    if unresolved and not any(c.is_module for c in calls):
+        # no module recorded (msprobe's `level: L1`): each forward of a language model starts with its word
+        # embedding's lookup, so the k-th such call opens token k (nothing to split with fewer than two)
+        starts = sorted(c.pos for c in calls if is_embedding_node(c.base, c.cls))
+        if len(starts) > 1:
+            for c in unresolved:
+                c.raw_token = max(bisect.bisect_right(starts, c.pos) - 1, 0)
+        return
     if unresolved:
         tops = sorted((c.pos, c.raw_token) for c in calls if c.is_module)
         for c in unresolved:
@@ -249,7 +261,8 @@ def _final_tokens(calls: list[_Call], meta: dict[str, Any]) -> None:
         for c in calls:
             c.token = c.step
     elif len(steps) == 1:
-        meta["token_rule"] = "call counter of the outermost module"
+        modules = any(c.is_module for c in calls)
+        meta["token_rule"] = "call counter of the outermost module" if modules else "word-embedding calls"
         for c in calls:
             c.token = c.raw_token
     else:
