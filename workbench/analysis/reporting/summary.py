@@ -182,8 +182,10 @@ def summarize_comparison(
         coverage=cov,
     )
     tok_filter = "" if tokens is None else f" AND b.token_id IN ({','.join(str(int(t)) for t in sorted(tokens))})"
-    for tok, gname, tname, why in con.execute(
-        "SELECT b.token_id, gn.name, tn.name, b.evidence FROM error_born b JOIN comparisons c USING (cmp_id) "
+    born_nodes: dict[int, int] = {}
+    for tok, gid, gname, tname, why in con.execute(
+        "SELECT b.token_id, b.golden_node_id, gn.name, tn.name, b.evidence FROM error_born b "
+        "JOIN comparisons c USING (cmp_id) "
         "LEFT JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = b.golden_node_id "
         "LEFT JOIN nodes tn ON tn.run_id = c.test_run AND tn.node_id = b.test_node_id "
         f"WHERE b.cmp_id = ?{tok_filter} ORDER BY b.token_id",
@@ -191,6 +193,8 @@ def summarize_comparison(
     ).fetchall():
         res.born[int(tok)] = gname
         res.born_test[int(tok)] = tname
+        if gid is not None:
+            born_nodes[int(tok)] = int(gid)
         if why:
             res.born_evidence[int(tok)] = why
     for tok, score in con.execute(
@@ -199,14 +203,6 @@ def summarize_comparison(
         [cmp_id],
     ).fetchall():
         res.born_score[int(tok)] = float(score)
-    born_nodes = {
-        int(t): int(g)
-        for t, g in con.execute(
-            f"SELECT b.token_id, b.golden_node_id FROM error_born b WHERE b.cmp_id = ?{tok_filter} "
-            "AND b.golden_node_id IS NOT NULL",
-            [cmp_id],
-        ).fetchall()
-    }
     res.born_inside = highest_inside(con, cmp_id, born_nodes)
     res.born_inputs_unchecked = inputs_unchecked(con, cmp_id, born_nodes)
     for tok, gname, tname, score, reason, why in con.execute(

@@ -37,7 +37,15 @@ from typing import Any
 import duckdb
 
 from workbench.analysis.verdicts import quant_noise
-from workbench.analysis.verdicts.causes import CAUSE_LEAD, ROUNDING, cause_in, error_gain, is_lookup, known_cause
+from workbench.analysis.verdicts.causes import (
+    CAUSE_LEAD,
+    ROUNDING,
+    cause_in,
+    error_gain,
+    is_lookup,
+    is_table_call,
+    known_cause,
+)
 from workbench.catalog.lookup import judged_on_statistics_only
 from workbench.catalog.store import first_row, insert_rows
 from workbench.core.advice import NAN_INF_SCORE, NO_PEERS, STANDS_OUT
@@ -751,17 +759,12 @@ def _carried_causes(rows: dict[int, _Row], nodes: dict[int, _Node], by_pattern: 
         r.reason = _reason(r, nodes)
 
 
-# The calls that compute a rotary embedding's tables: with no module recorded around them (msprobe's `level: L1`),
-# a sin or cos computed in float32 in a bf16/fp16 model is taken for one.
-_TABLE_CALLS = frozenset(("sin", "cos"))
-
-
 def _known_cause_of(gid: int, nodes: dict[int, _Node], dtype: str | None, run_dtype: str | None) -> str | None:
     """`known_cause` of an op, else of the module it runs inside, in the run's dtype: msprobe dumps the calls inside
     a rotary embedding (`Tensor.sin`, `Tensor.cos`), computed in float32 from the `inv_freq` the run's dtype rounded
     (without the module, at msprobe's L1, such a call is taken for one)."""
     cause = known_cause(nodes[gid].type, dtype)
-    if cause is None and nodes[gid].type.rsplit(".", 1)[-1].lower() in _TABLE_CALLS:
+    if cause is None and is_table_call(nodes[gid].type):
         cause = known_cause("rotary", run_dtype)  # a sin/cos call with no module around it (msprobe's L1)
     p = nodes[gid].parent_id
     while cause is None and p is not None and p in nodes:

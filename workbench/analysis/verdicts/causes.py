@@ -39,15 +39,29 @@ def cause_in(reason: str) -> str | None:
     return reason[at + 2 :] if at >= 0 else None
 
 
+def _call_name(op_type: str | None) -> str:
+    """An op type without its namespace, lower case: `Tensor.pow`, `torch.pow` and GE's `Pow` are all `pow`."""
+    return (op_type or "").rsplit(".", 1)[-1].lower()
+
+
+# The calls that compute a rotary embedding's tables: with no module recorded around them (msprobe's `level: L1`),
+# a sin or cos computed in float32 in a bf16/fp16 model is taken for one.
+_TABLE_CALLS = frozenset(("sin", "cos"))
+
+
+def is_table_call(op_type: str | None) -> bool:
+    """Whether an op computes what a rotary embedding's tables are made of (`_TABLE_CALLS`)."""
+    return _call_name(op_type) in _TABLE_CALLS
+
+
 # Ops whose output carries a multiple of their input's relative error by what they compute: `x.pow(2)` (the variance
-# in every RMSNorm, dumped by msprobe's API level) doubles it. Keyed by the call's name without its namespace.
+# in every RMSNorm, dumped by msprobe's API level) doubles it.
 _ERROR_GAIN = {"pow": 2.0}
 
 
 def error_gain(op_type: str | None) -> float:
     """The factor an op of this type multiplies its input's relative error by, doing nothing wrong (1 for most)."""
-    name = (op_type or "").rsplit(".", 1)[-1].lower()
-    return _ERROR_GAIN.get(name, 1.0)
+    return _ERROR_GAIN.get(_call_name(op_type), 1.0)
 
 
 LOOKUP_TYPES = frozenset(("embedding", "gatheroperation", "gather", "gatherv2"))  # torch and msprobe, ATB, GE
