@@ -53,10 +53,6 @@ class EmbeddingInput:
     shape: tuple[int, ...] | None = None
     stats: tuple[float | None, ...] = ()
 
-    @property
-    def source(self) -> str:
-        return "embedding" if not self.stats else "embedding statistics"
-
 
 # Statistics of the same ids computed by two runs may differ in the last bits (mean and norm are float
 # reductions); beyond this they come from different ids.
@@ -112,7 +108,7 @@ def _statistics_differ(golden: EmbeddingInput, test: EmbeddingInput) -> str | No
     """How two embedding inputs known by their statistics differ (None: not by more than rounding, which does not
     make them the same ids)."""
     if golden.shape is not None and test.shape is not None and golden.shape != test.shape:
-        return f"shape {list(golden.shape)} vs {list(test.shape)}"
+        return f"the word embedding's input has shape {list(golden.shape)} vs {list(test.shape)}"
     for name, a, b in zip(_STAT_NAMES, golden.stats, test.stats, strict=False):
         if a is not None and b is not None and not math.isclose(a, b, rel_tol=_STAT_REL_TOL, abs_tol=0.0):
             return f"the word embedding's input has {name} {a:g} vs {b:g}"
