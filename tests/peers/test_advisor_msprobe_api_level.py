@@ -10,6 +10,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from tests.conftest import run_wb
@@ -74,12 +75,20 @@ def test_a_clean_run_names_only_the_rounded_rotary_tables(dumps: tuple[Path, lis
     assert "Tensor.pow" not in out, out
 
 
-def test_level_l1_a_planted_weight_ranks_first_and_the_tables_are_explained(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def l1_golden(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
+    base = tmp_path_factory.mktemp("msprobe_l1")
+    return base, stats_dumps.dump("msprobe", "full", base / "golden", level="L1")
+
+
+def test_level_l1_a_planted_weight_ranks_first_and_the_tables_are_explained(
+    l1_golden: tuple[Path, list[int]], tmp_path: Path
+) -> None:
     """msprobe's `level: L1` records the torch calls only, no module around them, and one step holds the three
     forward calls: the step is split into tokens at each word-embedding call (it was all "token 0", the same op at
     three tokens three ops), the rotary tables' `Tensor.sin`/`cos` are taken for one by their kind, and the planted
     down_proj's `Functional.linear` (its weight input differs) ranks first at every token, where `Tensor.sin` did."""
-    tokens = stats_dumps.dump("msprobe", "full", tmp_path / "golden", level="L1")
+    golden, tokens = l1_golden
     stats_dumps.dump(
         "msprobe",
         "full",
@@ -89,7 +98,7 @@ def test_level_l1_a_planted_weight_ranks_first_and_the_tables_are_explained(tmp_
         level="L1",
         weight="model.layers.1.mlp.down_proj=1.03",
     )
-    out, con = stats_dumps.compare(tmp_path / "golden" / "dump", tmp_path / "bad" / "dump", tmp_path / "o")
+    out, con = stats_dumps.compare(golden / "golden" / "dump", tmp_path / "bad" / "dump", tmp_path / "o")
     compared = [int(t) for (t,) in con.execute("SELECT DISTINCT token_id FROM matches ORDER BY 1").fetchall()]
     rule = con.execute("SELECT meta->>'token_rule' FROM runs ORDER BY run_id").fetchall()
     con.close()
@@ -101,3 +110,52 @@ def test_level_l1_a_planted_weight_ranks_first_and_the_tables_are_explained(tmp_
     for tok, first in firsts.items():
         assert first["golden_node"] == "Functional.linear.13.forward", (tok, first)  # layer 1's down_proj
         assert "its weight input differs" in str(first["reason"]) and float(first["score"]) >= 3.0, (tok, first)
+
+
+def _calls_failed(con: duckdb.DuckDBPyConnection, metric: str) -> list[str]:
+    return [
+        str(n)
+        for (n,) in con.execute(
+            "SELECT DISTINCT n.name FROM metrics x JOIN matches m USING (cmp_id, pair_id) "
+            "JOIN nodes n ON n.run_id = 1 AND n.node_id = m.golden_node_id "
+            "WHERE x.failed_metrics LIKE '%' || ? || '%' ORDER BY 1",
+            [metric],
+        ).fetchall()
+    ]
+
+
+def test_level_l1_a_clean_run_blames_no_call(l1_golden: tuple[Path, list[int]], tmp_path: Path) -> None:
+    """At `level: L1` every call is a top-level node; each was judged as the model's own output (the logits rule's
+    KL), and a clean bf16 run said `error born at: Torch.rsqrt.0.forward (token 0)`: an RMSNorm's rsqrt, whose
+    float32 output failed the KL bound of float32 logits. Only the run's one root is the model."""
+    golden, tokens = l1_golden
+    stats_dumps.dump("msprobe", "full", tmp_path / "clean", bf16=True, forced=tokens, level="L1")
+    out, con = stats_dumps.compare(golden / "golden" / "dump", tmp_path / "clean" / "dump", tmp_path / "o")
+    named = {str(b) for b in stats_dumps.born(con) - {None}}
+    kl_failed = _calls_failed(con, "kl_divergence")
+    con.close()
+    assert kl_failed == [], kl_failed
+    assert named <= {"Tensor.sin.0.forward", "Tensor.cos.0.forward"}, out
+    assert "rsqrt" not in out, out
+    for tok, first in _firsts(tmp_path / "o" / "catalog.duckdb").items():
+        assert float(first["score"]) < 3.0 or CAUSE in str(first["reason"]), (tok, first)
+
+
+def test_level_l1_a_wrong_float32_call_is_born_where_planted(l1_golden: tuple[Path, list[int]], tmp_path: Path) -> None:
+    """A 2 % error in a float32 call of a bf16 run (every `torch.rsqrt` scaled by 1.02, as a wrong fused kernel
+    would): its output fails float32's bounds while its input, a mean, passes; it is where the error is born at
+    every token and the advisor's first."""
+    golden, tokens = l1_golden
+    stats_dumps.dump("msprobe", "full", tmp_path / "rs", bf16=True, forced=tokens, level="L1", call="rsqrt=1.02")
+    out, con = stats_dumps.compare(golden / "golden" / "dump", tmp_path / "rs" / "dump", tmp_path / "o")
+    born = [
+        str(r[0])
+        for r in con.execute(
+            "SELECT n.name FROM error_born e JOIN nodes n ON n.run_id = 1 AND n.node_id = e.golden_node_id "
+            "ORDER BY e.token_id"
+        ).fetchall()
+    ]
+    con.close()
+    assert born == ["Torch.rsqrt.0.forward"] * len(tokens), out
+    for tok, first in _firsts(tmp_path / "o" / "catalog.duckdb").items():
+        assert first["golden_node"] == "Torch.rsqrt.0.forward" and float(first["score"]) >= 3.0, (tok, first)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from workbench.compare.judging.judge import model_node
 from workbench.compare.judging.metrics import compare_tensors
 from workbench.compare.judging.thresholds import NAN_INF, Thresholds
 
@@ -289,3 +290,12 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def test_the_model_node_is_the_one_root() -> None:
+    """The logits rule's `model_output` judges the run's root when it has exactly one (msit's `root`); where the top
+    level holds several nodes (msprobe's modules, its L1 calls) none is the model's output."""
+    assert model_node([0, 1, 2], [None, 0, 1]) == 0
+    assert model_node([5, 6, 7], [6, None, 6]) == 6
+    assert model_node([0, 1, 2], [None, None, 1]) is None
+    assert model_node([], []) is None

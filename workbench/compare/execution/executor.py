@@ -32,7 +32,14 @@ from workbench.compare.execution.early import EarlyPairs, PairKey
 from workbench.compare.execution.pool import IN_PROCESS_BYTES, PoolStarter
 from workbench.compare.execution.tasks import PairTask, StatsTask, Twin, batches, file_identity, tensor_bytes
 from workbench.compare.execution.worker import release_staging, run_batch
-from workbench.compare.judging.judge import PairResult, StatsResult, compute_dtype, judge_pair, result_from_wire
+from workbench.compare.judging.judge import (
+    PairResult,
+    StatsResult,
+    compute_dtype,
+    judge_pair,
+    model_node,
+    result_from_wire,
+)
 from workbench.compare.judging.thresholds import Thresholds
 from workbench.compare.pairing.frames import Coded, RunFrames, TensorPairs
 from workbench.core.metrics import ALL_METRICS, STAT_BOUND, STAT_METRIC_NAMES, STAT_STEP_KEY, SUMMARY_FIELDS
@@ -558,16 +565,17 @@ def compute_pending(
                     sizes.append(tensor_bytes(numel, dtype))
 
     nodes = golden.nodes
+    model = model_node(nodes.node_id.tolist(), nodes.parent_id)
     node_info = {
-        n: (nm, str(tp) if tp is not None else "", parent is None)
-        for n, nm, tp, parent in zip(nodes.node_id.tolist(), nodes.name, nodes.type, nodes.parent_id)
+        n: (nm, str(tp) if tp is not None else "", n == model)
+        for n, nm, tp in zip(nodes.node_id.tolist(), nodes.name, nodes.type)
     }
     facts = _PairFacts(pairs, test)
     run_dtype = compute_dtype(facts.test_dtypes())
 
     def judge(res: PairResult) -> tuple[bool | None, list[str]]:
         node, test_dtype, io = facts[res.pair_id]
-        name, op_type, is_root = node_info[node]
+        name, op_type, is_model = node_info[node]
         return judge_pair(
             thresholds,
             res.values,
@@ -577,7 +585,7 @@ def compute_pending(
             node_name=name,
             node_type=op_type,
             io=io,
-            is_model=is_root,
+            is_model=is_model,
             stat_bound=(res.stat_values or {}).get(STAT_BOUND),
             run_dtype=run_dtype,
         )

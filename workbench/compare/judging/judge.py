@@ -117,6 +117,14 @@ def compute_dtype(dtypes: Iterable[str | None]) -> str | None:
     return counts.most_common(1)[0][0] if counts else None
 
 
+def model_node(node_ids: Iterable[int], parent_ids: Iterable[int | None]) -> int | None:
+    """The node whose output is the model's own (judged by the rules with `model_output`, the logits rule): the
+    run's root when it has exactly one (msit's `root`). A run whose top level holds several nodes (msprobe's
+    modules; at its `level: L1`, every torch call) has none: a top-level call's output is not the model's."""
+    roots = [n for n, parent in zip(node_ids, parent_ids) if parent is None]
+    return roots[0] if len(roots) == 1 else None
+
+
 def _looser(a: str | None, b: str | None) -> str | None:
     if a not in _PRECISION or b not in _PRECISION:
         return a or b
@@ -140,7 +148,7 @@ def judge_pair(
     """(passed, failed metrics) of one pair. A NaN/Inf mismatch fails it, even when no metric is computable.
 
     `io` says whether the pair is a node's input or output (rules such as the logits rule judge outputs
-    only); `is_model` marks the model's own output (the root module's). A pair without tensor metrics is
+    only); `is_model` marks the model's own output (`model_node`). A pair without tensor metrics is
     judged on its statistics (`stat_bound`, `stat_rel_euclid_bound`) against the looser of its own dtype and
     the run's compute dtype (`run_dtype`): statistics cannot tell an upcast op's own error from the error its
     input carried in, which the tensor metrics of its inputs would show.
@@ -175,7 +183,7 @@ def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds)
 
     result = con.execute(
         f"SELECT x.*, s.{STAT_BOUND} AS _stat_bound, gn.name AS _node, gn.type AS _type, "
-        "gn.parent_id IS NULL AS _root, m.io AS _io, tt.dtype AS _dtype "
+        "gn.node_id AS _node_id, m.io AS _io, tt.dtype AS _dtype "
         "FROM metrics x LEFT JOIN stat_metrics s USING (cmp_id, pair_id) "
         "JOIN matches m USING (cmp_id, pair_id) JOIN comparisons c USING (cmp_id) "
         "JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id "
@@ -188,6 +196,11 @@ def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds)
     if not records:
         return
     run_dtype = compute_dtype(r["_dtype"] for r in records)
+    nodes = con.execute(
+        "SELECT n.node_id, n.parent_id FROM nodes n JOIN comparisons c ON n.run_id = c.golden_run WHERE c.cmp_id = ?",
+        [cmp_id],
+    ).fetchall()
+    model = model_node((n for n, _ in nodes), (p for _, p in nodes))
     passed, failed = [], []
     for r in records:
         p, over = judge_pair(
@@ -199,7 +212,7 @@ def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds)
             node_name=str(r["_node"]),
             node_type=str(r["_type"] or ""),
             io=str(r["_io"]),
-            is_model=bool(r["_root"]),
+            is_model=r["_node_id"] == model,
             stat_bound=r["_stat_bound"],  # NaN (NaN/Inf statistics) fails; None judges nothing
             run_dtype=run_dtype,
         )
