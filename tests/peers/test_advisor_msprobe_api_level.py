@@ -18,6 +18,7 @@ from tests.fixtures import stats_dumps
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("msprobe") is None, reason="msprobe not installed")
 CAUSE = "likely cause: the rotary embedding's inv_freq held in bfloat16"
+LAST_LINEAR = "the last linear call onto the vocabulary, Functional.linear.14.forward"  # the tiny Llama's lm_head
 
 
 def _firsts(catalog: Path) -> dict[int, dict[str, object]]:
@@ -105,6 +106,8 @@ def test_level_l1_a_planted_weight_ranks_first_and_the_tables_are_explained(
     assert compared == list(range(len(tokens))), (compared, out)
     assert rule == [("word-embedding calls",)] * 2, rule
     assert f"also standing out, explained: Tensor.sin.0.forward (tokens 0-{len(tokens) - 1}): " + CAUSE in out, out
+    # no LM head module: the token's last linear call onto the vocabulary holds the logits (it said "unknown")
+    assert f"the logits of all {len(tokens)} judged tokens pass; no LM head in the dumps: {LAST_LINEAR}" in out, out
     firsts = _firsts(tmp_path / "o" / "catalog.duckdb")
     assert sorted(firsts) == compared
     for tok, first in firsts.items():
@@ -139,6 +142,9 @@ def test_level_l1_a_clean_run_blames_no_call(l1_golden: tuple[Path, list[int]], 
     assert "rsqrt" not in out, out
     for tok, first in _firsts(tmp_path / "o" / "catalog.duckdb").items():
         assert float(first["score"]) < 3.0 or CAUSE in str(first["reason"]), (tok, first)
+    logits = run_wb("logits", "-gp", str(golden / "golden" / "dump"), "-mp", str(tmp_path / "clean" / "dump"))
+    assert logits.returncode == 0, logits.stderr
+    assert f"no token fails (no LM head in the dumps: judged {LAST_LINEAR})" in logits.stdout, logits.stdout
 
 
 def test_level_l1_a_wrong_float32_call_is_born_where_planted(l1_golden: tuple[Path, list[int]], tmp_path: Path) -> None:
@@ -159,3 +165,21 @@ def test_level_l1_a_wrong_float32_call_is_born_where_planted(l1_golden: tuple[Pa
     assert born == ["Torch.rsqrt.0.forward"] * len(tokens), out
     for tok, first in _firsts(tmp_path / "o" / "catalog.duckdb").items():
         assert first["golden_node"] == "Torch.rsqrt.0.forward" and float(first["score"]) >= 3.0, (tok, first)
+
+
+def test_level_l1_diverging_logits_are_found_without_an_lm_head(
+    l1_golden: tuple[Path, list[int]], tmp_path: Path
+) -> None:
+    """A down_proj weight 3x its value: the logits, read from the last linear call onto the vocabulary (its output's
+    last dimension is the word embedding's table rows), fail at token 0, where it said `first divergent token:
+    unknown (no logits compared ...)`."""
+    golden, tokens = l1_golden
+    test = tmp_path / "x3"
+    stats_dumps.dump(
+        "msprobe", "full", test, bf16=True, forced=tokens, level="L1", weight="model.layers.1.mlp.down_proj=3"
+    )
+    out, con = stats_dumps.compare(golden / "golden" / "dump", test / "dump", tmp_path / "o")
+    judged = con.execute("SELECT count(*), count(*) FILTER (WHERE NOT passed) FROM logits").fetchone()
+    con.close()
+    assert judged == (len(tokens), len(tokens)), (judged, out)
+    assert "first divergent token: 0 (cosine " in out and f"no LM head in the dumps: {LAST_LINEAR})" in out, out

@@ -66,11 +66,11 @@ def _csv(rows: list[LogitsRow], notes: dict[int, str]) -> str:
 
 
 def verdict_line(rows: list[LogitsRow]) -> str:
-    from workbench.analysis.verdicts.logits import describe, first_failing, from_model_output
+    from workbench.analysis.verdicts.logits import describe, first_failing, stand_in_logits
 
     first = first_failing(rows)
-    stand_in = from_model_output(rows)
-    said = f" (no LM head in the dumps: judged the model's output, {stand_in})" if stand_in else ""
+    stand_in = stand_in_logits(rows)
+    said = f" (no LM head in the dumps: judged {stand_in})" if stand_in else ""
     if first is not None:
         return f"first failing token: {first.token_id} ({describe(first)}){said}"
     unjudged = sum(1 for r in rows if r.passed is None)

@@ -1,7 +1,8 @@
 """Logits per token: is the test run's next-token distribution the golden run's?
 
 For each token the logits are found on both sides (the `lm_head` / `LmHead` output, else the model's own
-output), reduced to the last position's vocabulary row, and compared in float64: cosine, KL(golden || test)
+output, else the token's last linear call projecting onto the vocabulary: msprobe's `level: L1` records calls only),
+reduced to the last position's vocabulary row, and compared in float64: cosine, KL(golden || test)
 of the softmaxes, the top-1 of each side, the overlap of the top-5 sets, the probability of the golden top
 token in both runs and its change (as llama.cpp's KL statistics report), and the L1 distance of the two
 probability vectors. Pass/fail: the `logits` rule of the thresholds (`workbench/data/thresholds.toml`,
@@ -13,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Collection, Iterable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import duckdb
@@ -30,6 +31,8 @@ COSINE = spec("cosine_similarity").name
 KL = spec("kl_divergence").name
 LOGITS_NODE = "logits"  # the node name the thresholds' `logits` rule matches
 _LOGITS_RE = re.compile(r"lm_?head|logits", re.IGNORECASE)
+_PROJECTION_RE = re.compile(r"linear|matmul", re.IGNORECASE)  # a call or module that may be an LM head
+_EMBEDDING_RE = re.compile(r"embedding", re.IGNORECASE)
 _FLOAT = ("float", "bfloat")
 TOP_K = 5
 
@@ -47,6 +50,7 @@ class Candidate:
     path: str | None
     dtype: str | None
     shape: tuple[int, ...] | None
+    projection: bool = False  # a linear call whose output's last dimension is the vocabulary (no LM head is named)
 
 
 @dataclass(slots=True)
@@ -113,15 +117,41 @@ def pick_logits(cands: Iterable[Candidate]) -> dict[int, Candidate]:
             best = root.get(c.token)
             if best is None or c.index < best.index:
                 root[c.token] = c
-    return {**root, **named}
+    last_projection: dict[int, Candidate] = {}
+    for c in cands:
+        if c.projection and is_float(c.dtype):
+            best = last_projection.get(c.token)
+            if best is None or (c.order, -c.index) > (best.order, -best.index):
+                last_projection[c.token] = c
+    return {**last_projection, **root, **named}
 
 
-def from_model_output(rows: Iterable[LogitsRow]) -> str | None:
-    """The node whose output stood in for the logits when the dumps hold no LM head (None: an LM head's)."""
+def vocabulary_size(embedding_inputs: Iterable[tuple[str | None, tuple[int, ...] | None]]) -> int | None:
+    """The vocabulary of a run: the first dimension of its word embedding's 2-D floating input (the table, as
+    msprobe's `Functional.embedding` takes it), when every such input agrees (None: no table dumped)."""
+    rows = {shape[0] for dtype, shape in embedding_inputs if shape is not None and len(shape) == 2 and is_float(dtype)}
+    return rows.pop() if len(rows) == 1 else None
+
+
+def _named(regex: re.Pattern[str], node: str, node_type: str | None) -> bool:
+    return bool(regex.search(node) or (node_type and regex.search(node_type)))
+
+
+def _needs_projection(cands: list[Candidate]) -> bool:
+    """No candidate names the logits (no LM head, no single root): the last vocabulary projection stands in."""
+    if any(_named(_LOGITS_RE, c.node, c.node_type) for c in cands):
+        return False
+    return len({c.node for c in cands if c.is_root}) != 1
+
+
+def stand_in_logits(rows: Iterable[LogitsRow]) -> str | None:
+    """What stood in for the logits when the dumps hold no LM head, as `wb compare` and `wb logits` say it: "the
+    model's output, X" or "the last linear call onto the vocabulary, X" (None: an LM head's output was judged)."""
     for r in rows:
         node = r.golden_node or r.test_node
         if node is not None and not _LOGITS_RE.search(node):
-            return node
+            what = "the last linear call onto the vocabulary" if _PROJECTION_RE.search(node) else "the model's output"
+            return f"{what}, {node}"
     return None
 
 
@@ -147,7 +177,21 @@ def candidates_from_dump(dump: Dump) -> list[Candidate]:
                 t.shape,
             )
         )
-    return out
+    if not _needs_projection(out):
+        return out
+    vocab = vocabulary_size(
+        (t.dtype, t.shape)
+        for t in dump.tensors
+        if t.role == "in" and _named(_EMBEDDING_RE, t.node, n.type if (n := nodes.get(t.node)) else None)
+    )
+    if vocab is None:
+        return out
+    return [
+        replace(c, projection=True)
+        if c.shape and c.shape[-1] == vocab and _named(_PROJECTION_RE, c.node, c.node_type)
+        else c
+        for c in out
+    ]
 
 
 def candidates_from_catalog(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Candidate]:
@@ -159,9 +203,33 @@ def candidates_from_catalog(con: duckdb.DuckDBPyConnection, run_id: int) -> list
         "OR regexp_matches(n.name, ?, 'i') OR regexp_matches(coalesce(n.type, ''), ?, 'i'))",
         [run_id, _LOGITS_RE.pattern, _LOGITS_RE.pattern],
     ).fetchall()
-    return [
+    cands = [
         Candidate(int(r[0]), str(r[1]), r[2], bool(r[3]), int(r[4]), int(r[5]), str(r[6]), r[7], _shape(r[8]))
         for r in rows
+    ]
+    if not _needs_projection(cands):
+        return cands
+    vocab = vocabulary_size(
+        (dtype, _shape(shape))
+        for dtype, shape in con.execute(
+            "SELECT DISTINCT t.dtype, t.shape FROM tensors t JOIN nodes n ON n.run_id = t.run_id "
+            "AND n.node_id = t.node_id WHERE t.run_id = ? AND t.io = 'in' AND len(t.shape) = 2 "
+            "AND (regexp_matches(n.name, ?, 'i') OR regexp_matches(coalesce(n.type, ''), ?, 'i'))",
+            [run_id, _EMBEDDING_RE.pattern, _EMBEDDING_RE.pattern],
+        ).fetchall()
+    )
+    if vocab is None:
+        return cands
+    projections = con.execute(
+        "SELECT t.token_id, n.name, n.type, n.parent_id IS NULL, coalesce(n.exec_order, -1), t.idx, t.path, "
+        "t.dtype, t.shape FROM tensors t JOIN nodes n ON n.run_id = t.run_id AND n.node_id = t.node_id "
+        "WHERE t.run_id = ? AND t.io = 'out' AND t.path IS NOT NULL AND t.shape[-1] = ? "
+        "AND (regexp_matches(n.name, ?, 'i') OR regexp_matches(coalesce(n.type, ''), ?, 'i'))",
+        [run_id, vocab, _PROJECTION_RE.pattern, _PROJECTION_RE.pattern],
+    ).fetchall()
+    return cands + [
+        Candidate(int(r[0]), str(r[1]), r[2], bool(r[3]), int(r[4]), int(r[5]), str(r[6]), r[7], _shape(r[8]), True)
+        for r in projections
     ]
 
 

@@ -249,16 +249,16 @@ def token_lines(con: duckdb.DuckDBPyConnection, cmp_id: int) -> tuple[str, dict[
     from workbench.analysis.verdicts.logits import (
         describe,
         first_failing,
-        from_model_output,
         load_rows,
+        stand_in_logits,
         statistics_only_logits,
     )
 
     rows = load_rows(con, cmp_id)
     first = first_failing(rows)
     stats_only = None if first is not None or any(r.passed for r in rows) else statistics_only_logits(con, cmp_id)
-    stand_in = from_model_output(rows)
-    said = f"; no LM head in the dumps: the model's output, {stand_in}" if stand_in else ""
+    stand_in = stand_in_logits(rows)
+    said = f"; no LM head in the dumps: {stand_in}" if stand_in else ""
     if first is not None:
         head = f"first divergent token: {first.token_id} ({describe(first)}{said})"
     elif any(r.passed for r in rows):
