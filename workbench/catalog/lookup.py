@@ -1,11 +1,18 @@
 """Find things of a comparison in the catalog: the golden node by name or id and its test counterpart, whether it
-holds pairs compared on statistics only, the advisor's highest-scored op inside a node."""
+holds pairs compared on statistics only, the advisor's highest-scored op inside a node, whether a table exists."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import duckdb
+
+
+def has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    """Whether the catalog has table `name` (one written by a later version, `advice` or `token_status`, is
+    missing from a catalog an older `wb` wrote)."""
+    row = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]).fetchone()
+    return bool(row and row[0])
 
 
 class NodeLookupError(ValueError):
@@ -101,8 +108,7 @@ def highest_inside(
     it was ranked)."""
     if not nodes_by_token:
         return {}
-    has_advice = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'advice'").fetchall()
-    if not has_advice or not has_advice[0][0]:
+    if not has_table(con, "advice"):
         return {}
     rows = con.execute(
         "WITH RECURSIVE sub(token_id, node_id) AS ("

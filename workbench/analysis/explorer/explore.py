@@ -124,6 +124,15 @@ class Explorer:
         with self._lock:
             return self._con.cursor()
 
+    def _has_table(self, name: str) -> bool:
+        from workbench.catalog.lookup import has_table
+
+        cur = self._cur()
+        try:
+            return has_table(cur, name)
+        finally:
+            cur.close()
+
     def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         cur = self._cur()
         try:
@@ -732,7 +741,7 @@ class Explorer:
         return re.search(rf"\dx twice the [^;]*{re.escape(NO_PEERS)}", reason) is not None
 
     def _advice_score(self, golden_node_id: int, token: int) -> float | None:
-        if not self._rows("SELECT 1 FROM duckdb_tables() WHERE table_name = 'advice'"):
+        if not self._has_table("advice"):
             return None
         rows = self._rows(
             "SELECT score FROM advice WHERE cmp_id = ? AND token_id = ? AND golden_node_id = ? ORDER BY rank LIMIT 1",
@@ -742,7 +751,7 @@ class Explorer:
 
     def _inputs_differ(self, token: int) -> str | None:
         """Why the runs' inputs differ at `token` (`token_status`), None where they do not or nobody knows."""
-        if not self._rows("SELECT 1 FROM duckdb_tables() WHERE table_name = 'token_status'"):
+        if not self._has_table("token_status"):
             return None
         rows = self._rows(
             "SELECT reason FROM token_status WHERE cmp_id = ? AND token_id = ? AND inputs_differ",
@@ -791,7 +800,7 @@ class Explorer:
 
     def _standing_out(self, token: int) -> tuple[int | None, float | None, str | None]:
         """The advisor's first op at `token` (node, score, evidence) when it stands out of its peers' noise."""
-        if not self._rows("SELECT 1 FROM duckdb_tables() WHERE table_name = 'advice'"):
+        if not self._has_table("advice"):
             return None, None, None
         rows = self._rows(
             "SELECT golden_node_id, score, evidence FROM advice WHERE cmp_id = ? AND token_id = ? AND rank = 1 "

@@ -46,7 +46,7 @@ from workbench.analysis.verdicts.causes import (
     is_table_call,
     known_cause,
 )
-from workbench.catalog.lookup import judged_on_statistics_only
+from workbench.catalog.lookup import has_table, judged_on_statistics_only
 from workbench.catalog.store import first_row, insert_rows
 from workbench.core.advice import NAN_INF_SCORE, NO_PEERS, STANDS_OUT
 from workbench.formats.token_ids import INT_DTYPES
@@ -239,7 +239,7 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
 
 def inputs_differ(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, str]:
     """token -> why the runs' inputs differ there (`token_status`, `verdicts.token_inputs`): no op is ranked there."""
-    if not _has_table(con, "token_status"):
+    if not has_table(con, "token_status"):
         return {}
     return {
         int(t): str(r or "inputs differ")
@@ -292,7 +292,7 @@ def advise(
     if top is not None and top < 1:
         raise ValueError(f"top {top}: must be at least 1")
     stored = (
-        _has_table(con, "advice")
+        has_table(con, "advice")
         and (first_row(con.execute("SELECT count(*) FROM advice WHERE cmp_id = ?", [cmp_id])) or (0,))[0] > 0
     )
     if stored:
@@ -332,7 +332,7 @@ def advise(
 
 def advice_evidence(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, str]:
     """token -> the evidence line stored with its rank-1 op (empty for catalogs without the table)."""
-    if not _has_table(con, "advice"):
+    if not has_table(con, "advice"):
         return {}
     return {
         int(t): str(e)
@@ -364,11 +364,6 @@ def above_higher(items: list[Advice]) -> set[tuple[int, int]]:
             out.add((a.token_id, a.rank))
         best_below[a.token_id] = max(best_below.get(a.token_id, -math.inf), a.score)
     return out
-
-
-def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
-    row = first_row(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]))
-    return bool(row and row[0])
 
 
 def _load_nodes(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[int, _Node]:
