@@ -9,6 +9,7 @@ import numpy as np
 
 from workbench.analysis.explorer.severity import Scale, scale_for
 from workbench.compare.judging.thresholds import Thresholds
+from workbench.formats.node_names import short_name
 
 Side = Literal["golden", "test"]
 
@@ -65,10 +66,7 @@ class TreeRow:
 
     @property
     def short_name(self) -> str:
-        for sep in (".", "/"):
-            if sep in self.name:
-                return self.name.rsplit(sep, 1)[-1]
-        return self.name
+        return short_name(self.name)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,67 @@
+"""msprobe's node names in the trees: every name ends with the call's direction (`...down_proj.Linear.forward`,
+`Functional.linear.13.forward`), and the trees labelled every node `forward`. A module shows its attribute, an API
+call its function and count. Real dumps by msprobe's `PrecisionDebugger` (`level: mix`), the real app by Pilot."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tests.app.test_app_pilot import cursor_id, ready, trees
+from tests.fixtures import stats_dumps
+from tests.fixtures.app_catalogs import SIZE
+from workbench.app.launch import make_app
+from workbench.formats.node_names import short_name
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("msprobe") is None, reason="msprobe not installed")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def msprobe_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("msprobe_names")
+    tokens = stats_dumps.dump("msprobe", "full", base / "golden")
+    weight = "model.layers.1.mlp.down_proj=1.03"
+    stats_dumps.dump("msprobe", "full", base / "bad", bf16=True, forced=tokens, weight=weight)
+    out, con = stats_dumps.compare(base / "golden" / "dump", base / "bad" / "dump", base / "o")
+    con.close()
+    assert "error born at: Module.model.layers.1.mlp.down_proj.Linear.forward (token 0)" in out, out
+    return base / "o" / "catalog.duckdb"
+
+
+@pytest.mark.anyio
+async def test_the_trees_name_msprobe_modules_and_calls(msprobe_catalog: Path) -> None:
+    app = make_app(catalog=msprobe_catalog)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot, app)
+        golden, _test = trees(screen)
+        node = golden.cursor_node
+        assert node is not None and node.data is not None and cursor_id(golden) is not None
+        assert node.data.name == "Module.model.layers.1.mlp.down_proj.Linear.forward"  # opens on the born op
+        assert str(node.label) == "down_proj", node.label
+        shown: list[str] = []
+        stack = [golden.root]
+        while stack:
+            tree_node = stack.pop()
+            stack.extend(tree_node.children)
+            if tree_node.data is not None:
+                shown.append(str(tree_node.label))
+        assert "forward" not in shown and {"down_proj", "mlp", "layers"} & set(shown), shown
+        calls = [label for label in shown if label.startswith(("linear.", "__mul__.", "pow."))]
+        assert calls, shown  # the calls inside the modules, by function and count
+
+
+def test_short_names_of_each_dump_kind() -> None:
+    assert short_name("Module.model.layers.1.mlp.down_proj.Linear.forward") == "down_proj"
+    assert short_name("Module.model.LlamaModel.forward") == "model"
+    assert short_name("Functional.linear.13.forward") == "linear.13"
+    assert short_name("Tensor.__mul__.5.backward") == "__mul__.5"
+    assert short_name("root.model.layers.0.mlp") == "mlp"  # msit, wb
+    assert short_name("3_Prefill_layer/3_RmsNormOperation") == "3_RmsNormOperation"  # ATB
+    assert short_name("root") == "root"
