@@ -2,13 +2,14 @@
 
 Torch and msprobe names carry the index in a path segment (`model.layers.3`, `transformer.h.2`,
 `encoder.layer.5`, `blocks.7`); ATB graphs do not, so there the index is the ordinal of the
-layer op among its graph's layer ops. Either way descendants inherit their layer's index.
+layer op among its graph's layer ops. Either way descendants inherit their layer's index. A stream of calls that no
+module encloses (msprobe's `level: L1`) has neither: there a layer is one copy of the block of calls that repeats.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from workbench.formats.model import Node
 
@@ -20,6 +21,44 @@ def layer_from_name(name: str) -> int | None:
     """The layer index named by a `layers.N` / `h.N` / `blocks.N` / `layer.N` segment (first one), else None."""
     m = _LAYER_RE.search(name)
     return int(m.group(1)) if m else None
+
+
+_MIN_BLOCK_KINDS = 3  # a decoder layer calls a norm, linears, an attention: a block of fewer kinds is no layer
+
+
+def layers_by_repetition(kinds: Sequence[str]) -> list[int | None]:
+    """Layer indices of a stream of calls that no module encloses, from the calls' kinds in the order they ran.
+
+    A decoder stacks copies of one layer, so its calls repeat with the layer's period: the longest stretch of the
+    stream made of one block repeated at least twice (the earliest such stretch, and the shortest block among those
+    covering as much) is cut into blocks, and block k is layer k. What runs before it (the embedding, the rotary
+    tables) and after it (the final norm, which repeats the start of a block, and the LM head) has no layer; so has
+    every call of a stream with no repeated block of at least three kinds of call."""
+    import numpy as np
+
+    n = len(kinds)
+    ids: dict[str, int] = {}
+    codes = np.fromiter((ids.setdefault(k, len(ids)) for k in kinds), dtype=np.int64, count=n)
+    best: tuple[int, int, int] | None = None  # (calls covered, -period, -start)
+    for period in range(2, n // 2 + 1):
+        same = np.concatenate(([0], (codes[:-period] == codes[period:]).astype(np.int8), [0]))
+        edges = np.flatnonzero(np.diff(same))
+        starts, lengths = edges[0::2], edges[1::2] - edges[0::2]
+        repeats = (lengths + period) // period
+        if not len(repeats) or repeats.max() < 2:
+            continue
+        covered = repeats * period
+        i = int(np.argmax(covered))  # the first of the longest
+        key = (int(covered[i]), -period, -int(starts[i]))
+        if best is None or key > best:
+            if len(set(codes[starts[i] : starts[i] + period].tolist())) >= _MIN_BLOCK_KINDS:
+                best = key
+    out: list[int | None] = [None] * n
+    if best is not None:
+        covered_calls, period, start = best[0], -best[1], -best[2]
+        for i in range(start, start + covered_calls):
+            out[i] = (i - start) // period
+    return out
 
 
 def is_layer_folder(suffix: str) -> bool:

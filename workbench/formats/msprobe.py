@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.formats.layers import inherit_layers, layer_from_name
+from workbench.formats.layers import inherit_layers, layer_from_name, layers_by_repetition
 from workbench.formats.model import (
     Dump,
     DumpError,
@@ -321,6 +321,11 @@ def _name_nodes(calls: list[_Call]) -> list[Node]:
         n.exec_order = i
         n.layer = layer_from_name(n.name)
     inherit_layers(ordered)
+    if not any(c.is_module for c in calls):  # `level: L1`: the layers of the first token's calls, by repetition
+        first = min((c.token for c in calls), default=0)
+        stream = sorted((c for c in calls if c.token == first), key=lambda c: c.pos)
+        for c, layer in zip(stream, layers_by_repetition([c.cls for c in stream]), strict=True):
+            nodes[c.node].layer = layer
     return ordered
 
 
