@@ -1,6 +1,8 @@
-"""msprobe's node names in the trees: every name ends with the call's direction (`...down_proj.Linear.forward`,
-`Functional.linear.13.forward`), and the trees labelled every node `forward`. A module shows its attribute, an API
-call its function and count. Real dumps by msprobe's `PrecisionDebugger` (`level: mix`), the real app by Pilot."""
+"""msprobe's dumps in the app. Every name ends with the call's direction (`...down_proj.Linear.forward`,
+`Functional.linear.13.forward`), and the trees labelled every node `forward`: a module shows its attribute, an API
+call its function and count. At `level: L1` (calls only) the heatmap had no row: no call named a layer, and every
+call, a top-level node, was left out as the model's own. Real dumps by msprobe's `PrecisionDebugger`, the real app
+by Pilot."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.app.test_app_pilot import cursor_id, ready, trees
+from tests.app.test_app_pilot import cursor_id, ready, trees, wait_for
 from tests.fixtures import stats_dumps
 from tests.fixtures.app_catalogs import SIZE
+from workbench.app.heatmap import HeatmapView
 from workbench.app.launch import make_app
 from workbench.formats.node_names import short_name
 
@@ -55,6 +58,35 @@ async def test_the_trees_name_msprobe_modules_and_calls(msprobe_catalog: Path) -
         assert "forward" not in shown and {"down_proj", "mlp", "layers"} & set(shown), shown
         calls = [label for label in shown if label.startswith(("linear.", "__mul__.", "pow."))]
         assert calls, shown  # the calls inside the modules, by function and count
+
+
+@pytest.fixture(scope="module")
+def l1_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """msprobe `level: L1`, bf16 test whose layer-1 input norm's rsqrt is 2 % off."""
+    base = tmp_path_factory.mktemp("msprobe_l1_app")
+    tokens = stats_dumps.dump("msprobe", "full", base / "golden", level="L1")
+    call = "rsqrt=1.02@model.layers.1.input_layernorm"
+    stats_dumps.dump("msprobe", "full", base / "bad", bf16=True, forced=tokens, level="L1", call=call)
+    out, con = stats_dumps.compare(base / "golden" / "dump", base / "bad" / "dump", base / "o")
+    con.close()
+    assert "error born at: Torch.rsqrt.2.forward (token 1)" in out, out
+    return base / "o" / "catalog.duckdb"
+
+
+@pytest.mark.anyio
+async def test_level_l1_heatmap_has_the_layers_of_the_repeated_calls(l1_catalog: Path) -> None:
+    app = make_app(catalog=l1_catalog)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot, app)
+        view = screen.query_one(HeatmapView)
+        assert view.data is not None and view.data.row_labels == ["pre", "L0", "L1", "post"], view.data
+        assert view.data.failed.any(), view.data.failed
+        row, col = view.cursor
+        assert view.data.row_labels[row] == "L1" and view.data.tokens[col] == 1, view.cursor  # the born op's layer
+        await pilot.press("enter")  # drill into layer 1: its calls by function and count
+        await wait_for(pilot, lambda: view.data is not None and view.data.layer == 1)
+        assert view.data is not None and "rsqrt.2" in view.data.row_labels, view.data.row_labels
+        assert all(not label.endswith("forward") for label in view.data.row_labels), view.data.row_labels
 
 
 def test_short_names_of_each_dump_kind() -> None:

@@ -17,6 +17,11 @@ _MSPROBE_MODULE_RE = re.compile(r"^(?:Module|Cell)\.(.+)\.[^.]+\.(?:forward|back
 _MSPROBE_API_RE = re.compile(r"^[A-Za-z]\w*\.([^.].*\.[0-9]{1,9})\.(?:forward|backward)$", re.DOTALL)
 
 
+def is_msprobe_name(name: str) -> bool:
+    """Whether `name` is an msprobe module's or API call's node name (it ends with the call's direction)."""
+    return bool(_MSPROBE_MODULE_RE.match(name) or _MSPROBE_API_RE.match(name))
+
+
 def short_name(name: str) -> str:
     """The last segment of `name` that tells the node from its siblings (see the module's docstring)."""
     m = _MSPROBE_MODULE_RE.match(name)

@@ -110,6 +110,8 @@ class Explorer:
         self._first_shape: dict[tuple[int, int], Any] | None = None
         self._quant_names: frozenset[str] | None = None
         self._stat_roll_up: bool | None = None
+        self._model: int | None = None  # the model's node (-1: none)
+        self._containers: list[int] | None = None  # what the heatmap leaves out (`_left_out`)
         try:
             self.info = self._load_info(cmp_id)
         except duckdb.Error as exc:
@@ -481,9 +483,9 @@ class Explorer:
                    sum(coalesce(r.out_failed, 0)) > 0 AS fail, bool_or(coalesce(r.has_nan_inf, false)) AS nan,
                    {stat_agg} AS stat_bound
             FROM node_results r JOIN nodes n ON n.run_id = ? AND n.node_id = r.golden_node_id
-            WHERE r.cmp_id = ? AND n.parent_id IS NOT NULL AND {where}
+            WHERE r.cmp_id = ? AND NOT list_contains(?, n.node_id) AND {where}
             GROUP BY 1, 2""",
-            [*key_params, info.golden_run, info.cmp_id, *params],
+            [*key_params, info.golden_run, info.cmp_id, self._left_out(), *params],
         )
         if colour_by == VERDICT:
             sev = [
@@ -520,6 +522,39 @@ class Explorer:
             return math.inf if bound is None else bound
         return None
 
+    def _model_node(self) -> int:
+        """The golden run's model node (`compare.judging.judge.model_node`: its one root), -1 where it has none
+        (msprobe's top-level modules, or every call of its `level: L1`)."""
+        if self._model is None:
+            from workbench.compare.judging.judge import model_node
+
+            roots = [
+                int(r[0])
+                for r in self._rows(
+                    "SELECT node_id FROM nodes WHERE run_id = ? AND parent_id IS NULL", [self.info.golden_run]
+                )
+            ]
+            found = model_node(roots, [None] * len(roots))
+            self._model = -1 if found is None else found
+        return self._model
+
+    def _left_out(self) -> list[int]:
+        """The golden nodes no heatmap row holds: the model's node and the nodes that enclose a layer (`LlamaModel`,
+        `layers`), whose roll-up is the whole model's, not what runs before or after the layers."""
+        if self._containers is None:
+            rows = self._rows(
+                "WITH RECURSIVE up(node_id) AS ("
+                "  SELECT c.parent_id FROM nodes c"
+                "  WHERE c.run_id = ? AND c.layer IS NOT NULL AND c.parent_id IS NOT NULL"
+                "  UNION SELECT p.parent_id FROM up JOIN nodes p ON p.run_id = ? AND p.node_id = up.node_id"
+                "  WHERE p.parent_id IS NOT NULL) "
+                "SELECT DISTINCT u.node_id FROM up u JOIN nodes n ON n.run_id = ? AND n.node_id = u.node_id "
+                "WHERE n.layer IS NULL",
+                [self.info.golden_run] * 3,
+            )
+            self._containers = sorted({int(r[0]) for r in rows} | {self._model_node()})
+        return self._containers
+
     def _has_stat_roll_up(self) -> bool:
         """Whether `node_results` has `max_stat_bound` (a catalog opened read-only may predate it)."""
         if self._stat_roll_up is None:
@@ -552,14 +587,14 @@ class Explorer:
             where, params = self._group_sql(layer)
             nodes = self._rows(
                 f"SELECT DISTINCT n.node_id, n.name, n.exec_order FROM node_results r JOIN nodes n ON n.run_id = ? "
-                f"AND n.node_id = r.golden_node_id WHERE r.cmp_id = ? AND n.parent_id IS NOT NULL AND {where} "
+                f"AND n.node_id = r.golden_node_id WHERE r.cmp_id = ? AND NOT list_contains(?, n.node_id) AND {where} "
                 "ORDER BY n.exec_order NULLS LAST, n.node_id",
-                [grun, self.info.cmp_id, *params],
+                [grun, self.info.cmp_id, self._left_out(), *params],
             )
             keys = [int(r[0]) for r in nodes]
             prefix = _common_prefix([str(r[1]) for r in nodes])
             whole = f"(layer {layer})" if layer not in (PRE, POST) else None
-            labels = [str(r[1])[len(prefix) :] or whole or str(r[1]) for r in nodes]
+            labels = [_row_label(str(r[1]), prefix) or whole or str(r[1]) for r in nodes]
             row_nodes = list(keys)
             row_layers = [layer] * len(keys)
             cells = self._cells("r.golden_node_id", where, params, colour_by)
@@ -593,21 +628,21 @@ class Explorer:
         rows = self._rows(
             f"SELECT r.golden_node_id FROM node_results r JOIN nodes n ON n.run_id = ? AND "
             f"n.node_id = r.golden_node_id WHERE r.cmp_id = ? AND r.token_id = ? AND {where} "
-            f"AND n.parent_id IS NOT NULL ORDER BY coalesce(r.born, false) DESC, n.depth DESC, {order}, "
+            f"AND NOT list_contains(?, n.node_id) ORDER BY coalesce(r.born, false) DESC, n.depth DESC, {order}, "
             "n.exec_order LIMIT 1",
-            [self.info.golden_run, self.info.cmp_id, token, *params],
+            [self.info.golden_run, self.info.cmp_id, token, *params, self._left_out()],
         )
         return int(rows[0][0]) if rows else None
 
     def group_of(self, golden_node_id: int) -> int | None:
-        """The heatmap row group of a golden node: its layer, PRE or POST (None for the root)."""
+        """The heatmap row group of a golden node: its layer, PRE or POST (None for the model's node)."""
         rows = self._rows(
-            "SELECT layer, exec_order, parent_id FROM nodes WHERE run_id = ? AND node_id = ?",
+            "SELECT layer, exec_order FROM nodes WHERE run_id = ? AND node_id = ?",
             [self.info.golden_run, golden_node_id],
         )
-        if not rows or rows[0][2] is None:
+        if not rows or golden_node_id in self._left_out():
             return None
-        layer, order, _ = rows[0]
+        layer, order = rows[0]
         if layer is not None:
             return int(layer)
         return PRE if (order or 0) < self._first_layer_order() else POST
@@ -1100,6 +1135,15 @@ def _shape_text(shape: Any) -> str:
     if shape is None:
         return ""
     return "[" + ", ".join(str(int(s)) for s in shape) + "]"
+
+
+def _row_label(name: str, prefix: str) -> str:
+    """An op's row in a layer's heatmap: its name without the group's common prefix (`mlp.down_proj` of
+    `root.model.layers.1.`); an msprobe name by its short name (a layer holding modules and API calls has no common
+    prefix, and every name ends with `.forward`)."""
+    from workbench.formats.node_names import is_msprobe_name, short_name
+
+    return short_name(name) if is_msprobe_name(name) else name[len(prefix) :]
 
 
 def _common_prefix(names: list[str]) -> str:
