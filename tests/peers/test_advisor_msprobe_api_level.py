@@ -194,3 +194,19 @@ def test_level_l1_diverging_logits_are_found_without_an_lm_head(
     con.close()
     assert judged == (len(tokens), len(tokens)), (judged, out)
     assert "first divergent token: 0 (cosine " in out and f"no LM head in the dumps: {LAST_LINEAR})" in out, out
+
+
+def test_level_l1_a_wrong_kernel_in_every_norm(l1_golden: tuple[Path, list[int]], tmp_path: Path) -> None:
+    """Every `torch.rsqrt` 2 % off (one wrong kernel, every norm): the first is where the error is born at every
+    token. The products after it (`hidden * rsqrt`, the norm's weight) carry the sum of their factors' errors; taken
+    as their largest, they stood out at 4.2x and were named the most likely origin beside it."""
+    golden, tokens = l1_golden
+    test = tmp_path / "rs"
+    stats_dumps.dump("msprobe", "full", test, bf16=True, forced=tokens, level="L1", call="rsqrt=1.02")
+    out, con = stats_dumps.compare(golden / "golden" / "dump", test / "dump", tmp_path / "o")
+    born = stats_dumps.born(con)
+    con.close()
+    assert born == {"Torch.rsqrt.0.forward"}, out
+    for tok, first in _firsts(tmp_path / "o" / "catalog.duckdb").items():
+        unexplained = float(first["score"]) >= 3.0 and CAUSE not in str(first["reason"])
+        assert not unexplained or first["golden_node"] == "Torch.rsqrt.0.forward", (tok, first)

@@ -42,6 +42,7 @@ from workbench.analysis.verdicts.causes import (
     ROUNDING,
     cause_in,
     error_gain,
+    errors_add,
     is_lookup,
     is_table_call,
     known_cause,
@@ -142,13 +143,15 @@ _NEW_NAN_INF = """CASE WHEN coalesce(x.my_nan_count, x.my_inf_count, x.golden_na
 # a NaN bound (NaN/Inf statistics on one side) measures nothing: `_NEW_NAN_INF` says what it means
 _STAT_BOUND_FINITE = "CASE WHEN NOT isnan(s.stat_rel_euclid_bound) THEN s.stat_rel_euclid_bound END"
 
+_PAIR_ERR = f"""coalesce(x.relative_euclidean_distance,
+                CASE WHEN x.cosine_similarity IS NOT NULL
+                     THEN sqrt(greatest(0.0, 2.0 * (1.0 - x.cosine_similarity))) END,
+                {_STAT_BOUND_FINITE})"""
 _ROWS_SQL = f"""
 SELECT m.token_id, m.golden_node_id, m.io,
        arg_min(m.test_node_id, m.pair_id) AS test_node_id,
-       max(coalesce(x.relative_euclidean_distance,
-                    CASE WHEN x.cosine_similarity IS NOT NULL
-                         THEN sqrt(greatest(0.0, 2.0 * (1.0 - x.cosine_similarity))) END,
-                    {_STAT_BOUND_FINITE})) AS err,
+       max({_PAIR_ERR}) AS err,
+       sum({_PAIR_ERR}) AS err_sum,  -- a product's inputs: their relative errors add (`causes.errors_add`)
        bool_or({_NEW_NAN_INF}) AS new_nan_inf,
        mode(tt.dtype) AS dtype
 FROM matches m
@@ -182,7 +185,9 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
         if typ and one_kind:
             test_types[int(n)] = str(typ)
     per_token: dict[int, dict[int, dict[str, _IO]]] = defaultdict(dict)
-    for tok, gid, io, tid, err, nan_inf, dtype in _fetch_slices(con.execute(_ROWS_SQL, [cmp_id])):
+    products = {g for g, n in nodes.items() if errors_add(n.type)}
+    for tok, gid, io, tid, err_max, err_sum, nan_inf, dtype in _fetch_slices(con.execute(_ROWS_SQL, [cmp_id])):
+        err = err_sum if io == "in" and int(gid) in products else err_max
         per_token[int(tok)].setdefault(int(gid), {})[str(io)] = (
             None if tid is None else int(tid),
             None if err is None or (isinstance(err, float) and math.isnan(err)) else float(err),
@@ -193,7 +198,7 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
     run_dtype = statistics.mode(dtypes) if dtypes else None
     sources = {g for g, n in nodes.items() if known_cause(n.type, run_dtype) is not None}
     for (tok, gid), split in _split_inputs(
-        con, cmp_id, golden_run, ROUNDING.get(run_dtype or "", 0.0), sources
+        con, cmp_id, golden_run, ROUNDING.get(run_dtype or "", 0.0), sources, products
     ).items():
         ios = per_token.get(tok, {}).get(gid)
         if ios is not None and "in" in ios:
@@ -496,7 +501,7 @@ _NO_KEY: tuple[float, ...] = ()  # not in `_stat_key`'s `known` yet
 class _InputSplit:
     """A node's dumped inputs at one token, by role (`_split_inputs`)."""
 
-    act_err: float  # worst error of its activation inputs: what it carries in
+    act_err: float  # what it carries in: its activation inputs' worst error (their sum for a product)
     weight_err: float | None  # worst error of its weight inputs (ATB: weights are op inputs)
     side_err: float | None  # worst error of inputs that are a known-cause op's output (the rotary tables)
     side_from: int | None  # that op (golden node)
@@ -505,7 +510,12 @@ class _InputSplit:
 
 
 def _split_inputs(
-    con: duckdb.DuckDBPyConnection, cmp_id: int, golden_run: int, floor: float, sources: set[int]
+    con: duckdb.DuckDBPyConnection,
+    cmp_id: int,
+    golden_run: int,
+    floor: float,
+    sources: set[int],
+    products: frozenset[int] | set[int] = frozenset(),
 ) -> dict[tuple[int, int], _InputSplit]:
     """(token, golden node) -> its inputs by role, for nodes with a weight input or a side input.
 
@@ -568,8 +578,9 @@ def _split_inputs(
         if side and k not in acts and k not in weights:
             continue  # nothing but side inputs: they are what it takes in
         worst_side = max(side) if side else None
+        carried = sum(known_a) if k[1] in products else max(known_a, default=0.0)  # a product's factors add
         out[k] = _InputSplit(
-            max(known_a) if known_a else 0.0,
+            carried,
             max(known_w) if known_w else None,
             None if worst_side is None else worst_side[0],
             None if worst_side is None else worst_side[1],

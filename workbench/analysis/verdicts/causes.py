@@ -64,6 +64,23 @@ def error_gain(op_type: str | None) -> float:
     return _ERROR_GAIN.get(_call_name(op_type), 1.0)
 
 
+# Ops whose inputs' relative errors add up in their output: the factors of a product or a quotient (torch's calls
+# as msprobe's API levels name them, GE's types). One factor 2 % off and the other 2 % off make a product 4 % off.
+_PRODUCTS = frozenset(
+    (
+        *("mul", "__mul__", "__rmul__", "__imul__", "multiply"),
+        *("div", "__truediv__", "__rtruediv__", "__itruediv__", "true_divide", "divide", "realdiv"),
+        *("matmul", "__matmul__", "mm", "bmm", "batchmatmul", "batchmatmulv2"),
+    )
+)
+
+
+def errors_add(op_type: str | None) -> bool:
+    """Whether an op of this type carries the sum of its activation inputs' relative errors (a product), not the
+    largest of them."""
+    return _call_name(op_type) in _PRODUCTS
+
+
 LOOKUP_TYPES = frozenset(("embedding", "gatheroperation", "gather", "gatherv2"))  # torch and msprobe, ATB, GE
 
 
