@@ -199,7 +199,8 @@ def test_level_l1_diverging_logits_are_found_without_an_lm_head(
 def test_level_l1_a_wrong_kernel_in_every_norm(l1_golden: tuple[Path, list[int]], tmp_path: Path) -> None:
     """Every `torch.rsqrt` 2 % off (one wrong kernel, every norm): the first is where the error is born at every
     token. The products after it (`hidden * rsqrt`, the norm's weight) carry the sum of their factors' errors; taken
-    as their largest, they stood out at 4.2x and were named the most likely origin beside it."""
+    as their largest, they stood out at 4.2x and were named the most likely origin beside it; then the rotary
+    tables, explained by their cause, were."""
     golden, tokens = l1_golden
     test = tmp_path / "rs"
     stats_dumps.dump("msprobe", "full", test, bf16=True, forced=tokens, level="L1", call="rsqrt=1.02")
@@ -207,6 +208,8 @@ def test_level_l1_a_wrong_kernel_in_every_norm(l1_golden: tuple[Path, list[int]]
     born = stats_dumps.born(con)
     con.close()
     assert born == {"Torch.rsqrt.0.forward"}, out
+    # its peers are as wrong: the summary says so, and names no explained rotary table as the origin beside it
+    assert "or a fault that every op of its kind shares" in out and "most likely origin here is" not in out, out
     for tok, first in _firsts(tmp_path / "o" / "catalog.duckdb").items():
         unexplained = float(first["score"]) >= 3.0 and CAUSE not in str(first["reason"])
         assert not unexplained or first["golden_node"] == "Torch.rsqrt.0.forward", (tok, first)

@@ -23,13 +23,14 @@ NO_PEERS = "for want of peers"
 def born_in_noise(score: float | None, evidence: str | None = None, inside: float | None = None) -> str | None:
     """What `wb compare`, the HTML report and the app add under an op whose outputs fail while its inputs pass, when
     the advisor scores it under `STANDS_OUT`: the thresholds caught it, but it adds no more than the same op
-    elsewhere. None where the advisor did not rank it, it or an op inside it (`inside`: the highest score there)
-    stands out, or evidence (a precheck) says more."""
+    elsewhere (peers that are all as wrong, one faulty kernel in every layer, look the same). None where the advisor
+    did not rank it, it or an op inside it (`inside`: the highest score there) stands out, or evidence (a precheck)
+    says more."""
     if score is None or score >= STANDS_OUT or evidence or (inside is not None and inside >= STANDS_OUT):
         return None
     return (
         f"the advisor scores it {score:.1f} (under {STANDS_OUT:g}: inside its peers' noise), so the run's own "
-        "rounding may be what crosses the thresholds here"
+        "rounding may be what crosses the thresholds here, or a fault that every op of its kind shares"
     )
 
 

@@ -48,7 +48,7 @@ from workbench.analysis.explorer.views import (
     TreeRow,
     Unmatched,
 )
-from workbench.analysis.verdicts.causes import is_lookup
+from workbench.analysis.verdicts.causes import cause_in, is_lookup
 from workbench.compare.judging.thresholds import Thresholds
 from workbench.core.advice import NO_PEERS, STANDS_OUT
 from workbench.core.metrics import ALL_METRICS, BY_NAME, STAT_BOUND_JUDGED_AS, STAT_METRIC_NAMES
@@ -410,7 +410,7 @@ class Explorer:
             unchecked = why == BORN_FAILS and born_g is not None and self._inputs_unchecked(born_g, token)
             origin: tuple[int | None, float | None, str | None] = (None, None, None)
             if why == BORN_FAILS and score is not None and score < STANDS_OUT:
-                origin = self._standing_out(token)
+                origin = self._standing_out(token, unexplained=True)
             origin_name = self.node_name("golden", origin[0]) if origin[0] not in (None, born_g) else None
             cached = TokenVerdict(
                 born_g,
@@ -833,16 +833,17 @@ class Explorer:
         """The advisor's first op at `token` when it stands out of its peers' noise (golden node), else None."""
         return self._standing_out(token)[0]
 
-    def _standing_out(self, token: int) -> tuple[int | None, float | None, str | None]:
-        """The advisor's first op at `token` (node, score, evidence) when it stands out of its peers' noise."""
+    def _standing_out(self, token: int, unexplained: bool = False) -> tuple[int | None, float | None, str | None]:
+        """The advisor's first op at `token` (node, score, evidence) when it stands out of its peers' noise
+        (`unexplained`: and no known cause explains it, the origin named beside an op born in the noise)."""
         if not self._has_table("advice"):
             return None, None, None
         rows = self._rows(
-            "SELECT golden_node_id, score, evidence FROM advice WHERE cmp_id = ? AND token_id = ? AND rank = 1 "
-            "AND score >= ?",
+            "SELECT golden_node_id, score, evidence, reason FROM advice WHERE cmp_id = ? AND token_id = ? "
+            "AND rank = 1 AND score >= ?",
             [self.info.cmp_id, token, STANDS_OUT],
         )
-        if not rows:
+        if not rows or (unexplained and cause_in(str(rows[0][3] or "")) is not None):
             return None, None, None
         return int(rows[0][0]), float(rows[0][1]), None if not rows[0][2] else str(rows[0][2])
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from workbench.analysis.reporting.summary import CompareResult
 from workbench.analysis.verdicts.born import INPUTS_UNCHECKED
+from workbench.analysis.verdicts.causes import cause_in
 from workbench.catalog import first_row
 from workbench.catalog.schema import MSIT_CSV_COLUMNS
 from workbench.catalog.store import registered
@@ -284,7 +285,12 @@ def format_summary(
                     lines.append(f"  {note}")
                 elif note := born_in_noise(score, inside=inside_score):
                     lines.append(f"  {note}")
-                    if origin is not None and origin.stands_out and origin.golden_node != name:
+                    if (
+                        origin is not None
+                        and origin.stands_out
+                        and origin.golden_node != name
+                        and cause_in(origin.reason) is None  # an explained op is not where this error comes from
+                    ):
                         lines.append(f"  {elsewhere(origin.golden_node, origin.score, tok)}")
             if name in res.explained and name not in explained:  # once per op, not once per token
                 explained.add(name)
