@@ -213,3 +213,16 @@ def test_level_l1_a_wrong_kernel_in_every_norm(l1_golden: tuple[Path, list[int]]
     for tok, first in _firsts(tmp_path / "o" / "catalog.duckdb").items():
         unexplained = float(first["score"]) >= 3.0 and CAUSE not in str(first["reason"])
         assert not unexplained or first["golden_node"] == "Torch.rsqrt.0.forward", (tok, first)
+
+
+def test_level_l1_statistics_name_the_logits_they_hold(tmp_path: Path) -> None:
+    """msprobe's default task (statistics) at `level: L1`: the logits are the last linear call onto the vocabulary,
+    kept as statistics; `first divergent token` said `no lm_head/LmHead output or model output in the dumps`."""
+    tokens = stats_dumps.dump("msprobe", "stats", tmp_path / "golden", level="L1")
+    stats_dumps.dump("msprobe", "stats", tmp_path / "clean", bf16=True, forced=tokens, level="L1")
+    out, con = stats_dumps.compare(tmp_path / "golden" / "dump", tmp_path / "clean" / "dump", tmp_path / "o")
+    con.close()
+    assert (
+        f"first divergent token: unknown (the logits ({LAST_LINEAR}) were dumped as statistics only: no cosine, KL or "
+        f"top-1 per token; their max/min/mean/norm pass at all {len(tokens)} pairs" in out
+    ), out

@@ -105,7 +105,7 @@ def strip_cells(con: duckdb.DuckDBPyConnection, cmp_id: int, tokens: Iterable[in
         )
         if on_stats is not None and tok in on_stats.counts:
             why = (
-                f"the logits ({on_stats.node}) were dumped as statistics only: their max/min/mean/norm are compared, "
+                f"the logits ({on_stats.what}) were dumped as statistics only: their max/min/mean/norm are compared, "
                 "no cosine, KL or top-1"
             )
             cell = replace(cell, passed=on_stats.passed(tok), reason=why, on_statistics=True)

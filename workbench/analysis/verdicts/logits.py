@@ -20,6 +20,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
+from workbench.catalog import first_row
 from workbench.catalog.lookup import has_statistics_only_pairs
 from workbench.catalog.store import registered, typed_columns
 from workbench.compare.judging.thresholds import NAN_INF, Thresholds
@@ -209,15 +210,7 @@ def candidates_from_catalog(con: duckdb.DuckDBPyConnection, run_id: int) -> list
     ]
     if not _needs_projection(cands):
         return cands
-    vocab = vocabulary_size(
-        (dtype, _shape(shape))
-        for dtype, shape in con.execute(
-            "SELECT DISTINCT t.dtype, t.shape FROM tensors t JOIN nodes n ON n.run_id = t.run_id "
-            "AND n.node_id = t.node_id WHERE t.run_id = ? AND t.io = 'in' AND len(t.shape) = 2 "
-            "AND (regexp_matches(n.name, ?, 'i') OR regexp_matches(coalesce(n.type, ''), ?, 'i'))",
-            [run_id, _EMBEDDING_RE.pattern, _EMBEDDING_RE.pattern],
-        ).fetchall()
-    )
+    vocab = _run_vocabulary(con, run_id)
     if vocab is None:
         return cands
     projections = con.execute(
@@ -231,6 +224,19 @@ def candidates_from_catalog(con: duckdb.DuckDBPyConnection, run_id: int) -> list
         Candidate(int(r[0]), str(r[1]), r[2], bool(r[3]), int(r[4]), int(r[5]), str(r[6]), r[7], _shape(r[8]), True)
         for r in projections
     ]
+
+
+def _run_vocabulary(con: duckdb.DuckDBPyConnection, run_id: int) -> int | None:
+    """`vocabulary_size` of an ingested run, from its word embedding's inputs."""
+    return vocabulary_size(
+        (dtype, _shape(shape))
+        for dtype, shape in con.execute(
+            "SELECT DISTINCT t.dtype, t.shape FROM tensors t JOIN nodes n ON n.run_id = t.run_id "
+            "AND n.node_id = t.node_id WHERE t.run_id = ? AND t.io = 'in' AND len(t.shape) = 2 "
+            "AND (regexp_matches(n.name, ?, 'i') OR regexp_matches(coalesce(n.type, ''), ?, 'i'))",
+            [run_id, _EMBEDDING_RE.pattern, _EMBEDDING_RE.pattern],
+        ).fetchall()
+    )
 
 
 def _shape(value: Any) -> tuple[int, ...] | None:
@@ -436,6 +442,7 @@ WITH candidates AS (
     LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
     WHERE m.cmp_id = ? AND m.io = 'out' AND (gt.path IS NULL OR tt.path IS NULL)
       AND (regexp_matches(gn.name, ?, 'i') OR regexp_matches(coalesce(gn.type, ''), ?, 'i'))
+      AND (?::BIGINT IS NULL OR gt.shape[-1] = ?::BIGINT)  -- a vocabulary projection's output (no LM head named)
     GROUP BY m.token_id, gn.name, gn.exec_order
 )
 -- per token, the last logits-like op that ran (ATB's prefill and decode graphs each have their own LM head)
@@ -451,6 +458,12 @@ class StatisticsLogits:
 
     node: str  # the logits op at the first token
     counts: dict[int, tuple[int, int, int]]  # token -> (pairs, failed, judged) of that token's logits op
+    projection: bool = False  # no LM head named: the last linear call onto the vocabulary
+
+    @property
+    def what(self) -> str:
+        """The logits op as the summary and the app name it."""
+        return f"the last linear call onto the vocabulary, {self.node}" if self.projection else self.node
 
     def passed(self, token: int) -> bool | None:
         """Whether the logits' statistics pass at `token` (None: none judged there)."""
@@ -464,10 +477,26 @@ def statistics_logits(con: duckdb.DuckDBPyConnection, cmp_id: int) -> Statistics
     if not has_statistics_only_pairs(con, cmp_id):  # (the query joins every output pair: ~0.2 s at 1.9M pairs)
         return None
     pattern = _LOGITS_RE.pattern
-    rows = con.execute(_STAT_LOGITS_SQL, [cmp_id, pattern, pattern]).fetchall()
+    rows = con.execute(_STAT_LOGITS_SQL, [cmp_id, pattern, pattern, None, None]).fetchall()
+    projection = False
+    if not rows:  # no LM head named (msprobe's `level: L1`): the last linear call onto the vocabulary
+        run = first_row(
+            con.execute(
+                "SELECT c.golden_run, count(n.node_id) FROM comparisons c LEFT JOIN nodes n ON n.run_id = c.golden_run "
+                "AND n.parent_id IS NULL WHERE c.cmp_id = ? GROUP BY c.golden_run",
+                [cmp_id],
+            )
+        )
+        vocab = _run_vocabulary(con, int(run[0])) if run is not None and run[1] != 1 else None  # one root: the model's
+        if vocab is None:
+            return None
+        proj = _PROJECTION_RE.pattern
+        rows = con.execute(_STAT_LOGITS_SQL, [cmp_id, proj, proj, vocab, vocab]).fetchall()
+        projection = True
     if not rows:
         return None
-    return StatisticsLogits(str(rows[0][0]), {int(t): (int(p), int(f), int(j)) for _n, t, p, f, j in rows})
+    counts = {int(t): (int(p), int(f), int(j)) for _n, t, p, f, j in rows}
+    return StatisticsLogits(str(rows[0][0]), counts, projection)
 
 
 def statistics_only_logits(con: duckdb.DuckDBPyConnection, cmp_id: int) -> str | None:
@@ -485,7 +514,7 @@ def statistics_only_logits(con: duckdb.DuckDBPyConnection, cmp_id: int) -> str |
         else f"their max/min/mean/norm pass at all {pairs} pairs"
     )
     return (
-        f"the logits ({found.node}) were dumped as statistics only: no cosine, KL or top-1 per token; {said}; "
+        f"the logits ({found.what}) were dumped as statistics only: no cosine, KL or top-1 per token; {said}; "
         "re-dump them with tensors to judge each token's next-token distribution"
     )
 
