@@ -26,16 +26,21 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+def _compared(base: Path, level: str, born: str, weight: str = "", call: str = "") -> Path:
+    """A golden and a planted bf16 msprobe dump at `level`, compared; `born` is checked in the summary."""
+    tokens = stats_dumps.dump("msprobe", "full", base / "golden", level=level)
+    stats_dumps.dump("msprobe", "full", base / "bad", bf16=True, forced=tokens, level=level, weight=weight, call=call)
+    out, con = stats_dumps.compare(base / "golden" / "dump", base / "bad" / "dump", base / "o")
+    con.close()
+    assert f"error born at: {born}" in out, out
+    return base / "o" / "catalog.duckdb"
+
+
 @pytest.fixture(scope="module")
 def msprobe_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("msprobe_names")
-    tokens = stats_dumps.dump("msprobe", "full", base / "golden")
-    weight = "model.layers.1.mlp.down_proj=1.03"
-    stats_dumps.dump("msprobe", "full", base / "bad", bf16=True, forced=tokens, weight=weight)
-    out, con = stats_dumps.compare(base / "golden" / "dump", base / "bad" / "dump", base / "o")
-    con.close()
-    assert "error born at: Module.model.layers.1.mlp.down_proj.Linear.forward (token 0)" in out, out
-    return base / "o" / "catalog.duckdb"
+    born = "Module.model.layers.1.mlp.down_proj.Linear.forward (token 0)"
+    return _compared(base, "mix", born, weight="model.layers.1.mlp.down_proj=1.03")
 
 
 @pytest.mark.anyio
@@ -64,13 +69,7 @@ async def test_the_trees_name_msprobe_modules_and_calls(msprobe_catalog: Path) -
 def l1_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """msprobe `level: L1`, bf16 test whose layer-1 input norm's rsqrt is 2 % off."""
     base = tmp_path_factory.mktemp("msprobe_l1_app")
-    tokens = stats_dumps.dump("msprobe", "full", base / "golden", level="L1")
-    call = "rsqrt=1.02@model.layers.1.input_layernorm"
-    stats_dumps.dump("msprobe", "full", base / "bad", bf16=True, forced=tokens, level="L1", call=call)
-    out, con = stats_dumps.compare(base / "golden" / "dump", base / "bad" / "dump", base / "o")
-    con.close()
-    assert "error born at: Torch.rsqrt.2.forward (token 1)" in out, out
-    return base / "o" / "catalog.duckdb"
+    return _compared(base, "L1", "Torch.rsqrt.2.forward (token 1)", call="rsqrt=1.02@model.layers.1.input_layernorm")
 
 
 @pytest.mark.anyio
