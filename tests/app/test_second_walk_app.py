@@ -11,6 +11,7 @@ from textual.widgets import Static
 
 from tests.app.test_app_pilot import ready, wait_for
 from tests.fixtures.app_catalogs import DEFECT_ID, SIZE
+from workbench.app.heatmap import HeatmapView
 from workbench.app.launch import make_app
 
 pytestmark = pytest.mark.anyio
@@ -235,7 +236,12 @@ async def test_quantized_run_verdict_is_the_advisors_as_in_the_summary(quant_cat
         await pilot.press("b")
         await wait_for(pilot, lambda: any("none stands out" in str(n.message) for n in app._notifications), 10)
         assert not any("every output passes" in str(n.message) for n in app._notifications)
-        await pilot.press("enter")  # into the ops before the first layer: the model, failing at its output
+        # the ops before the first layer pass (the embedding, the rotary tables: the model's own node, failing at its
+        # output, is in no row); layer 0's quantized linears fail: into it
+        view = screen.query_one(HeatmapView)
+        assert view.data is not None and view.data.row_labels[:2] == ["pre", "L0"], view.data.row_labels
+        assert not view.data.failed[0].any() and view.data.failed[1].all(), view.data.failed
+        await pilot.press(*["up"] * len(view.data.row_labels), "down", "enter")
         detail = screen.query_one("#detail", Static)
         await wait_for(pilot, lambda: "no op where the error is born" in _plain(detail), timeout=30)
         assert "✗" in _plain(detail) and "every output passes" not in _plain(detail)
