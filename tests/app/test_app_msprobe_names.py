@@ -91,6 +91,7 @@ async def test_level_l1_heatmap_has_the_layers_of_the_repeated_calls(l1_catalog:
 def test_short_names_of_each_dump_kind() -> None:
     assert short_name("Module.model.layers.1.mlp.down_proj.Linear.forward") == "down_proj"
     assert short_name("Module.model.LlamaModel.forward") == "model"
+    assert short_name("Module.model.rotary_emb.LlamaRotaryEmbedding.forward#1") == "rotary_emb#1"  # a second call
     assert short_name("Functional.linear.13.forward") == "linear.13"
     assert short_name("Tensor.__mul__.5.backward") == "__mul__.5"
     assert short_name("root.model.layers.0.mlp") == "mlp"  # msit, wb

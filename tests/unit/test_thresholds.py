@@ -295,7 +295,11 @@ if __name__ == "__main__":
 def test_the_model_node_is_the_one_root() -> None:
     """The logits rule's `model_output` judges the run's root when it has exactly one (msit's `root`); where the top
     level holds several nodes (msprobe's modules, its L1 calls) none is the model's output."""
-    assert model_node([0, 1, 2], [None, 0, 1]) == 0
-    assert model_node([5, 6, 7], [6, None, 6]) == 6
-    assert model_node([0, 1, 2], [None, None, 1]) is None
-    assert model_node([], []) is None
+
+    def roots(ids: list[int], parents: list[int | None]) -> list[int]:
+        return [n for n, parent in zip(ids, parents, strict=True) if parent is None]
+
+    assert model_node(roots([0, 1, 2], [None, 0, 1])) == 0
+    assert model_node(roots([5, 6, 7], [6, None, 6])) == 6
+    assert model_node(roots([0, 1, 2], [None, None, 1])) is None
+    assert model_node(roots([], [])) is None

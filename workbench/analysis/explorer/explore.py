@@ -110,7 +110,6 @@ class Explorer:
         self._first_shape: dict[tuple[int, int], Any] | None = None
         self._quant_names: frozenset[str] | None = None
         self._stat_roll_up: bool | None = None
-        self._model: int | None = None  # the model's node (-1: none)
         self._containers: list[int] | None = None  # what the heatmap leaves out (`_left_out`)
         try:
             self.info = self._load_info(cmp_id)
@@ -522,22 +521,6 @@ class Explorer:
             return math.inf if bound is None else bound
         return None
 
-    def _model_node(self) -> int:
-        """The golden run's model node (`compare.judging.judge.model_node`: its one root), -1 where it has none
-        (msprobe's top-level modules, or every call of its `level: L1`)."""
-        if self._model is None:
-            from workbench.compare.judging.judge import model_node
-
-            roots = [
-                int(r[0])
-                for r in self._rows(
-                    "SELECT node_id FROM nodes WHERE run_id = ? AND parent_id IS NULL", [self.info.golden_run]
-                )
-            ]
-            found = model_node(roots, [None] * len(roots))
-            self._model = -1 if found is None else found
-        return self._model
-
     def _left_out(self) -> list[int]:
         """The golden nodes no heatmap row holds: the model's node and the nodes that enclose a layer (`LlamaModel`,
         `layers`), whose roll-up is the whole model's, not what runs before or after the layers."""
@@ -552,7 +535,13 @@ class Explorer:
                 "WHERE n.layer IS NULL",
                 [self.info.golden_run] * 3,
             )
-            self._containers = sorted({int(r[0]) for r in rows} | {self._model_node()})
+            from workbench.compare.judging.judge import model_node
+
+            roots = self._rows(
+                "SELECT node_id FROM nodes WHERE run_id = ? AND parent_id IS NULL", [self.info.golden_run]
+            )
+            model = model_node(roots)
+            self._containers = sorted({int(r[0]) for r in rows} | ({int(model[0])} if model is not None else set()))
         return self._containers
 
     def _has_stat_roll_up(self) -> bool:
@@ -1142,9 +1131,9 @@ def _row_label(name: str, prefix: str) -> str:
     """An op's row in a layer's heatmap: its name without the group's common prefix (`mlp.down_proj` of
     `root.model.layers.1.`); an msprobe name by its short name (a layer holding modules and API calls has no common
     prefix, and every name ends with `.forward`)."""
-    from workbench.formats.node_names import is_msprobe_name, short_name
+    from workbench.formats.node_names import msprobe_short_name
 
-    return short_name(name) if is_msprobe_name(name) else name[len(prefix) :]
+    return msprobe_short_name(name) or name[len(prefix) :]
 
 
 def _common_prefix(names: list[str]) -> str:

@@ -515,7 +515,7 @@ def _split_inputs(
     golden_run: int,
     floor: float,
     sources: set[int],
-    products: frozenset[int] | set[int] = frozenset(),
+    products: set[int],
 ) -> dict[tuple[int, int], _InputSplit]:
     """(token, golden node) -> its inputs by role, for nodes with a weight input or a side input.
 

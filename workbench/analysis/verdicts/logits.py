@@ -23,6 +23,7 @@ import numpy as np
 from workbench.catalog import first_row
 from workbench.catalog.lookup import has_statistics_only_pairs
 from workbench.catalog.store import registered, typed_columns
+from workbench.compare.judging.judge import model_node
 from workbench.compare.judging.thresholds import NAN_INF, Thresholds
 from workbench.core.metrics import spec
 from workbench.formats.arrays import read_array
@@ -35,6 +36,10 @@ _LOGITS_RE = re.compile(r"lm_?head|logits", re.IGNORECASE)
 _PROJECTION_RE = re.compile(r"linear|matmul", re.IGNORECASE)  # a call or module that may be an LM head
 _EMBEDDING_RE = re.compile(r"embedding", re.IGNORECASE)
 _FLOAT = ("float", "bfloat")
+# a logits candidate's row (`_candidate`): an output tensor `t` of a node `n`
+_CANDIDATE_COLUMNS = (
+    "t.token_id, n.name, n.type, n.parent_id IS NULL, coalesce(n.exec_order, -1), t.idx, t.path, t.dtype, t.shape"
+)
 TOP_K = 5
 
 
@@ -142,7 +147,7 @@ def _needs_projection(cands: list[Candidate]) -> bool:
     """No candidate names the logits (no LM head, no single root): the last vocabulary projection stands in."""
     if any(_named(_LOGITS_RE, c.node, c.node_type) for c in cands):
         return False
-    return len({c.node for c in cands if c.is_root}) != 1
+    return model_node({c.node for c in cands if c.is_root}) is None
 
 
 def stand_in_logits(rows: Iterable[LogitsRow]) -> str | None:
@@ -198,32 +203,32 @@ def candidates_from_dump(dump: Dump) -> list[Candidate]:
 def candidates_from_catalog(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Candidate]:
     """The output tensors of an ingested run, as logits candidates."""
     rows = con.execute(
-        "SELECT t.token_id, n.name, n.type, n.parent_id IS NULL, coalesce(n.exec_order, -1), t.idx, t.path, "
-        "t.dtype, t.shape FROM tensors t JOIN nodes n ON n.run_id = t.run_id AND n.node_id = t.node_id "
+        f"SELECT {_CANDIDATE_COLUMNS} FROM tensors t JOIN nodes n ON n.run_id = t.run_id AND n.node_id = t.node_id "
         "WHERE t.run_id = ? AND t.io = 'out' AND t.path IS NOT NULL AND (n.parent_id IS NULL "
         "OR regexp_matches(n.name, ?, 'i') OR regexp_matches(coalesce(n.type, ''), ?, 'i'))",
         [run_id, _LOGITS_RE.pattern, _LOGITS_RE.pattern],
     ).fetchall()
-    cands = [
-        Candidate(int(r[0]), str(r[1]), r[2], bool(r[3]), int(r[4]), int(r[5]), str(r[6]), r[7], _shape(r[8]))
-        for r in rows
-    ]
+    cands = [_candidate(r) for r in rows]
     if not _needs_projection(cands):
         return cands
     vocab = _run_vocabulary(con, run_id)
     if vocab is None:
         return cands
     projections = con.execute(
-        "SELECT t.token_id, n.name, n.type, n.parent_id IS NULL, coalesce(n.exec_order, -1), t.idx, t.path, "
-        "t.dtype, t.shape FROM tensors t JOIN nodes n ON n.run_id = t.run_id AND n.node_id = t.node_id "
+        f"SELECT {_CANDIDATE_COLUMNS} FROM tensors t JOIN nodes n ON n.run_id = t.run_id AND n.node_id = t.node_id "
         "WHERE t.run_id = ? AND t.io = 'out' AND t.path IS NOT NULL AND t.shape[-1] = ? "
         "AND (regexp_matches(n.name, ?, 'i') OR regexp_matches(coalesce(n.type, ''), ?, 'i'))",
         [run_id, vocab, _PROJECTION_RE.pattern, _PROJECTION_RE.pattern],
     ).fetchall()
-    return cands + [
-        Candidate(int(r[0]), str(r[1]), r[2], bool(r[3]), int(r[4]), int(r[5]), str(r[6]), r[7], _shape(r[8]), True)
-        for r in projections
-    ]
+    return cands + [_candidate(r, projection=True) for r in projections]
+
+
+def _candidate(row: tuple[Any, ...], projection: bool = False) -> Candidate:
+    """A candidate from a row of `_CANDIDATE_COLUMNS`."""
+    t, name, typ, root, order, idx, path, dtype, shape = row
+    return Candidate(
+        int(t), str(name), typ, bool(root), int(order), int(idx), str(path), dtype, _shape(shape), projection
+    )
 
 
 def _run_vocabulary(con: duckdb.DuckDBPyConnection, run_id: int) -> int | None:
@@ -480,14 +485,9 @@ def statistics_logits(con: duckdb.DuckDBPyConnection, cmp_id: int) -> Statistics
     rows = con.execute(_STAT_LOGITS_SQL, [cmp_id, pattern, pattern, None, None]).fetchall()
     projection = False
     if not rows:  # no LM head named (msprobe's `level: L1`): the last linear call onto the vocabulary
-        run = first_row(
-            con.execute(
-                "SELECT c.golden_run, count(n.node_id) FROM comparisons c LEFT JOIN nodes n ON n.run_id = c.golden_run "
-                "AND n.parent_id IS NULL WHERE c.cmp_id = ? GROUP BY c.golden_run",
-                [cmp_id],
-            )
-        )
-        vocab = _run_vocabulary(con, int(run[0])) if run is not None and run[1] != 1 else None  # one root: the model's
+        run = first_row(con.execute("SELECT golden_run FROM comparisons WHERE cmp_id = ?", [cmp_id]))
+        roots = con.execute("SELECT node_id FROM nodes WHERE run_id = ? AND parent_id IS NULL", [run[0] if run else -1])
+        vocab = _run_vocabulary(con, int(run[0])) if run and model_node(roots.fetchall()) is None else None
         if vocab is None:
             return None
         proj = _PROJECTION_RE.pattern

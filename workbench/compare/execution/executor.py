@@ -565,7 +565,7 @@ def compute_pending(
                     sizes.append(tensor_bytes(numel, dtype))
 
     nodes = golden.nodes
-    model = model_node(nodes.node_id.tolist(), nodes.parent_id)
+    model = model_node([n for n, parent in zip(nodes.node_id.tolist(), nodes.parent_id) if parent is None])
     node_info = {
         n: (nm, str(tp) if tp is not None else "", n == model)
         for n, nm, tp in zip(nodes.node_id.tolist(), nodes.name, nodes.type)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from workbench.compare.judging.thresholds import NAN_INF, Thresholds
 from workbench.core.metrics import ALL_METRICS, STAT_BOUND, SUMMARY_FIELDS
@@ -117,12 +117,14 @@ def compute_dtype(dtypes: Iterable[str | None]) -> str | None:
     return counts.most_common(1)[0][0] if counts else None
 
 
-def model_node(node_ids: Iterable[int], parent_ids: Iterable[int | None]) -> int | None:
-    """The node whose output is the model's own (judged by the rules with `model_output`, the logits rule): the
-    run's root when it has exactly one (msit's `root`). A run whose top level holds several nodes (msprobe's
-    modules; at its `level: L1`, every torch call) has none: a top-level call's output is not the model's."""
-    roots = [n for n, parent in zip(node_ids, parent_ids) if parent is None]
-    return roots[0] if len(roots) == 1 else None
+_Node = TypeVar("_Node")
+
+
+def model_node(roots: Collection[_Node]) -> _Node | None:
+    """The node whose output is the model's own (judged by the rules with `model_output`, the logits rule), of a
+    run's root nodes: its root when it has exactly one (msit's `root`). A run whose top level holds several nodes
+    (msprobe's modules; at its `level: L1`, every torch call) has none: a top-level call's output is not the model's."""
+    return next(iter(roots)) if len(roots) == 1 else None
 
 
 def _looser(a: str | None, b: str | None) -> str | None:
@@ -196,11 +198,13 @@ def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds)
     if not records:
         return
     run_dtype = compute_dtype(r["_dtype"] for r in records)
-    nodes = con.execute(
-        "SELECT n.node_id, n.parent_id FROM nodes n JOIN comparisons c ON n.run_id = c.golden_run WHERE c.cmp_id = ?",
-        [cmp_id],
-    ).fetchall()
-    model = model_node((n for n, _ in nodes), (p for _, p in nodes))
+    model = model_node(
+        con.execute(
+            "SELECT n.node_id FROM nodes n JOIN comparisons c ON n.run_id = c.golden_run "
+            "WHERE c.cmp_id = ? AND n.parent_id IS NULL",
+            [cmp_id],
+        ).fetchall()
+    )
     passed, failed = [], []
     for r in records:
         p, over = judge_pair(
@@ -212,7 +216,7 @@ def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds)
             node_name=str(r["_node"]),
             node_type=str(r["_type"] or ""),
             io=str(r["_io"]),
-            is_model=r["_node_id"] == model,
+            is_model=model is not None and r["_node_id"] == model[0],
             stat_bound=r["_stat_bound"],  # NaN (NaN/Inf statistics) fails; None judges nothing
             run_dtype=run_dtype,
         )
