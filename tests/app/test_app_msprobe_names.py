@@ -10,6 +10,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from textual.widgets import Static
 
 from tests.app.test_app_pilot import cursor_id, ready, trees, wait_for
 from tests.fixtures import stats_dumps
@@ -97,3 +98,51 @@ def test_short_names_of_each_dump_kind() -> None:
     assert short_name("root.model.layers.0.mlp") == "mlp"  # msit, wb
     assert short_name("3_Prefill_layer/3_RmsNormOperation") == "3_RmsNormOperation"  # ATB
     assert short_name("root") == "root"
+
+
+def _text(widget: Static) -> str:
+    return str(widget.render())
+
+
+@pytest.mark.anyio
+async def test_level_l1_trees_fold_each_layers_calls_under_a_row(l1_catalog: Path) -> None:
+    """Calls no module encloses: each layer's calls sit under a `layer k` row that rolls up their verdicts; the
+    trees open on the born call inside its layer, the row of a layer says how its calls fare at the token shown."""
+    app = make_app(catalog=l1_catalog)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot, app)
+        golden, test = trees(screen)
+        for tree in (golden, test):
+            groups = [r for r in tree.rows.values() if r.is_layer_group]
+            assert [g.name for g in sorted(groups, key=lambda g: g.layer or 0)] == ["layer 0", "layer 1"]
+            for g in groups:  # a group holds exactly its layer's calls, and the calls of no other
+                calls = tree.children_of[g.node_id]
+                assert calls and {c.layer for c in calls} == {g.layer}, g
+                assert all(c.parent_id == g.node_id and not c.is_layer_group for c in calls)
+            top = [r for r in tree.children_of[None] if not r.is_layer_group]
+            assert all(r.layer is None for r in top)  # embedding, rotary, final norm, the logits' linear
+        born = cursor_id(golden)
+        assert born is not None and golden.rows[born].name == "Torch.rsqrt.2.forward", born
+        parent = golden.rows[born].parent_id
+        assert parent is not None and golden.rows[parent].name == "layer 1"
+        mark, _level, born_inside = golden._signature(golden.rows[parent])
+        assert (mark, born_inside) == ("✗", True)
+        golden.focus()
+        await pilot.press("up")  # up through the layer's calls before the rsqrt to its row
+        while golden.cursor_node is not None and golden.cursor_node.data is not None:
+            if golden.cursor_node.data.is_layer_group:
+                break
+            await pilot.press("up")
+        assert cursor_id(golden) == parent
+        detail = screen.query_one("#detail", Static)
+        await wait_for(pilot, lambda: _text(detail).startswith("layer 1"))
+        summary = golden.group_summary(golden.rows[parent], screen.status_token)
+        assert summary.failed >= 1 and summary.born == "Torch.rsqrt.2.forward"
+        shown = _text(detail)
+        assert f"{summary.compared} of {summary.calls} calls compared, {summary.failed} fail" in shown, shown
+        assert "error born here: Torch.rsqrt.2.forward" in shown, shown
+        await wait_for(pilot, lambda: cursor_id(test) == parent)  # the test tree follows to its layer 1
+        await pilot.press("n")  # from the row, the next failing call (a call, never a layer's row)
+        await wait_for(pilot, lambda: cursor_id(golden) != parent)
+        moved = golden.rows[cursor_id(golden)]  # type: ignore[index]
+        assert not moved.is_layer_group and golden.failing(moved), moved

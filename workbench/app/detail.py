@@ -9,7 +9,15 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from workbench.analysis.explorer.views import BORN_ADVISOR, BORN_PRECHECK, NodeTensors, PairDetail, PairRow, TensorDiff
+from workbench.analysis.explorer.views import (
+    BORN_ADVISOR,
+    BORN_PRECHECK,
+    LayerGroupSummary,
+    NodeTensors,
+    PairDetail,
+    PairRow,
+    TensorDiff,
+)
 from workbench.analysis.verdicts.born import INPUTS_UNCHECKED
 from workbench.core.advice import NO_PEERS, STANDS_OUT, added_inside, born_in_noise, elsewhere, score_text
 from workbench.core.metrics import BY_NAME, METRICS, STAT_BOUND, STAT_KEYS
@@ -281,3 +289,31 @@ def render_node_tensors(node: NodeTensors, styles: dict[str, str]) -> Renderable
                 cells.append(Text(fmt(value), style=styles.get("nan", "magenta") if bad else ""))
         table.add_row(label, *cells)
     return Group(head, table)
+
+
+def render_layer_group(group: LayerGroupSummary, styles: dict[str, str]) -> RenderableType:
+    """A layer's group row: what it holds and how its calls fare at the token shown."""
+    text = Text()
+    text.append(f"layer {group.layer}", style="bold")
+    text.append(f"  {group.side} side, {group.calls} calls\n")
+    text.append(
+        "The dump names no modules (API calls only): wb takes the block of calls that repeats for a decoder "
+        "layer, its copies numbered from 0 in call order.\n",
+        style="dim",
+    )
+    at = "" if group.token is None else f"at token {group.token}: "
+    if not group.compared:
+        text.append(f"{at}none of its calls compared", style=styles.get("unmatched", "grey50"))
+        return text
+    text.append(f"{at}{group.compared} of {group.calls} calls compared, ")
+    text.append(f"{group.failed} fail", style=styles.get("fail", "red") if group.failed else styles.get("ok", "green"))
+    if group.nan_inf:
+        text.append(f", {group.nan_inf} with NaN/Inf", style=styles.get("nan", "magenta"))
+    if group.born is not None:
+        text.append("\n◆ error born here: ", style=styles.get("born", "orange1") + " bold")
+        text.append(group.born)
+    if group.worst is not None:
+        text.append("\nworst by the colouring: ")
+        text.append(group.worst, style="bold")
+    text.append("\nEnter opens it; n / N go to the next / previous failing call", style="dim")
+    return text

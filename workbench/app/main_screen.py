@@ -30,7 +30,7 @@ from workbench.analysis.explorer.severity import (
 )
 from workbench.analysis.explorer.views import BORN_ADVISOR, Heatmap, NodeStatus, TokenStatus, TokenVerdict, TreeRow
 from workbench.app.actions import bindings
-from workbench.app.detail import render_detail, render_node_tensors
+from workbench.app.detail import render_detail, render_layer_group, render_node_tensors
 from workbench.app.footer import KeysFooter
 from workbench.app.heatmap import GLYPH_FAIL, GLYPH_NAN, GLYPH_NONE, HeatmapView
 from workbench.app.logits_strip import LogitsStrip
@@ -85,7 +85,8 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self.status: dict[int, NodeStatus] = {}
         self.status_token: int | None = None  # token the trees are coloured for
         self._status_request = 0  # status loads asked for; StatusReady carries the number it answers
-        self._detail_shown: DetailReady | NodeTensorsReady | None = None  # drawn again on a theme change
+        # drawn again on a theme change; a (side, row id) pair: a layer's group row, counted again at a new token
+        self._detail_shown: DetailReady | NodeTensorsReady | tuple[str, int] | None = None
         self._legend_key: tuple[object, ...] = ()
         self._heat_title = ""
         self._vars: dict[str, str] = {}
@@ -371,6 +372,8 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         if self.selected is not None:
             # the test tree follows the counterpart at THIS token (prefill and decode graphs differ)
             self._follow("golden", self.selected)
+        else:
+            self._group_shown_again()
 
     def on_detail_ready(self, msg: DetailReady) -> None:
         self._detail_shown = msg
@@ -381,6 +384,27 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self._detail_shown = msg
         self.query_one("#detail", Static).update(render_node_tensors(msg.node, self._domain_colours()))
 
+    def _show_group(self, tree: TopologyTree, row: TreeRow) -> None:
+        """A layer's group row in the detail pane (counted from the tree's statuses: no query), and its layer's row
+        under the heatmap's cursor."""
+        self._detail_shown = (tree.side, row.node_id)
+        summary = tree.group_summary(row, self.status_token)
+        self.query_one("#detail", Static).update(render_layer_group(summary, self._domain_colours()))
+        view = self.query_one(HeatmapView)
+        data = view.data
+        if data is not None and data.layer is None and row.layer in data.row_layers:
+            view.move_cursor(data.row_layers.index(row.layer), view.cursor[1], notify=False)
+            self._last_row = view.cursor[0]
+
+    def _group_shown_again(self) -> None:
+        """The group row in the detail pane counted again (a new token, colouring or theme)."""
+        shown = self._detail_shown
+        if isinstance(shown, tuple):
+            tree = self._tree(shown[0])
+            row = tree.rows.get(shown[1])
+            if row is not None:
+                self._show_group(tree, row)
+
     def _on_theme(self) -> None:
         """A new theme: titles and the detail pane are drawn again in its colours (they hold colours as text)."""
         self._update_titles()
@@ -389,6 +413,8 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
             self.on_detail_ready(shown)
         elif isinstance(shown, NodeTensorsReady):
             self.on_node_tensors_ready(shown)
+        else:
+            self._group_shown_again()
 
     def on_select_node(self, msg: SelectNode) -> None:
         if msg.node_id is not None:
@@ -656,6 +682,10 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         if not isinstance(tree, TopologyTree) or row is None or not tree.has_focus:
             return
         self._follow(tree.side, row.node_id)
+        if row.is_layer_group:
+            self.selected = None
+            self._show_group(tree, row)
+            return
         gid = tree.golden_id(row)
         if gid is not None and gid != self.selected:
             self.selected = gid

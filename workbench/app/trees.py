@@ -10,8 +10,9 @@ from rich.text import Text
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
+from workbench.analysis.explorer.layer_groups import summarize_group
 from workbench.analysis.explorer.severity import ADDED_ERROR, HEAT_LEVELS, LEVEL_EDGES, VERDICT, severity
-from workbench.analysis.explorer.views import NodeStatus, Side, TreeRow
+from workbench.analysis.explorer.views import LayerGroupSummary, NodeStatus, Side, TreeRow
 from workbench.app.themes import DOMAIN_DEFAULTS
 
 
@@ -53,9 +54,10 @@ class TopologyTree(Tree[TreeRow]):
         self.order = [r.node_id for r in rows]
         self.tree_nodes = {}
         self._populate(self.root, None)
-        # open the top so the user sees the model's main modules
+        # open the top so the user sees the model's main modules (a layer's group of calls stays closed: it is
+        # there to fold a long list)
         for child in list(self.root.children):
-            if child.data is not None and child.data.parent_id is None:
+            if child.data is not None and child.data.parent_id is None and not child.data.is_layer_group:
                 self._expand(child)
 
     def _populate(self, node: TreeNode[TreeRow], node_id: int | None) -> None:
@@ -112,7 +114,10 @@ class TopologyTree(Tree[TreeRow]):
                 tn.refresh()
 
     def golden_id(self, row: TreeRow) -> int | None:
-        """The golden node a row stands for at the current token (the test side: its counterpart now)."""
+        """The golden node a row stands for at the current token (the test side: its counterpart now); None for a
+        layer's group row."""
+        if row.is_layer_group:
+            return None
         if self.side == "golden":
             return row.node_id
         st = self.by_test.get(row.node_id)
@@ -124,8 +129,22 @@ class TopologyTree(Tree[TreeRow]):
         return self.status.get(row.node_id)
 
     def failing(self, row: TreeRow) -> bool:
+        """Whether a node fails at the token shown (a layer's group row never: `n`/`N` go from call to call)."""
         st = self.status_of(row)
         return st is not None and (st.passed is False or st.has_nan_inf)
+
+    def group_summary(self, row: TreeRow, token: int | None = None) -> LayerGroupSummary:
+        """A layer's group row at the token whose statuses are shown (`layer_groups.summarize_group`)."""
+        calls = self.children_of.get(row.node_id, [])
+        return summarize_group(row, self.side, calls, self.status_of, self._severity, self.born_id, token)
+
+    def _severity(self, st: NodeStatus) -> float | None:
+        """The status's severity by the colouring shown (None: no bound, or nothing measured)."""
+        bound = self.added_bound if self.color_by_added else self.bound
+        raw = st.added_error if self.color_by_added else st.worst
+        if bound is None or raw is None or math.isnan(raw):
+            return None
+        return severity(raw, ADDED_ERROR if self.color_by_added else self.metric, bound)
 
     # ------------------------------------------------------------------ navigation
     def reveal(self, node_id: int) -> bool:
@@ -228,7 +247,9 @@ class TopologyTree(Tree[TreeRow]):
         self._styles["dim"] = Style(dim=True)
 
     def _signature(self, row: TreeRow) -> tuple[str, int, bool]:
-        """What a label shows of the status: mark, colour level, verdict flag."""
+        """What a label shows of the status: mark, colour level, verdict flag (a group row: its calls' worst)."""
+        if row.is_layer_group:
+            return self._group_signature(row)
         st = self.status_of(row)
         if row.counterpart is None and row.has_tensors:
             mark = "?"
@@ -238,21 +259,23 @@ class TopologyTree(Tree[TreeRow]):
             mark = "!"
         else:
             mark = "✗" if st.passed is False else "✓"
-        level = -1
-        bound = self.added_bound if self.color_by_added else self.bound
-        if st is not None and bound is not None:
-            raw = st.added_error if self.color_by_added else st.worst
-            if raw is not None and not math.isnan(raw):
-                metric = ADDED_ERROR if self.color_by_added else self.metric
-                sev = severity(raw, metric, bound)
-                level = sum(1 for e in LEVEL_EDGES if sev >= e)
+        sev = None if st is None else self._severity(st)
+        level = -1 if sev is None else sum(1 for e in LEVEL_EDGES if sev >= e)
         return mark, level, row.node_id == self.born_id
+
+    def _group_signature(self, row: TreeRow) -> tuple[str, int, bool]:
+        calls = [self._signature(r) for r in self.children_of.get(row.node_id, [])]
+        marks = {mark for mark, _level, _born in calls}
+        mark = next((m for m in ("!", "✗", "✓") if m in marks), "·")
+        return mark, max((level for _mark, level, _born in calls), default=-1), any(born for *_x, born in calls)
 
     def render_label(self, node: TreeNode[TreeRow], base_style: Style, style: Style) -> Text:
         row = node.data
         if row is None:
             return super().render_label(node, base_style, style)
         prefix = ("▼ " if node.is_expanded else "▶ ") if node.allow_expand else "  "
+        if row.is_layer_group:
+            return self._group_label(row, prefix, base_style, style)
         mark, level, born = self._signature(row)
         key = {"?": "unmatched", "·": "unmatched", "!": "nan", "✗": "fail", "✓": "ok"}[mark]
         mstyle = self._styles.get(key, Style())
@@ -278,3 +301,23 @@ class TopologyTree(Tree[TreeRow]):
         if born:
             text.append(" error born here", self._styles.get("born", Style()) + Style(bold=True))
         return text
+
+    def _group_label(self, row: TreeRow, prefix: str, base_style: Style, style: Style) -> Text:
+        """`▶ ✗ ◆ layer 1  30 calls, 9 fail`: the mark and colour of its worst call, ◆ when the error is born in it."""
+        mark, level, born = self._group_signature(row)
+        summary = self.group_summary(row)
+        key = {"·": "unmatched", "!": "nan", "✗": "fail", "✓": "ok"}[mark]
+        mstyle = self._styles.get(key, Style())
+        name_style = self._styles.get(f"heat-{level}", mstyle) if level >= 0 else mstyle
+        counts = f"  {summary.calls} calls"
+        if summary.failed:
+            counts += f", {summary.failed} fail"
+        if summary.nan_inf:
+            counts += f", {summary.nan_inf} NaN/Inf"
+        return Text.assemble(
+            (prefix, base_style),
+            (mark + " ", mstyle + Style(bold=True)),
+            ("◆ " if born else "", self._styles.get("born", Style()) + Style(bold=True)),
+            (row.name, name_style + Style(bold=True) + style),
+            (counts, self._styles.get("dim", Style())),
+        )

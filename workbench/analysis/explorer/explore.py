@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 import numpy as np
 
+from workbench.analysis.explorer.layer_groups import with_layer_groups
 from workbench.analysis.explorer.ranks import RankEntry, rank_group
 from workbench.analysis.explorer.severity import VERDICT, colouring, severity, severity_array, verdict_columns
 from workbench.analysis.explorer.token_view import StripCell, strip_cells
@@ -232,9 +233,11 @@ class Explorer:
         """Every node of one side in execution order, with its output shape and counterpart.
 
         `has_tensors` counts every token (a decode-only op has none at the first token); the shape is
-        the first output's at the first token the node has tensors at.
+        the first output's at the first token the node has tensors at. Calls that no module encloses are
+        grouped by layer under rows of their own (`layer_groups`).
         """
         run = self.run_id(side)
+        other_run = self.run_id("test" if side == "golden" else "golden")
         me, other = ("golden_node_id", "test_node_id") if side == "golden" else ("test_node_id", "golden_node_id")
         rows = self._rows(
             f"""
@@ -243,15 +246,21 @@ class Explorer:
                 WHERE cmp_id = ? GROUP BY {me}
             )
             SELECT n.node_id, n.name, coalesce(n.type, ''), n.parent_id, coalesce(n.depth, 0), n.exec_order,
-                   n.layer, cp.counterpart
+                   n.layer, cp.counterpart, o.layer
             FROM nodes n
             LEFT JOIN cp USING (node_id)
+            LEFT JOIN nodes o ON o.run_id = ? AND o.node_id = cp.counterpart
             WHERE n.run_id = ?
             ORDER BY n.exec_order NULLS LAST, n.node_id""",
-            [self.info.cmp_id, run],
+            [self.info.cmp_id, other_run, run],
         )
+        counterpart_layers = {int(r[0]): int(r[8]) for r in rows if r[8] is not None}
         first = self._first_shapes()
         rows = [(*r[:7], first.get((run, int(r[0]))), r[7], (run, int(r[0])) in first) for r in rows]
+        return with_layer_groups(self._tree_rows(rows), counterpart_layers)
+
+    @staticmethod
+    def _tree_rows(rows: list[tuple[Any, ...]]) -> list[TreeRow]:
         return [
             TreeRow(
                 int(r[0]),

@@ -66,7 +66,33 @@ class TreeRow:
 
     @property
     def short_name(self) -> str:
-        return short_name(self.name)
+        return self.name if self.is_layer_group else short_name(self.name)
+
+    @property
+    def is_layer_group(self) -> bool:
+        """A row the trees add to hold one layer's calls where no module encloses them (`layer_groups`): it stands
+        for no catalog node (whose ids are never negative)."""
+        return self.node_id < 0
+
+
+def layer_group_id(layer: int) -> int:
+    """The row id of layer `layer`'s group (`TreeRow.is_layer_group`)."""
+    return -1 - layer
+
+
+@dataclass(frozen=True, slots=True)
+class LayerGroupSummary:
+    """What a layer's group row stands for at one token: its calls and how many of them fail."""
+
+    layer: int
+    side: Side
+    calls: int
+    compared: int  # calls with a verdict at this token
+    failed: int
+    nan_inf: int
+    born: str | None  # the call where the error is born, when it is one of these
+    worst: str | None  # the call whose value of the colouring is the worst
+    token: int | None
 
 
 @dataclass(frozen=True, slots=True)
