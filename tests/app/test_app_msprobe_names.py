@@ -17,7 +17,7 @@ from tests.fixtures import stats_dumps
 from tests.fixtures.app_catalogs import SIZE
 from workbench.app.heatmap import HeatmapView
 from workbench.app.launch import make_app
-from workbench.formats.node_names import short_name
+from workbench.formats.node_names import short_name, type_beside
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("msprobe") is None, reason="msprobe not installed")
 
@@ -98,6 +98,14 @@ def test_short_names_of_each_dump_kind() -> None:
     assert short_name("root.model.layers.0.mlp") == "mlp"  # msit, wb
     assert short_name("3_Prefill_layer/3_RmsNormOperation") == "3_RmsNormOperation"  # ATB
     assert short_name("root") == "root"
+
+
+def test_a_call_shows_no_type_its_short_name_already_says() -> None:
+    assert type_beside("linear.13", "Functional.linear") == ""  # msprobe API calls
+    assert type_beside("__mul__.5", "Tensor.__mul__") == "" and type_beside("rsqrt.2", "Torch.rsqrt") == ""
+    assert type_beside("down_proj", "Linear") == "Linear"  # modules, msit's and ATB's ops keep theirs
+    assert type_beside("mlp", "LlamaMLP") == "LlamaMLP" and type_beside("layer 0", "layer") == "layer"
+    assert type_beside("3_RmsNormOperation", "RmsNormOperation") == "RmsNormOperation"
 
 
 def _text(widget: Static) -> str:

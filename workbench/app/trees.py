@@ -290,7 +290,7 @@ class TopologyTree(Tree[TreeRow]):
             # before the name: an 80-column tree has no room after it
             (f"{badge[0]} " if badge else "", badge_style),
             (row.short_name, name_style + style),
-            (f" {row.type}", self._styles.get("dim", Style())),
+            (f" {row.type_shown}" if row.type_shown else "", self._styles.get("dim", Style())),
             (
                 f" {shape}" if (shape := self.shapes.get(row.node_id, row.shape)) else "",
                 self._styles.get("dim", Style()),

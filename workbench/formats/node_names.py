@@ -36,3 +36,12 @@ def short_name(name: str) -> str:
         if sep in name:
             return name.rsplit(sep, 1)[-1]
     return name
+
+
+def type_beside(short: str, node_type: str) -> str:
+    """The type shown after a node's short name: none where the name already says it (an msprobe API call,
+    `linear.13` of type `Functional.linear`), which leaves an 80-column tree room for the shape."""
+    function, _sep, count = short.rpartition(".")
+    if function and count.isdigit() and node_type.rsplit(".", 1)[-1] == function:
+        return ""
+    return node_type

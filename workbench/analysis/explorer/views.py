@@ -9,7 +9,7 @@ import numpy as np
 
 from workbench.analysis.explorer.severity import Scale, scale_for
 from workbench.compare.judging.thresholds import Thresholds
-from workbench.formats.node_names import short_name
+from workbench.formats.node_names import short_name, type_beside
 
 Side = Literal["golden", "test"]
 
@@ -67,6 +67,11 @@ class TreeRow:
     @property
     def short_name(self) -> str:
         return self.name if self.is_layer_group else short_name(self.name)
+
+    @property
+    def type_shown(self) -> str:
+        """The type the trees show after the short name (`node_names.type_beside`)."""
+        return type_beside(self.short_name, self.type)
 
     @property
     def is_layer_group(self) -> bool:
