@@ -140,8 +140,18 @@ def test_level_l1_a_clean_run_blames_no_call(l1_golden: tuple[Path, list[int]], 
     out, con = stats_dumps.compare(golden / "golden" / "dump", tmp_path / "clean" / "dump", tmp_path / "o")
     named = {str(b) for b in stats_dumps.born(con) - {None}}
     kl_failed = _calls_failed(con, "kl_divergence")
+    failing = {
+        str(n)
+        for (n,) in con.execute(
+            "SELECT DISTINCT n.name FROM metrics x JOIN matches m USING (cmp_id, pair_id) "
+            "JOIN nodes n ON n.run_id = 1 AND n.node_id = m.golden_node_id WHERE x.passed = false"
+        ).fetchall()
+    }
     con.close()
     assert kl_failed == [], kl_failed
+    # the float32 calls (an RMSNorm's pow, mean, rsqrt and products) carry the bf16 inputs' error and add none of
+    # their own: they pass by bf16's bounds (115 of 591 pairs failed float32's); the rounded rotary table fails
+    assert failing <= {"Tensor.sin.0.forward", "Tensor.cos.0.forward"}, failing
     assert named <= {"Tensor.sin.0.forward", "Tensor.cos.0.forward"}, out
     assert "rsqrt" not in out, out
     for tok, first in _firsts(tmp_path / "o" / "catalog.duckdb").items():
@@ -153,9 +163,10 @@ def test_level_l1_a_clean_run_blames_no_call(l1_golden: tuple[Path, list[int]], 
 
 def test_level_l1_a_wrong_float32_call_is_born_where_planted(l1_golden: tuple[Path, list[int]], tmp_path: Path) -> None:
     """A 2 % error in one float32 call of a bf16 run (the `torch.rsqrt` of layer 1's input norm scaled by 1.02, as a
-    wrong kernel would): its output fails float32's bounds while its input passes; at every token it is where the
-    error is born or, where its input fails float32's bounds too (token 0), the advisor's most likely origin, and the
-    advisor's first (its peers: the other norms' rsqrt, by the layers the repeated calls give)."""
+    wrong kernel would): its output adds 13 times the error its float32 input carries in (which passes by bf16's
+    bounds, the run's), so at every token it is where the error is born (at token 0 its input failed float32's bounds
+    and it was only the most likely origin), and the advisor's first (its peers: the other norms' rsqrt, by the
+    layers the repeated calls give)."""
     golden, tokens = l1_golden
     planted = "Torch.rsqrt.2.forward"  # layer 0's two norms call rsqrt.0 and .1
     test = tmp_path / "rs"
@@ -172,10 +183,10 @@ def test_level_l1_a_wrong_float32_call_is_born_where_planted(l1_golden: tuple[Pa
     layer = con.execute("SELECT layer FROM nodes WHERE run_id = 1 AND name = ?", [planted]).fetchone()
     con.close()
     assert layer == (1,), layer
-    assert set(born.values()) <= {planted, None}, out
-    for tok, first in _firsts(tmp_path / "o" / "catalog.duckdb").items():
+    firsts = _firsts(tmp_path / "o" / "catalog.duckdb")
+    assert len(firsts) == 3 and born == {t: planted for t in firsts}, out
+    for tok, first in firsts.items():
         assert first["golden_node"] == planted and float(first["score"]) >= 3.0, (tok, first)
-        assert born.get(tok) == planted or f"most likely origin: {planted} (token {tok})" in out, out
 
 
 def test_level_l1_diverging_logits_are_found_without_an_lm_head(

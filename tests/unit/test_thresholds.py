@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench.compare.judging.judge import model_node
+from workbench.compare.judging.judge import CARRIED_GAIN, judge_pair, model_node, more_precise
 from workbench.compare.judging.metrics import compare_tensors
 from workbench.compare.judging.thresholds import NAN_INF, Thresholds
 
@@ -303,3 +303,29 @@ def test_the_model_node_is_the_one_root() -> None:
     assert model_node(roots([5, 6, 7], [6, None, 6])) == 6
     assert model_node(roots([0, 1, 2], [None, None, 1])) is None
     assert model_node(roots([], [])) is None
+
+
+def test_a_more_precise_tensor_is_judged_with_what_its_inputs_carried_in() -> None:
+    """A float32 tensor of a bf16 run: as an input it is judged by bf16's bounds (it holds what ran before); as an
+    output it passes by bf16's when it adds no error of its own (at most `CARRIED_GAIN` times its inputs' largest),
+    and fails where it adds more (a wrong float32 kernel), or where the error it carries fails bf16's bounds too."""
+    th = Thresholds.load()
+    g = torch.randn(4096, generator=torch.Generator().manual_seed(0))
+    noise = torch.randn(4096, generator=torch.Generator().manual_seed(1))
+
+    def values(rel: float) -> dict[str, float | None]:
+        m = compare_tensors(g, g + noise * (rel * float(g.norm()) / float(noise.norm())))
+        return dict(m.values)
+
+    carried, own, large = values(0.003), values(0.02), values(0.05)
+    assert th.judge(carried, "float32")[0] is False  # float32's bounds alone fail a bf16 run's variance
+    args = dict(golden=None, test=None, dtype="float32", run_dtype="bfloat16")
+    assert judge_pair(th, carried, io="in", **args) == (True, [])
+    assert judge_pair(th, carried, io="out", carried_in=0.0016, **args) == (True, [])  # x * x: twice its input's
+    assert judge_pair(th, carried, io="out", **args)[0] is False  # no input compared: its own dtype's bounds
+    assert judge_pair(th, own, io="out", carried_in=0.0016, **args)[0] is False  # adds 12x what came in
+    assert judge_pair(th, large, io="out", carried_in=0.04, **args)[0] is False  # carried, but over bf16's bounds
+    # a tensor of the run's own precision, or of a float32 run, is judged as before
+    assert judge_pair(th, carried, golden=None, test=None, dtype="float32", run_dtype="float32", io="in")[0] is False
+    assert more_precise("float32", "bfloat16") and not more_precise("bfloat16", "bfloat16")
+    assert not more_precise("float32", None) and CARRIED_GAIN >= 2

@@ -129,6 +129,9 @@ def render_detail(detail: PairDetail | None, diff: TensorDiff | None, styles: di
     reasons = [f"{label}: {p.fail_reason}" for p, label in zip(detail.pairs, labels) if p.fail_reason]
     for r in reasons:
         parts.append(Text(r, style=bad))
+    for p, label in zip(detail.pairs, labels):
+        if p.judged_note:
+            parts.append(Text(f"{label} ✓: {p.judged_note}", style="dim"))
 
     stats = Table(box=None, pad_edge=False, header_style="bold")
     stats.add_column("statistic")

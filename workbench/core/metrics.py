@@ -82,8 +82,10 @@ STAT_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(STAT_BOUND, "rel euclid >=", "lower", False, None, False),
 )
 STAT_METRIC_NAMES: tuple[str, ...] = tuple(m.name for m in STAT_METRICS)
-# The full metric whose bound judges `STAT_BOUND`.
-STAT_BOUND_JUDGED_AS = "relative_euclidean_distance"
+# The relative euclidean distance: the metric an error's size is read from (`STAT_BOUND` is judged by its bound, an
+# output's carried-in error is compared with its inputs' in it: `compare.judging.judge.judge_carried`).
+REL_EUCLID = "relative_euclidean_distance"
+STAT_BOUND_JUDGED_AS = REL_EUCLID
 # A run's meta key: the resolution its recorded statistics were printed with (msprobe's ATB probe prints six
 # decimals, so 1e-6); each statistic is then known to +-step/2 and the bound subtracts that from every difference.
 STAT_STEP_KEY = "stat_print_step"

@@ -17,6 +17,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,9 +51,10 @@ from workbench.analysis.explorer.views import (
     Unmatched,
 )
 from workbench.analysis.verdicts.causes import cause_in, is_lookup
+from workbench.compare.judging.judge import CARRIED_GAIN, compared_compute_dtype, more_precise
 from workbench.compare.judging.thresholds import Thresholds
 from workbench.core.advice import NO_PEERS, STANDS_OUT
-from workbench.core.metrics import ALL_METRICS, BY_NAME, STAT_BOUND_JUDGED_AS, STAT_METRIC_NAMES
+from workbench.core.metrics import ALL_METRICS, BY_NAME, REL_EUCLID, STAT_BOUND_JUDGED_AS, STAT_METRIC_NAMES
 
 if TYPE_CHECKING:
     from workbench.catalog.lookup import InsideOrigin
@@ -112,6 +114,7 @@ class Explorer:
         self._quant_names: frozenset[str] | None = None
         self._stat_roll_up: bool | None = None
         self._containers: list[int] | None = None  # what the heatmap leaves out (`_left_out`)
+        self._run_dtype: tuple[str | None] | None = None  # (the test run's compute dtype,), once asked
         try:
             self.info = self._load_info(cmp_id)
         except duckdb.Error as exc:
@@ -722,6 +725,7 @@ class Explorer:
                     str(test_node or ""),
                 )
             )
+        pairs = self._with_judged_notes(pairs, str(gname), str(gtype or ""))
         v = self.verdict(token)
         born_g, born_t, evidence, why, score = v.golden, v.test, v.evidence, v.why, v.score
         born_name, born_type = self._node_name_type(info.golden_run, born_g)
@@ -751,6 +755,45 @@ class Explorer:
             v.origin_name,
             v.origin_score,
         )
+
+    def _compute_dtype(self) -> str | None:
+        """The dtype the test run computes in (`judge.compared_compute_dtype`), asked once."""
+        with self._cache_lock:
+            known = self._run_dtype
+        if known is None:
+            cur = self._cur()
+            try:
+                known = (compared_compute_dtype(cur, self.info.cmp_id),)
+            finally:
+                cur.close()
+            with self._cache_lock:
+                self._run_dtype = known
+        return known[0]
+
+    def _with_judged_notes(self, pairs: list[PairRow], name: str, op_type: str) -> list[PairRow]:
+        """Each passing pair more precise than the run that its own dtype's bounds would fail says what judged it
+        (`judge.judge_pair`): the run's dtype for an input, and for an output the error its inputs carried in."""
+        run_dtype = self._compute_dtype()
+        if not any(more_precise(p.test.get("dtype"), run_dtype) for p in pairs):
+            return pairs
+        th = self.info.thresholds
+        carried = max((d for p in pairs if p.io == "in" and (d := p.metrics.get(REL_EUCLID)) is not None), default=None)
+        out = []
+        for p in pairs:
+            dtype = p.test.get("dtype")
+            own, _failed = th.judge(p.metrics, dtype, node_name=name, node_type=op_type, io=p.io)
+            if p.passed and own is False and more_precise(dtype, run_dtype):
+                if p.io == "in":
+                    why = f"holds the error of what ran before it: judged by {run_dtype}'s bounds"
+                else:
+                    distance = p.metrics.get(REL_EUCLID) or 0.0
+                    why = (
+                        f"adds no error of its own (rel euclid {distance:.3g} <= {CARRIED_GAIN:g} x its inputs' "
+                        f"largest, {carried or 0.0:.3g}): judged by {run_dtype}'s bounds"
+                    )
+                p = replace(p, judged_note=f"{dtype} in a {run_dtype} run, over {dtype}'s bounds; it {why}")
+            out.append(p)
+        return out
 
     def _pair_rows(self, table: str, columns: list[str], pair_ids: list[int]) -> dict[int, tuple[Any, ...]]:
         """pair_id -> `columns` of `table` (metrics, stat_metrics) for a few pairs of this comparison, by their ids."""

@@ -156,6 +156,8 @@ class PairRow:
     fail_reason: str | None
     test_io: str = ""
     test_node: str = ""  # the test op this pair's test tensor belongs to
+    # a tensor more precise than the run computes in that its own dtype's bounds would fail: what judged it instead
+    judged_note: str | None = None
 
 
 @dataclass(slots=True)

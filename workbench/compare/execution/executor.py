@@ -36,6 +36,7 @@ from workbench.compare.judging.judge import (
     PairResult,
     StatsResult,
     compute_dtype,
+    judge_carried,
     judge_pair,
     model_node,
     result_from_wire,
@@ -480,9 +481,11 @@ def compute_pending(
     early: EarlyPairs | None = None,
     cluster: Cluster | None = None,
 ) -> tuple[int, int, int]:
-    """Compute metrics for pairs without them, and stats of unpaired tensors (on `cluster` when given).
+    """Compute metrics for pairs without them, and stats of unpaired tensors (on `cluster` when given); then, every
+    pair of the comparison judged, the outputs more precise than the run computes in are judged with what their
+    inputs carried in (`judge_carried`: an output's inputs are other pairs, computed in any order).
 
-    Returns (computed, failed, uncomparable).
+    Returns (computed, failed, uncomparable): `failed` as the pairs computed now were first judged.
     """
     done = con.execute("SELECT pair_id::BIGINT AS pair_id FROM metrics WHERE cmp_id = ?", [cmp_id]).fetchnumpy()
     # the sink inserts rows (INSERT OR REPLACE took ~3x as long): no pair it computes may have a row already. A pair
@@ -612,6 +615,7 @@ def compute_pending(
         stage=stage,
         cluster=cluster,
     )
+    judge_carried(con, cmp_id, thresholds)
     return len(todo), sink.failed, sink.uncomparable
 
 
