@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import run_wb
 from tests.fixtures import stats_dumps
+from workbench.analysis.explorer.explore import Explorer
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("msprobe") is None, reason="msprobe not installed")
 CAUSE = "likely cause: the rotary embedding's inv_freq held in bfloat16"
@@ -152,6 +153,15 @@ def test_level_l1_a_clean_run_blames_no_call(l1_golden: tuple[Path, list[int]], 
     # the float32 calls (an RMSNorm's pow, mean, rsqrt and products) carry the bf16 inputs' error and add none of
     # their own: they pass by bf16's bounds (115 of 591 pairs failed float32's); the rounded rotary table fails
     assert failing <= {"Tensor.sin.0.forward", "Tensor.cos.0.forward"}, failing
+    explorer = Explorer(tmp_path / "o" / "catalog.duckdb")  # and the app's detail pane says what judged them
+    try:
+        pow_call = explorer.golden_node_id("Tensor.pow.0.forward")
+        assert pow_call is not None
+        notes = {p.io: p.judged_note for p in explorer.pair_detail(pow_call, 0).pairs}
+    finally:
+        explorer.close()
+    assert "adds no error of its own" in str(notes["out"]) and "bfloat16's bounds" in str(notes["out"]), notes
+    assert "holds the error of what ran before it" in str(notes["in"]), notes
     assert named <= {"Tensor.sin.0.forward", "Tensor.cos.0.forward"}, out
     assert "rsqrt" not in out, out
     for tok, first in _firsts(tmp_path / "o" / "catalog.duckdb").items():
