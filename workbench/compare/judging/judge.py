@@ -229,21 +229,26 @@ def judge_carried(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thres
         return 0
     result = con.execute(
         f"""
-        WITH carried AS (
+        WITH failing AS (  -- few: the inputs are read for their ops only
+            SELECT x.pair_id, m.token_id, m.golden_node_id, tt.dtype, gn.name, gn.type,
+                   {", ".join("x." + m for m in ALL_METRICS)},
+                   x.golden_nan_count, x.golden_inf_count, x.my_nan_count, x.my_inf_count
+            FROM metrics x JOIN matches m USING (cmp_id, pair_id) JOIN comparisons c USING (cmp_id)
+            JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id
+            JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id
+            WHERE x.cmp_id = ? AND m.io = 'out' AND x.passed = false
+              AND tt.dtype IN ({", ".join("?" * len(looser))})
+        ), carried AS (
             SELECT m.token_id, m.golden_node_id, max(x.{REL_EUCLID}) AS carried_in
             FROM matches m JOIN metrics x USING (cmp_id, pair_id)
+            JOIN (SELECT DISTINCT token_id, golden_node_id FROM failing) f USING (token_id, golden_node_id)
             WHERE m.cmp_id = ? AND m.io = 'in' AND x.{REL_EUCLID} IS NOT NULL
             GROUP BY m.token_id, m.golden_node_id
         )
-        SELECT x.pair_id, {", ".join("x." + m for m in ALL_METRICS)}, tt.dtype, gn.name, gn.type,
-               x.golden_nan_count, x.golden_inf_count, x.my_nan_count, x.my_inf_count, k.carried_in
-        FROM metrics x JOIN matches m USING (cmp_id, pair_id) JOIN comparisons c USING (cmp_id)
-        JOIN carried k ON k.token_id = m.token_id AND k.golden_node_id = m.golden_node_id
-        JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id
-        JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id
-        WHERE x.cmp_id = ? AND m.io = 'out' AND x.passed = false
-          AND tt.dtype IN ({", ".join("?" * len(looser))})""",
-        [cmp_id, cmp_id, *looser],
+        SELECT f.pair_id, {", ".join("f." + m for m in ALL_METRICS)}, f.dtype, f.name, f.type,
+               f.golden_nan_count, f.golden_inf_count, f.my_nan_count, f.my_inf_count, k.carried_in
+        FROM failing f JOIN carried k USING (token_id, golden_node_id)""",
+        [cmp_id, *looser, cmp_id],
     ).fetchall()
     n = len(ALL_METRICS)
     now_pass = []
