@@ -70,7 +70,7 @@ async def test_the_trees_name_msprobe_modules_and_calls(msprobe_catalog: Path) -
 def l1_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """msprobe `level: L1`, bf16 test whose layer-1 input norm's rsqrt is 2 % off."""
     base = tmp_path_factory.mktemp("msprobe_l1_app")
-    return _compared(base, "L1", "Torch.rsqrt.2.forward (token 1)", call="rsqrt=1.02@model.layers.1.input_layernorm")
+    return _compared(base, "L1", "Torch.rsqrt.2.forward (token 0)", call="rsqrt=1.02@model.layers.1.input_layernorm")
 
 
 @pytest.mark.anyio
@@ -82,7 +82,7 @@ async def test_level_l1_heatmap_has_the_layers_of_the_repeated_calls(l1_catalog:
         assert view.data is not None and view.data.row_labels == ["pre", "L0", "L1", "post"], view.data
         assert view.data.failed.any(), view.data.failed
         row, col = view.cursor
-        assert view.data.row_labels[row] == "L1" and view.data.tokens[col] == 1, view.cursor  # the born op's layer
+        assert view.data.row_labels[row] == "L1" and view.data.tokens[col] == 0, view.cursor  # where it is born
         await pilot.press("enter")  # drill into layer 1: its calls by function and count
         await wait_for(pilot, lambda: view.data is not None and view.data.layer == 1)
         assert view.data is not None and "rsqrt.2" in view.data.row_labels, view.data.row_labels
