@@ -615,7 +615,7 @@ def compute_pending(
         stage=stage,
         cluster=cluster,
     )
-    judge_carried(con, cmp_id, thresholds)
+    judge_carried(con, cmp_id, thresholds, run_dtype)
     return len(todo), sink.failed, sink.uncomparable
 
 

@@ -217,13 +217,15 @@ def compared_compute_dtype(con: duckdb.DuckDBPyConnection, cmp_id: int) -> str |
     return str(found[0]) if found else None
 
 
-def judge_carried(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds) -> int:
+def judge_carried(
+    con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds, run_dtype: str | None = None
+) -> int:
     """Judge again, with what their node's inputs carried in (`judge_pair`'s `carried_in`), the failing outputs
-    more precise than the run computes in; returns how many now pass. Run after every pair of the comparison is
-    judged: an output's inputs are other pairs, computed in any order."""
+    more precise than the run computes in (`run_dtype`, else `compared_compute_dtype`); returns how many now pass.
+    Run after every pair of the comparison is judged: an output's inputs are other pairs, computed in any order."""
     from workbench.catalog.store import int_column, registered
 
-    run_dtype = compared_compute_dtype(con, cmp_id)
+    run_dtype = run_dtype or compared_compute_dtype(con, cmp_id)
     looser = [d for d in _PRECISION if more_precise(d, run_dtype)]
     if not looser:
         return 0
