@@ -94,8 +94,10 @@ def summarize_group(
         sev = severity_of(st)
         if sev is not None and sev == sev and (worst is None or sev > worst[0]):
             worst = (sev, row.name)
+    if group.layer is None:
+        raise ValueError(f"not a layer's group row: {group.name}")
     return LayerGroupSummary(
-        layer=group.layer if group.layer is not None else -1 - group.node_id,
+        layer=group.layer,
         side=side,
         calls=len(calls),
         compared=compared,
