@@ -229,48 +229,29 @@ def judge_carried(
     looser = [d for d in _PRECISION if more_precise(d, run_dtype)]
     if not looser:
         return 0
-    result = con.execute(
+    records = _pair_records(
+        con,
         f"""
         WITH failing AS (  -- few: the inputs are read for their ops only
-            SELECT x.pair_id, m.token_id, m.golden_node_id, tt.dtype, gn.name, gn.type,
-                   {", ".join("x." + m for m in ALL_METRICS)},
-                   x.golden_nan_count, x.golden_inf_count, x.my_nan_count, x.my_inf_count
-            FROM metrics x JOIN matches m USING (cmp_id, pair_id) JOIN comparisons c USING (cmp_id)
-            JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id
-            JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id
-            WHERE x.cmp_id = ? AND m.io = 'out' AND x.passed = false
-              AND tt.dtype IN ({", ".join("?" * len(looser))})
+            {_PAIR_RECORDS_SQL} AND m.io = 'out' AND x.passed = false AND tt.dtype IN ({", ".join("?" * len(looser))})
         ), carried AS (
             SELECT m.token_id, m.golden_node_id, max(x.{REL_EUCLID}) AS carried_in
             FROM matches m JOIN metrics x USING (cmp_id, pair_id)
-            JOIN (SELECT DISTINCT token_id, golden_node_id FROM failing) f USING (token_id, golden_node_id)
+            JOIN (SELECT DISTINCT _token, _node_id FROM failing) f
+                ON f._token = m.token_id AND f._node_id = m.golden_node_id
             WHERE m.cmp_id = ? AND m.io = 'in' AND x.{REL_EUCLID} IS NOT NULL
             GROUP BY m.token_id, m.golden_node_id
         )
-        SELECT f.pair_id, {", ".join("f." + m for m in ALL_METRICS)}, f.dtype, f.name, f.type,
-               f.golden_nan_count, f.golden_inf_count, f.my_nan_count, f.my_inf_count, k.carried_in
-        FROM failing f JOIN carried k USING (token_id, golden_node_id)""",
+        SELECT f.*, k.carried_in AS _carried_in
+        FROM failing f JOIN carried k ON k.token_id = f._token AND k.golden_node_id = f._node_id""",
         [cmp_id, *looser, cmp_id],
-    ).fetchall()
-    n = len(ALL_METRICS)
-    now_pass = []
-    for r in result:
-        values = {m: none_if_na(v) for m, v in zip(ALL_METRICS, r[1 : 1 + n])}
-        counts = r[4 + n : 8 + n]
-        passed, _failed = judge_pair(
-            thresholds,
-            values,
-            {"nan_count": none_if_na(counts[0]), "inf_count": none_if_na(counts[1])},
-            {"nan_count": none_if_na(counts[2]), "inf_count": none_if_na(counts[3])},
-            str(r[1 + n]),
-            node_name=str(r[2 + n]),
-            node_type=str(r[3 + n] or ""),
-            io="out",
-            run_dtype=run_dtype,
-            carried_in=none_if_na(r[8 + n]),
-        )
-        if passed:
-            now_pass.append(int(r[0]))
+    )
+    model = _model_of(con, cmp_id)
+    now_pass = [
+        int(r["pair_id"])
+        for r in records
+        if _judge_record(thresholds, r, model, run_dtype, carried_in=none_if_na(r["_carried_in"]))[0]
+    ]
     if now_pass:
         with registered(con, "_carried", {"pair_id": int_column(now_pass)}):
             con.execute(
@@ -281,47 +262,72 @@ def judge_carried(
     return len(now_pass)
 
 
-def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds) -> None:
-    """Apply new thresholds to every computed pair of a comparison (no tensor is read)."""
-    from workbench.catalog.store import bool_column, int_column, object_column, registered
+# every computed pair of a comparison (parameter: its cmp_id) with what judges it: its metrics, statistics bound,
+# golden node, io, token and test dtype (`_judge_record`); a caller may add conditions
+_PAIR_RECORDS_SQL = (
+    f"SELECT x.*, s.{STAT_BOUND} AS _stat_bound, gn.name AS _node, gn.type AS _type, "
+    "gn.node_id AS _node_id, m.io AS _io, m.token_id AS _token, tt.dtype AS _dtype "
+    "FROM metrics x LEFT JOIN stat_metrics s USING (cmp_id, pair_id) "
+    "JOIN matches m USING (cmp_id, pair_id) JOIN comparisons c USING (cmp_id) "
+    "JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id "
+    "JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id "
+    "WHERE x.cmp_id = ?"
+)
 
-    result = con.execute(
-        f"SELECT x.*, s.{STAT_BOUND} AS _stat_bound, gn.name AS _node, gn.type AS _type, "
-        "gn.node_id AS _node_id, m.io AS _io, tt.dtype AS _dtype "
-        "FROM metrics x LEFT JOIN stat_metrics s USING (cmp_id, pair_id) "
-        "JOIN matches m USING (cmp_id, pair_id) JOIN comparisons c USING (cmp_id) "
-        "JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id "
-        "JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id "
-        "WHERE x.cmp_id = ?",
-        [cmp_id],
-    )
+
+def _pair_records(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> list[dict[str, Any]]:
+    result = con.execute(sql, params)
     names = [d[0] for d in result.description]
-    records = [dict(zip(names, row)) for row in result.fetchall()]
-    if not records:
-        return
-    run_dtype = compute_dtype(r["_dtype"] for r in records)
-    model = model_node(
+    return [dict(zip(names, row)) for row in result.fetchall()]
+
+
+def _model_of(con: duckdb.DuckDBPyConnection, cmp_id: int) -> tuple[Any, ...] | None:
+    """The comparison's model node (`model_node` of its golden run's roots), as a row holding its id."""
+    return model_node(
         con.execute(
             "SELECT n.node_id FROM nodes n JOIN comparisons c ON n.run_id = c.golden_run "
             "WHERE c.cmp_id = ? AND n.parent_id IS NULL",
             [cmp_id],
         ).fetchall()
     )
+
+
+def _judge_record(
+    thresholds: Thresholds,
+    r: dict[str, Any],
+    model: tuple[Any, ...] | None,
+    run_dtype: str | None,
+    carried_in: float | None = None,
+) -> tuple[bool | None, list[str]]:
+    """`judge_pair` of one row of `_PAIR_RECORDS_SQL`."""
+    return judge_pair(
+        thresholds,
+        {m: none_if_na(r[m]) for m in ALL_METRICS},
+        {"nan_count": none_if_na(r["golden_nan_count"]), "inf_count": none_if_na(r["golden_inf_count"])},
+        {"nan_count": none_if_na(r["my_nan_count"]), "inf_count": none_if_na(r["my_inf_count"])},
+        none_if_na(r["_dtype"]),
+        node_name=str(r["_node"]),
+        node_type=str(r["_type"] or ""),
+        io=str(r["_io"]),
+        is_model=model is not None and r["_node_id"] == model[0],
+        stat_bound=r["_stat_bound"],  # NaN (NaN/Inf statistics) fails; None judges nothing
+        run_dtype=run_dtype,
+        carried_in=carried_in,
+    )
+
+
+def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds) -> None:
+    """Apply new thresholds to every computed pair of a comparison (no tensor is read)."""
+    from workbench.catalog.store import bool_column, int_column, object_column, registered
+
+    records = _pair_records(con, _PAIR_RECORDS_SQL, [cmp_id])
+    if not records:
+        return
+    run_dtype = compute_dtype(r["_dtype"] for r in records)
+    model = _model_of(con, cmp_id)
     passed, failed = [], []
     for r in records:
-        p, over = judge_pair(
-            thresholds,
-            {m: none_if_na(r[m]) for m in ALL_METRICS},
-            {"nan_count": none_if_na(r["golden_nan_count"]), "inf_count": none_if_na(r["golden_inf_count"])},
-            {"nan_count": none_if_na(r["my_nan_count"]), "inf_count": none_if_na(r["my_inf_count"])},
-            none_if_na(r["_dtype"]),
-            node_name=str(r["_node"]),
-            node_type=str(r["_type"] or ""),
-            io=str(r["_io"]),
-            is_model=model is not None and r["_node_id"] == model[0],
-            stat_bound=r["_stat_bound"],  # NaN (NaN/Inf statistics) fails; None judges nothing
-            run_dtype=run_dtype,
-        )
+        p, over = _judge_record(thresholds, r, model, run_dtype)
         passed.append(p)
         failed.append(",".join(over) if over else None)
     upd = {
