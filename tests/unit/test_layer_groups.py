@@ -46,4 +46,5 @@ def test_a_group_counts_its_calls_at_the_token_shown() -> None:
     )
     assert (summary.layer, summary.calls, summary.compared, summary.failed, summary.nan_inf) == (0, 4, 3, 2, 1)
     assert summary.born == "Functional.linear.3.forward" and summary.worst == "Functional.linear.2.forward"
+    assert summary.worst_severity == 3.0
     assert summary.token == 2

@@ -259,15 +259,13 @@ class TopologyTree(Tree[TreeRow]):
             mark = "!"
         else:
             mark = "✗" if st.passed is False else "✓"
-        sev = None if st is None else self._severity(st)
-        level = -1 if sev is None else sum(1 for e in LEVEL_EDGES if sev >= e)
-        return mark, level, row.node_id == self.born_id
+        return mark, _level(None if st is None else self._severity(st)), row.node_id == self.born_id
 
-    def _group_signature(self, row: TreeRow) -> tuple[str, int, bool]:
-        calls = [self._signature(r) for r in self.children_of.get(row.node_id, [])]
-        marks = {mark for mark, _level, _born in calls}
-        mark = next((m for m in ("!", "✗", "✓") if m in marks), "·")
-        return mark, max((level for _mark, level, _born in calls), default=-1), any(born for *_x, born in calls)
+    def _group_signature(self, row: TreeRow, summary: LayerGroupSummary | None = None) -> tuple[str, int, bool]:
+        """A group row's mark and colour: its worst call's (NaN/Inf, then failing, then passing)."""
+        s = summary or self.group_summary(row)
+        mark = "!" if s.nan_inf else "✗" if s.failed else "✓" if s.compared else "·"
+        return mark, _level(s.worst_severity), s.born is not None
 
     def render_label(self, node: TreeNode[TreeRow], base_style: Style, style: Style) -> Text:
         row = node.data
@@ -304,8 +302,8 @@ class TopologyTree(Tree[TreeRow]):
 
     def _group_label(self, row: TreeRow, prefix: str, base_style: Style, style: Style) -> Text:
         """`▶ ✗ ◆ layer 1  30 calls, 9 fail`: the mark and colour of its worst call, ◆ when the error is born in it."""
-        mark, level, born = self._group_signature(row)
         summary = self.group_summary(row)
+        mark, level, born = self._group_signature(row, summary)
         key = {"·": "unmatched", "!": "nan", "✗": "fail", "✓": "ok"}[mark]
         mstyle = self._styles.get(key, Style())
         name_style = self._styles.get(f"heat-{level}", mstyle) if level >= 0 else mstyle
@@ -321,3 +319,8 @@ class TopologyTree(Tree[TreeRow]):
             (row.name, name_style + Style(bold=True) + style),
             (counts, self._styles.get("dim", Style())),
         )
+
+
+def _level(sev: float | None) -> int:
+    """The colour step of a severity (-1: none)."""
+    return -1 if sev is None else sum(1 for e in LEVEL_EDGES if sev >= e)

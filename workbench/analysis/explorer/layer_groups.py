@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from workbench.analysis.explorer.views import LayerGroupSummary, NodeStatus, Side, TreeRow, layer_group_id
 
@@ -39,32 +40,19 @@ def with_layer_groups(rows: Sequence[TreeRow], counterpart_layers: dict[int, int
             met = meets.get(r.layer)
             out.append(
                 TreeRow(
-                    group,
-                    f"layer {r.layer}",
-                    "layer",
-                    None,
-                    0,
-                    r.exec_order,
-                    r.layer,
-                    "",
-                    layer_group_id(met.most_common(1)[0][0]) if met else None,
-                    False,
+                    node_id=group,
+                    name=f"layer {r.layer}",
+                    type="layer",
+                    parent_id=None,
+                    depth=0,
+                    exec_order=r.exec_order,
+                    layer=r.layer,
+                    shape="",
+                    counterpart=layer_group_id(met.most_common(1)[0][0]) if met else None,
+                    has_tensors=False,
                 )
             )
-        out.append(
-            TreeRow(
-                r.node_id,
-                r.name,
-                r.type,
-                group,
-                r.depth + 1,
-                r.exec_order,
-                r.layer,
-                r.shape,
-                r.counterpart,
-                r.has_tensors,
-            )
-        )
+        out.append(replace(r, parent_id=group, depth=r.depth + 1))
     return out
 
 
@@ -79,6 +67,8 @@ def summarize_group(
 ) -> LayerGroupSummary:
     """A group row's calls at the token shown: how many have a verdict, fail, hold NaN/Inf, where the error is born
     (`born_id`: a node of this side) and which is the worst by the colouring (`severity_of`: higher is worse)."""
+    if group.layer is None:
+        raise ValueError(f"not a layer's group row: {group.name}")
     compared = failed = nan_inf = 0
     worst: tuple[float, str] | None = None
     born = None
@@ -94,8 +84,6 @@ def summarize_group(
         sev = severity_of(st)
         if sev is not None and sev == sev and (worst is None or sev > worst[0]):
             worst = (sev, row.name)
-    if group.layer is None:
-        raise ValueError(f"not a layer's group row: {group.name}")
     return LayerGroupSummary(
         layer=group.layer,
         side=side,
@@ -105,5 +93,6 @@ def summarize_group(
         nan_inf=nan_inf,
         born=born,
         worst=None if worst is None else worst[1],
+        worst_severity=None if worst is None else worst[0],
         token=token,
     )

@@ -97,6 +97,7 @@ class LayerGroupSummary:
     nan_inf: int
     born: str | None  # the call where the error is born, when it is one of these
     worst: str | None  # the call whose value of the colouring is the worst
+    worst_severity: float | None  # its severity (`severity.severity`)
     token: int | None
 
 
