@@ -16,6 +16,8 @@ import pytest
 from tests.conftest import run_wb
 from tests.fixtures import stats_dumps
 from workbench.analysis.explorer.explore import Explorer
+from workbench.compare.pairing.mapping import PairSpec
+from workbench.jobs.compare import add_node_pairs
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("msprobe") is None, reason="msprobe not installed")
 CAUSE = "likely cause: the rotary embedding's inv_freq held in bfloat16"
@@ -169,6 +171,38 @@ def test_level_l1_a_clean_run_blames_no_call(l1_golden: tuple[Path, list[int]], 
     logits = run_wb("logits", "-gp", str(golden / "golden" / "dump"), "-mp", str(tmp_path / "clean" / "dump"))
     assert logits.returncode == 0, logits.stderr
     assert f"no token fails (no LM head in the dumps: judged {LAST_LINEAR})" in logits.stdout, logits.stdout
+
+
+def test_level_l1_float32_calls_paired_again_are_judged_as_the_run_computes(
+    l1_golden: tuple[Path, list[int]], tmp_path: Path
+) -> None:
+    """The mapping editor (`add_node_pairs`) computes the pairs it adds alone: an RMSNorm's float32 `pow` unpaired
+    and paired again was judged as if the run computed in float32 (the dtype of the pairs handed), and its outputs
+    failed float32's bounds though the whole compare had passed them as bf16 error carried in."""
+    golden, tokens = l1_golden
+    stats_dumps.dump("msprobe", "full", tmp_path / "clean", bf16=True, forced=tokens, level="L1")
+    _out, con = stats_dumps.compare(golden / "golden" / "dump", tmp_path / "clean" / "dump", tmp_path / "o")
+    con.close()
+    catalog = tmp_path / "o" / "catalog.duckdb"
+
+    def pow_verdicts() -> list[tuple[int, str, bool]]:
+        with duckdb.connect(str(catalog), read_only=True) as c:
+            return [
+                (int(t), str(io), bool(p))
+                for t, io, p in c.execute(
+                    "SELECT m.token_id, m.io, x.passed FROM metrics x JOIN matches m USING (cmp_id, pair_id) "
+                    "JOIN nodes n ON n.run_id = 1 AND n.node_id = m.golden_node_id "
+                    "WHERE n.name = 'Tensor.pow.0.forward' ORDER BY 1, 2, x.pair_id"
+                ).fetchall()
+            ]
+
+    whole = pow_verdicts()
+    assert whole and all(p for _t, _io, p in whole), whole  # passed as carried bf16 error by the whole compare
+    pair = ("Tensor.pow.0.forward", "Tensor.pow.0.forward")
+    assert add_node_pairs(catalog, 1, [], remove=[pair]) == 0
+    assert pow_verdicts() == []
+    assert add_node_pairs(catalog, 1, [PairSpec(*pair)]) == len(whole)
+    assert pow_verdicts() == whole
 
 
 def test_level_l1_a_wrong_float32_call_is_born_where_planted(l1_golden: tuple[Path, list[int]], tmp_path: Path) -> None:

@@ -427,6 +427,7 @@ def _compare_runs(
         pool=job.pool,
         early=early,
         cluster=job.cluster,
+        every_pair=True,
     )
     preload.join()
     beside = _Beside(con, job.beside_verdicts, cmp_id, golden_run)

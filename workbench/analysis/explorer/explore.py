@@ -114,7 +114,6 @@ class Explorer:
         self._quant_names: frozenset[str] | None = None
         self._stat_roll_up: bool | None = None
         self._containers: list[int] | None = None  # what the heatmap leaves out (`_left_out`)
-        self._run_dtype: tuple[str | None] | None = None  # (the test run's compute dtype,), once asked
         try:
             self.info = self._load_info(cmp_id)
         except duckdb.Error as exc:
@@ -198,11 +197,7 @@ class Explorer:
                 for r in self._rows("SELECT DISTINCT token_id FROM matches WHERE cmp_id = ? ORDER BY 1", [cmp_id])
             ]
         n_pairs = int(self._rows("SELECT count(*) FROM matches WHERE cmp_id = ?", [cmp_id])[0][0])
-        dt = self._rows(
-            "SELECT dtype FROM tensors WHERE run_id = ? AND token_id = ? AND dtype IS NOT NULL "
-            "GROUP BY dtype ORDER BY count(*) DESC LIMIT 1",
-            [row[1], tokens[0] if tokens else 0],
-        )
+        test_dtype = self._test_dtype(cmp_id, int(row[1]))
         return ComparisonInfo(
             cmp_id,
             int(row[0]),
@@ -215,9 +210,26 @@ class Explorer:
             tokens,
             n_pairs,
             ids,
-            str(dt[0][0]) if dt else None,
+            test_dtype,
             note,
         )
+
+    def _test_dtype(self, cmp_id: int, test_run: int) -> str | None:
+        """The dtype the test run computes in (`judge.compared_compute_dtype`); for a comparison of no floating
+        tensor, the test run's most common dtype (the header shows it)."""
+        cur = self._cur()
+        try:
+            found = compared_compute_dtype(cur, cmp_id)
+        finally:
+            cur.close()
+        if found is None:
+            rows = self._rows(
+                "SELECT dtype FROM tensors WHERE run_id = ? AND dtype IS NOT NULL GROUP BY dtype "
+                "ORDER BY count(*) DESC, dtype LIMIT 1",
+                [test_run],
+            )
+            found = str(rows[0][0]) if rows else None
+        return found
 
     def logits_strip(self) -> list[StripCell]:
         """One cell per token: the logits verdict, KL, and why the runs' inputs differ (`analysis.verdicts.logits`)."""
@@ -756,24 +768,10 @@ class Explorer:
             v.origin_score,
         )
 
-    def _compute_dtype(self) -> str | None:
-        """The dtype the test run computes in (`judge.compared_compute_dtype`), asked once."""
-        with self._cache_lock:
-            known = self._run_dtype
-        if known is None:
-            cur = self._cur()
-            try:
-                known = (compared_compute_dtype(cur, self.info.cmp_id),)
-            finally:
-                cur.close()
-            with self._cache_lock:
-                self._run_dtype = known
-        return known[0]
-
     def _with_judged_notes(self, pairs: list[PairRow], name: str, op_type: str) -> list[PairRow]:
         """Each passing pair more precise than the run that its own dtype's bounds would fail says what judged it
         (`judge.judge_pair`): the run's dtype for an input, and for an output the error its inputs carried in."""
-        run_dtype = self._compute_dtype()
+        run_dtype = self.info.test_dtype
         if not any(more_precise(p.test.get("dtype"), run_dtype) for p in pairs):
             return pairs
         th = self.info.thresholds

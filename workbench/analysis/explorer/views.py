@@ -33,7 +33,7 @@ class ComparisonInfo:
     tokens: list[int]
     n_pairs: int
     comparisons: list[int]
-    test_dtype: str | None = None
+    test_dtype: str | None = None  # what the test run computes in (`judge.compared_compute_dtype`)
     thresholds_note: str | None = None  # why the package defaults stand in for the stored thresholds
 
     def scale(self, colouring: str) -> Scale:

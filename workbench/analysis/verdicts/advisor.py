@@ -28,7 +28,6 @@ from __future__ import annotations
 import bisect
 import math
 import re
-import statistics
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -49,7 +48,9 @@ from workbench.analysis.verdicts.causes import (
 )
 from workbench.catalog.lookup import has_table, judged_on_statistics_only
 from workbench.catalog.store import first_row, insert_rows
+from workbench.compare.judging.judge import compute_dtype
 from workbench.core.advice import NAN_INF_SCORE, NO_PEERS, STANDS_OUT
+from workbench.core.median import median
 from workbench.formats.token_ids import INT_DTYPES
 
 MAX_SCORE = 1.0e6  # finite scores are capped below it (an op adding error where its peers add exactly none)
@@ -195,7 +196,7 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
             None if dtype is None else str(dtype),
         )
     dtypes = [d for ios in per_token.values() for io in ios.values() for d in [io.get("out", (None,) * 4)[3]] if d]
-    run_dtype = statistics.mode(dtypes) if dtypes else None
+    run_dtype = compute_dtype(dtypes)
     sources = {g for g, n in nodes.items() if known_cause(n.type, run_dtype) is not None}
     for (tok, gid), split in _split_inputs(
         con, cmp_id, golden_run, ROUNDING.get(run_dtype or "", 0.0), sources, products
@@ -590,13 +591,6 @@ def _split_inputs(
     return out
 
 
-def _median(values: list[float]) -> float:
-    """`statistics.median` of a non-empty list, without its checks (it ran for every op at every token)."""
-    s = sorted(values)
-    mid = len(s) // 2
-    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
-
-
 def _short(name: str) -> str:
     return name[5:] if name.startswith("root.") else name
 
@@ -659,8 +653,8 @@ def _rank(
             label = f"what the other {len(same)} {node.type or 'ops'} of this type add" if same else ""
         if len(same) >= MIN_PEERS:
             vals = [rows[g].own for g in same]
-            med = _median(vals)
-            mad = _median([abs(v - med) for v in vals])
+            med = median(vals)
+            mad = median([abs(v - med) for v in vals])
             ref = max(med + _MAD_WEIGHT * 1.4826 * mad, floor)
             r.peers = len(same)
         elif is_lookup(node.type):
@@ -797,7 +791,7 @@ def _peers_hide_what_they_add(r: _Row, peers: list[_Row]) -> bool:
     if any(p.in_err is not None and p.in_err <= r.in_err and p.score < STANDS_OUT for p in peers):
         return False
     hidden = sum(p.in_err is not None and p.out_err <= p.in_err for p in peers)
-    return 2 * hidden >= len(peers) and r.in_err < 0.5 * statistics.median(p.in_err or 0.0 for p in peers)
+    return 2 * hidden >= len(peers) and r.in_err < 0.5 * median([p.in_err or 0.0 for p in peers])
 
 
 def _stands_out_alone(r: _Row) -> bool:

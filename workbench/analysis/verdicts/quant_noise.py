@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import statistics
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
@@ -40,6 +39,7 @@ import numpy as np
 from workbench.analysis.verdicts.causes import CAUSE_LEAD
 from workbench.catalog import first_row
 from workbench.core.advice import STANDS_OUT
+from workbench.core.median import median
 from workbench.formats.arrays import read_array
 from workbench.formats.model import DumpError
 from workbench.formats.quant_links import QuantLinear, TensorRef, quant_links
@@ -258,7 +258,7 @@ def _with_peers(out: dict[tuple[int, int], QuantExpect], names: dict[int, str]) 
     for keys in groups.values():
         for k in keys:
             others = [out[o].expected for o in keys if o != k]
-            med = statistics.median(others) if len(others) >= 2 else 0.0
+            med = median(others) if len(others) >= 2 else 0.0
             e = out[k]
             res[k] = replace(e, peer_ratio=e.expected / med if med > 0 else 0.0)
     return res

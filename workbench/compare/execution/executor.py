@@ -35,6 +35,7 @@ from workbench.compare.execution.worker import release_staging, run_batch
 from workbench.compare.judging.judge import (
     PairResult,
     StatsResult,
+    compared_compute_dtype,
     compute_dtype,
     judge_carried,
     judge_pair,
@@ -427,10 +428,11 @@ class _PairFacts:
         self.pos = None if dense else {int(x): i for i, x in enumerate(self.ids)}
         self.order = order
 
-    def test_dtypes(self) -> Iterator[str | None]:
-        """The test dtype of every pair, in the pairs' order."""
+    def test_dtypes(self, among: np.ndarray | None = None) -> Iterator[str | None]:
+        """The test dtype of every pair (or of those `among`, a mask in the pairs' order), in the pairs' order."""
         names = self.dtype_names
-        return (names[c] if c >= 0 else None for c in self.dtype_codes.tolist())
+        codes = self.dtype_codes if among is None else self.dtype_codes[among]
+        return (names[c] if c >= 0 else None for c in codes.tolist())
 
     def __getitem__(self, pair_id: int) -> tuple[int, str | None, str]:
         i = pair_id - self.base if self.pos is None else self.pos[pair_id]
@@ -480,10 +482,13 @@ def compute_pending(
     pool: ProcessPoolExecutor | PoolStarter | None = None,
     early: EarlyPairs | None = None,
     cluster: Cluster | None = None,
+    every_pair: bool = False,
 ) -> tuple[int, int, int]:
     """Compute metrics for pairs without them, and stats of unpaired tensors (on `cluster` when given); then, every
     pair of the comparison judged, the outputs more precise than the run computes in are judged with what their
     inputs carried in (`judge_carried`: an output's inputs are other pairs, computed in any order).
+    `every_pair`: `pairs` are all the comparison's (the compare that made it), so the dtype the run computes in is
+    read from them, not asked of the catalog (`compared_compute_dtype`, one query).
 
     Returns (computed, failed, uncomparable): `failed` as the pairs computed now were first judged.
     """
@@ -574,7 +579,13 @@ def compute_pending(
         for n, nm, tp in zip(nodes.node_id.tolist(), nodes.name, nodes.type)
     }
     facts = _PairFacts(pairs, test)
-    run_dtype = compute_dtype(facts.test_dtypes())
+    # the pairs handed are the comparison's own when it is made (`every_pair`); a re-dump or a mapping edit hands a
+    # few, whose dtypes may not be the run's
+    run_dtype = (
+        compute_dtype(facts.test_dtypes(pairs.token_id == pairs.token_id.min()))  # as `compared_compute_dtype` counts
+        if every_pair and len(pairs)
+        else compared_compute_dtype(con, cmp_id)
+    )
 
     def judge(res: PairResult) -> tuple[bool | None, list[str]]:
         node, test_dtype, io = facts[res.pair_id]
