@@ -233,6 +233,58 @@ def test_level_l1_a_wrong_float32_call_is_born_where_planted(l1_golden: tuple[Pa
         assert first["golden_node"] == planted and float(first["score"]) >= 3.0, (tok, first)
 
 
+@pytest.fixture(scope="module")
+def l1_outputs_golden(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
+    base = tmp_path_factory.mktemp("msprobe_l1_outputs")
+    return base, stats_dumps.dump("msprobe", "full", base / "golden", level="L1", outputs_only=True)
+
+
+def test_level_l1_outputs_only_float32_calls_are_judged_by_what_ran_before(
+    l1_outputs_golden: tuple[Path, list[int]], tmp_path: Path
+) -> None:
+    """msprobe's `data_mode: ["output"]` at `level: L1` dumps no call's inputs: a clean bf16 run's float32 calls (an
+    RMSNorm's pow, mean, add, product) failed float32's bounds with nothing carried in to judge them by (51 of 222
+    pairs, `error born at: Tensor.pow.0.forward` at token 0). What ran before them stands in for their inputs (the
+    outputs back to the last bf16 op, which was upcast): none fails, and a 2 % wrong float32 rsqrt is still born
+    where planted, at every token."""
+    golden, tokens = l1_outputs_golden
+    runs = {}
+    for name, call in (("clean", ""), ("rs", "rsqrt=1.02@model.layers.1.input_layernorm")):
+        test = tmp_path / name
+        stats_dumps.dump("msprobe", "full", test, bf16=True, forced=tokens, level="L1", outputs_only=True, call=call)
+        out, con = stats_dumps.compare(golden / "golden" / "dump", test / "dump", tmp_path / f"o_{name}")
+        inputs = con.execute("SELECT count(*) FROM matches WHERE io = 'in'").fetchone()
+        failing = {str(n) for n in _failing_calls(con)}
+        runs[name] = (out, stats_dumps.born(con), failing)
+        con.close()
+        assert inputs == (0,), inputs
+    out, born, failing = runs["clean"]
+    assert born == {None} and failing == set(), (failing, out)
+    out, born, failing = runs["rs"]
+    assert born == {"Torch.rsqrt.2.forward"} and "Torch.rsqrt.2.forward" in failing, (born, out)
+    explorer = Explorer(tmp_path / "o_clean" / "catalog.duckdb")  # the detail pane says what stood in
+    try:
+        pow_call = explorer.golden_node_id("Tensor.pow.1.forward")
+        assert pow_call is not None
+        (pair,) = explorer.pair_detail(pow_call, 0).pairs
+    finally:
+        explorer.close()
+    # its input is the residual sum's bf16 output, upcast
+    assert pair.passed and "no input dumped: the output of Tensor.__add__.4.forward before it" in str(
+        pair.judged_note
+    ), pair.judged_note
+
+
+def _failing_calls(con: duckdb.DuckDBPyConnection) -> list[str]:
+    return [
+        str(n)
+        for (n,) in con.execute(
+            "SELECT DISTINCT n.name FROM metrics x JOIN matches m USING (cmp_id, pair_id) "
+            "JOIN nodes n ON n.run_id = 1 AND n.node_id = m.golden_node_id WHERE x.passed = false ORDER BY 1"
+        ).fetchall()
+    ]
+
+
 def test_level_l1_diverging_logits_are_found_without_an_lm_head(
     l1_golden: tuple[Path, list[int]], tmp_path: Path
 ) -> None:

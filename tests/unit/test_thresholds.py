@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench.compare.judging.judge import CARRIED_GAIN, judge_pair, model_node, more_precise
+from workbench.compare.judging.dtypes import more_precise
+from workbench.compare.judging.judge import CARRIED_GAIN, judge_pair, model_node
 from workbench.compare.judging.metrics import compare_tensors
 from workbench.compare.judging.thresholds import NAN_INF, Thresholds
 

@@ -51,7 +51,9 @@ from workbench.analysis.explorer.views import (
     Unmatched,
 )
 from workbench.analysis.verdicts.causes import cause_in, is_lookup
-from workbench.compare.judging.judge import CARRIED_GAIN, compared_compute_dtype, more_precise
+from workbench.compare.judging.carried import carried_errors
+from workbench.compare.judging.dtypes import compared_compute_dtype, more_precise
+from workbench.compare.judging.judge import CARRIED_GAIN
 from workbench.compare.judging.thresholds import Thresholds
 from workbench.core.advice import NO_PEERS, STANDS_OUT
 from workbench.core.metrics import ALL_METRICS, BY_NAME, REL_EUCLID, STAT_BOUND_JUDGED_AS, STAT_METRIC_NAMES
@@ -737,7 +739,7 @@ class Explorer:
                     str(test_node or ""),
                 )
             )
-        pairs = self._with_judged_notes(pairs, str(gname), str(gtype or ""))
+        pairs = self._with_judged_notes(pairs, golden_node_id, token, str(gname), str(gtype or ""))
         v = self.verdict(token)
         born_g, born_t, evidence, why, score = v.golden, v.test, v.evidence, v.why, v.score
         born_name, born_type = self._node_name_type(info.golden_run, born_g)
@@ -768,26 +770,44 @@ class Explorer:
             v.origin_score,
         )
 
-    def _with_judged_notes(self, pairs: list[PairRow], name: str, op_type: str) -> list[PairRow]:
+    def _with_judged_notes(
+        self, pairs: list[PairRow], golden_node_id: int, token: int, name: str, op_type: str
+    ) -> list[PairRow]:
         """Each passing pair more precise than the run that its own dtype's bounds would fail says what judged it
-        (`judge.judge_pair`): the run's dtype for an input, and for an output the error its inputs carried in."""
+        (`judge.judge_pair`): the run's dtype for an input, and for an output the error its inputs carried in
+        (`carried.carried_errors`, as the judge read it)."""
         run_dtype = self.info.test_dtype
-        if not any(more_precise(p.test.get("dtype"), run_dtype) for p in pairs):
-            return pairs
         th = self.info.thresholds
-        carried = max((d for p in pairs if p.io == "in" and (d := p.metrics.get(REL_EUCLID)) is not None), default=None)
-        out = []
+        judged = []
         for p in pairs:
             dtype = p.test.get("dtype")
-            own, _failed = th.judge(p.metrics, dtype, node_name=name, node_type=op_type, io=p.io)
-            if p.passed and own is False and more_precise(dtype, run_dtype):
+            if p.passed and more_precise(dtype, run_dtype):
+                own, _failed = th.judge(p.metrics, dtype, node_name=name, node_type=op_type, io=p.io)
+                if own is False:
+                    judged.append(p)
+        if not judged:
+            return pairs
+        carried = None
+        if any(p.io == "out" for p in judged):
+            cur = self._cur()
+            try:
+                carried = carried_errors(cur, self.info.cmp_id, [(token, golden_node_id)], run_dtype).get(
+                    (token, golden_node_id)
+                )
+            finally:
+                cur.close()
+        out = []
+        for p in pairs:
+            if any(p is q for q in judged):
+                dtype = p.test.get("dtype")
                 if p.io == "in":
                     why = f"holds the error of what ran before it: judged by {run_dtype}'s bounds"
                 else:
                     distance = p.metrics.get(REL_EUCLID) or 0.0
+                    fed = f"{carried.rel_euclid:.3g}, {carried.source}" if carried else "unknown"
                     why = (
-                        f"adds no error of its own (rel euclid {distance:.3g} <= {CARRIED_GAIN:g} x its inputs' "
-                        f"largest, {carried or 0.0:.3g}): judged by {run_dtype}'s bounds"
+                        f"adds no error of its own (rel euclid {distance:.3g} <= {CARRIED_GAIN:g} x what it was "
+                        f"fed: {fed}): judged by {run_dtype}'s bounds"
                     )
                 p = replace(p, judged_note=f"{dtype} in a {run_dtype} run, over {dtype}'s bounds; it {why}")
             out.append(p)

@@ -48,7 +48,7 @@ from workbench.analysis.verdicts.causes import (
 )
 from workbench.catalog.lookup import has_table, judged_on_statistics_only
 from workbench.catalog.store import first_row, insert_rows
-from workbench.compare.judging.judge import compute_dtype
+from workbench.compare.judging.dtypes import compute_dtype
 from workbench.core.advice import NAN_INF_SCORE, NO_PEERS, STANDS_OUT
 from workbench.core.median import median
 from workbench.formats.token_ids import INT_DTYPES

@@ -32,11 +32,10 @@ from workbench.compare.execution.early import EarlyPairs, PairKey
 from workbench.compare.execution.pool import IN_PROCESS_BYTES, PoolStarter
 from workbench.compare.execution.tasks import PairTask, StatsTask, Twin, batches, file_identity, tensor_bytes
 from workbench.compare.execution.worker import release_staging, run_batch
+from workbench.compare.judging.dtypes import compared_compute_dtype, compute_dtype
 from workbench.compare.judging.judge import (
     PairResult,
     StatsResult,
-    compared_compute_dtype,
-    compute_dtype,
     judge_carried,
     judge_pair,
     model_node,

@@ -8,11 +8,12 @@ the compare sink, `rejudge` (new thresholds, no tensor read) and the ATB prechec
 from __future__ import annotations
 
 import math
-from collections import Counter
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from workbench.compare.judging.carried import carried_errors
+from workbench.compare.judging.dtypes import compared_compute_dtype, looser, more_precise, more_precise_than
 from workbench.compare.judging.thresholds import NAN_INF, Thresholds
 from workbench.core.metrics import ALL_METRICS, REL_EUCLID, STAT_BOUND, SUMMARY_FIELDS
 
@@ -106,18 +107,6 @@ def nan_inf_mismatch(golden: Stats | None, test: Stats | None) -> bool:
     return t_nan + t_inf > 0 and (t_nan, t_inf) != (g_nan, g_inf)
 
 
-# floating dtypes from the tightest bounds to the loosest
-_PRECISION = ("float64", "float32", "float16", "bfloat16")
-
-
-def compute_dtype(dtypes: Iterable[str | None]) -> str | None:
-    """The floating dtype most of a run's tensors have: what a bf16 model computes in, although some of its ops
-    (RMSNorm's variance, softmax) upcast to float32 and so carry bf16 error in float32 tensors. A tie goes to the
-    name first in order, as `compared_compute_dtype` breaks it."""
-    counts = Counter(d for d in dtypes if d in _PRECISION)
-    return min(counts, key=lambda d: (-counts[d], d)) if counts else None
-
-
 _Node = TypeVar("_Node")
 
 
@@ -126,17 +115,6 @@ def model_node(roots: Collection[_Node]) -> _Node | None:
     run's root nodes: its root when it has exactly one (msit's `root`). A run whose top level holds several nodes
     (msprobe's modules; at its `level: L1`, every torch call) has none: a top-level call's output is not the model's."""
     return next(iter(roots)) if len(roots) == 1 else None
-
-
-def _looser(a: str | None, b: str | None) -> str | None:
-    if a not in _PRECISION or b not in _PRECISION:
-        return a or b
-    return max(a, b, key=_PRECISION.index)
-
-
-def more_precise(dtype: str | None, run_dtype: str | None) -> bool:
-    """Whether a tensor of `dtype` is more precise than its run computes in (float32 in a bfloat16 run)."""
-    return dtype in _PRECISION and run_dtype in _PRECISION and _looser(dtype, run_dtype) != dtype
 
 
 # An op adds no error of its own when its output's relative euclidean distance is at most this many times its
@@ -177,7 +155,7 @@ def judge_pair(
     if stat_bound is not None and not any(values.get(m) is not None for m in ALL_METRICS):
         return thresholds.judge_statistics(
             stat_bound,
-            _looser(dtype, run_dtype) or "float32",
+            looser(dtype, run_dtype) or "float32",
             node_name=node_name,
             node_type=node_type,
             io=io,
@@ -186,7 +164,7 @@ def judge_pair(
     mismatch = nan_inf_mismatch(golden, test)
     passed, failed = thresholds.judge(
         values,
-        (_looser(dtype, run_dtype) if io == "in" else dtype) or "float32",
+        (looser(dtype, run_dtype) if io == "in" else dtype) or "float32",
         node_name=node_name,
         node_type=node_type,
         nan_inf_mismatch=mismatch,
@@ -206,57 +184,32 @@ def judge_pair(
     return passed, failed
 
 
-def compared_compute_dtype(con: duckdb.DuckDBPyConnection, cmp_id: int) -> str | None:
-    """`compute_dtype` of the test tensors paired at a comparison's first token (computed or not): the one answer
-    to "what does the test run compute in" that the judge, a re-judge, the advisor, the explorer and the app's colour
-    scale use. The first token (the prompt's) runs every op a later one does; one token is ~4 ms at 1.9M pairs,
-    every pair 0.12 s."""
-    found = con.execute(
-        "SELECT tt.dtype FROM matches m JOIN comparisons c USING (cmp_id) "
-        "JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id "
-        "WHERE m.cmp_id = ? AND m.token_id = (SELECT min(token_id) FROM matches WHERE cmp_id = ?) "
-        f"AND tt.dtype IN ({', '.join('?' * len(_PRECISION))}) "
-        "GROUP BY tt.dtype ORDER BY count(*) DESC, tt.dtype LIMIT 1",
-        [cmp_id, cmp_id, *_PRECISION],
-    ).fetchone()
-    return str(found[0]) if found else None
-
-
 def judge_carried(
     con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds, run_dtype: str | None = None
 ) -> int:
-    """Judge again, with what their node's inputs carried in (`judge_pair`'s `carried_in`), the failing outputs
-    more precise than the run computes in (`run_dtype`, else `compared_compute_dtype`); returns how many now pass.
-    Run after every pair of the comparison is judged: an output's inputs are other pairs, computed in any order."""
+    """Judge again, with what their node's inputs carried in (`carried.carried_errors`), the failing outputs more
+    precise than the run computes in (`run_dtype`, else `compared_compute_dtype`); returns how many now pass. Run
+    after every pair of the comparison is judged: an output's inputs are other pairs, computed in any order."""
     from workbench.catalog.store import int_column, registered
 
     run_dtype = run_dtype or compared_compute_dtype(con, cmp_id)
-    looser = [d for d in _PRECISION if more_precise(d, run_dtype)]
-    if not looser:
+    precise = more_precise_than(run_dtype)
+    if not precise:
         return 0
     records = _pair_records(
         con,
-        f"""
-        WITH failing AS (  -- few: the inputs are read for their ops only
-            {_PAIR_RECORDS_SQL} AND m.io = 'out' AND x.passed = false AND tt.dtype IN ({", ".join("?" * len(looser))})
-        ), carried AS (
-            SELECT m.token_id, m.golden_node_id, max(x.{REL_EUCLID}) AS carried_in
-            FROM matches m JOIN metrics x USING (cmp_id, pair_id)
-            JOIN (SELECT DISTINCT _token, _node_id FROM failing) f
-                ON f._token = m.token_id AND f._node_id = m.golden_node_id
-            WHERE m.cmp_id = ? AND m.io = 'in' AND x.{REL_EUCLID} IS NOT NULL
-            GROUP BY m.token_id, m.golden_node_id
-        )
-        SELECT f.*, k.carried_in AS _carried_in
-        FROM failing f JOIN carried k ON k.token_id = f._token AND k.golden_node_id = f._node_id""",
-        [cmp_id, *looser, cmp_id],
+        f"{_PAIR_RECORDS_SQL} AND m.io = 'out' AND x.passed = false AND tt.dtype IN ({', '.join('?' * len(precise))})",
+        [cmp_id, *precise],
     )
+    if not records:
+        return 0
+    carried = carried_errors(con, cmp_id, {(int(r["_token"]), int(r["_node_id"])) for r in records}, run_dtype)
     model = _model_of(con, cmp_id)
-    now_pass = [
-        int(r["pair_id"])
-        for r in records
-        if _judge_record(thresholds, r, model, run_dtype, carried_in=none_if_na(r["_carried_in"]))[0]
-    ]
+    now_pass = []
+    for r in records:
+        c = carried.get((int(r["_token"]), int(r["_node_id"])))
+        if c is not None and _judge_record(thresholds, r, model, run_dtype, carried_in=c.rel_euclid)[0]:
+            now_pass.append(int(r["pair_id"]))
     if now_pass:
         with registered(con, "_carried", {"pair_id": int_column(now_pass)}):
             con.execute(
