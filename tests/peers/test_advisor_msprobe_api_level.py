@@ -333,3 +333,27 @@ def test_level_l1_statistics_name_the_logits_they_hold(tmp_path: Path) -> None:
         f"first divergent token: unknown (the logits ({LAST_LINEAR}) were dumped as statistics only: no cosine, KL or "
         f"top-1 per token; their max/min/mean/norm pass at all {len(tokens)} pairs" in out
     ), out
+
+
+def test_level_l1_dense_layers_before_moe_layers(tmp_path: Path) -> None:
+    """A DeepSeek-V3 (one dense layer, then MoE) at `level: L1`: the repeated block of calls is the MoE layer's, and
+    its run of repeats began with the dense layer's last call: the dense layer had no layer and the MoE layers were
+    numbered from 0, each starting one call early. Now layer 0 is the dense one and every layer starts at its input
+    norm, as the model numbers them."""
+    golden = tmp_path / "golden"
+    tokens = stats_dumps.dump("msprobe", "full", golden, level="L1", model="deepseek")
+    stats_dumps.dump("msprobe", "full", tmp_path / "test", bf16=True, forced=tokens, level="L1", model="deepseek")
+    _out, con = stats_dumps.compare(golden / "dump", tmp_path / "test" / "dump", tmp_path / "o")
+    rows = con.execute(
+        "SELECT layer, count(*), arg_min(name, exec_order) FROM nodes WHERE run_id = 1 AND layer IS NOT NULL "
+        "GROUP BY layer ORDER BY layer"
+    ).fetchall()
+    heat_rows = con.execute(
+        "SELECT DISTINCT n.layer FROM node_results r JOIN nodes n ON n.run_id = 1 AND n.node_id = r.golden_node_id "
+        "WHERE n.layer IS NOT NULL ORDER BY 1"
+    ).fetchall()
+    con.close()
+    assert [r[0] for r in rows] == [0, 1, 2, 3], rows
+    assert [r[2] for r in rows] == [f"Tensor.pow.{4 * k}.forward" for k in range(4)], rows  # each at its input norm
+    assert rows[1][1] == rows[2][1] == rows[3][1] > rows[0][1], rows  # three MoE layers alike, the dense one shorter
+    assert heat_rows == [(0,), (1,), (2,), (3,)], heat_rows

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from workbench.formats.model import Node
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # a container segment followed by an integer segment, separated by dots (or slashes)
 _LAYER_RE = re.compile(r"(?:^|[./])(?:layers|layer|h|blocks|block)[./]([0-9]+)(?=$|[./])")
@@ -31,15 +35,16 @@ def layers_by_repetition(kinds: Sequence[str]) -> list[int | None]:
 
     A decoder stacks copies of one layer, so its calls repeat with the layer's period: the longest stretch of the
     stream made of one block repeated at least twice (the earliest such stretch, and the shortest block among those
-    covering as much) is cut into blocks, and block k is layer k. What runs before it (the embedding, the rotary
-    tables) and after it (the final norm, which repeats the start of a block, and the LM head) has no layer; so has
+    covering as much) is cut into blocks, and block k is layer k; layers before it that start as its block does and
+    differ after (dense layers before MoE ones: `_layers_before`) come first. What runs before them (the embedding,
+    the rotary tables) and after them (the final norm, which repeats the start of a block, and the LM head) has no layer; so has
     every call of a stream with no repeated block of at least three kinds of call."""
     import numpy as np
 
     n = len(kinds)
     ids: dict[str, int] = {}
     codes = np.fromiter((ids.setdefault(k, len(ids)) for k in kinds), dtype=np.int64, count=n)
-    best: tuple[int, int, int] | None = None  # (calls covered, -period, -start)
+    best: tuple[int, int, int, int] | None = None  # (calls covered, -period, -start, calls repeated past them)
     for period in range(2, n // 2 + 1):
         same = np.concatenate(([0], (codes[:-period] == codes[period:]).astype(np.int8), [0]))
         edges = np.flatnonzero(np.diff(same))
@@ -49,16 +54,64 @@ def layers_by_repetition(kinds: Sequence[str]) -> list[int | None]:
             continue
         covered = repeats * period
         i = int(np.argmax(covered))  # the first of the longest
-        key = (int(covered[i]), -period, -int(starts[i]))
-        if best is None or key > best:
+        key = (int(covered[i]), -period, -int(starts[i]), int(lengths[i]) + period - int(covered[i]))
+        if best is None or key[:3] > best[:3]:
             if len(set(codes[starts[i] : starts[i] + period].tolist())) >= _MIN_BLOCK_KINDS:
                 best = key
     out: list[int | None] = [None] * n
     if best is not None:
         covered_calls, period, start = best[0], -best[1], -best[2]
+        start = _at_a_norm(kinds, start, min(best[3], period - 1))
+        before = _layers_before(codes, start, period)
+        for k, (first, stop) in enumerate(before):
+            out[first:stop] = [k] * (stop - first)
         for i in range(start, start + covered_calls):
-            out[i] = (i - start) // period
+            out[i] = len(before) + (i - start) // period
     return out
+
+
+# the first call of a norm, as msprobe names torch's (HF's RMSNorm computes `x.pow(2).mean(...)`) and torch_npu's
+_NORM_CALLS = frozenset(("pow", "square", "layer_norm", "rms_norm", "npu_rms_norm", "npu_add_rms_norm", "group_norm"))
+
+
+def _at_a_norm(kinds: Sequence[str], start: int, slack: int) -> int:
+    """Where the layers of a repeated stretch start: the stretch begins as early as the calls before it repeat the
+    block's end (a dense layer's MLP ends as an MoE layer's experts do), up to `slack` calls before its first
+    layer; a decoder layer starts with its input norm, so the first norm call in that reach, else the stretch's
+    start."""
+    for first in range(start, start + slack + 1):
+        if kinds[first].rsplit(".", 1)[-1].lower() in _NORM_CALLS:
+            return first
+    return start
+
+
+_MIN_SHARED_CALLS = 2 * _MIN_BLOCK_KINDS  # a layer before the repeated ones starts as they do for at least this long
+
+
+def _layers_before(codes: np.ndarray, start: int, period: int) -> list[tuple[int, int]]:
+    """The (first, stop) calls of the layers that run just before the repeated stretch at `start` and are not copies
+    of its block: a model's dense layers before its MoE ones (DeepSeek's first layers, however few). Such a layer
+    starts as a repeated one does (its norm and attention) and differs after (its MLP): going back from `start`,
+    each is the stretch whose calls share the longest start with the block (at least `_MIN_SHARED_CALLS`, and half
+    its own calls), the latest of those that share as much; the embedding and rotary tables before them share none."""
+    import numpy as np
+
+    block = codes[start : start + period]
+    found: list[tuple[int, int]] = []
+    stop = start
+    while stop >= _MIN_SHARED_CALLS:
+        best: tuple[int, int] | None = None  # (calls shared, first call)
+        for first in range(max(0, stop - 2 * period), stop - _MIN_SHARED_CALLS + 1):
+            length = min(stop - first, period)
+            differ = np.flatnonzero(codes[first : first + length] != block[:length])
+            shared = int(differ[0]) if len(differ) else length
+            if shared >= _MIN_SHARED_CALLS and 2 * shared >= stop - first and (best is None or (shared, first) > best):
+                best = (shared, first)
+        if best is None:
+            break
+        found.append((best[1], stop))
+        stop = best[1]
+    return found[::-1]
 
 
 def is_layer_folder(suffix: str) -> bool:
