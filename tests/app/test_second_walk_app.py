@@ -13,6 +13,7 @@ from tests.app.test_app_pilot import ready, wait_for
 from tests.fixtures.app_catalogs import DEFECT_ID, SIZE
 from workbench.app.heatmap import HeatmapView
 from workbench.app.launch import make_app
+from workbench.app.trees import TopologyTree
 
 pytestmark = pytest.mark.anyio
 
@@ -64,7 +65,6 @@ async def test_precheck_result_is_seen_at_once(demo_catalog: Path, size: tuple[i
     from textual.containers import VerticalScroll
 
     from workbench.app.opcause import PrecheckPanel
-    from workbench.app.trees import TopologyTree
 
     app = make_app(catalog=demo_catalog)
     async with app.run_test(size=size) as pilot:
@@ -111,7 +111,6 @@ async def test_a_wide_terminal_gives_the_heatmap_pane_its_width(demo_catalog: Pa
 async def test_trees_show_the_shapes_of_the_token_shown(demo_catalog: Path) -> None:
 
     from workbench.analysis.explorer.explore import Explorer
-    from workbench.app.trees import TopologyTree
 
     ex = Explorer(demo_catalog)
     try:
@@ -223,6 +222,13 @@ async def test_quantized_run_verdict_is_the_advisors_as_in_the_summary(quant_cat
         # its score is over the int8 rounding its own scales predict, not over its peers' noise
         assert "beyond its expected int8 rounding" in text and "peers' noise" not in text, text
         origin = screen.born_id  # the advisor's op standing out: the verdict where no op is born
+        golden = screen.query_one("#golden-tree", TopologyTree)
+        await pilot.press("b")
+        await wait_for(pilot, lambda: origin in golden.tree_nodes, timeout=30)
+        row = golden.tree_nodes[origin]
+        label = golden.render_label(row, golden.rich_style, golden.rich_style).plain
+        # the tree calls it what the verdict does (it said "error born here")
+        assert "◆" in label and label.endswith("most likely origin") and "born" not in label, label
         await pilot.press("down", "down", "enter")  # somewhere else, then `b` goes back to the origin
         await pilot.pause(0.3)
         await pilot.press("b")
@@ -277,7 +283,6 @@ async def test_heatmap_title_is_whole_for_every_colouring_and_drill(demo_catalog
 
 async def test_tree_colouring_is_named_where_the_status_line_is_cut(small_catalog: Path) -> None:
     """At 80 columns the status line shows only the verdict: `a` recoloured the trees with no word of it."""
-    from workbench.app.trees import TopologyTree
 
     app = make_app(catalog=small_catalog)
     async with app.run_test(size=(80, 24)) as pilot:

@@ -506,6 +506,7 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
                 STANDS_OUT if self.color_by_quant else self._scale(ADDED_ERROR).bound,
                 self.color_by_added or self.color_by_quant,
                 self.born_id if side == "golden" else self.born_test_id,
+                self.verdict.why,
             )
 
     def _born_text(self) -> str:

@@ -12,8 +12,23 @@ from textual.widgets.tree import TreeNode
 
 from workbench.analysis.explorer.layer_groups import summarize_group
 from workbench.analysis.explorer.severity import ADDED_ERROR, HEAT_LEVELS, LEVEL_EDGES, VERDICT, severity
-from workbench.analysis.explorer.views import LayerGroupSummary, NodeStatus, Side, TreeRow
+from workbench.analysis.explorer.views import (
+    BORN_ADVISOR,
+    BORN_FAILS,
+    BORN_PRECHECK,
+    LayerGroupSummary,
+    NodeStatus,
+    Side,
+    TreeRow,
+)
 from workbench.app.themes import DOMAIN_DEFAULTS
+
+# what a row's suffix calls the node the token's verdict names, as the detail pane does
+_BORN_LABELS = {
+    BORN_FAILS: "error born here",
+    BORN_PRECHECK: "error pinned here",
+    BORN_ADVISOR: "most likely origin",
+}
 
 
 class TopologyTree(Tree[TreeRow]):
@@ -36,6 +51,7 @@ class TopologyTree(Tree[TreeRow]):
         self.added_bound: float | None = None
         self.color_by_added = False
         self.born_id: int | None = None  # node of THIS side where the error is born at this token
+        self.born_label = _BORN_LABELS[BORN_FAILS]  # what the verdict calls it (the advisor's origin: no op fails)
         self.badges: dict[tuple[int, int], tuple[str, str]] = {}  # (golden id, token) -> (text, style key)
         self.token: int | None = None  # the token the badges are shown for
         self.shapes: dict[int, str] = {}  # node id -> output shape at the token shown (else the row's first)
@@ -84,8 +100,11 @@ class TopologyTree(Tree[TreeRow]):
         added_bound: float | None,
         by_added: bool,
         born_id: int | None,
+        born_why: str | None = None,
     ) -> None:
-        """Recolour for a token: `status` is keyed by golden node id, `born_id` is a node of this side.
+        """Recolour for a token: `status` is keyed by golden node id, `born_id` is a node of this side, named by the
+        token's verdict for `born_why` (`views.BORN_*`: where the error is born, pinned by the precheck, or, no op
+        failing, the advisor's most likely origin).
 
         The test side reads each op's roll-up through the test node compared at this token, so an op
         that did not run at this token (a prefill op at a decode token) shows `·` and no verdict."""
@@ -101,6 +120,11 @@ class TopologyTree(Tree[TreeRow]):
                 by_test[st.counterpart] = st
         self.by_test = by_test
         self.born_id = born_id
+        label = _BORN_LABELS.get(born_why or "", _BORN_LABELS[BORN_FAILS])
+        born_row = self.tree_nodes.get(born_id) if born_id is not None else None
+        if label != self.born_label and born_row is not None:
+            born_row.refresh()
+        self.born_label = label
         mode_changed = (metric, bound, added_bound, by_added) != (
             self.metric,
             self.bound,
@@ -297,7 +321,7 @@ class TopologyTree(Tree[TreeRow]):
         if mark == "?":
             text.append(" unmatched", self._styles.get("unmatched", Style()))
         if born:
-            text.append(" error born here", self._styles.get("born", Style()) + Style(bold=True))
+            text.append(f" {self.born_label}", self._styles.get("born", Style()) + Style(bold=True))
         return text
 
     def _group_label(self, row: TreeRow, prefix: str, base_style: Style, style: Style) -> Text:

@@ -37,8 +37,8 @@ def layers_by_repetition(kinds: Sequence[str]) -> list[int | None]:
     stream made of one block repeated at least twice (the earliest such stretch, and the shortest block among those
     covering as much) is cut into blocks, and block k is layer k; layers before it that start as its block does and
     differ after (dense layers before MoE ones: `_layers_before`) come first. What runs before them (the embedding,
-    the rotary tables) and after them (the final norm, which repeats the start of a block, and the LM head) has no layer; so has
-    every call of a stream with no repeated block of at least three kinds of call."""
+    the rotary tables) and after them (the final norm, which repeats the start of a block, and the LM head) has no
+    layer; so has every call of a stream with no repeated block of at least three kinds of call."""
     import numpy as np
 
     n = len(kinds)
