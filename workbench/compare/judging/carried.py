@@ -74,31 +74,12 @@ class _Done:
     in_chain: bool  # every output of it more precise than the run, or not floating: a link of a chain of upcast ops
 
 
+_TOKENS_AT_ONCE = 64  # the outputs of this many tokens are held at once (a 1,000-token dump of 1,900 ops a token)
+
+
 def _stand_ins(
     con: duckdb.DuckDBPyConnection, cmp_id: int, keys: list[tuple[int, int]], run_dtype: str | None
 ) -> dict[tuple[int, int], Carried]:
-    from workbench.catalog.store import int_column, registered
-
-    precise = more_precise_than(run_dtype)
-    with registered(con, "_carried_tokens", {"token_id": int_column(sorted({t for t, _ in keys}))}):
-        rows = con.execute(
-            f"SELECT m.token_id, n.node_id, n.exec_order, n.end_order, n.name, max(x.{REL_EUCLID}), "
-            "bool_and(list_contains(?, tt.dtype) OR NOT list_contains(?, tt.dtype)) "
-            "FROM matches m JOIN metrics x USING (cmp_id, pair_id) JOIN comparisons c USING (cmp_id) "
-            "JOIN _carried_tokens k ON k.token_id = m.token_id "
-            "JOIN nodes n ON n.run_id = c.golden_run AND n.node_id = m.golden_node_id "
-            "JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id "
-            f"WHERE m.cmp_id = ? AND m.io = 'out' AND x.{REL_EUCLID} IS NOT NULL GROUP BY 1, 2, 3, 4, 5",
-            [precise, list(PRECISION), cmp_id],
-        ).fetchall()
-    done: dict[int, list[_Done]] = defaultdict(list)
-    for tok, node, start, end, name, rel, precise in rows:
-        at = _LAST if start is None else int(start)
-        finish = at if end is None else int(end)
-        done[int(tok)].append(_Done(finish, at, int(node), str(name), float(rel), bool(precise)))
-    for items in done.values():
-        items.sort(key=lambda d: (d.end, d.start, d.node))
-    ends = {tok: [(d.end, d.start, d.node) for d in items] for tok, items in done.items()}
     starts = {
         int(n): _LAST if s is None else int(s)
         for n, s in con.execute(
@@ -107,21 +88,58 @@ def _stand_ins(
             [cmp_id],
         ).fetchall()
     }
-    out: dict[tuple[int, int], Carried] = {}
+    by_token: dict[int, list[int]] = defaultdict(list)
     for tok, node in keys:
-        start = starts.get(node, _LAST)
-        items = done.get(tok, [])
-        k = bisect.bisect_left(ends.get(tok, []), (start, -1, -1)) - 1
-        if k < 0:
-            continue
-        chain = [items[k]]
-        while chain[-1].in_chain and k > 0:
-            k -= 1
-            chain.append(items[k])
-        worst = max(chain, key=lambda d: d.rel_euclid)
-        if len(chain) == 1:
-            source = f"no input dumped: the output of {worst.name} before it"
-        else:
-            source = f"no input dumped: the largest output from {chain[-1].name} to {chain[0].name} before it"
-        out[(tok, node)] = Carried(worst.rel_euclid, source)
+        by_token[tok].append(node)
+    tokens = sorted(by_token)
+    out: dict[tuple[int, int], Carried] = {}
+    for at in range(0, len(tokens), _TOKENS_AT_ONCE):
+        chunk = tokens[at : at + _TOKENS_AT_ONCE]
+        for tok, items in _outputs_in_order(con, cmp_id, chunk, run_dtype).items():
+            ends = [(d.end, d.start, d.node) for d in items]
+            for node in by_token[tok]:
+                k = bisect.bisect_left(ends, (starts.get(node, _LAST), -1, -1)) - 1
+                if k >= 0:
+                    out[(tok, node)] = _along_the_chain(items, k)
     return out
+
+
+def _outputs_in_order(
+    con: duckdb.DuckDBPyConnection, cmp_id: int, tokens: list[int], run_dtype: str | None
+) -> dict[int, list[_Done]]:
+    """Per token, the compared outputs in the order their ops completed."""
+    from workbench.catalog.store import int_column, registered
+
+    with registered(con, "_carried_tokens", {"token_id": int_column(tokens)}):
+        rows = con.execute(
+            f"SELECT m.token_id, n.node_id, n.exec_order, n.end_order, n.name, max(x.{REL_EUCLID}), "
+            "bool_and(list_contains(?, tt.dtype) OR NOT list_contains(?, tt.dtype)) "
+            "FROM matches m JOIN metrics x USING (cmp_id, pair_id) JOIN comparisons c USING (cmp_id) "
+            "JOIN _carried_tokens k ON k.token_id = m.token_id "
+            "JOIN nodes n ON n.run_id = c.golden_run AND n.node_id = m.golden_node_id "
+            "JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id "
+            f"WHERE m.cmp_id = ? AND m.io = 'out' AND x.{REL_EUCLID} IS NOT NULL GROUP BY 1, 2, 3, 4, 5",
+            [more_precise_than(run_dtype), list(PRECISION), cmp_id],
+        ).fetchall()
+    done: dict[int, list[_Done]] = defaultdict(list)
+    for tok, node, start, end, name, rel, in_chain in rows:
+        at = _LAST if start is None else int(start)
+        finish = at if end is None else int(end)
+        done[int(tok)].append(_Done(finish, at, int(node), str(name), float(rel), bool(in_chain)))
+    for items in done.values():
+        items.sort(key=lambda d: (d.end, d.start, d.node))
+    return done
+
+
+def _along_the_chain(items: list[_Done], k: int) -> Carried:
+    """What the op after `items[k]` was fed: that output, and back along a chain of upcast ops to its source."""
+    chain = [items[k]]
+    while chain[-1].in_chain and k > 0:
+        k -= 1
+        chain.append(items[k])
+    worst = max(chain, key=lambda d: d.rel_euclid)
+    if len(chain) == 1:
+        return Carried(worst.rel_euclid, f"no input dumped: the output of {worst.name} before it")
+    return Carried(
+        worst.rel_euclid, f"no input dumped: the largest output from {chain[-1].name} to {chain[0].name} before it"
+    )
