@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import run_wb
 from tests.fixtures import stats_dumps
 from workbench.analysis.explorer.explore import Explorer
+from workbench.compare.judging.judge import JUDGE_RULES
 from workbench.compare.pairing.mapping import PairSpec
 from workbench.jobs.compare import add_node_pairs
 
@@ -203,6 +204,42 @@ def test_level_l1_float32_calls_paired_again_are_judged_as_the_run_computes(
     assert pow_verdicts() == []
     assert add_node_pairs(catalog, 1, [PairSpec(*pair)]) == len(whole)
     assert pow_verdicts() == whole
+
+
+def test_verdicts_of_older_rules_are_judged_again(l1_golden: tuple[Path, list[int]], tmp_path: Path) -> None:
+    """A catalog an older wb judged keeps its verdicts when compared again (the metrics are there: nothing is
+    computed): a clean L1 run judged before the carried-in rule had its float32 calls' inputs failing float32's
+    bounds. The rules' number is stored with each comparison (`meta`, `judge_rules:<cmp_id>`); an older one is judged
+    again, a current one is left as it is."""
+    golden, tokens = l1_golden
+    stats_dumps.dump("msprobe", "full", tmp_path / "clean", bf16=True, forced=tokens, level="L1")
+    _out, con = stats_dumps.compare(golden / "golden" / "dump", tmp_path / "clean" / "dump", tmp_path / "o")
+    con.close()
+    catalog = tmp_path / "o" / "catalog.duckdb"
+    as_older = (
+        "UPDATE metrics SET passed = false, failed_metrics = 'relative_euclidean_distance' WHERE pair_id IN ("
+        "SELECT m.pair_id FROM matches m JOIN tensors t ON t.run_id = 2 AND t.tensor_id = m.test_tensor_id "
+        "WHERE m.io = 'in' AND t.dtype = 'float32' AND m.token_id = 0)"
+    )
+
+    def failing_inputs() -> int:
+        with duckdb.connect(str(catalog), read_only=True) as c:
+            row = c.execute("SELECT count(*) FROM comparison WHERE io = 'in' AND passed = false").fetchone()
+        return int(row[0]) if row else -1
+
+    with duckdb.connect(str(catalog)) as c:
+        assert c.execute("SELECT value FROM meta WHERE key = 'judge_rules:1'").fetchone() == (str(JUDGE_RULES),)
+        c.execute(as_older)  # what the current rules' number keeps
+    older = failing_inputs()
+    assert older > 10, older
+    stats_dumps.compare(golden / "golden" / "dump", tmp_path / "clean" / "dump", tmp_path / "o")[1].close()
+    assert failing_inputs() == older  # judged by the current rules: nothing is judged again
+    with duckdb.connect(str(catalog)) as c:
+        c.execute("DELETE FROM meta WHERE key = 'judge_rules:1'")  # as a wb before the rules were numbered left it
+    out, con = stats_dumps.compare(golden / "golden" / "dump", tmp_path / "clean" / "dump", tmp_path / "o")
+    con.close()
+    assert failing_inputs() == 0, out
+    assert "(0 computed now, 591 already in the catalog); failed: 2;" in out, out
 
 
 def test_level_l1_a_wrong_float32_call_is_born_where_planted(l1_golden: tuple[Path, list[int]], tmp_path: Path) -> None:

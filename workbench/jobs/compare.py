@@ -383,7 +383,7 @@ def _compare_runs(
     from workbench.analysis.reporting.summary import summarize_comparison
     from workbench.analysis.verdicts.born import refresh_verdicts
     from workbench.compare.execution.executor import compute_pending
-    from workbench.compare.judging.judge import rejudge
+    from workbench.compare.judging.judge import judged_by_older_rules, mark_judged, rejudge
     from workbench.compare.pair_store import comparison_for_runs, load_frames, store_node_matches, store_tensor_pairs
     from workbench.compare.pairing.matching import match_nodes, pair_tensors
 
@@ -409,7 +409,7 @@ def _compare_runs(
     pairs = store_tensor_pairs(con, cmp_id, pair_tensors(matches, golden, test, tokens))
     if job.progress:
         job.progress(Progress("match", 1, 1, message=f"{len(pairs)} tensor pairs"))
-    if th_changed:
+    if th_changed or judged_by_older_rules(con, cmp_id):  # new thresholds, or verdicts an older wb decided
         rejudge(con, cmp_id, job.thresholds)
     # the verdict and report modules load while this thread mostly waits on the workers (~0.03 s less after them)
     preload = threading.Thread(target=_import_verdicts, name="wb-import-verdicts", daemon=True)
@@ -429,6 +429,7 @@ def _compare_runs(
         cluster=job.cluster,
         every_pair=True,
     )
+    mark_judged(con, cmp_id)
     preload.join()
     beside = _Beside(con, job.beside_verdicts, cmp_id, golden_run)
     try:

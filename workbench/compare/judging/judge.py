@@ -274,6 +274,28 @@ def _judge_record(
     )
 
 
+# The rules that decide a pair's verdict beyond the thresholds' numbers, numbered: a comparison judged by older rules
+# (an older wb) is judged again the next time it is compared, as after a `--thresholds` change. 2: the model's output
+# is the run's one root's; 3: tensors more precise than the run judged with what they carried in; 4: with the outputs
+# before them where no input was dumped, and one definition of the run's compute dtype.
+JUDGE_RULES = 4
+
+
+def _rules_key(cmp_id: int) -> str:
+    return f"judge_rules:{cmp_id}"
+
+
+def judged_by_older_rules(con: duckdb.DuckDBPyConnection, cmp_id: int) -> bool:
+    """Whether a comparison's verdicts were decided by rules older than `JUDGE_RULES` (or it has none yet)."""
+    row = con.execute("SELECT value FROM meta WHERE key = ?", [_rules_key(cmp_id)]).fetchone()
+    return row is None or not str(row[0]).isdigit() or int(row[0]) < JUDGE_RULES
+
+
+def mark_judged(con: duckdb.DuckDBPyConnection, cmp_id: int) -> None:
+    """Record that every pair of a comparison was judged by the current rules."""
+    con.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", [_rules_key(cmp_id), str(JUDGE_RULES)])
+
+
 def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds) -> None:
     """Apply new thresholds to every computed pair of a comparison (no tensor is read)."""
     from workbench.catalog.store import bool_column, int_column, object_column, registered
