@@ -24,6 +24,7 @@ from workbench.catalog.store import (
     run_meta,
     tensor_numel,
 )
+from workbench.compare.judging.judge import mark_judged
 from workbench.compare.judging.thresholds import Thresholds
 from workbench.compare.pairing.frames import Coded, NodeTable, RunFrames, TensorPairs, TensorTable
 from workbench.compare.pairing.mapping import MappingFile, PairSpec
@@ -186,6 +187,7 @@ def comparison_for_runs(
             th_json,
         ],
     )
+    mark_judged(con, cmp_id)  # a new comparison: every pair it gets is judged by this wb's rules
     return cmp_id, False
 
 
