@@ -119,7 +119,7 @@ def pick_logits(cands: Iterable[Candidate]) -> dict[int, Candidate]:
             best = named.get(c.token)
             if best is None or (c.order, -c.index) > (best.order, -best.index):
                 named[c.token] = c
-        elif c.is_root and len(roots_at[c.token]) == 1:
+        elif c.is_root and model_node(roots_at[c.token]) == c.node:  # the judge's rule: the one root
             best = root.get(c.token)
             if best is None or c.index < best.index:
                 root[c.token] = c
