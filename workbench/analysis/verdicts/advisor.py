@@ -26,6 +26,7 @@ them, or computes them on the fly for a catalog written before the table existed
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import re
 from collections import defaultdict
@@ -48,7 +49,7 @@ from workbench.analysis.verdicts.causes import (
 )
 from workbench.catalog.lookup import has_table, judged_on_statistics_only
 from workbench.catalog.store import first_row, insert_rows
-from workbench.compare.judging.dtypes import compute_dtype
+from workbench.compare.judging.dtypes import compared_compute_dtype
 from workbench.core.advice import NAN_INF_SCORE, NO_PEERS, STANDS_OUT
 from workbench.core.median import median
 from workbench.formats.token_ids import INT_DTYPES
@@ -195,8 +196,7 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
             bool(nan_inf),
             None if dtype is None else str(dtype),
         )
-    dtypes = [d for ios in per_token.values() for io in ios.values() for d in [io.get("out", (None,) * 4)[3]] if d]
-    run_dtype = compute_dtype(dtypes)
+    run_dtype = compared_compute_dtype(con, cmp_id)  # as the judge: a bf16 run's many float32 calls (L1) do not count
     sources = {g for g, n in nodes.items() if known_cause(n.type, run_dtype) is not None}
     for (tok, gid), split in _split_inputs(
         con, cmp_id, golden_run, ROUNDING.get(run_dtype or "", 0.0), sources, products
@@ -601,6 +601,7 @@ def _rank(
     quant: dict[int, quant_noise.QuantExpect] | None = None,
     run_dtype: str | None = None,
 ) -> list[_Row]:
+    table_arguments = _table_arguments(nodes)
     for r in rows.values():
         i = r.in_err or 0.0
         r.added = math.sqrt(max(r.out_err * r.out_err - i * i, 0.0))
@@ -683,7 +684,7 @@ def _rank(
         r.nan_inf_born = r.new_nan_inf and not r.in_nan_inf and gid not in nan_inf_below
         if r.nan_inf_born:
             r.score = NAN_INF_SCORE
-        r.cause = _known_cause_of(gid, nodes, r.dtype, run_dtype) if _stands_out_alone(r) else None
+        r.cause = _known_cause_of(gid, nodes, r.dtype, run_dtype, table_arguments) if _stands_out_alone(r) else None
         if quant and gid in quant and not r.nan_inf_born:  # a quantized op: its own noise is the reference
             r.quant = True
             r.ref, score, r.peer_label, r.cause = quant_noise.judge(quant[gid], r.own, max(floor, carried))
@@ -759,13 +760,23 @@ def _carried_causes(rows: dict[int, _Row], nodes: dict[int, _Node], by_pattern: 
         r.reason = _reason(r, nodes)
 
 
-def _known_cause_of(gid: int, nodes: dict[int, _Node], dtype: str | None, run_dtype: str | None) -> str | None:
+def _table_arguments(nodes: dict[int, _Node]) -> set[int]:
+    """Calls that compute a rotary table's argument with no module around them (msprobe's L1): a product run just
+    before a sin or cos (`positions * inv_freq`, DeepSeek's; or `cos * attention_scaling` before the sin)."""
+    top = sorted((n for n in nodes.values() if n.parent_id is None), key=lambda n: (n.exec_order, n.node_id))
+    return {a.node_id for a, b in itertools.pairwise(top) if errors_add(a.type) and is_table_call(b.type)}
+
+
+def _known_cause_of(
+    gid: int, nodes: dict[int, _Node], dtype: str | None, run_dtype: str | None, table_arguments: set[int]
+) -> str | None:
     """`known_cause` of an op, else of the module it runs inside, in the run's dtype: msprobe dumps the calls inside
-    a rotary embedding (`Tensor.sin`, `Tensor.cos`), computed in float32 from the `inv_freq` the run's dtype rounded
-    (without the module, at msprobe's L1, such a call is taken for one)."""
+    a rotary embedding (`Tensor.sin`, `Tensor.cos` and the product giving their argument, `_table_arguments`),
+    computed in float32 from the `inv_freq` the run's dtype rounded (without the module, at msprobe's L1, such a
+    call is taken for one)."""
     cause = known_cause(nodes[gid].type, dtype)
-    if cause is None and is_table_call(nodes[gid].type):
-        cause = known_cause("rotary", run_dtype)  # a sin/cos call with no module around it (msprobe's L1)
+    if cause is None and (is_table_call(nodes[gid].type) or gid in table_arguments):
+        cause = known_cause("rotary", run_dtype)  # a rotary call with no module around it (msprobe's L1)
     p = nodes[gid].parent_id
     while cause is None and p is not None and p in nodes:
         cause = known_cause(nodes[p].type, run_dtype)
