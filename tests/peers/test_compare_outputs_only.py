@@ -28,14 +28,13 @@ def test_an_op_born_with_no_input_dumped_says_its_inputs_are_unchecked(tmp_path:
     out, con = stats_dumps.compare(tmp_path / "golden" / sub, tmp_path / "bad" / sub, tmp_path / "o")
     born = stats_dumps.born(con) - {None}
     assert born and out.count(INPUTS_UNCHECKED) == len(born), out  # once per op, not once per token
-    if tool == "msit":  # module outputs: the one after a passing output is the planted one
-        assert all("layers.1.mlp.down_proj" in str(b) for b in born), (born, out)
-    else:
-        # msprobe's float32 calls inside the bf16 model's norms fail float32's bounds: named in the noise, with the
-        # advisor's origin beside them
-        origin = "the advisor's most likely origin here is Module.model.layers.1.mlp.LlamaMLP.forward (score "
-        said = [line for line in out.splitlines() if line.strip().startswith(origin)]
-        assert [line.endswith(f"`wb advise -t {tok}`)") for tok, line in enumerate(said)] == [True] * len(tokens), out
+    # msit's module outputs: the one after a passing output is the planted one. msprobe's also holds the float32
+    # calls inside the bf16 model's norms: they failed float32's bounds with no input to judge what they carried in,
+    # and were named in the noise with the planted module only the advisor's origin beside them; what ran before
+    # them now stands in for their inputs (`compare.judging.carried`) and the planted module is born at every token
+    assert len(out.split("error born at: ")) - 1 == len(tokens), out
+    assert all("layers.1.mlp" in str(b) for b in born), (born, out)
+    assert "the advisor's most likely origin here is" not in out, out
     con.close()
     catalog = tmp_path / "o" / "catalog.duckdb"
     ex = Explorer(catalog)
@@ -44,11 +43,7 @@ def test_an_op_born_with_no_input_dumped_says_its_inputs_are_unchecked(tmp_path:
         assert verdict.golden is not None and verdict.inputs_unchecked
         detail = ex.pair_detail(verdict.golden, 0)
         assert detail.born_inputs_unchecked and not any(p.io == "in" for p in detail.pairs)
-        if tool == "msprobe":  # the detail pane names the advisor's origin beside the op born in the noise
-            assert detail.origin_name == verdict.origin_name == "Module.model.layers.1.mlp.LlamaMLP.forward"
-            assert detail.origin_score is not None and detail.origin_score >= 3.0
-        else:
-            assert verdict.origin_name is None
+        assert verdict.origin_name is None  # the op born is the one the advisor would name
     finally:
         ex.close()
     report = tmp_path / "report.html"
@@ -56,7 +51,7 @@ def test_an_op_born_with_no_input_dumped_says_its_inputs_are_unchecked(tmp_path:
     assert proc.returncode == 0, proc.stderr
     page = report.read_text(encoding="utf-8")
     assert html.escape(INPUTS_UNCHECKED) in page
-    assert (html.escape("the advisor's most likely origin here is") in page) == (tool == "msprobe")
+    assert html.escape("the advisor's most likely origin here is") not in page
 
 
 @pytest.mark.parametrize("tool", [pytest.param("msit", marks=needs_msit), pytest.param("msprobe", marks=needs_msprobe)])
