@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from workbench.formats.model import Node
+from workbench.formats.node_names import call_name
 
 if TYPE_CHECKING:
     import numpy as np
@@ -80,7 +81,7 @@ def _at_a_norm(kinds: Sequence[str], start: int, slack: int) -> int:
     layer; a decoder layer starts with its input norm, so the first norm call in that reach, else the stretch's
     start."""
     for first in range(start, start + slack + 1):
-        if kinds[first].rsplit(".", 1)[-1].lower() in _NORM_CALLS:
+        if call_name(kinds[first]) in _NORM_CALLS:
             return first
     return start
 

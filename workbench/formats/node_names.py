@@ -45,3 +45,8 @@ def type_beside(short: str, node_type: str) -> str:
     if function and count.isdigit() and node_type.rsplit(".", 1)[-1] == function:
         return ""
     return node_type
+
+
+def call_name(op_type: str | None) -> str:
+    """An op type without its namespace, lower case: `Tensor.pow`, `torch.pow` and GE's `Pow` are all `pow`."""
+    return (op_type or "").rsplit(".", 1)[-1].lower()

@@ -383,7 +383,7 @@ def _compare_runs(
     from workbench.analysis.reporting.summary import summarize_comparison
     from workbench.analysis.verdicts.born import refresh_verdicts
     from workbench.compare.execution.executor import compute_pending
-    from workbench.compare.judging.judge import judged_by_older_rules, mark_judged, rejudge
+    from workbench.compare.judging.judge import judged_by_older_rules, rejudge
     from workbench.compare.pair_store import comparison_for_runs, load_frames, store_node_matches, store_tensor_pairs
     from workbench.compare.pairing.matching import match_nodes, pair_tensors
 
@@ -429,7 +429,6 @@ def _compare_runs(
         cluster=job.cluster,
         every_pair=True,
     )
-    mark_judged(con, cmp_id)
     preload.join()
     beside = _Beside(con, job.beside_verdicts, cmp_id, golden_run)
     try:

@@ -778,17 +778,16 @@ class Explorer:
         (`carried.carried_errors`, as the judge read it)."""
         run_dtype = self.info.test_dtype
         th = self.info.thresholds
-        judged = []
-        for p in pairs:
-            dtype = p.test.get("dtype")
-            if p.passed and more_precise(dtype, run_dtype):
-                own, _failed = th.judge(p.metrics, dtype, node_name=name, node_type=op_type, io=p.io)
-                if own is False:
-                    judged.append(p)
-        if not judged:
+        judged = [
+            bool(p.passed)
+            and more_precise(p.test.get("dtype"), run_dtype)
+            and th.judge(p.metrics, p.test.get("dtype"), node_name=name, node_type=op_type, io=p.io)[0] is False
+            for p in pairs
+        ]
+        if not any(judged):
             return pairs
         carried = None
-        if any(p.io == "out" for p in judged):
+        if any(p.io == "out" for p, j in zip(pairs, judged, strict=True) if j):
             cur = self._cur()
             try:
                 carried = carried_errors(cur, self.info.cmp_id, [(token, golden_node_id)], run_dtype).get(
@@ -797,8 +796,8 @@ class Explorer:
             finally:
                 cur.close()
         out = []
-        for p in pairs:
-            if any(p is q for q in judged):
+        for p, j in zip(pairs, judged, strict=True):
+            if j:
                 dtype = p.test.get("dtype")
                 if p.io == "in":
                     why = f"holds the error of what ran before it: judged by {run_dtype}'s bounds"

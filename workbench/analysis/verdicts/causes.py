@@ -3,6 +3,8 @@ carries one (`advisor.py` writes them, the compare summary reads them)."""
 
 from __future__ import annotations
 
+from workbench.formats.node_names import call_name
+
 # Unit roundoff of a test dtype: the relative error one rounding of an output adds.
 ROUNDING: dict[str, float] = {
     "bfloat16": 2.0**-8,
@@ -39,11 +41,6 @@ def cause_in(reason: str) -> str | None:
     return reason[at + 2 :] if at >= 0 else None
 
 
-def _call_name(op_type: str | None) -> str:
-    """An op type without its namespace, lower case: `Tensor.pow`, `torch.pow` and GE's `Pow` are all `pow`."""
-    return (op_type or "").rsplit(".", 1)[-1].lower()
-
-
 # The calls that compute a rotary embedding's tables: with no module recorded around them (msprobe's `level: L1`),
 # a sin or cos computed in float32 in a bf16/fp16 model is taken for one.
 _TABLE_CALLS = frozenset(("sin", "cos"))
@@ -51,7 +48,7 @@ _TABLE_CALLS = frozenset(("sin", "cos"))
 
 def is_table_call(op_type: str | None) -> bool:
     """Whether an op computes what a rotary embedding's tables are made of (`_TABLE_CALLS`)."""
-    return _call_name(op_type) in _TABLE_CALLS
+    return call_name(op_type) in _TABLE_CALLS
 
 
 # Ops whose output carries a multiple of their input's relative error by what they compute: `x.pow(2)` (the variance
@@ -61,7 +58,7 @@ _ERROR_GAIN = {"pow": 2.0}
 
 def error_gain(op_type: str | None) -> float:
     """The factor an op of this type multiplies its input's relative error by, doing nothing wrong (1 for most)."""
-    return _ERROR_GAIN.get(_call_name(op_type), 1.0)
+    return _ERROR_GAIN.get(call_name(op_type), 1.0)
 
 
 # Ops whose inputs' relative errors add up in their output: the factors of a product or a quotient (torch's calls
@@ -78,7 +75,7 @@ _PRODUCTS = frozenset(
 def errors_add(op_type: str | None) -> bool:
     """Whether an op of this type carries the sum of its activation inputs' relative errors (a product), not the
     largest of them."""
-    return _call_name(op_type) in _PRODUCTS
+    return call_name(op_type) in _PRODUCTS
 
 
 LOOKUP_TYPES = frozenset(("embedding", "gatheroperation", "gather", "gatherv2"))  # torch and msprobe, ATB, GE

@@ -297,10 +297,12 @@ def mark_judged(con: duckdb.DuckDBPyConnection, cmp_id: int) -> None:
 
 
 def rejudge(con: duckdb.DuckDBPyConnection, cmp_id: int, thresholds: Thresholds) -> None:
-    """Apply new thresholds to every computed pair of a comparison (no tensor is read)."""
+    """Apply new thresholds, and the current rules (`JUDGE_RULES`, recorded), to every computed pair of a comparison
+    (no tensor is read)."""
     from workbench.catalog.store import bool_column, int_column, object_column, registered
 
     records = _pair_records(con, _PAIR_RECORDS_SQL, [cmp_id])
+    mark_judged(con, cmp_id)
     if not records:
         return
     run_dtype = compared_compute_dtype(con, cmp_id)
