@@ -57,6 +57,11 @@ def test_wb_open_in_tmux(demo_catalog: Path) -> None:
     try:
         screen = _wait_screen(session, f"error born at: {born[0]}")
         assert "by token x layers" in screen and "golden" in screen and "test" in screen
+        # the status line comes first; keys typed before the trees and the heatmap are in were lost under load (a
+        # `b` before the trees waits for them and then moves the heatmap's cursor back): wait for the born op's row
+        # in the golden tree and the heatmap's cursor
+        _wait_screen(session, f"◆ {born[0].rsplit('.', 1)[-1]}")
+        _wait_screen(session, "◀")
         _tmux("send-keys", "-t", session, "b")  # go to where the error is born
         screen = _wait_screen(session, "error born here")
         assert born[0].rsplit(".", 1)[-1] in screen
