@@ -159,26 +159,32 @@ def test_a_catalog_created_now_is_the_one_the_full_checks_make(tmp_path: Path) -
     assert ("meta", "schema_version", str(SCHEMA_VERSION)) in made[0] and len(made[0]) > 10
 
 
-def test_a_view_an_earlier_release_wrote_opens_read_only_and_is_brought_up_to_date(tmp_path: Path) -> None:
-    """A catalog made before the comparison view numbered tied rows by pair: the app and the read-only commands
-    open it as it is (the view is one wb shipped), and the next compare or ingest replaces it; a view wb never
-    shipped is still refused."""
-    from workbench.catalog.schema import COMPARISON_VIEW, PAST_VIEWS
+@pytest.mark.parametrize(
+    ("view", "current"),
+    [("comparison", "gt.idx, m.pair_id)"), ("rank_summary", "AS not_judged")],
+)
+def test_a_view_an_earlier_release_wrote_opens_read_only_and_is_brought_up_to_date(
+    tmp_path: Path, view: str, current: str
+) -> None:
+    """A catalog made before the comparison view numbered tied rows by pair, or before the rank summary counted
+    in-place targets apart: the app and the read-only commands open it as it is (the view is one wb shipped), and the
+    next compare or ingest replaces it; a view wb never shipped is still refused."""
+    from workbench.catalog.schema import OUR_VIEWS, PAST_VIEWS
 
     cat = tmp_path / "c.duckdb"
     open_catalog(cat).close()
     con = duckdb.connect(str(cat))
-    con.execute(PAST_VIEWS["comparison"][0])
+    con.execute(PAST_VIEWS[view][0])
     con.close()
     connect_read_only(cat).close()  # no refusal
     con = open_catalog(cat)
     try:
-        stored = con.execute("SELECT sql FROM duckdb_views() WHERE view_name = 'comparison'").fetchall()[0][0]
+        stored = con.execute("SELECT sql FROM duckdb_views() WHERE view_name = ?", [view]).fetchall()[0][0]
     finally:
         con.close()
-    assert "gt.idx, m.pair_id)" in stored  # replaced by the current one
+    assert current in stored  # replaced by the current one
     con = duckdb.connect(str(cat))
-    con.execute(COMPARISON_VIEW.replace("gt.idx, m.pair_id)", "gt.idx DESC, m.pair_id)", 1))
+    con.execute(OUR_VIEWS[view].replace("SELECT", "SELECT 1 AS planted,", 1))
     con.close()
-    with pytest.raises(CatalogError, match="view comparison"):
+    with pytest.raises(CatalogError, match=f"view {view}"):
         connect_read_only(cat)

@@ -131,7 +131,8 @@ def render_detail(detail: PairDetail | None, diff: TensorDiff | None, styles: di
         parts.append(Text(r, style=bad))
     for p, label in zip(detail.pairs, labels):
         if p.judged_note:
-            parts.append(Text(f"{label} ✓: {p.judged_note}", style="dim"))
+            mark = "✓" if p.passed else ("✗" if p.passed is False else "?")
+            parts.append(Text(f"{label} {mark}: {p.judged_note}", style="dim"))
 
     stats = Table(box=None, pad_edge=False, header_style="bold")
     stats.add_column("statistic")

@@ -11,6 +11,7 @@ import re
 from workbench.core.advice import STANDS_OUT
 from workbench.core.metrics import ALL_METRICS as ALL_METRICS
 from workbench.core.metrics import MSIT_METRICS as MSIT_METRICS
+from workbench.formats.overwrites import overwritten_target_sql
 
 SCHEMA_VERSION = 2  # 2: node_results.max_stat_bound (an older wb's roll-up would supply one value too few)
 
@@ -355,6 +356,23 @@ LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
 LEFT JOIN stat_metrics s ON s.cmp_id = m.cmp_id AND s.pair_id = m.pair_id;
 """
 
+# what an in-place call overwrites, before the write: compared, not judged (formats/overwrites.py); counted apart
+# from the pairs without metrics
+_NOT_COMPARABLE_SELECT = "    coalesce(p.not_comparable, 0)                     AS not_comparable,\n"
+_NOT_JUDGED_SELECT = (
+    "    coalesce(p.not_comparable, 0) - coalesce(j.not_judged, 0) AS not_comparable,\n"
+    "    coalesce(j.not_judged, 0)                         AS not_judged,\n"
+)
+_NOT_JUDGED_JOIN = f"""LEFT JOIN (
+    SELECT m.cmp_id, count(*) AS not_judged
+    FROM matches m JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
+    JOIN comparisons jc ON jc.cmp_id = m.cmp_id
+    JOIN nodes gn ON gn.run_id = jc.golden_run AND gn.node_id = m.golden_node_id
+    JOIN tensors tt ON tt.run_id = jc.test_run AND tt.tensor_id = m.test_tensor_id
+    WHERE x.passed IS NULL AND {overwritten_target_sql("gn.type", "m.io", "tt.idx")}
+    GROUP BY m.cmp_id
+) j ON j.cmp_id = c.cmp_id
+"""
 RANK_VIEW = f"""
 CREATE OR REPLACE VIEW rank_summary AS
 -- one row per comparison with its rank (runs.rank of the test run, else of the golden run; NULL when neither
@@ -366,8 +384,7 @@ SELECT
     c.test_run,
     coalesce(p.pairs, 0)                              AS pairs,
     coalesce(p.failed, 0)                             AS failed,
-    coalesce(p.not_comparable, 0)                     AS not_comparable,
-    p.min_cosine,
+{_NOT_JUDGED_SELECT}    p.min_cosine,
     p.max_rel_euclid,
     b.first_born_token,
     bn.name                                           AS first_born_node,
@@ -386,7 +403,7 @@ LEFT JOIN (
     FROM matches m LEFT JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
     GROUP BY m.cmp_id
 ) p ON p.cmp_id = c.cmp_id
-LEFT JOIN (
+{_NOT_JUDGED_JOIN}LEFT JOIN (
     SELECT cmp_id, arg_min(golden_node_id, token_id) AS golden_node_id, min(token_id) AS first_born_token
     FROM error_born WHERE golden_node_id IS NOT NULL GROUP BY cmp_id
 ) b ON b.cmp_id = c.cmp_id
@@ -431,6 +448,10 @@ OUR_VIEWS: dict[str, str] = {"comparison": COMPARISON_VIEW, "rank_summary": RANK
 # them with OUR_VIEWS'): before 2026-11-26 rows sharing a golden tensor were numbered in no set order
 PAST_VIEWS: dict[str, tuple[str, ...]] = {
     "comparison": (COMPARISON_VIEW.replace("gt.idx, m.pair_id) - 1 AS data_id", "gt.idx) - 1 AS data_id", 1),),
+    # before 2026-11-29 an in-place call's overwritten target counted as not comparable
+    "rank_summary": (
+        RANK_VIEW.replace(_NOT_JUDGED_SELECT, _NOT_COMPARABLE_SELECT, 1).replace(_NOT_JUDGED_JOIN, "", 1),
+    ),
 }
 OUR_TABLES: frozenset[str] = frozenset(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", TABLES_DDL))
 # the tables holding a computed pair's rows, keyed (cmp_id, pair_id): deleted together (a pair recomputed gets both

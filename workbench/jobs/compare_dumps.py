@@ -281,6 +281,8 @@ def rank_line(outcome: RankOutcome) -> str:
     """One rank's figures: pairs, failures, where the first error is born, failing all-reduce ops."""
     res = outcome.result
     line = f"rank {outcome.rank}: {res.pairs} pairs, {res.failed} failed, {res.uncomparable} not comparable"
+    if res.not_judged:
+        line += f", {res.not_judged} not judged"
     born = [(tok, name) for tok, name in sorted(res.born.items()) if name]
     if born:
         tok, name = born[0]

@@ -57,6 +57,7 @@ from workbench.compare.judging.judge import CARRIED_GAIN
 from workbench.compare.judging.thresholds import Thresholds
 from workbench.core.advice import NO_PEERS, STANDS_OUT
 from workbench.core.metrics import ALL_METRICS, BY_NAME, REL_EUCLID, STAT_BOUND_JUDGED_AS, STAT_METRIC_NAMES
+from workbench.formats.overwrites import NOT_JUDGED, overwritten_target
 
 if TYPE_CHECKING:
     from workbench.catalog.lookup import InsideOrigin
@@ -775,7 +776,14 @@ class Explorer:
     ) -> list[PairRow]:
         """Each passing pair more precise than the run that its own dtype's bounds would fail says what judged it
         (`judge.judge_pair`): the run's dtype for an input, and for an output the error its inputs carried in
-        (`carried.carried_errors`, as the judge read it)."""
+        (`carried.carried_errors`, as the judge read it). What an in-place call overwrites, before the write, says it
+        is not judged (`overwrites.overwritten_target`)."""
+        pairs = [
+            replace(p, judged_note=NOT_JUDGED)
+            if p.passed is None and overwritten_target(op_type, p.io, p.golden_index)
+            else p
+            for p in pairs
+        ]
         run_dtype = self.info.test_dtype
         th = self.info.thresholds
         judged = [

@@ -201,7 +201,8 @@ def format_summary(
         f"golden: {golden_label}",
         f"test:   {test_label}",
         f"pairs compared: {res.pairs} ({res.computed} computed now, {res.skipped} already in the catalog); "
-        f"failed: {res.failed}; not comparable: {res.uncomparable}",
+        f"failed: {res.failed}; not comparable: {res.uncomparable}"
+        + (f"; not judged: {res.not_judged} (in-place targets before the write)" if res.not_judged else ""),
         f"unmatched: golden {res.unmatched_golden} of {res.golden_nodes} nodes with tensors, "
         f"test {res.unmatched_test} of {res.test_nodes} nodes with tensors",
     ]

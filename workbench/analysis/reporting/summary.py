@@ -20,6 +20,7 @@ from workbench.compare.pairing.fingerprint import MappingCheck
 from workbench.compare.pairing.frames import RunFrames, TensorPairs
 from workbench.compare.pairing.matching import NodeMatch
 from workbench.core.advice import STANDS_OUT
+from workbench.formats.overwrites import overwritten_target_sql
 from workbench.formats.quant_links import quant_links
 
 
@@ -48,6 +49,7 @@ class CompareResult:
     skipped: int = 0  # pairs already in the catalog
     failed: int = 0
     uncomparable: int = 0  # pairs with no metrics (unreadable file, shape mismatch, ...)
+    not_judged: int = 0  # what an in-place call overwrites, before the write (`overwrites.NOT_JUDGED`)
     shape_mismatch: int = 0  # pairs whose element counts differ
     on_statistics: int = 0  # pairs judged on statistics only (a side kept max/min/mean/norm, no tensor)
     unmatched_golden: int = 0
@@ -132,6 +134,22 @@ def node_coverage(golden: RunFrames, test: RunFrames, matches: list[NodeMatch], 
     }
 
 
+def _overwritten_unjudged(con: duckdb.DuckDBPyConnection, cmp_id: int) -> int:
+    """How many of the pairs in `_ids` are unjudged targets of an in-place write (`overwrites.overwritten_target`)."""
+    row = first_row(
+        con.execute(
+            "SELECT count(*) FROM metrics x JOIN matches m USING (cmp_id, pair_id) "
+            "JOIN comparisons c USING (cmp_id) "
+            "JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id "
+            "JOIN tensors tt ON tt.run_id = c.test_run AND tt.tensor_id = m.test_tensor_id "
+            "WHERE x.cmp_id = ? AND x.passed IS NULL AND x.pair_id IN (SELECT pair_id FROM _ids) "
+            f"AND {overwritten_target_sql('gn.type', 'm.io', 'tt.idx')}",
+            [cmp_id],
+        )
+    )
+    return int(row[0]) if row else 0
+
+
 def summarize_comparison(
     con: duckdb.DuckDBPyConnection,
     catalog: Path,
@@ -160,6 +178,7 @@ def summarize_comparison(
             )
         )
         on_statistics = _judged_on_statistics(con, cmp_id) if has_statistics_only_pairs(con, cmp_id) else 0
+        not_judged = _overwritten_unjudged(con, cmp_id) if row is not None and row[2] else 0
     assert row is not None
     cov = node_coverage(golden, test, matches, pairs)
     res = CompareResult(
@@ -171,7 +190,8 @@ def summarize_comparison(
         computed=computed,
         skipped=len(pairs) - computed,
         failed=int(row[1]),
-        uncomparable=int(row[2]),
+        uncomparable=int(row[2]) - not_judged,
+        not_judged=not_judged,
         shape_mismatch=int(row[3]),
         on_statistics=on_statistics,
         unmatched_golden=cov["golden_nodes"] - cov["golden_matched"],

@@ -45,6 +45,7 @@ from workbench.compare.judging.thresholds import Thresholds
 from workbench.compare.pairing.frames import Coded, RunFrames, TensorPairs
 from workbench.core.metrics import ALL_METRICS, STAT_BOUND, STAT_METRIC_NAMES, STAT_STEP_KEY, SUMMARY_FIELDS
 from workbench.core.progress import CompareCancelled, Progress, ProgressFn
+from workbench.formats.overwrites import overwritten_target
 
 Judge = Callable[[PairResult], tuple[bool | None, list[str]]]
 
@@ -406,6 +407,23 @@ def _take_early(
     return n
 
 
+def _overwritten_targets(pairs: TensorPairs, golden: RunFrames) -> set[int]:
+    """The pair ids of `pairs` that are what an in-place call overwrites, before the write (`overwritten_target`)."""
+    nodes = golden.nodes
+    kinds = {t for t in set(nodes.type) if overwritten_target(t, "in", 0)}  # a dump's few distinct types
+    if not kinds:
+        return set()
+    calls = np.asarray([n for n, t in zip(nodes.node_id.tolist(), nodes.type) if t in kinds], dtype=np.int64)
+    io_in = np.asarray([io == "in" for io in pairs.io], dtype=bool)
+    maybe = np.flatnonzero(io_in & np.isin(pairs.golden_node_id, calls))
+    if not len(maybe):
+        return set()
+    t = golden.tensors
+    rows = t.rows_of(pairs.golden_tensor_id[maybe])
+    first = (rows >= 0) & (t.idx[np.maximum(rows, 0)] == 0)
+    return {int(p) for p in pairs.pair_id[maybe[first]].tolist()}
+
+
 class _PairFacts:
     """pair_id -> (golden node id, test dtype, io) of the pairs to judge, as columns: no per-pair Python objects
     (three dicts of a 150k-file dump's pairs were ~15 MB)."""
@@ -578,6 +596,7 @@ def compute_pending(
         for n, nm, tp in zip(nodes.node_id.tolist(), nodes.name, nodes.type)
     }
     facts = _PairFacts(pairs, test)
+    overwritten = _overwritten_targets(pairs, golden)
     # the pairs handed are the comparison's own when it is made (`every_pair`); a re-dump or a mapping edit hands a
     # few, whose dtypes may not be the run's
     run_dtype = (
@@ -601,6 +620,7 @@ def compute_pending(
             is_model=is_model,
             stat_bound=(res.stat_values or {}).get(STAT_BOUND),
             run_dtype=run_dtype,
+            overwritten=res.pair_id in overwritten,
         )
 
     sink = ResultSink(con, cmp_id, golden.run_id, test.run_id, judge)

@@ -16,6 +16,7 @@ from workbench.compare.judging.carried import carried_errors
 from workbench.compare.judging.dtypes import compared_compute_dtype, looser, more_precise, more_precise_than
 from workbench.compare.judging.thresholds import NAN_INF, Thresholds
 from workbench.core.metrics import ALL_METRICS, REL_EUCLID, STAT_BOUND, SUMMARY_FIELDS
+from workbench.formats.overwrites import overwritten_target
 
 if TYPE_CHECKING:
     import duckdb
@@ -137,8 +138,11 @@ def judge_pair(
     stat_bound: float | None = None,
     run_dtype: str | None = None,
     carried_in: float | None = None,
+    overwritten: bool = False,
 ) -> tuple[bool | None, list[str]]:
     """(passed, failed metrics) of one pair. A NaN/Inf mismatch fails it, even when no metric is computable.
+    `overwritten`: the pair is what an in-place call overwrites, before the write (`overwrites.overwritten_target`):
+    not judged (None), NaN/Inf or not.
 
     `io` says whether the pair is a node's input or output (rules such as the logits rule judge outputs
     only); `is_model` marks the model's own output (`model_node`). A pair without tensor metrics is
@@ -152,6 +156,8 @@ def judge_pair(
     euclidean distance is at most `CARRIED_GAIN` times `carried_in`, its node's inputs' largest at this token
     (it adds no error of its own; `judge_carried` gives it).
     """
+    if overwritten:
+        return None, []
     if stat_bound is not None and not any(values.get(m) is not None for m in ALL_METRICS):
         return thresholds.judge_statistics(
             stat_bound,
@@ -224,7 +230,7 @@ def judge_carried(
 # golden node, io, token and test dtype (`_judge_record`); a caller may add conditions
 _PAIR_RECORDS_SQL = (
     f"SELECT x.*, s.{STAT_BOUND} AS _stat_bound, gn.name AS _node, gn.type AS _type, "
-    "gn.node_id AS _node_id, m.io AS _io, m.token_id AS _token, tt.dtype AS _dtype "
+    "gn.node_id AS _node_id, m.io AS _io, m.token_id AS _token, tt.dtype AS _dtype, tt.idx AS _idx "
     "FROM metrics x LEFT JOIN stat_metrics s USING (cmp_id, pair_id) "
     "JOIN matches m USING (cmp_id, pair_id) JOIN comparisons c USING (cmp_id) "
     "JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id "
@@ -271,14 +277,16 @@ def _judge_record(
         stat_bound=r["_stat_bound"],  # NaN (NaN/Inf statistics) fails; None judges nothing
         run_dtype=run_dtype,
         carried_in=carried_in,
+        overwritten=overwritten_target(r["_type"], str(r["_io"]), int(r["_idx"])),
     )
 
 
 # The rules that decide a pair's verdict beyond the thresholds' numbers, numbered: a comparison judged by older rules
 # (an older wb) is judged again the next time it is compared, as after a `--thresholds` change. 2: the model's output
 # is the run's one root's; 3: tensors more precise than the run judged with what they carried in; 4: with the outputs
-# before them where no input was dumped, and one definition of the run's compute dtype.
-JUDGE_RULES = 4
+# before them where no input was dumped, and one definition of the run's compute dtype; 5: what an in-place call
+# overwrites, before the write, not judged.
+JUDGE_RULES = 5
 
 
 def _rules_key(cmp_id: int) -> str:
