@@ -106,3 +106,32 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path) -> N
     proc.stderr.close()
     assert proc.wait(timeout=120) == EXIT_BROKEN_PIPE
     assert first.split() == [b"range"] and err == b""
+
+
+def test_a_repeated_column_name_keeps_every_column(tmp_path: Path) -> None:
+    """`SELECT g.path, t.path` (a golden and a test tensor) names two columns `path`: CSV gave the second's value
+    under both headings and JSON dropped one. They are numbered as DuckDB numbers them in a table it creates."""
+    cat = _catalog(tmp_path)
+    sql = "SELECT 'golden' AS path, 'test' AS path, 3 AS n, 'taken' AS path_1"
+    table = run_wb("query", sql, "-c", str(cat))
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.split() == ["path", "path", "n", "path_1", "golden", "test", "3", "taken"]
+    as_csv = run_wb("query", sql, "-c", str(cat), "-f", "csv")
+    assert as_csv.stdout.splitlines() == ["path,path_2,n,path_1", "golden,test,3,taken"], as_csv.stdout
+    as_json = run_wb("query", sql, "-c", str(cat), "-f", "json")
+    assert json.loads(as_json.stdout) == [{"path": "golden", "path_2": "test", "n": 3, "path_1": "taken"}]
+
+
+def test_a_saved_query_by_its_file_name(tmp_path: Path) -> None:
+    """`wb queries` lists each saved query with its file: `wb query unmatched_nodes.sql` runs it (it said `SQL file
+    not found`) unless a file of that name is in the current folder, which wins; a missing one still says so."""
+    cat = _catalog(tmp_path)
+    by_name = run_wb("query", "unmatched_nodes", "-c", str(cat), "-f", "csv")
+    by_file_name = run_wb("query", "unmatched_nodes.sql", "-c", str(cat), "-f", "csv")
+    assert by_name.returncode == by_file_name.returncode == 0, by_file_name.stderr
+    assert by_file_name.stdout == by_name.stdout and by_name.stdout.startswith("side,name,"), by_name.stdout
+    (tmp_path / "unmatched_nodes.sql").write_text("SELECT 42 AS mine", encoding="utf-8")
+    own = run_wb("query", "unmatched_nodes.sql", "-c", str(cat), "-f", "csv", cwd=tmp_path)
+    assert own.stdout.splitlines() == ["mine", "42"], own.stdout
+    missing = run_wb("query", "no_such_query.sql", "-c", str(cat))
+    assert missing.returncode != 0 and "no_such_query.sql: SQL file not found" in missing.stderr, missing.stderr

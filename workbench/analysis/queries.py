@@ -55,9 +55,11 @@ def resolve_sql(text: str) -> str:
         return read_sql(saved[text][0])
     if text.endswith(".sql"):
         p = Path(text)
-        if not p.is_file():
-            raise ValueError(f"{p}: SQL file not found")
-        return read_sql(p)
+        if p.is_file():
+            return read_sql(p)
+        if p.name == text and p.stem in saved:  # `wb queries` shows the saved ones' files: their name as typed
+            return read_sql(saved[p.stem][0])
+        raise ValueError(f"{p}: SQL file not found")
     if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_\-]*", text.strip()):
         # one bare word is a saved query's name, never SQL worth running
         names = ", ".join(saved) or "none found"
@@ -117,13 +119,31 @@ def format_rows(res: QueryResult, fmt: str, limit: int = 200) -> str:
             lines.append(f"... {len(res.rows) - limit} more rows (use --limit 0 or --format csv)")
         return "\n".join(lines) + "\n"
 
+    names = unique_names(res.columns)  # CSV and JSON rows are keyed by name: `SELECT g.path, t.path` has two `path`
     if fmt == "csv":
-        rows = [dict(zip(res.columns, (_csv_value(v) for v in row), strict=True)) for row in res.rows]
-        return render(fmt, rows, res.columns, table)
+        rows = [dict(zip(names, (_csv_value(v) for v in row), strict=True)) for row in res.rows]
+        return render(fmt, rows, names, table)
     if fmt == "json":
-        payload = [dict(zip(res.columns, (_json_value(v) for v in row), strict=True)) for row in res.rows]
-        return render(fmt, [], res.columns, table, payload)
+        payload = [dict(zip(names, (_json_value(v) for v in row), strict=True)) for row in res.rows]
+        return render(fmt, [], names, table, payload)
     return render(fmt, [], res.columns, table)
+
+
+def unique_names(columns: Sequence[str]) -> list[str]:
+    """The column names with a repeated one numbered as DuckDB numbers it in a table it creates (`path`, `path_1`)."""
+    taken = set(columns)
+    seen: set[str] = set()
+    out = []
+    for name in columns:
+        if name in seen:
+            k = 1
+            while f"{name}_{k}" in taken:
+                k += 1
+            name = f"{name}_{k}"
+            taken.add(name)
+        seen.add(name)
+        out.append(name)
+    return out
 
 
 def _table_column(values: list[Any]) -> list[str]:
