@@ -416,3 +416,29 @@ def test_level_l1_dense_layers_before_moe_layers(tmp_path: Path) -> None:
     # the run computes in bf16 though most of its calls' outputs are float32 (norms, router, rotary): the rotary
     # table's argument, `positions * inv_freq` (the first product), was the unexplained origin at 1638x its peers
     assert "Tensor.__mul__.0.forward" not in out and CAUSE in out, out
+
+
+def test_level_l1_a_router_near_tie_flips_the_experts(tmp_path: Path) -> None:
+    """Two experts of a MoE layer's router near-tied (the same gate row, one 2^-20 larger; in both runs): the bf16
+    run's rounding picks the other expert at some tokens, every op after it fails on its inputs and the logits
+    diverge. The error is born at the router's `topk` (its indices differ, the values it picked agree), and the line
+    under the verdict says why: the golden scores of the two picks are within the error the scores carry in."""
+    tie = "model.layers.2.mlp.gate=1,3"
+    tokens = stats_dumps.dump("msprobe", "full", tmp_path / "golden", level="L1", model="deepseek", tie=tie)
+    stats_dumps.dump(
+        "msprobe", "full", tmp_path / "test", bf16=True, forced=tokens, level="L1", model="deepseek", tie=tie
+    )
+    out, con = stats_dumps.compare(tmp_path / "golden" / "dump", tmp_path / "test" / "dump", tmp_path / "o")
+    evidence = con.execute(
+        "SELECT e.token_id, n.name, e.evidence FROM error_born e JOIN nodes n ON n.run_id = 1 "
+        "AND n.node_id = e.golden_node_id ORDER BY e.token_id"
+    ).fetchall()
+    con.close()
+    flipped = [(t, name, ev) for t, name, ev in evidence if "topk" in name]
+    assert flipped and flipped[0][0] == 0, (evidence, out)
+    for _t, name, ev in flipped:
+        assert str(ev).startswith(f"{name}: a near tie flipped: at "), ev
+        assert "the test run chose position 1 where the golden chose 3" in str(ev), ev  # the tied pair
+        assert "it selects correctly from what it was given" in str(ev), ev
+    assert "first divergent token: " in out and "first divergent token: none" not in out, out
+    assert f"error born at: {flipped[0][1]} (token 0)\n  {flipped[0][1]}: a near tie flipped" in out, out

@@ -59,6 +59,14 @@ class RawTensor:
         return int(self.array.size)
 
 
+def as_float64(words: np.ndarray, dtype: str) -> np.ndarray:
+    """A tensor's values (or a chunk of them) as float64, from the array `RawTensor` holds (bfloat16: its uint16
+    words)."""
+    if dtype == "bfloat16":
+        return (np.asarray(words, dtype=np.uint32) << 16).view(np.float32).astype(np.float64)
+    return np.asarray(words, dtype=np.float64)
+
+
 def as_raw(x: Any) -> RawTensor:
     """A `RawTensor` view of a `RawTensor`, numpy array or torch tensor (no copy where the layout allows)."""
     if isinstance(x, RawTensor):

@@ -9,19 +9,12 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.analysis.explorer.views import PairRow, TensorDiff
-from workbench.formats.arrays import read_array
+from workbench.formats.arrays import as_float64, read_array
 from workbench.formats.model import DumpError
 
 MAX_DETAIL_ELEMENTS = 256 * 1024 * 1024  # refuse to load a pair bigger than this (elements per side)
 DIFF_CHUNK = 4 * 1024 * 1024  # elements per chunk when computing the error distribution
 HIST_EDGES = np.arange(-12.0, 6.5, 0.5)  # log10 |error| bins: half decades from 1e-12 to 1e6
-
-
-def as_float64(words: np.ndarray, dtype: str) -> np.ndarray:
-    """A chunk of a tensor as float64 (bfloat16 is held as its uint16 words)."""
-    if dtype == "bfloat16":
-        return (np.asarray(words, dtype=np.uint32) << 16).view(np.float32).astype(np.float64)
-    return np.asarray(words, dtype=np.float64)
 
 
 def tensor_diff(pair: PairRow, k: int = 8, chunk: int | None = None) -> TensorDiff:

@@ -88,6 +88,7 @@ def refresh_verdicts(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, i
     peers' noise) is what the ATB precheck refines, and the evidence is stored with that advice.
     """
     from workbench.analysis.verdicts.advisor import SIGNIFICANT, compute_advice, write_advice
+    from workbench.analysis.verdicts.selection import selection_evidence
     from workbench.analysis.verdicts.token_inputs import refresh_token_analysis
 
     refresh_token_analysis(con, cmp_id)
@@ -115,7 +116,8 @@ def refresh_verdicts(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, i
             and verdicts.get(tok, (None, None))[0] is None
             and items[0].score >= SIGNIFICANT
         }
-        evidence = {**_refine_with_precheck(con, cmp_id, verdicts), **differ}
+        evidence = {**selection_evidence(con, cmp_id, verdicts), **_refine_with_precheck(con, cmp_id, verdicts)}
+        evidence.update(differ)
         origin_evidence = _refine_with_precheck(con, cmp_id, origins)
         con.execute("DELETE FROM error_born WHERE cmp_id = ?", [cmp_id])
         for token, (gid, tid) in verdicts.items():
