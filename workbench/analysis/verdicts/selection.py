@@ -34,18 +34,28 @@ def selection_evidence(
 ) -> dict[int, str]:
     """token -> a line on the selection flip where the error is born at a selection op (`SELECTION_CALLS`) whose
     failing pairs are all integer outputs; none where it is not one, or its tensors cannot be read."""
+    born = {gid for gid, _tid in verdicts.values() if gid is not None}
+    if not born:
+        return {}
+    selections = {
+        int(n)
+        for n, t in con.execute(
+            "SELECT n.node_id, n.type FROM nodes n JOIN comparisons c ON n.run_id = c.golden_run "
+            "WHERE c.cmp_id = ? AND list_contains(?, n.node_id)",
+            [cmp_id, sorted(born)],
+        ).fetchall()
+        if call_name(t) in SELECTION_CALLS
+    }
     out: dict[int, str] = {}
     for token, (gid, _tid) in verdicts.items():
-        if gid is None:
-            continue
-        line = _flip_line(con, cmp_id, token, gid)
+        line = _flip_line(con, cmp_id, token, gid) if gid in selections else None
         if line is not None:
             out[token] = line
     return out
 
 
 _PAIRS_SQL = """
-SELECT m.io, gt.idx, gt.dtype, x.passed, x.max_absolute_error, gt.path, tt.path, n.type, n.name
+SELECT m.io, gt.idx, gt.dtype, x.passed, x.max_absolute_error, gt.path, tt.path, n.name
 FROM matches m JOIN comparisons c USING (cmp_id)
 JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
 JOIN nodes n ON n.run_id = c.golden_run AND n.node_id = m.golden_node_id
@@ -58,7 +68,7 @@ ORDER BY m.io DESC, gt.idx
 
 def _flip_line(con: duckdb.DuckDBPyConnection, cmp_id: int, token: int, gid: int) -> str | None:
     rows = con.execute(_PAIRS_SQL, [cmp_id, token, gid]).fetchall()
-    if not rows or call_name(rows[0][7]) not in SELECTION_CALLS:
+    if not rows:
         return None
     failing = [r for r in rows if r[3] is False]
     if not failing or any(r[0] != "out" or r[2] not in _INTEGERS for r in failing):
@@ -80,7 +90,7 @@ def _flip_line(con: duckdb.DuckDBPyConnection, cmp_id: int, token: int, gid: int
     flips = _flips(as_float64(values.array, values.dtype), golden_idx, test_idx)
     if flips is None:
         return None
-    name = str(rows[0][8])
+    name = str(rows[0][7])
     n_flipped, n_picks, g_pick, t_pick, g_value, t_value, gap, out_of_range = flips
     if out_of_range:
         return f"{name} picked positions outside its input at {out_of_range} of {n_picks} picks: the op selects wrongly"
