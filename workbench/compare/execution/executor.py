@@ -407,8 +407,9 @@ def _take_early(
     return n
 
 
-def _overwritten_targets(pairs: TensorPairs, golden: RunFrames) -> set[int]:
-    """The pair ids of `pairs` that are what an in-place call overwrites, before the write (`overwritten_target`)."""
+def _overwritten_targets(pairs: TensorPairs, golden: RunFrames, test: RunFrames) -> set[int]:
+    """The pair ids of `pairs` that are what an in-place call overwrites, before the write (`overwritten_target` of
+    the golden node's type and, as the catalog's re-judge reads it, the test tensor's index)."""
     nodes = golden.nodes
     kinds = {t for t in set(nodes.type) if overwritten_target(t, "in", 0)}  # a dump's few distinct types
     if not kinds:
@@ -418,8 +419,8 @@ def _overwritten_targets(pairs: TensorPairs, golden: RunFrames) -> set[int]:
     maybe = np.flatnonzero(io_in & np.isin(pairs.golden_node_id, calls))
     if not len(maybe):
         return set()
-    t = golden.tensors
-    rows = t.rows_of(pairs.golden_tensor_id[maybe])
+    t = test.tensors
+    rows = t.rows_of(pairs.test_tensor_id[maybe])
     first = (rows >= 0) & (t.idx[np.maximum(rows, 0)] == 0)
     return {int(p) for p in pairs.pair_id[maybe[first]].tolist()}
 
@@ -596,7 +597,7 @@ def compute_pending(
         for n, nm, tp in zip(nodes.node_id.tolist(), nodes.name, nodes.type)
     }
     facts = _PairFacts(pairs, test)
-    overwritten = _overwritten_targets(pairs, golden)
+    overwritten = _overwritten_targets(pairs, golden, test)
     # the pairs handed are the comparison's own when it is made (`every_pair`); a re-dump or a mapping edit hands a
     # few, whose dtypes may not be the run's
     run_dtype = (
