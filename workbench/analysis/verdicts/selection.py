@@ -32,30 +32,34 @@ MAX_SELECTION_ELEMENTS = 64 * 1024 * 1024  # a larger input is not read for this
 def selection_evidence(
     con: duckdb.DuckDBPyConnection, cmp_id: int, verdicts: dict[int, tuple[int | None, int | None]]
 ) -> dict[int, str]:
-    """token -> a line on the selection flip where the error is born at a selection op (`SELECTION_CALLS`) whose
-    failing pairs are all integer outputs; none where it is not one, or its tensors cannot be read."""
-    born = {gid for gid, _tid in verdicts.values() if gid is not None}
+    """token -> a line on the decision that flipped where the error is born at an op whose only failing pairs are
+    integer outputs: for a selection call (`SELECTION_CALLS`) whether it was a near tie, for any other op (a MoE
+    router module) how many of its integer output's elements differ; none where its tensors cannot be read."""
+    born = [(t, g) for t, (g, _tid) in verdicts.items() if g is not None]
     if not born:
         return {}
-    selections = {
-        int(n)
-        for n, t in con.execute(
-            "SELECT n.node_id, n.type FROM nodes n JOIN comparisons c ON n.run_id = c.golden_run "
-            "WHERE c.cmp_id = ? AND list_contains(?, n.node_id)",
-            [cmp_id, sorted(born)],
+    # the (token, op)s with a failing integer output: the only ones whose pairs are read
+    flipped = {
+        (int(t), int(g))
+        for t, g in con.execute(
+            "SELECT DISTINCT m.token_id, m.golden_node_id FROM matches m JOIN comparisons c USING (cmp_id) "
+            "JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id "
+            "JOIN tensors gt ON gt.run_id = c.golden_run AND gt.tensor_id = m.golden_tensor_id "
+            "WHERE m.cmp_id = ? AND m.io = 'out' AND x.passed = false AND list_contains(?, gt.dtype) "
+            "AND list_contains(?, m.golden_node_id)",
+            [cmp_id, sorted(_INTEGERS), sorted({g for _t, g in born})],
         ).fetchall()
-        if call_name(t) in SELECTION_CALLS
     }
     out: dict[int, str] = {}
-    for token, (gid, _tid) in verdicts.items():
-        line = _flip_line(con, cmp_id, token, gid) if gid in selections else None
+    for token, gid in born:
+        line = _flip_line(con, cmp_id, token, gid) if (token, gid) in flipped else None
         if line is not None:
             out[token] = line
     return out
 
 
 _PAIRS_SQL = """
-SELECT m.io, gt.idx, gt.dtype, x.passed, x.max_absolute_error, gt.path, tt.path, n.name
+SELECT m.io, gt.idx, gt.dtype, x.passed, x.max_absolute_error, gt.path, tt.path, n.name, n.type
 FROM matches m JOIN comparisons c USING (cmp_id)
 JOIN metrics x ON x.cmp_id = m.cmp_id AND x.pair_id = m.pair_id
 JOIN nodes n ON n.run_id = c.golden_run AND n.node_id = m.golden_node_id
@@ -68,33 +72,50 @@ ORDER BY m.io DESC, gt.idx
 
 def _flip_line(con: duckdb.DuckDBPyConnection, cmp_id: int, token: int, gid: int) -> str | None:
     rows = con.execute(_PAIRS_SQL, [cmp_id, token, gid]).fetchall()
-    if not rows:
-        return None
     failing = [r for r in rows if r[3] is False]
     if not failing or any(r[0] != "out" or r[2] not in _INTEGERS for r in failing):
-        return None
-    source = next((r for r in rows if r[0] == "in" and r[1] == 0), None)
-    if source is None or source[3] is not True or not source[5] or source[4] is None:
         return None
     picked = failing[0]
     if not picked[5] or not picked[6]:
         return None
+    name = str(rows[0][7])
     try:
-        values = read_array(str(source[5]))
-        if values.numel > MAX_SELECTION_ELEMENTS:
-            return None
         golden_idx = read_array(str(picked[5])).array
         test_idx = read_array(str(picked[6])).array
     except DumpError:
         return None
+    source = next((r for r in rows if r[0] == "in" and r[1] == 0), None)
+    if call_name(rows[0][8]) in SELECTION_CALLS and source is not None and source[3] is True and source[5]:
+        line = _tie_line(name, str(source[5]), float(source[4] or 0.0), golden_idx, test_idx)
+        if line is not None:
+            return line
+    if golden_idx.shape != test_idx.shape:
+        return None
+    differ = int(np.count_nonzero(np.asarray(golden_idx) != np.asarray(test_idx)))
+    if not differ:
+        return None
+    return (
+        f"{name}: its output {picked[1]} ({picked[2]}) differs at {differ} of {golden_idx.size} elements while its "
+        "other outputs and its inputs pass: a discrete choice that flipped (experts, tokens picked), near-tied "
+        "candidates decided by rounding or a wrong pick; the values it chose between are not dumped to tell which"
+    )
+
+
+def _tie_line(name: str, source_path: str, err: float, golden_idx: np.ndarray, test_idx: np.ndarray) -> str | None:
+    """The near tie or wrong pick of a selection call, from its golden input (`source_path`, whose largest absolute
+    error is `err`) at both runs' picks; None where its shapes say no selection this reads."""
+    try:
+        values = read_array(source_path)
+    except DumpError:
+        return None
+    if values.numel > MAX_SELECTION_ELEMENTS:
+        return None
     flips = _flips(as_float64(values.array, values.dtype), golden_idx, test_idx)
     if flips is None:
         return None
-    name = str(rows[0][7])
     n_flipped, n_picks, g_pick, t_pick, g_value, t_value, gap, out_of_range = flips
     if out_of_range:
         return f"{name} picked positions outside its input at {out_of_range} of {n_picks} picks: the op selects wrongly"
-    err = float(source[4])
     where = (
         f"at {n_flipped} of {n_picks} picks the test run chose position {t_pick} where the golden chose {g_pick} "
         f"(golden values {g_value:.6g} and {t_value:.6g}, {gap:.3g} apart"
