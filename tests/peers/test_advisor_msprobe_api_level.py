@@ -457,3 +457,9 @@ def test_a_router_near_tie_flips_the_experts(tmp_path: Path, tool: str, level: s
             assert "it selects correctly from what it was given" in str(ev), ev
     assert "first divergent token: " in out and "first divergent token: none" not in out, out
     assert f"error born at: {flipped[0][1]} (token 0)\n  {flipped[0][1]}: {line}" in out, out
+    # a later token's layer-3 attention reads the keys and values its cache holds of the flipped tokens: no input of
+    # a module dump, so what it adds stood out unexplained (the most likely origin at token 2, 3.3x its peers)
+    for origin in (ln for ln in out.splitlines() if ln.startswith("most likely origin") and "self_attn" in ln):
+        assert "likely cause: its KV cache: token " in origin, origin
+    if level != "L1":
+        assert "likely cause: its KV cache: token 1's keys and values came from an input " in out, out

@@ -46,6 +46,8 @@ from workbench.analysis.verdicts.causes import (
     is_lookup,
     is_table_call,
     known_cause,
+    kv_cache_cause,
+    reads_a_kv_cache,
 )
 from workbench.catalog.lookup import has_table, judged_on_statistics_only
 from workbench.catalog.store import first_row, insert_rows
@@ -214,6 +216,8 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
     expect = quant_noise.quant_expectations(con, cmp_id)  # {} unless the test run is quantized
     bounds_only = judged_on_statistics_only(con, cmp_id)
     out: dict[int, list[Advice]] = {}
+    attention = {g for g, n in nodes.items() if reads_a_kv_cache(n.type)}
+    cached: dict[int, tuple[int, float]] = {}  # attention -> (earlier token, its largest input error up to now)
     for tok in sorted(per_token):
         if tok in differ:  # the runs were fed different tokens: nothing compares like with like
             out[tok] = []
@@ -225,7 +229,11 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
             if other is not None and nodes[r.node_id].type and other != nodes[r.node_id].type:
                 r.test_type = other
             r.bounds_only = bounds_only
-        ranked = _rank(rows, nodes, {g: e for (t, g), e in expect.items() if t == tok}, run_dtype)
+        ranked = _rank(rows, nodes, {g: e for (t, g), e in expect.items() if t == tok}, run_dtype, cached)
+        for g in attention & rows.keys():
+            err = rows[g].in_err
+            if err is not None and err > cached.get(g, (tok, 0.0))[1]:
+                cached[g] = (tok, err)
         out[tok] = [
             Advice(
                 rank=i + 1,
@@ -600,7 +608,10 @@ def _rank(
     nodes: dict[int, _Node],
     quant: dict[int, quant_noise.QuantExpect] | None = None,
     run_dtype: str | None = None,
+    cached: dict[int, tuple[int, float]] | None = None,
 ) -> list[_Row]:
+    """Score and order one token's rows. `cached`: attention node -> (an earlier token, the largest input error it
+    had there), what its KV cache holds (`causes.kv_cache_cause`)."""
     table_arguments = _table_arguments(nodes)
     for r in rows.values():
         i = r.in_err or 0.0
@@ -685,6 +696,11 @@ def _rank(
         if r.nan_inf_born:
             r.score = NAN_INF_SCORE
         r.cause = _known_cause_of(gid, nodes, r.dtype, run_dtype, table_arguments) if _stands_out_alone(r) else None
+        if r.cause is None and cached and gid in cached and _stands_out_alone(r):
+            # what it adds is within what an earlier token's keys and values carried, twice its input's now or more
+            earlier, carried_in_cache = cached[gid]
+            if carried_in_cache >= r.own and carried_in_cache >= 2.0 * (r.in_err or 0.0):
+                r.cause = kv_cache_cause(earlier, carried_in_cache)
         if quant and gid in quant and not r.nan_inf_born:  # a quantized op: its own noise is the reference
             r.quant = True
             r.ref, score, r.peer_label, r.cause = quant_noise.judge(quant[gid], r.own, max(floor, carried))

@@ -85,3 +85,18 @@ def is_lookup(op_type: str | None) -> bool:
     """Whether an op of this type only looks rows up in a table (a token embedding): it computes nothing, so its
     output carries one rounding to the test dtype at most, and the advisor holds it to that."""
     return (op_type or "").lower() in LOOKUP_TYPES
+
+
+def reads_a_kv_cache(op_type: str | None) -> bool:
+    """Whether an op reads what earlier tokens left in a KV cache besides its inputs (an attention module: the cache
+    is no input a module dump records)."""
+    return "attention" in (op_type or "").lower()
+
+
+def kv_cache_cause(token: int, carried: float) -> str:
+    """The cause of an attention standing out at a later token: the keys and values of an earlier token whose input
+    was further off, which it reads from its cache."""
+    return (
+        f"{CAUSE_LEAD}its KV cache: token {token}'s keys and values came from an input {carried:.3g} off, and every "
+        "later token reads them (the cache is no input the dump holds)"
+    )
