@@ -381,6 +381,32 @@ async def test_themes_switch_from_flag_palette_and_key(small_catalog: Path) -> N
         await wait_for(pilot, lambda: type(app.screen).__name__ == "MappingScreen")
 
 
+async def test_the_palette_goes_to_an_op_by_name(small_catalog: Path) -> None:
+    """Typed words that an op's full name holds, in the command palette, offer `Go to op: <name>`: chosen, the op is
+    selected everywhere, as a click in a tree would (an L1 dump's thousand calls had no way in but scrolling)."""
+    app = make_app(catalog=small_catalog)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await ready(pilot, app)
+        golden, test = trees(screen)
+        target = golden.rows[DEFECT_ID]
+        words = target.name.split(".")[-2:]  # its last two segments, typed as two words
+        assert target in screen.ops_named(" ".join(words).upper())  # any case
+        found = screen.ops_named(" ".join(words))
+        assert target in found and all(all(w in r.name for w in words) for r in found), found
+        assert screen.ops_named("   ") == [] and screen.ops_named("no-such-op-anywhere") == []
+        golden.focus()
+        await pilot.press("home")
+        await wait_for(pilot, lambda: cursor_id(golden) != DEFECT_ID)
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*target.name)
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: screen.selected == DEFECT_ID and cursor_id(golden) == DEFECT_ID)
+        assert cursor_id(test) == target.counterpart
+        await wait_for(pilot, lambda: target.name in _text(screen.query_one("#detail", Static)))
+
+
 async def test_help_lists_every_key(small_catalog: Path) -> None:
     app = make_app(catalog=small_catalog)
     async with app.run_test(size=SIZE) as pilot:

@@ -68,6 +68,16 @@ class WorkbenchCommands(Provider):
             score = matcher.match(title)
             if score > 0:
                 yield Hit(score, matcher.highlight(title), cb, help=help_text)
+        screen = self.screen
+        if isinstance(screen, MainScreen):  # an op by its name: selected everywhere, as a click in a tree would
+            for row in screen.ops_named(query):
+                title = f"Go to op: {row.name}"
+                where = f"layer {row.layer}" if row.layer is not None else "no layer"
+                # below every action that matches as well: a name holding the words is always offered
+                score = max(matcher.match(title), 0.01) * 0.5
+                yield Hit(
+                    score, matcher.highlight(title), partial(screen.select, row.node_id), help=f"{row.type}, {where}"
+                )
 
 
 def start_selection(explorer: Explorer) -> tuple[int | None, int | None]:

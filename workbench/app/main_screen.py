@@ -62,6 +62,9 @@ DETAIL_AFTER_TOKEN_S = 2 / 60  # two frames at Textual's 60 per second: the toke
 TOP_SHARE = 0.6  # of the rows below the status line: heatmap and detail pane
 
 
+OPS_FOUND = 50  # the ops the command palette lists for a name typed
+
+
 class MainScreen(OpCauseActions, WorkbenchScreen[None]):
     """Where the user finds the token, the layer and the op where the error is born."""
 
@@ -611,6 +614,20 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         return text
 
     # ------------------------------------------------------------------ selection
+    def ops_named(self, query: str, limit: int = OPS_FOUND) -> list[TreeRow]:
+        """The golden ops whose full name holds every word of `query` (any case), in the order they ran: what the
+        command palette offers to go to (an L1 dump's thousand calls have no other way in but scrolling)."""
+        words = query.lower().split()
+        if not words:
+            return []
+        found = [
+            r
+            for r in self._tree("golden").rows.values()
+            if not r.is_layer_group and all(w in r.name.lower() for w in words)
+        ]
+        found.sort(key=lambda r: (r.exec_order if r.exec_order is not None else 1 << 60, r.node_id))
+        return found[:limit]
+
     def select(self, golden_id: int, *, from_tree: str | None = None) -> None:
         """Select a golden node everywhere: both trees, the heatmap cursor and the detail pane."""
         golden = self._tree("golden")
