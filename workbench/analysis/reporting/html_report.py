@@ -309,7 +309,7 @@ def render(facts: ReportFacts) -> str:
     logits_body = logits_svg(facts.strip, colours) if facts.strip else "<p>no logits were compared</p>"
     out.append(_section("logits", "Logits per token", logits_body))
     out.append(_section("advisor", f"The advisor's top {ADVICE_TOP} ops per token", _advice_table(facts)))
-    out.append(_section("precheck", "Precheck evidence", _precheck(facts)))
+    out.append(_section("precheck", "Evidence under the verdict", _precheck(facts)))
     cmds = "".join(f"<h3>{_e(what)}</h3><pre>{_e(cmd)}</pre>" for what, cmd in facts.commands)
     note = (
         "<p>Recorded commands are shown as the dumps recorded them: read them before you run them; "
@@ -390,7 +390,10 @@ def _precheck(facts: ReportFacts) -> str:
         if ev
     ]
     if not rows:
-        return "<p>no precheck evidence: no test op was re-run on its dumped inputs for this comparison</p>"
+        return (
+            "<p>no evidence beyond the metrics: no test op was re-run on its dumped inputs (precheck) and no "
+            "selection born with its picks flipped, for this comparison</p>"
+        )
     head = "<tr><th>token</th><th>test op</th><th>evidence</th></tr>"
     return f'<table class="precheck">{head}{"".join(rows)}</table>'
 
