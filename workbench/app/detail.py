@@ -55,6 +55,11 @@ def pair_labels(pairs: list[PairRow]) -> list[str]:
     return labels
 
 
+def _pass_mark(passed: bool | None) -> str:
+    """A pair's mark: passes, fails, or not judged."""
+    return "✓" if passed else ("✗" if passed is False else "?")
+
+
 def fmt(v: Any) -> str:
     """Compact number formatting for the pane."""
     if v is None:
@@ -106,8 +111,8 @@ def render_detail(detail: PairDetail | None, diff: TensorDiff | None, styles: di
     metrics = Table(box=None, pad_edge=False, show_header=True, header_style="bold", expand=False)
     labels = pair_labels(detail.pairs)
     metrics.add_column("metric")
-    for p, label in zip(detail.pairs, labels):
-        mark = "✓" if p.passed else ("✗" if p.passed is False else "?")
+    marks = [_pass_mark(p.passed) for p in detail.pairs]
+    for p, label, mark in zip(detail.pairs, labels, marks, strict=True):
         metrics.add_column(
             f"{label} {mark}",
             justify="right",
@@ -129,9 +134,8 @@ def render_detail(detail: PairDetail | None, diff: TensorDiff | None, styles: di
     reasons = [f"{label}: {p.fail_reason}" for p, label in zip(detail.pairs, labels) if p.fail_reason]
     for r in reasons:
         parts.append(Text(r, style=bad))
-    for p, label in zip(detail.pairs, labels):
+    for p, label, mark in zip(detail.pairs, labels, marks, strict=True):
         if p.judged_note:
-            mark = "✓" if p.passed else ("✗" if p.passed is False else "?")
             parts.append(Text(f"{label} {mark}: {p.judged_note}", style="dim"))
 
     stats = Table(box=None, pad_edge=False, header_style="bold")

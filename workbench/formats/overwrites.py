@@ -39,9 +39,14 @@ NOT_JUDGED = (
 )
 
 
+def overwrites_its_target(op_type: str | None) -> bool:
+    """Whether an op of this type is an in-place call that overwrites its input 0 (`OVERWRITING_CALLS`)."""
+    return call_name(op_type) in OVERWRITING_CALLS
+
+
 def overwritten_target(op_type: str | None, io: str, idx: int) -> bool:
     """Whether a node's tensor (`io`, `idx`) is what an in-place call of `op_type` overwrites, before the write."""
-    return io == "in" and idx == 0 and call_name(op_type) in OVERWRITING_CALLS
+    return io == "in" and idx == 0 and overwrites_its_target(op_type)
 
 
 def overwritten_target_sql(node_type: str, io: str, idx: str) -> str:

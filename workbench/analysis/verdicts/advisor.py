@@ -217,6 +217,7 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
     bounds_only = judged_on_statistics_only(con, cmp_id)
     out: dict[int, list[Advice]] = {}
     attention = {g for g, n in nodes.items() if reads_a_kv_cache(n.type)}
+    table_arguments = _table_arguments(nodes)  # of every node: once, not at every token
     cached: dict[int, tuple[int, float]] = {}  # attention -> (earlier token, its largest input error up to now)
     for tok in sorted(per_token):
         if tok in differ:  # the runs were fed different tokens: nothing compares like with like
@@ -229,7 +230,8 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
             if other is not None and nodes[r.node_id].type and other != nodes[r.node_id].type:
                 r.test_type = other
             r.bounds_only = bounds_only
-        ranked = _rank(rows, nodes, {g: e for (t, g), e in expect.items() if t == tok}, run_dtype, cached)
+        quant = {g: e for (t, g), e in expect.items() if t == tok}
+        ranked = _rank(rows, nodes, quant, run_dtype, cached, table_arguments=table_arguments)
         for g in attention & rows.keys():
             err = rows[g].in_err
             if err is not None and err > cached.get(g, (tok, 0.0))[1]:
@@ -609,10 +611,12 @@ def _rank(
     quant: dict[int, quant_noise.QuantExpect] | None = None,
     run_dtype: str | None = None,
     cached: dict[int, tuple[int, float]] | None = None,
+    *,
+    table_arguments: set[int],
 ) -> list[_Row]:
     """Score and order one token's rows. `cached`: attention node -> (an earlier token, the largest input error it
-    had there), what its KV cache holds (`causes.kv_cache_cause`)."""
-    table_arguments = _table_arguments(nodes)
+    had there), what its KV cache holds (`causes.kv_cache_cause`); `table_arguments`: `_table_arguments(nodes)`,
+    the same at every token."""
     for r in rows.values():
         i = r.in_err or 0.0
         r.added = math.sqrt(max(r.out_err * r.out_err - i * i, 0.0))

@@ -18,6 +18,7 @@ import numpy as np
 from workbench.formats.arrays import as_float64, read_array
 from workbench.formats.model import DumpError
 from workbench.formats.node_names import call_name
+from workbench.formats.token_ids import INT_DTYPES
 
 if TYPE_CHECKING:
     import duckdb
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
 # the calls whose integer output holds positions picked from their input 0 (along its last dimension, or over the
 # whole of it where the output is one index)
 SELECTION_CALLS = frozenset(("topk", "sort", "argsort", "argmax", "argmin", "max", "min", "kthvalue", "msort"))
-_INTEGERS = frozenset(("int64", "int32", "int16", "int8", "uint8"))
 MAX_SELECTION_ELEMENTS = 64 * 1024 * 1024  # a larger input is not read for this line (it only explains a verdict)
 
 
@@ -47,7 +47,7 @@ def selection_evidence(
             "JOIN tensors gt ON gt.run_id = c.golden_run AND gt.tensor_id = m.golden_tensor_id "
             "WHERE m.cmp_id = ? AND m.io = 'out' AND x.passed = false AND list_contains(?, gt.dtype) "
             "AND list_contains(?, m.golden_node_id)",
-            [cmp_id, sorted(_INTEGERS), sorted({g for _t, g in born})],
+            [cmp_id, sorted(INT_DTYPES), sorted({g for _t, g in born})],
         ).fetchall()
     }
     out: dict[int, str] = {}
@@ -73,7 +73,7 @@ ORDER BY m.io DESC, gt.idx
 def _flip_line(con: duckdb.DuckDBPyConnection, cmp_id: int, token: int, gid: int) -> str | None:
     rows = con.execute(_PAIRS_SQL, [cmp_id, token, gid]).fetchall()
     failing = [r for r in rows if r[3] is False]
-    if not failing or any(r[0] != "out" or r[2] not in _INTEGERS for r in failing):
+    if not failing or any(r[0] != "out" or r[2] not in INT_DTYPES for r in failing):
         return None
     picked = failing[0]
     if not picked[5] or not picked[6]:

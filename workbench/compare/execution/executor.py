@@ -45,7 +45,7 @@ from workbench.compare.judging.thresholds import Thresholds
 from workbench.compare.pairing.frames import Coded, RunFrames, TensorPairs
 from workbench.core.metrics import ALL_METRICS, STAT_BOUND, STAT_METRIC_NAMES, STAT_STEP_KEY, SUMMARY_FIELDS
 from workbench.core.progress import CompareCancelled, Progress, ProgressFn
-from workbench.formats.overwrites import overwritten_target
+from workbench.formats.overwrites import overwrites_its_target
 
 Judge = Callable[[PairResult], tuple[bool | None, list[str]]]
 
@@ -411,7 +411,7 @@ def _overwritten_targets(pairs: TensorPairs, golden: RunFrames, test: RunFrames)
     """The pair ids of `pairs` that are what an in-place call overwrites, before the write (`overwritten_target` of
     the golden node's type and, as the catalog's re-judge reads it, the test tensor's index)."""
     nodes = golden.nodes
-    kinds = {t for t in set(nodes.type) if overwritten_target(t, "in", 0)}  # a dump's few distinct types
+    kinds = {t for t in set(nodes.type) if overwrites_its_target(t)}  # a dump's few distinct types
     if not kinds:
         return set()
     calls = np.asarray([n for n, t in zip(nodes.node_id.tolist(), nodes.type) if t in kinds], dtype=np.int64)
