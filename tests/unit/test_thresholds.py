@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from workbench.compare.judging.dtypes import more_precise
-from workbench.compare.judging.judge import CARRIED_GAIN, judge_pair, model_node
+from workbench.compare.judging.gain import CARRIED_GAIN, carried_gain, few_elements_stretch
+from workbench.compare.judging.judge import judge_pair, model_node
 from workbench.compare.judging.metrics import compare_tensors
 from workbench.compare.judging.thresholds import NAN_INF, Thresholds
 
@@ -330,3 +331,26 @@ def test_a_more_precise_tensor_is_judged_with_what_its_inputs_carried_in() -> No
     assert judge_pair(th, carried, golden=None, test=None, dtype="float32", run_dtype="float32", io="in")[0] is False
     assert more_precise("float32", "bfloat16") and not more_precise("bfloat16", "bfloat16")
     assert not more_precise("float32", None) and CARRIED_GAIN >= 2
+
+
+def test_an_output_of_few_elements_may_carry_more_of_its_inputs_error() -> None:
+    """A norm ratio over a handful of elements spreads far: a router's four float32 logits in a bf16 run carry their
+    input's error at a gain of 3 with nothing wrong (msprobe's API-level DeepSeek-V3 dumps). The gain an output more
+    precise than the run may carry grows as its element count shrinks, and stays `CARRIED_GAIN` at thousands."""
+    th = Thresholds.load()
+    args = dict(golden=None, test=None, dtype="float32", run_dtype="bfloat16", io="out")
+    g = torch.tensor([0.9, -0.4, 0.3, 1.2])
+    three_times = dict(compare_tensors(g, g * torch.tensor([1.012, 1.0, 1.0, 0.995])).values)
+    distance = three_times["relative_euclidean_distance"]
+    assert distance is not None and th.judge(three_times, "float32")[0] is False
+    carried_in = distance / 3.0
+    router = {"node_type": "Functional.linear"}
+    assert judge_pair(th, three_times, carried_in=carried_in, numel=4, **router, **args) == (True, [])
+    assert judge_pair(th, three_times, carried_in=carried_in, numel=4096, **router, **args)[0] is False
+    assert judge_pair(th, three_times, carried_in=carried_in, **router, **args)[0] is False  # count unknown
+    # an elementwise op's few elements are not re-weighted: a 2 % wrong rsqrt of one value a row stays its own
+    rsqrt = {"node_type": "Torch.rsqrt"}
+    assert judge_pair(th, three_times, carried_in=carried_in, numel=1, **rsqrt, **args)[0] is False
+    assert few_elements_stretch(4, "Linear") > 1.6 and few_elements_stretch(1024, "Tensor.matmul") < 1.04
+    assert few_elements_stretch(None, "linear") == 1.0 and few_elements_stretch(4, "Tensor.__mul__") == 1.0
+    assert carried_gain(100_000, "Functional.linear") == pytest.approx(CARRIED_GAIN, rel=0.01)

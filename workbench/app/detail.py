@@ -248,6 +248,8 @@ def _verdict(detail: PairDetail, styles: dict[str, str]) -> Text:
         verdict.append(f"error born at: {detail.born_name} (token {detail.token})", style=born_style)
     elif detail.inputs_differ:  # the pairs below compare different inputs: no verdict is drawn from them
         verdict.append(f"token {detail.token}: {detail.inputs_differ}: no op named", style=styles.get("warn", "yellow"))
+    elif detail.evidence:  # none born, and why: an op failing with passing inputs carries their error across
+        verdict.append(f"token {detail.token}: {detail.evidence}")
     elif any(p.passed is False for p in detail.pairs if p.io == "out"):  # failing, yet not where it is born
         verdict.append(f"token {detail.token}: no op where the error is born (none fails with passing inputs), none")
         verdict.append(" stands out of the noise")

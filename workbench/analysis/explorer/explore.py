@@ -53,7 +53,7 @@ from workbench.analysis.explorer.views import (
 from workbench.analysis.verdicts.causes import cause_in, is_lookup
 from workbench.compare.judging.carried import carried_errors
 from workbench.compare.judging.dtypes import compared_compute_dtype, more_precise
-from workbench.compare.judging.judge import CARRIED_GAIN
+from workbench.compare.judging.gain import CARRIED_GAIN, carried_gain
 from workbench.compare.judging.thresholds import Thresholds
 from workbench.core.advice import NO_PEERS, STANDS_OUT
 from workbench.core.metrics import ALL_METRICS, BY_NAME, REL_EUCLID, STAT_BOUND_JUDGED_AS, STAT_METRIC_NAMES
@@ -428,11 +428,12 @@ class Explorer:
         if cached is None:
             born_g, born_t, evidence = self.born_evidence(token)
             why, score = self._born_why(born_g, token, evidence)
-            if born_g is None and evidence is None:
-                born_g, score, evidence = self._standing_out(token)
-                why = BORN_ADVISOR if born_g is not None else None
-            inside = self._highest_inside(born_g, token) if why == BORN_FAILS and born_g is not None else None
             differ = self._inputs_differ(token) if born_g is None else None
+            if born_g is None and differ is None:  # none born (its evidence may say why): the advisor's, if any
+                found, found_score, found_evidence = self._standing_out(token)
+                if found is not None:
+                    born_g, score, evidence, why = found, found_score, found_evidence, BORN_ADVISOR
+            inside = self._highest_inside(born_g, token) if why == BORN_FAILS and born_g is not None else None
             unchecked = why == BORN_FAILS and born_g is not None and self._inputs_unchecked(born_g, token)
             origin: tuple[int | None, float | None, str | None] = (None, None, None)
             if why == BORN_FAILS and score is not None and score < STANDS_OUT:
@@ -812,8 +813,12 @@ class Explorer:
                 else:
                     distance = p.metrics.get(REL_EUCLID) or 0.0
                     fed = f"{carried.rel_euclid:.3g}, {carried.source}" if carried else "unknown"
+                    shape = p.test.get("shape")
+                    numel = math.prod(shape) if isinstance(shape, list | tuple) else None
+                    allowed = carried_gain(numel, op_type)
+                    gain = f"{allowed:.3g}" + (f" over {numel} elements" if allowed > CARRIED_GAIN * 1.1 else "")
                     why = (
-                        f"adds no error of its own (rel euclid {distance:.3g} <= {CARRIED_GAIN:g} x what it was "
+                        f"adds no error of its own (rel euclid {distance:.3g} <= {gain} x what it was "
                         f"fed: {fed}): judged by {run_dtype}'s bounds"
                     )
                 p = replace(p, judged_note=f"{dtype} in a {run_dtype} run, over {dtype}'s bounds; it {why}")

@@ -361,6 +361,8 @@ def _verdict_table(facts: ReportFacts) -> str:
             born = _e(f"most likely origin: {facts.origins[tok]} (the advisor)")
         elif c is not None and c.inputs_differ:
             born = _e(f"none named: {c.inputs_reason or 'inputs differ'}")
+        elif failing and facts.born.get(tok, (None, None, None))[2]:  # why none is born (`born.carried_across`)
+            born = _e(f"none named: {facts.born[tok][2]}")
         elif failing:  # a run failing everywhere (or a quantized one) has no born op either
             born = "none named: outputs fail, but no op is born there and none stands out of the noise"
         else:

@@ -267,7 +267,12 @@ def format_summary(
                 if origin is not None
                 else ""
             )
-            lines.append(f"token {tok}: no error born (every output passes, or no op fails with passing inputs){quiet}")
+            if tok in res.born_evidence:  # failing with passing inputs, but carrying their error (`carried_across`)
+                lines.append(f"token {tok}: {res.born_evidence[tok]}")
+            else:
+                lines.append(
+                    f"token {tok}: no error born (every output passes, or no op fails with passing inputs){quiet}"
+                )
         else:
             test_name = res.born_test.get(tok)
             suffix = f"  [test op: {test_name}]" if test_name and test_name != name else ""

@@ -31,7 +31,7 @@ import math
 import re
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import duckdb
@@ -43,7 +43,9 @@ from workbench.analysis.verdicts.causes import (
     cause_in,
     error_gain,
     errors_add,
+    errors_add_per_element,
     is_lookup,
+    is_sum,
     is_table_call,
     known_cause,
     kv_cache_cause,
@@ -52,6 +54,7 @@ from workbench.analysis.verdicts.causes import (
 from workbench.catalog.lookup import has_table, judged_on_statistics_only
 from workbench.catalog.store import first_row, insert_rows
 from workbench.compare.judging.dtypes import compared_compute_dtype
+from workbench.compare.judging.gain import few_elements_stretch
 from workbench.core.advice import NAN_INF_SCORE, NO_PEERS, STANDS_OUT
 from workbench.core.median import median
 from workbench.formats.token_ids import INT_DTYPES
@@ -68,6 +71,22 @@ _MAD_WEIGHT = 1.0  # how much of the peers' spread is counted as their noise
 GAIN_NOISE = 0.4
 
 
+# An elementwise product's output of at most this many elements may carry up to the sum of its factors' largest
+# elementwise relative errors (`causes.errors_add_per_element`): over a handful of elements a factor's small element
+# off by 2 % shows 0.1 % in its norm and, scaled up by the other factor, 0.7 % in the output's (a clean fp16
+# DeepSeek-V3's 4-element rotary product). Past it the largest elementwise error mostly sits at a near-zero value
+# and would excuse anything.
+_FEW_FOR_ELEMENTWISE = 64
+
+
+def gain_noise(numel: int | None, op_type: str | None) -> float:
+    """`GAIN_NOISE`, or the spread of a norm ratio over a projection's few outputs where that is larger (under ~180
+    elements: sqrt(stretch^2 - 1) of `gain.few_elements_stretch`, 1.31 at 4 elements, 0.53 at 64): a router's logits
+    over 4 experts carry their input's error at a gain far from 1 with nothing wrong."""
+    stretch = few_elements_stretch(numel, op_type)
+    return max(GAIN_NOISE, math.sqrt(stretch * stretch - 1.0))
+
+
 @dataclass(frozen=True)
 class Advice:
     """One ranked op of one token (rank 1 = most likely origin of the error)."""
@@ -81,6 +100,9 @@ class Advice:
     score: float
     reason: str
     cause: str | None = None  # a known cause that explains its error (`core.advice.known_cause`)
+    # what it adds is within what passing on its inputs' error may add: an output failing with passing inputs is
+    # that error carried across the bounds, not born there (`born.refresh_verdicts`; not stored, so not compared)
+    carries: bool = field(default=False, compare=False)
 
 
 @dataclass(slots=True)
@@ -114,11 +136,16 @@ class _Row:
     measured: bool = True  # False: no position of its output is finite on both sides (out_err 0 stands in)
     # every pair of the comparison compared on statistics only: its errors are lower bounds (`stat_rel_euclid_bound`)
     bounds_only: bool = False
+    numel: int | None = None  # elements of its worst output (`gain.few_elements_stretch`)
+    carries: bool = False  # `Advice.carries`
+    # the most relative error its inputs' may reach in its output: an elementwise product's factors' largest
+    # elementwise relative errors, summed; a sum's inputs' absolute errors, summed, over its output's norm
+    in_max_rel: float | None = None
 
 
 # one io side of a golden node at a token: test node (or the known-cause op of a side input), worst relative error,
-# new NaN/Inf, test dtype
-_IO = tuple[int | None, float | None, bool, str | None]
+# new NaN/Inf, test dtype, the element count of its worst pair
+_IO = tuple[int | None, float | None, bool, str | None, int | None]
 
 
 @dataclass(slots=True)
@@ -156,6 +183,10 @@ SELECT m.token_id, m.golden_node_id, m.io,
        arg_min(m.test_node_id, m.pair_id) AS test_node_id,
        max({_PAIR_ERR}) AS err,
        sum({_PAIR_ERR}) AS err_sum,  -- a product's inputs: their relative errors add (`causes.errors_add`)
+       arg_max(gt.numel, {_PAIR_ERR}) AS numel,  -- of its worst pair (an output's: `few_elements_stretch`)
+       sum(x.max_relative_error) AS max_rel_sum,  -- an elementwise product's factors' (`_FEW_FOR_ELEMENTWISE`)
+       sum({_PAIR_ERR} * gt.norm) AS abs_err_sum,  -- a sum's inputs' absolute errors (`causes.is_sum`)
+       arg_max(gt.norm, {_PAIR_ERR}) AS norm,  -- its worst pair's golden norm
        bool_or({_NEW_NAN_INF}) AS new_nan_inf,
        mode(tt.dtype) AS dtype
 FROM matches m
@@ -190,14 +221,26 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
             test_types[int(n)] = str(typ)
     per_token: dict[int, dict[int, dict[str, _IO]]] = defaultdict(dict)
     products = {g for g, n in nodes.items() if errors_add(n.type)}
-    for tok, gid, io, tid, err_max, err_sum, nan_inf, dtype in _fetch_slices(con.execute(_ROWS_SQL, [cmp_id])):
+    elementwise = {g for g, n in nodes.items() if errors_add_per_element(n.type)}
+    in_max_rel: dict[tuple[int, int], float] = {}  # (token, elementwise product) -> its factors' largest, summed
+    sums = {g for g, n in nodes.items() if is_sum(n.type)}
+    sum_reach: dict[tuple[int, int], list[float | None]] = {}  # (token, sum) -> [inputs' abs errors, output's norm]
+    for tok, gid, io, tid, err_max, err_sum, numel, max_rel_sum, abs_err_sum, norm, nan_inf, dtype in _fetch_slices(
+        con.execute(_ROWS_SQL, [cmp_id])
+    ):
+        if int(gid) in sums:
+            reach = sum_reach.setdefault((int(tok), int(gid)), [None, None])
+            reach[0 if io == "in" else 1] = abs_err_sum if io == "in" else norm
         err = err_sum if io == "in" and int(gid) in products else err_max
         per_token[int(tok)].setdefault(int(gid), {})[str(io)] = (
             None if tid is None else int(tid),
             None if err is None or (isinstance(err, float) and math.isnan(err)) else float(err),
             bool(nan_inf),
             None if dtype is None else str(dtype),
+            None if numel is None else int(numel),
         )
+        if io == "in" and int(gid) in elementwise and max_rel_sum is not None and math.isfinite(max_rel_sum):
+            in_max_rel[(int(tok), int(gid))] = float(max_rel_sum)
     run_dtype = compared_compute_dtype(con, cmp_id)  # as the judge: a bf16 run's many float32 calls (L1) do not count
     sources = {g for g, n in nodes.items() if known_cause(n.type, run_dtype) is not None}
     for (tok, gid), split in _split_inputs(
@@ -205,13 +248,13 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
     ).items():
         ios = per_token.get(tok, {}).get(gid)
         if ios is not None and "in" in ios:
-            tid, _err, _nan_inf, dtype = ios["in"]
+            tid, _err, _nan_inf, dtype, numel = ios["in"]
             # NaN/Inf in a weight input are the op's own, as a weight's error is: its activations decide what came in
-            ios["in"] = (tid, split.act_err, split.act_nan_inf, dtype)
+            ios["in"] = (tid, split.act_err, split.act_nan_inf, dtype, numel)
             if split.weight_err is not None or split.weight_nan_inf:
-                ios["weight"] = (tid, split.weight_err, split.weight_nan_inf, dtype)
+                ios["weight"] = (tid, split.weight_err, split.weight_nan_inf, dtype, numel)
             if split.side_err is not None:
-                ios["side"] = (split.side_from, split.side_err, False, dtype)
+                ios["side"] = (split.side_from, split.side_err, False, dtype, numel)
     differ = inputs_differ(con, cmp_id)
     expect = quant_noise.quant_expectations(con, cmp_id)  # {} unless the test run is quantized
     bounds_only = judged_on_statistics_only(con, cmp_id)
@@ -226,6 +269,10 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
             continue
         rows = _rows_of_token(per_token.pop(tok), nodes)  # each token's rows freed once ranked
         for r in rows.values():
+            r.in_max_rel = in_max_rel.pop((tok, r.node_id), None)
+            abs_in, out_norm = sum_reach.pop((tok, r.node_id), (None, None))
+            if abs_in is not None and out_norm and math.isfinite(abs_in) and math.isfinite(out_norm):
+                r.in_max_rel = abs_in / out_norm  # what its inputs' errors reach at most, relative to its output
             other = test_types.get(r.test_node_id) if r.test_node_id is not None else None
             if other is not None and nodes[r.node_id].type and other != nodes[r.node_id].type:
                 r.test_type = other
@@ -247,6 +294,7 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
                 score=round(r.score, 4),
                 reason=r.reason,
                 cause=r.cause,
+                carries=r.carries,
             )
             for i, r in enumerate(ranked)
         ]
@@ -428,6 +476,7 @@ def _rows_of_token(data: dict[int, dict[str, _IO]], nodes: dict[int, _Node]) -> 
             side_from=None if side is None else side[0],
             side_err=None if side is None else side[1],
             measured=out[1] is not None,
+            numel=out[4],
         )
     # inputs not dumped: the op that completed last before this one started, or the enclosing
     # module's input when that module started after it (data flows in execution order)
@@ -685,14 +734,32 @@ def _rank(
         # the error an op passes on comes out at gain x what came in, give or take GAIN_NOISE; measured as added
         # (in quadrature) that is sqrt(gain^2 - 1 + GAIN_NOISE^2) x the input's (GAIN_NOISE for a gain of 1)
         gain = error_gain(node.type)
-        carried = math.sqrt(gain * gain - 1.0 + GAIN_NOISE * GAIN_NOISE) * (r.in_err or 0.0)
+        noise = gain_noise(r.numel, node.type)
+        carried = math.sqrt(gain * gain - 1.0 + noise * noise) * (r.in_err or 0.0)
+        what = "an op" if gain == 1.0 else f"an op multiplying a relative error by {gain:g}"
+        passing = f"passing on input error {r.in_err or 0.0:.3g}" + (
+            f" onto {r.numel} elements" if noise > GAIN_NOISE else ""
+        )
+        summed = is_sum(node.type)
+        if r.in_max_rel is not None and (summed or (r.numel is not None and r.numel <= _FEW_FOR_ELEMENTWISE)):
+            # a product's elements carry their factors' errors: at most their largest, summed; a sum's output error is
+            # at most its inputs' errors added, however far they cancel; and one rounding
+            reach = r.in_max_rel + floor
+            by_element = math.sqrt(max(reach * reach - (r.in_err or 0.0) ** 2, 0.0))
+            if by_element > carried:
+                carried = by_element
+                what, passing = (
+                    ("a sum", f"passing on its inputs' errors added, over its output's norm ({reach:.3g})")
+                    if summed
+                    else ("a product", f"passing on its factors' largest elementwise errors ({reach:.3g})")
+                )
         if carried > ref:
-            what = "an op" if gain == 1.0 else f"an op multiplying a relative error by {gain:g}"
             label = (
-                f"what {what} passing on input error {r.in_err or 0.0:.3g} may add ({carried:.3g}; "
+                f"what {what} {passing} may add ({carried:.3g}; "
                 f"{label.removeprefix('what ').replace(' adds', f' adds {ref:.3g}', 1)})"
             )
             ref = carried
+        r.carries = 0.0 < r.own <= carried and not r.new_nan_inf
         r.ref = ref
         r.peer_label = label
         r.score = min(r.own / ref, MAX_SCORE) if ref > 0 else 0.0

@@ -105,7 +105,14 @@ def refresh_verdicts(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, i
         con.execute(node_results_sql(has_statistics_only_pairs(con, cmp_id)), [cmp_id])
         candidates = _born_candidates(con, cmp_id)
         advice = compute_advice(con, cmp_id)
-        verdicts = {tok: _born_unexplained(cands, advice.get(tok, [])) for tok, cands in candidates.items()}
+        verdicts: dict[int, tuple[int | None, int | None]] = {}
+        crossings: dict[int, str] = {}  # tokens whose every candidate carries its inputs' error across the bounds
+        for tok, cands in candidates.items():
+            carrying = {a.golden_node_id: a for a in advice.get(tok, []) if a.carries}
+            born_here = [c for c in cands if c[0] not in carrying]
+            verdicts[tok] = _born_unexplained(born_here, advice.get(tok, []))
+            if cands and not born_here:
+                crossings[tok] = carried_across(carrying[cands[0][0]])
         for token in verdicts.keys() & differ.keys():
             verdicts[token] = (None, None)
         origins: dict[int, tuple[int | None, int | None]] = {
@@ -117,6 +124,7 @@ def refresh_verdicts(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, i
             and items[0].score >= SIGNIFICANT
         }
         evidence = {**selection_evidence(con, cmp_id, verdicts), **_refine_with_precheck(con, cmp_id, verdicts)}
+        evidence.update({tok: why for tok, why in crossings.items() if verdicts[tok][0] is None})
         evidence.update(differ)
         origin_evidence = _refine_with_precheck(con, cmp_id, origins)
         con.execute("DELETE FROM error_born WHERE cmp_id = ?", [cmp_id])
@@ -155,6 +163,15 @@ def _unjudged_inputs(con: duckdb.DuckDBPyConnection, cmp_id: int, nodes: list[tu
 def inputs_unchecked(con: duckdb.DuckDBPyConnection, cmp_id: int, born: dict[int, int]) -> set[int]:
     """The tokens of `born` (token -> golden node) whose node has no input pair judged pass or fail."""
     return {t for t, _ in _unjudged_inputs(con, cmp_id, list(born.items()))}
+
+
+def carried_across(advice: Advice) -> str:
+    """The evidence of a token whose only op failing with passing inputs adds no more than passing on their error
+    may (`Advice.carries`): what is said instead of `error born at`."""
+    return (
+        f"no op is born: {advice.golden_node}'s output fails carrying its inputs' error across the bounds "
+        f"({advice.reason})"
+    )
 
 
 def _born_unexplained(cands: list[tuple[int, int | None]], advice: list[Advice]) -> tuple[int | None, int | None]:

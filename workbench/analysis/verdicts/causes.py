@@ -63,19 +63,35 @@ def error_gain(op_type: str | None) -> float:
 
 # Ops whose inputs' relative errors add up in their output: the factors of a product or a quotient (torch's calls
 # as msprobe's API levels name them, GE's types). One factor 2 % off and the other 2 % off make a product 4 % off.
-_PRODUCTS = frozenset(
+_ELEMENTWISE_PRODUCTS = frozenset(
     (
         *("mul", "__mul__", "__rmul__", "__imul__", "multiply"),
         *("div", "__truediv__", "__rtruediv__", "__itruediv__", "true_divide", "divide", "realdiv"),
-        *("matmul", "__matmul__", "mm", "bmm", "batchmatmul", "batchmatmulv2"),
     )
 )
+_PRODUCTS = _ELEMENTWISE_PRODUCTS | frozenset(("matmul", "__matmul__", "mm", "bmm", "batchmatmul", "batchmatmulv2"))
 
 
 def errors_add(op_type: str | None) -> bool:
     """Whether an op of this type carries the sum of its activation inputs' relative errors (a product), not the
     largest of them."""
     return call_name(op_type) in _PRODUCTS
+
+
+def errors_add_per_element(op_type: str | None) -> bool:
+    """Whether each element of an op of this type's output carries the sum of its factors' relative errors at that
+    element (an elementwise product or quotient; a matmul sums over a dimension instead): its output's relative error
+    is then at most the sum of its factors' largest elementwise relative errors, whatever the norms say."""
+    return call_name(op_type) in _ELEMENTWISE_PRODUCTS
+
+
+_SUMS = frozenset(("add", "__add__", "__radd__", "__iadd__", "sub", "__sub__", "__rsub__", "__isub__", "subtract"))
+
+
+def is_sum(op_type: str | None) -> bool:
+    """Whether an op of this type adds or subtracts its inputs elementwise: its output's error is at most the sum of
+    its inputs' (absolute) errors, however far they cancel (a rotary `q * cos + rotate_half(q) * sin`)."""
+    return call_name(op_type) in _SUMS
 
 
 LOOKUP_TYPES = frozenset(("embedding", "gatheroperation", "gather", "gatherv2"))  # torch and msprobe, ATB, GE

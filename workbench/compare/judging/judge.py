@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from workbench.compare.judging.carried import carried_errors
 from workbench.compare.judging.dtypes import compared_compute_dtype, looser, more_precise, more_precise_than
+from workbench.compare.judging.gain import carried_gain
 from workbench.compare.judging.thresholds import NAN_INF, Thresholds
 from workbench.core.metrics import ALL_METRICS, REL_EUCLID, STAT_BOUND, SUMMARY_FIELDS
 from workbench.formats.overwrites import overwritten_target
@@ -118,12 +119,6 @@ def model_node(roots: Collection[_Node]) -> _Node | None:
     return next(iter(roots)) if len(roots) == 1 else None
 
 
-# An op adds no error of its own when its output's relative euclidean distance is at most this many times its
-# inputs' largest: x * x doubles a relative error, a product of two inputs adds theirs; a planted 2 % error on an
-# input carrying 0.15 % is 13 times it (docs/metrics.md, "Tensors more precise than the run").
-CARRIED_GAIN = 2.5
-
-
 def judge_pair(
     thresholds: Thresholds,
     values: dict[str, float | None],
@@ -138,6 +133,7 @@ def judge_pair(
     stat_bound: float | None = None,
     run_dtype: str | None = None,
     carried_in: float | None = None,
+    numel: int | None = None,
     overwritten: bool = False,
 ) -> tuple[bool | None, list[str]]:
     """(passed, failed metrics) of one pair. A NaN/Inf mismatch fails it, even when no metric is computable.
@@ -153,8 +149,8 @@ def judge_pair(
     A tensor more precise than the run computes in (`more_precise`: RMSNorm's float32 variance in a bfloat16 run)
     carries its bfloat16 inputs' error: as a node's input it is judged by the run's dtype (it holds what ran
     before); as an output, failing its own dtype's bounds, it passes by the run's dtype's when its relative
-    euclidean distance is at most `CARRIED_GAIN` times `carried_in`, its node's inputs' largest at this token
-    (it adds no error of its own; `judge_carried` gives it).
+    euclidean distance is at most `carried_gain(numel, node_type)` times `carried_in`, its node's inputs' largest at
+    this token (it adds no error of its own; `judge_carried` gives it; `numel`: the output's element count).
     """
     if overwritten:
         return None, []
@@ -181,7 +177,7 @@ def judge_pair(
         return False, [NAN_INF]
     if passed is False and io == "out" and carried_in is not None and more_precise(dtype, run_dtype):
         distance = values.get(REL_EUCLID)
-        if distance is not None and distance <= CARRIED_GAIN * carried_in:
+        if distance is not None and distance <= carried_gain(numel, node_type) * carried_in:
             by_run, _over = thresholds.judge(
                 values, run_dtype, node_name=node_name, node_type=node_type, io=io, is_model=is_model
             )
@@ -230,7 +226,8 @@ def judge_carried(
 # golden node, io, token and test dtype (`_judge_record`); a caller may add conditions
 _PAIR_RECORDS_SQL = (
     f"SELECT x.*, s.{STAT_BOUND} AS _stat_bound, gn.name AS _node, gn.type AS _type, "
-    "gn.node_id AS _node_id, m.io AS _io, m.token_id AS _token, tt.dtype AS _dtype, tt.idx AS _idx "
+    "gn.node_id AS _node_id, m.io AS _io, m.token_id AS _token, tt.dtype AS _dtype, tt.idx AS _idx, "
+    "tt.numel AS _numel "
     "FROM metrics x LEFT JOIN stat_metrics s USING (cmp_id, pair_id) "
     "JOIN matches m USING (cmp_id, pair_id) JOIN comparisons c USING (cmp_id) "
     "JOIN nodes gn ON gn.run_id = c.golden_run AND gn.node_id = m.golden_node_id "
@@ -277,6 +274,7 @@ def _judge_record(
         stat_bound=r["_stat_bound"],  # NaN (NaN/Inf statistics) fails; None judges nothing
         run_dtype=run_dtype,
         carried_in=carried_in,
+        numel=none_if_na(r["_numel"]),
         overwritten=overwritten_target(r["_type"], str(r["_io"]), int(r["_idx"])),
     )
 
@@ -285,8 +283,8 @@ def _judge_record(
 # (an older wb) is judged again the next time it is compared, as after a `--thresholds` change. 2: the model's output
 # is the run's one root's; 3: tensors more precise than the run judged with what they carried in; 4: with the outputs
 # before them where no input was dumped, and one definition of the run's compute dtype; 5: what an in-place call
-# overwrites, before the write, not judged.
-JUDGE_RULES = 5
+# overwrites, before the write, not judged; 6: the carried-in gain stretched for outputs of few elements.
+JUDGE_RULES = 6
 
 
 def _rules_key(cmp_id: int) -> str:
