@@ -4,11 +4,12 @@ Builds tiny Llama- and Qwen2-style models from transformers configs (fixed seeds
 dumps an fp32 golden run and bf16 / fp16 test runs, each test run with ONE subtle defect (a 2-5 %
 weight scale in one Linear or norm, a tanh-GELU where SiLU belongs, a wrong RMSNorm epsilon), with
 msit's own dumper (`msit_llm.register_hook`, one subprocess per dump: its config is a process-wide
-singleton), with msprobe's (`PrecisionDebugger`, level L0, one step per token) and with ours, then
+singleton), with msprobe's (`PrecisionDebugger`, level L0, one step per token; `msprobe_mix`: level `mix`, the torch
+calls inside the modules too, a call inside the planted module counting as it) and with ours, then
 runs `wb compare` (in-process) and the advisor, and prints per run: defect, dtype, dumper, the rank
 of the planted module at each token, and whether it is first / in the top 3 at every token.
 
-    PYTHONPATH=. .venv/bin/python bench/advisor_defects.py [--dumpers msit,msprobe,wb,atbprobe]
+    PYTHONPATH=. .venv/bin/python bench/advisor_defects.py [--dumpers msit,msprobe,msprobe_mix,wb,atbprobe]
         [--dtypes bf16,fp16] [--cases NAME,...] [--keep DIR] [--stats] [--prompt N] [--fp32-inv-freq]
         [--clean llama5,qwen4,mistral4,phi3_4,neox4] [--heldout]
 
@@ -441,8 +442,9 @@ def dump_one(job: dict[str, Any]) -> None:
         cfg = MsitConfig(dump_path=out, token_range=list(range(STEPS)), dump_statistics_mode=1 if stats else 0)
         msit_register(model, cfg)
         tokens = decode(model, prompt, STEPS, forced)
-    elif job["dumper"] == "msprobe":
-        tokens = decode_msprobe(model, prompt, forced, Path(out), stats)
+    elif job["dumper"] in ("msprobe", "msprobe_mix"):
+        level = "mix" if job["dumper"] == "msprobe_mix" else "L0"
+        tokens = decode_msprobe(model, prompt, forced, Path(out), stats, level=level)
     else:
         from workbench.dump import DumpConfig, register_hook
 
@@ -457,11 +459,18 @@ def dump_one(job: dict[str, Any]) -> None:
 
 
 def decode_msprobe(
-    model: Any, prompt: Any, forced: list[int] | None, out: Path, stats: bool = False, steps: int = STEPS
+    model: Any,
+    prompt: Any,
+    forced: list[int] | None,
+    out: Path,
+    stats: bool = False,
+    steps: int = STEPS,
+    level: str = "L0",
 ) -> list[int]:
-    """Greedy decoding of `steps` tokens under msprobe's own `PrecisionDebugger` (level L0: modules), one msprobe
-    step per token, dumped below `out/msprobe_dump`; `stats`: task `statistics` (summary mode: max/min/mean/norm in
-    dump.json, no tensors). Also `bench_compare`'s msprobe-made dumps."""
+    """Greedy decoding of `steps` tokens under msprobe's own `PrecisionDebugger` (level L0: modules; `mix`: modules
+    and the torch calls inside them), one msprobe step per token, dumped below `out/msprobe_dump`; `stats`: task
+    `statistics` (summary mode: max/min/mean/norm in dump.json, no tensors). Also `bench_compare`'s msprobe-made
+    dumps."""
     import torch
     from msprobe.pytorch import PrecisionDebugger  # type: ignore[import-untyped]
 
@@ -474,7 +483,7 @@ def decode_msprobe(
                 "dump_path": str(out / "msprobe_dump"),
                 "rank": [],
                 "step": [],
-                "level": "L0",
+                "level": level,
                 task: {"scope": [], "list": [], "data_mode": ["all"]},
             }
         )
@@ -536,8 +545,8 @@ def run_dump(job: dict[str, Any], reuse: bool = False) -> Path:
 
 def dump_root(job: dict[str, Any]) -> Path:
     """Where `job`'s dumper wrote its dump (the folder `wb compare` takes)."""
-    if job["dumper"] in ("msprobe", "atbprobe"):
-        root = Path(job["out"]) / ("msprobe_dump" if job["dumper"] == "msprobe" else "probe/atb_dump_data")
+    if job["dumper"] in ("msprobe", "msprobe_mix", "atbprobe"):
+        root = Path(job["out"]) / ("probe/atb_dump_data" if job["dumper"] == "atbprobe" else "msprobe_dump")
         if not root.is_dir():
             raise RuntimeError(f"dump {job}: nothing written in {job['out']}")
         return root
@@ -577,13 +586,25 @@ def rank_of(golden: Path, test: Path, catalog: Path, planted: str | None) -> tup
         by_tok: dict[int, list[Any]] = {}
         for a in advise(con, res.cmp_id):
             by_tok.setdefault(a.token_id, []).append(a)
-        layer_of = dict(
-            con.execute(
-                "SELECT n.node_id, n.layer FROM nodes n JOIN comparisons c ON c.golden_run = n.run_id "
-                "WHERE c.cmp_id = ?",
-                [res.cmp_id],
-            ).fetchall()
-        )
+        layer_of: dict[int, int | None] = {}
+        parent_of: dict[int, int | None] = {}
+        name_of: dict[int, str] = {}
+        for nid, layer, parent, name in con.execute(
+            "SELECT n.node_id, n.layer, n.parent_id, n.name FROM nodes n JOIN comparisons c ON c.golden_run = n.run_id "
+            "WHERE c.cmp_id = ?",
+            [res.cmp_id],
+        ).fetchall():
+            layer_of[nid], parent_of[nid], name_of[nid] = layer, parent, name
+
+        def inside_planted(node_id: int, planted: str) -> bool:
+            """A torch call dumped inside the planted module (msprobe's `mix` level) is the planted module's."""
+            p = parent_of.get(node_id)
+            while p is not None:
+                if _same_module(name_of[p], planted):
+                    return True
+                p = parent_of.get(p)
+            return False
+
         for tok, items in sorted(by_tok.items()):
             hit = (
                 None
@@ -594,6 +615,7 @@ def rank_of(golden: Path, test: Path, catalog: Path, planted: str | None) -> tup
                         for a in items
                         if _same_module(a.golden_node, planted)
                         or _same_atb_op(a.golden_node, layer_of[a.golden_node_id], planted)
+                        or inside_planted(a.golden_node_id, planted)
                     ),
                     None,
                 )
@@ -695,6 +717,7 @@ def main() -> int:
     for dumper, probe_code in (
         ("msit", "import msit_llm; msit_llm.register_hook"),
         ("msprobe", "from msprobe.pytorch import PrecisionDebugger"),
+        ("msprobe_mix", "from msprobe.pytorch import PrecisionDebugger"),
         ("atbprobe", "from tests.fixtures.msprobe_atb import skip_reason; assert skip_reason() is None"),
     ):
         if dumper in dumpers:

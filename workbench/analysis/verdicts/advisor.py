@@ -588,7 +588,8 @@ def _split_inputs(
     embedding), as msprobe dumps the cos/sin tables a decoder layer and its attention take as keyword arguments.
     Their error reaches the output with a gain far below 1 (~0.2-0.4 in an attention), so counting it as carried
     in would hide whatever the layer adds; it is set apart (`_carried_causes` weighs it), as where msit does not
-    dump the tables at all. A node whose every input is a side input keeps them as its inputs."""
+    dump the tables at all. A node whose every input is a side input keeps them as its inputs, and a product
+    (`q * cos`, msprobe's `mix` level) takes the table as a factor, whose error reaches it whole: carried in."""
     outs: dict[int, set[tuple[float, ...]]] = defaultdict(set)
     known: dict[tuple[object, ...], tuple[float, ...] | None] = {}
     source_outs: dict[int, dict[tuple[float, ...], int]] = defaultdict(dict)
@@ -637,6 +638,9 @@ def _split_inputs(
         side = [(v, src) for v, src in sides.get(k, []) if v is not None]
         if side and k not in acts and k not in weights:
             continue  # nothing but side inputs: they are what it takes in
+        if side and k[1] in products:  # a factor (`q * cos`): its error reaches the product whole, carried in
+            known_a += [v for v, _src in side]
+            side = []
         worst_side = max(side) if side else None
         carried = sum(known_a) if k[1] in products else max(known_a, default=0.0)  # a product's factors add
         out[k] = _InputSplit(

@@ -100,7 +100,7 @@ LOOKUP_TYPES = frozenset(("embedding", "gatheroperation", "gather", "gatherv2"))
 def is_lookup(op_type: str | None) -> bool:
     """Whether an op of this type only looks rows up in a table (a token embedding): it computes nothing, so its
     output carries one rounding to the test dtype at most, and the advisor holds it to that."""
-    return (op_type or "").lower() in LOOKUP_TYPES
+    return call_name(op_type) in LOOKUP_TYPES  # msprobe's `Functional.embedding` too
 
 
 def reads_a_kv_cache(op_type: str | None) -> bool:
