@@ -138,9 +138,10 @@ class _Row:
     bounds_only: bool = False
     numel: int | None = None  # elements of its worst output (`gain.few_elements_stretch`)
     carries: bool = False  # `Advice.carries`
-    # the most relative error its inputs' may reach in its output: an elementwise product's factors' largest
-    # elementwise relative errors, summed; a sum's inputs' absolute errors, summed, over its output's norm
-    in_max_rel: float | None = None
+    # the most relative error its inputs' errors may reach in its output, where that is known: an elementwise
+    # product's factors' largest elementwise relative errors, summed; a sum's inputs' absolute errors, summed, over
+    # its output's norm
+    in_reach: float | None = None
 
 
 # one io side of a golden node at a token: test node (or the known-cause op of a side input), worst relative error,
@@ -222,7 +223,7 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
     per_token: dict[int, dict[int, dict[str, _IO]]] = defaultdict(dict)
     products = {g for g, n in nodes.items() if errors_add(n.type)}
     elementwise = {g for g, n in nodes.items() if errors_add_per_element(n.type)}
-    in_max_rel: dict[tuple[int, int], float] = {}  # (token, elementwise product) -> its factors' largest, summed
+    product_reach: dict[tuple[int, int], float] = {}  # (token, elementwise product) -> its factors' largest, summed
     sums = {g for g, n in nodes.items() if is_sum(n.type)}
     sum_reach: dict[tuple[int, int], list[float | None]] = {}  # (token, sum) -> [inputs' abs errors, output's norm]
     for tok, gid, io, tid, err_max, err_sum, numel, max_rel_sum, abs_err_sum, norm, nan_inf, dtype in _fetch_slices(
@@ -240,7 +241,7 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
             None if numel is None else int(numel),
         )
         if io == "in" and int(gid) in elementwise and max_rel_sum is not None and math.isfinite(max_rel_sum):
-            in_max_rel[(int(tok), int(gid))] = float(max_rel_sum)
+            product_reach[(int(tok), int(gid))] = float(max_rel_sum)
     run_dtype = compared_compute_dtype(con, cmp_id)  # as the judge: a bf16 run's many float32 calls (L1) do not count
     sources = {g for g, n in nodes.items() if known_cause(n.type, run_dtype) is not None}
     for (tok, gid), split in _split_inputs(
@@ -269,10 +270,10 @@ def compute_advice(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, lis
             continue
         rows = _rows_of_token(per_token.pop(tok), nodes)  # each token's rows freed once ranked
         for r in rows.values():
-            r.in_max_rel = in_max_rel.pop((tok, r.node_id), None)
+            r.in_reach = product_reach.pop((tok, r.node_id), None)
             abs_in, out_norm = sum_reach.pop((tok, r.node_id), (None, None))
             if abs_in is not None and out_norm and math.isfinite(abs_in) and math.isfinite(out_norm):
-                r.in_max_rel = abs_in / out_norm  # what its inputs' errors reach at most, relative to its output
+                r.in_reach = abs_in / out_norm  # its inputs' errors added, relative to its output
             other = test_types.get(r.test_node_id) if r.test_node_id is not None else None
             if other is not None and nodes[r.node_id].type and other != nodes[r.node_id].type:
                 r.test_type = other
@@ -745,10 +746,10 @@ def _rank(
             f" onto {r.numel} elements" if noise > GAIN_NOISE else ""
         )
         summed = is_sum(node.type)
-        if r.in_max_rel is not None and (summed or (r.numel is not None and r.numel <= _FEW_FOR_ELEMENTWISE)):
+        if r.in_reach is not None and (summed or (r.numel is not None and r.numel <= _FEW_FOR_ELEMENTWISE)):
             # a product's elements carry their factors' errors: at most their largest, summed; a sum's output error is
             # at most its inputs' errors added, however far they cancel; and one rounding
-            reach = r.in_max_rel + floor
+            reach = r.in_reach + floor
             by_element = math.sqrt(max(reach * reach - (r.in_err or 0.0) ** 2, 0.0))
             if by_element > carried:
                 carried = by_element
