@@ -565,6 +565,19 @@ def test_level_mix_a_wrong_embedding_table_stands_out(mix_llama: tuple[Path, Pat
         assert "one bfloat16 rounding" in str(first["reason"]), first
 
 
+def test_level_mix_a_call_made_at_decode_tokens_only_is_warned_of(mix_llama: tuple[Path, Path, list[int]]) -> None:
+    """The test run's q_proj output scaled at decode steps only, by a product of its own (`out * 1.03`): msprobe's
+    counters number that call among the `Tensor.__mul__` calls, so at tokens 1-2 every later product of the test run
+    carries the name of another call in the golden run, and those pairs compare different calls (the alignment pairs
+    by the first token's calls). Nothing said so; `wb compare` now warns, naming the kind and the tokens."""
+    out, _catalog = _mix_run(mix_llama, "decode_only", dtype="bfloat16", case="h_decq2")
+    assert (
+        "warning: Tensor.__mul__ calls, test against golden run, at tokens 1-2: 1 more (at token 0: as many): calls "
+        "numbered by their kind are renamed past the difference" in out
+    ), out
+    assert out.count("warning: ") == 1, out  # no other kind of call differs
+
+
 def _assert_blames_nothing_unexplained(catalog: Path) -> None:
     for tok, first in _firsts(catalog).items():  # the cause names the run's dtype (bfloat16, float16)
         assert float(first["score"]) < 3.0 or CAUSE.removesuffix("bfloat16") in str(first["reason"]), (tok, first)

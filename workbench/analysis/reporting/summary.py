@@ -11,6 +11,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
+from workbench.analysis.reporting.call_drift import call_count_drift
 from workbench.analysis.verdicts.born import inputs_unchecked
 from workbench.analysis.verdicts.causes import CAUSE_LEAD, cause_in
 from workbench.catalog import first_row
@@ -71,6 +72,7 @@ class CompareResult:
     coverage: dict[str, Any] = field(default_factory=dict)
     mapping_check: MappingCheck | None = None  # the mapping file's pairs held against these dumps
     quantized: bool = False  # the test run declares quantized linears (`formats/quant_links.py`)
+    call_drift: list[str] = field(default_factory=list)  # kinds of call renamed at some tokens (`call_count_drift`)
 
 
 def _judged_on_statistics(con: duckdb.DuckDBPyConnection, cmp_id: int) -> int:
@@ -200,6 +202,7 @@ def summarize_comparison(
         test_nodes=cov["test_nodes"],
         problems=list(problems or []),
         coverage=cov,
+        call_drift=call_count_drift(golden, test),
     )
     tok_filter = "" if tokens is None else f" AND b.token_id IN ({','.join(str(int(t)) for t in sorted(tokens))})"
     born_nodes: dict[int, int] = {}
