@@ -17,6 +17,7 @@ from workbench.compare.pairing.frames import RunFrames
 from workbench.core.tokens import token_text
 
 _SHOWN = 3  # kinds named in full; the rest counted
+_FLAGS_MAX = 1 << 26  # (token, node) keys flagged in an array up to this many (64 MB), sorted beyond
 
 
 def _calls_per_token(run: RunFrames) -> dict[tuple[int, str], int]:
@@ -24,14 +25,26 @@ def _calls_per_token(run: RunFrames) -> dict[tuple[int, str], int]:
     t = run.tensors
     if len(t.node_id) == 0:
         return {}
-    pairs = np.unique(np.stack([t.token_id, t.node_id], axis=1), axis=0)
-    type_of = dict(zip(run.nodes.node_id.tolist(), run.nodes.type, strict=True))
-    out: dict[tuple[int, str], int] = defaultdict(int)
-    for token, node in pairs.tolist():
-        kind = type_of.get(node)
-        if kind:
-            out[(token, kind)] += 1
-    return out
+    kinds = sorted({k for k in run.nodes.type if k})
+    code_of = {k: i for i, k in enumerate(kinds)}
+    nodes = run.nodes.node_id
+    codes = np.full(int(max(int(nodes.max(initial=0)), int(t.node_id.max())) + 1), -1, dtype=np.int64)
+    codes[nodes] = [code_of.get(k, -1) if k else -1 for k in run.nodes.type]
+    span = int(t.node_id.max()) + 1
+    key = t.token_id.astype(np.int64) * span + t.node_id
+    size = int(key.max()) + 1
+    if size <= _FLAGS_MAX:  # each (token, node) once: a flag per key, no sort (~10 ms at 2M tensors)
+        flags = np.zeros(size, dtype=np.bool_)
+        flags[key] = True
+        seen = np.flatnonzero(flags)
+    else:
+        seen = np.unique(key)
+    token, node = np.divmod(seen, span)
+    kind = codes[node]
+    keep = kind >= 0
+    per_kind = np.bincount(token[keep] * len(kinds) + kind[keep])  # (token, kind) keys: tokens x kinds at most
+    keys = np.flatnonzero(per_kind)
+    return {(int(k // len(kinds)), kinds[int(k % len(kinds))]): int(per_kind[k]) for k in keys}
 
 
 def call_count_drift(golden: RunFrames, test: RunFrames) -> list[str]:
