@@ -29,7 +29,7 @@ def _calls_per_token(run: RunFrames) -> dict[tuple[int, str], int]:
     code_of = {k: i for i, k in enumerate(kinds)}
     nodes = run.nodes.node_id
     codes = np.full(int(max(int(nodes.max(initial=0)), int(t.node_id.max())) + 1), -1, dtype=np.int64)
-    codes[nodes] = [code_of.get(k, -1) if k else -1 for k in run.nodes.type]
+    codes[nodes] = [code_of[k] if k else -1 for k in run.nodes.type]
     span = int(t.node_id.max()) + 1
     key = t.token_id.astype(np.int64) * span + t.node_id
     size = int(key.max()) + 1

@@ -124,7 +124,7 @@ def refresh_verdicts(con: duckdb.DuckDBPyConnection, cmp_id: int) -> dict[int, i
             and items[0].score >= SIGNIFICANT
         }
         evidence = {**selection_evidence(con, cmp_id, verdicts), **_refine_with_precheck(con, cmp_id, verdicts)}
-        evidence.update({tok: why for tok, why in crossings.items() if verdicts[tok][0] is None})
+        evidence.update(crossings)  # their verdict names none: nothing else is said of them
         evidence.update(differ)
         origin_evidence = _refine_with_precheck(con, cmp_id, origins)
         con.execute("DELETE FROM error_born WHERE cmp_id = ?", [cmp_id])

@@ -3,6 +3,7 @@ carries one (`advisor.py` writes them, the compare summary reads them)."""
 
 from __future__ import annotations
 
+from workbench.compare.judging.gain import MATRIX_PRODUCTS
 from workbench.formats.node_names import call_name
 
 # Unit roundoff of a test dtype: the relative error one rounding of an output adds.
@@ -69,7 +70,7 @@ _ELEMENTWISE_PRODUCTS = frozenset(
         *("div", "__truediv__", "__rtruediv__", "__itruediv__", "true_divide", "divide", "realdiv"),
     )
 )
-_PRODUCTS = _ELEMENTWISE_PRODUCTS | frozenset(("matmul", "__matmul__", "mm", "bmm", "batchmatmul", "batchmatmulv2"))
+_PRODUCTS = _ELEMENTWISE_PRODUCTS | MATRIX_PRODUCTS
 
 
 def errors_add(op_type: str | None) -> bool:

@@ -14,10 +14,12 @@ from workbench.formats.node_names import call_name
 CARRIED_GAIN = 2.5
 
 
-# ops whose every output element sums many input elements (a projection): torch's calls, modules, ATB and GE types
-_PROJECTIONS = frozenset(
-    ("linear", "matmul", "__matmul__", "mm", "bmm", "addmm", "baddbmm", "einsum", "batchmatmul", "batchmatmulv2")
-)
+# matrix products as torch's calls and GE's types name them (`call_name`): a product of two activations, each output
+# element a sum over a dimension (`causes.errors_add` reads them too)
+MATRIX_PRODUCTS = frozenset(("matmul", "__matmul__", "mm", "bmm", "batchmatmul", "batchmatmulv2"))
+# ops whose every output element sums many input elements (a projection): the matrix products, linear calls and
+# modules (any type naming `linear`: torch, msprobe, ATB)
+_PROJECTIONS = MATRIX_PRODUCTS | frozenset(("linear", "addmm", "baddbmm", "einsum"))
 
 
 def projects(op_type: str | None) -> bool:
