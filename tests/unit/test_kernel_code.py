@@ -1,6 +1,7 @@
-"""The kernels' machine code kept between processes (`kernel_code`): a process that finds the object files loads them
-with llvmlite alone (numba is never imported) and computes the numbers numba's own compile gives, bit for bit; a
-damaged file is refused and the entry compiled anew."""
+"""The kernels' machine code kept between processes (`kernel_code`): a process that finds the shared libraries a C
+compiler linked loads them with ctypes alone, one that finds only the object files loads those with llvmlite (numba
+is never imported), and either computes the numbers numba's own compile gives, bit for bit; a damaged file is refused
+(a library: the object file serves; an object file: the entry is compiled anew)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from workbench.compare.judging.kernel_shared import compiler
 
 # one pair through both entries (NaN and Inf on either side reach add_side), printed to the last bit
 _PROGRAM = """
@@ -28,19 +31,30 @@ print(repr(sorted(r.values.items())), repr(r.golden), repr(r.test))
 print("numba imported:", "numba" in sys.modules)
 from workbench.compare.judging.kernel_code import kernel_code
 print(repr(kernel_code().compiled))
+print("llvmlite imported:", "llvmlite" in sys.modules)
 """
+_NO_COMPILER = "no C compiler here (cc, or $CC): the kernels are not linked as shared libraries"
 
 
-def _run(cache: Path) -> tuple[str, bool]:
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
+def _run(cache: Path, **env: str) -> tuple[str, bool]:
+    return _run_llvm(cache, **env)[:2]
+
+
+def _run_llvm(cache: Path, **env: str) -> tuple[str, bool, bool]:
+    """(the numbers, whether numba was imported, whether llvmlite was)."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), **env}
     out = subprocess.run(
         [sys.executable, "-c", _PROGRAM], capture_output=True, text=True, timeout=600, env=env, check=True
     ).stdout.splitlines()
-    return out[0], out[1] == "numba imported: True"
+    return out[0], out[1] == "numba imported: True", out[3] == "llvmlite imported: True"
 
 
 def _objects(cache: Path) -> list[Path]:
     return sorted((cache / "wb_kernels").glob("wb_kernel-*.o"))
+
+
+def _libraries(cache: Path) -> list[Path]:
+    return sorted((cache / "wb_kernels").glob("wb_kernel-*.so"))
 
 
 @pytest.mark.slow
@@ -55,21 +69,49 @@ def test_object_files_load_without_numba_and_give_numbas_numbers(tmp_path: Path)
         ["pass_pair", "float32", "float32"],
     ]
     assert numba_first  # nothing to load: numba compiled the entries and their files were written
-    loaded, numba_second = _run(tmp_path)
+    if compiler() is not None:  # and linked each as a library, with its digest beside it
+        assert [p.name.removesuffix(".so") for p in _libraries(tmp_path)] == [
+            p.name.removesuffix(".o") for p in _objects(tmp_path)
+        ]
+        assert all(Path(f"{p}.sum").is_file() for p in _libraries(tmp_path))
+    loaded, numba_second, llvm_second = _run_llvm(tmp_path)
     assert not numba_second, "a process with every object file imported numba"
     assert loaded == compiled
+    assert llvm_second == (compiler() is None), "llvmlite loaded though every entry has its library"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(compiler() is None, reason=_NO_COMPILER)
+def test_a_damaged_library_is_refused_and_the_object_file_loaded(tmp_path: Path) -> None:
+    reference, _ = _run(tmp_path)
+    target = next(p for p in _libraries(tmp_path) if "pass_pair" in p.name)
+    blob = bytearray(target.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    target.write_bytes(bytes(blob))
+    again, numba_used, llvm_used = _run_llvm(tmp_path)
+    assert (again, numba_used, llvm_used) == (reference, False, True)
+
+
+@pytest.mark.slow
+def test_without_a_compiler_the_object_files_serve(tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-such-cc")
+    reference, numba_first = _run(tmp_path, CC=missing)
+    assert numba_first and _objects(tmp_path) and not _libraries(tmp_path)
+    loaded, numba_used, llvm_used = _run_llvm(tmp_path, CC=missing)
+    assert (loaded, numba_used, llvm_used) == (reference, False, True)
 
 
 @pytest.mark.slow
 def test_a_damaged_object_file_is_refused_and_the_entry_compiled_again(tmp_path: Path) -> None:
-    reference, _ = _run(tmp_path)
+    no_cc = str(tmp_path / "no-such-cc")  # object files alone (a library would be loaded before them)
+    reference, _ = _run(tmp_path, CC=no_cc)
     target = next(p for p in _objects(tmp_path) if "pass_pair" in p.name)
     blob = bytearray(target.read_bytes())
     blob[-100] ^= 0xFF  # one byte of the machine code
     target.write_bytes(bytes(blob))
-    again, numba_used = _run(tmp_path)
+    again, numba_used = _run(tmp_path, CC=no_cc)
     assert numba_used and again == reference
-    fixed, numba_third = _run(tmp_path)  # the compile wrote a good file over it
+    fixed, numba_third = _run(tmp_path, CC=no_cc)  # the compile wrote a good file over it
     assert not numba_third and fixed == reference
 
 

@@ -1,14 +1,16 @@
 """The fused metric kernels (`kernels`) as machine code, called through ctypes (which lets go of the GIL).
 
 numba compiles each entry point, a C function per element kind of its arrays (9 `pass_pair`, 3 `add_side`), once per
-machine; this module keeps the object code in a file of its own, and a later process loads that file with llvmlite
-alone (~0.04 s) instead of importing numba and its compiler (~0.25 s) and loading numba's cache (~0.1 s). An entry
+machine; this module keeps its machine code in files of its own, and a later process loads them instead of importing
+numba and its compiler (~0.25 s) and loading numba's cache (~0.1 s): the entry as a shared library where a C compiler
+linked one (`kernel_shared`: ctypes alone, ~1 ms), else its object file with llvmlite (~0.05 s of CPU). An entry
 with no file yet is compiled by numba (~3 s) on its first call, by one process at a time (the others wait for its
-file), and its file written. `make install` compiles all twelve (~37 s).
+files), and its files written. `make install` compiles all twelve (~40 s).
 
 A file serves one version of the kernels' sources, numba, llvmlite and Python on one host CPU (its name holds their
-digest), and its bytes are checked against the digest in its header before loading. Files live in `__pycache__`
-beside this module, or the user's cache folder where that is not writable (`NUMBA_CACHE_DIR` first, as numba's).
+digest), and its bytes are checked against the digest in its header (a library's: its sidecar) before loading. Files
+live in `__pycache__` beside this module, or the user's cache folder where that is not writable (`NUMBA_CACHE_DIR`
+first, as numba's).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from workbench.compare.judging import kernel_shared
 from workbench.compare.judging.kernel_state import STATE_LEN
 
 # the arrays the kernels read in place, by dtype: bfloat16 as its uint16 words, float16 as int16 words
@@ -91,16 +94,24 @@ class KernelCode:
         return int(counts[0]), int(counts[1])
 
     def load_cached(self) -> None:
-        """Load every entry whose object file is there (the others are compiled at their first call)."""
+        """Load every entry whose library or object file is there (the others are compiled at their first call)."""
         with self._lock:
             for entry in ENTRIES:
                 if entry not in self._functions:
                     self._try_file(entry)
 
     def build(self) -> None:
-        """Every entry ready: loaded from its file, or compiled and its file written (`make install`)."""
-        for entry, kinds in ENTRIES:
-            self.prepare(entry, kinds)
+        """Every entry ready, from its files or compiled and its files written (`make install`); an entry with an
+        object file but no library (written without a C compiler, or by an older wb) is compiled again to link one
+        where a compiler is here now."""
+        linking = kernel_shared.compiler() is not None
+        for entry in ENTRIES:
+            with self._lock:
+                if entry in self._functions and not linking:
+                    continue
+                if self._try_library(entry) or (not linking and self._try_file(entry)):
+                    continue
+                self._compile(entry, library=linking)
 
     # ------------------------------------------------------------------------------------------
 
@@ -120,7 +131,27 @@ class KernelCode:
         return fn
 
     def _try_file(self, entry: tuple[str, tuple[str, ...]]) -> bool:
-        """The entry from its object file; False where there is none (or an unusable one: it is compiled anew)."""
+        """The entry from its library, else its object file; False where there is neither (or only unusable ones:
+        it is compiled anew)."""
+        return self._try_library(entry) or self._try_object(entry)
+
+    def _try_library(self, entry: tuple[str, tuple[str, ...]]) -> bool:
+        """The entry from its shared library (`kernel_shared`), loaded without llvmlite."""
+        name = kernel_shared.library_name(_file_name(entry, self._cache_key()))
+        for folder in _folders():
+            path = folder / name
+            if not path.is_file():
+                continue
+            loaded = kernel_shared.load(path, _numba_helper_addresses())
+            if loaded is not None:
+                library, address = loaded
+                self._keep.append(library)
+                self._functions[entry] = _C_TYPES[entry[0]](address)
+                return True
+        return False
+
+    def _try_object(self, entry: tuple[str, tuple[str, ...]]) -> bool:
+        """The entry from its object file, loaded with llvmlite."""
         try:
             llvm = self._llvm_binding()
             for folder in _folders():
@@ -146,9 +177,11 @@ class KernelCode:
             return False
         return False
 
-    def _compile(self, entry: tuple[str, tuple[str, ...]]) -> bool:
+    def _compile(self, entry: tuple[str, tuple[str, ...]], *, library: bool = False) -> bool:
+        """Compile the entry unless another process did while this one waited for the lock (`library`: unless it
+        linked its library)."""
         with _compile_lock(entry):
-            if self._try_file(entry):  # another process compiled it while this one waited
+            if self._try_library(entry) if library else self._try_file(entry):
                 return False
             self._compile_here(entry)
             return True
@@ -160,11 +193,17 @@ class KernelCode:
         self.compiled.append(entry)
         self._keep.append(compiled)
         self._functions[entry] = _C_TYPES[entry[0]](compiled.address)
+        name = _file_name(entry, self._cache_key())
         try:
             code = compiled._library._get_compiled_object()  # numba's private API: no file where it changed
-            _write(_file_name(entry, self._cache_key()), _header(compiled.native_name, code) + code)
+            folder = _write(name, _header(compiled.native_name, code) + code)
         except Exception:  # no file: this process compiled it, the next one compiles it too
-            pass
+            return
+        if kernel_shared.compiler() is None:
+            return
+        with contextlib.suppress(Exception):  # no library: the object file serves
+            pic = kernel_shared.pic_object(compiled)
+            kernel_shared.link(pic, compiled.native_name, folder, kernel_shared.library_name(name))
 
     def _llvm_binding(self) -> Any:
         if self._llvm is None:
@@ -172,28 +211,28 @@ class KernelCode:
 
             llvm.initialize_native_target()
             llvm.initialize_native_asmprinter()
-            _numba_helpers(llvm)
+            for symbol, address in _numba_helper_addresses().items():
+                llvm.add_symbol(symbol, address)
             self._target_machine = llvm.Target.from_default_triple().create_target_machine()
             self._llvm = llvm
         return self._llvm
 
     def _cache_key(self) -> str:
+        """The digest of what made the machine code: the kernels' sources, numba's and llvmlite's versions, Python,
+        the host CPU (computed without importing llvmlite where the system describes the CPU)."""
         if self._key is None:
-            llvm = self._llvm_binding()
-            import llvmlite
-
             h = hashlib.sha256()
             here = Path(__file__).parent
             for name in _SOURCES:
                 h.update((here / name).read_bytes())
-            numba_dir = _numba_dir()
-            h.update((numba_dir / "_version.py").read_bytes() if numba_dir else b"no numba")
+            for package in ("numba", "llvmlite"):
+                folder = _package_dir(package)
+                h.update((folder / "_version.py").read_bytes() if folder else f"no {package}".encode())
             parts = (
-                llvmlite.__version__,
                 sys.implementation.cache_tag,
-                llvm.get_process_triple(),
-                llvm.get_host_cpu_name(),
-                llvm.get_host_cpu_features().flatten(),
+                sys.platform,
+                os.uname().machine,
+                _host_cpu() or self._llvm_host_cpu(),
                 os.environ.get("NUMBA_CPU_NAME", ""),
                 os.environ.get("NUMBA_CPU_FEATURES", ""),
                 os.environ.get("NUMBA_OPT", ""),
@@ -201,6 +240,10 @@ class KernelCode:
             h.update("\0".join(parts).encode())
             self._key = h.hexdigest()[:24]
         return self._key
+
+    def _llvm_host_cpu(self) -> str:
+        llvm = self._llvm_binding()
+        return f"{llvm.get_process_triple()} {llvm.get_host_cpu_name()} {llvm.get_host_cpu_features().flatten()}"
 
 
 _code: KernelCode | None = None
@@ -250,17 +293,49 @@ def _state(st: np.ndarray) -> int:
     return _address(st)
 
 
-def _numba_dir() -> Path | None:
-    spec = importlib.util.find_spec("numba")  # found, not imported
+def _package_dir(name: str) -> Path | None:
+    spec = importlib.util.find_spec(name)  # found, not imported
     return Path(spec.origin).parent if spec is not None and spec.origin else None
 
 
-def _numba_helpers(llvm: Any) -> None:
+# the lines of /proc/cpuinfo that say which instructions a CPU runs (x86, then ARM)
+_CPU_FIELDS = frozenset(
+    ("vendor_id", "cpu family", "model", "model name", "flags", "CPU implementer", "CPU architecture", "CPU variant")
+) | {"CPU part", "Features"}
+
+
+def _host_cpu() -> str | None:
+    """The first CPU's identity and instruction-set flags as Linux reports them; None elsewhere."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            first = []
+            for line in f:
+                if not line.strip():
+                    break
+                first.append(line)
+    except OSError:
+        return None
+    fields = [line.strip() for line in first if line.split(":", 1)[0].strip() in _CPU_FIELDS]
+    return "\n".join(fields) or None
+
+
+_helper_addresses: dict[str, int] | None = None
+
+
+def _numba_helper_addresses() -> dict[str, int]:
     """The addresses of the numba runtime functions compiled code refers to (its error path: the GIL, and an array's
-    release), from numba's own extension modules, loaded without importing numba."""
-    numba_dir = _numba_dir()
+    release), from numba's own extension modules, loaded without importing numba (once a process)."""
+    global _helper_addresses
+    if _helper_addresses is None:
+        _helper_addresses = _find_numba_helpers()
+    return _helper_addresses
+
+
+def _find_numba_helpers() -> dict[str, int]:
+    found_addresses: dict[str, int] = {}
+    numba_dir = _package_dir("numba")
     if numba_dir is None:
-        return
+        return found_addresses
     wanted = {
         "_helperlib": {"numba_gil_ensure": "gil_ensure", "numba_gil_release": "gil_release"},
         "core.runtime._nrt_python": {"NRT_MemInfo_call_dtor": "MemInfo_call_dtor"},
@@ -276,7 +351,8 @@ def _numba_helpers(llvm: Any) -> None:
             continue
         helpers = importlib.util.module_from_spec(spec).c_helpers
         for symbol, name in symbols.items():
-            llvm.add_symbol(symbol, helpers[name])
+            found_addresses[symbol] = helpers[name]
+    return found_addresses
 
 
 def _folders() -> list[Path]:
@@ -334,8 +410,9 @@ def _compile_lock(entry: tuple[str, tuple[str, ...]]) -> Iterator[None]:
             os.close(fd)  # and the lock with it
 
 
-def _write(name: str, blob: bytes) -> None:
-    """`blob` as `name` in the first folder that takes it (written whole, then renamed: a reader never sees half)."""
+def _write(name: str, blob: bytes) -> Path:
+    """`blob` as `name` in the first folder that takes it (written whole, then renamed: a reader never sees half);
+    that folder."""
     for folder in _folders():
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -347,7 +424,7 @@ def _write(name: str, blob: bytes) -> None:
                 f.write(blob)
             os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep the code from the other users of a shared install
             os.replace(tmp, folder / name)
-            return
+            return folder
         except OSError:
             Path(tmp).unlink(missing_ok=True)
     raise OSError("no writable folder for the kernels' object code")
