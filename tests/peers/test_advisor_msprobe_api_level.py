@@ -566,17 +566,54 @@ def test_level_mix_a_wrong_embedding_table_stands_out(mix_llama: tuple[Path, Pat
         assert "one bfloat16 rounding" in str(first["reason"]), first
 
 
-def test_level_mix_a_call_made_at_decode_tokens_only_is_warned_of(mix_llama: tuple[Path, Path, list[int]]) -> None:
-    """The test run's q_proj output scaled at decode steps only, by a product of its own (`out * 1.03`): msprobe's
-    counters number that call among the `Tensor.__mul__` calls, so at tokens 1-2 every later product of the test run
-    carries the name of another call in the golden run, and those pairs compare different calls (the alignment pairs
-    by the first token's calls). Nothing said so; `wb compare` now warns, naming the kind and the tokens."""
-    out, _catalog = _mix_run(mix_llama, "decode_only", dtype="bfloat16", case="h_decq2")
-    assert (
-        "warning: Tensor.__mul__ calls, test against golden run, at tokens 1-2: 1 more (at token 0: as many): calls "
-        "numbered by their kind are renamed past the difference" in out
-    ), out
+_DECODE_ONLY_WARNING = (
+    "Tensor.__mul__ calls, test against golden run, at tokens 1-2: 1 more (at token 0: as many): calls numbered by "
+    "their kind are renamed past the difference, so at those tokens such pairs may compare different calls"
+)
+
+
+@pytest.fixture(scope="module")
+def decode_only(mix_llama: tuple[Path, Path, list[int]]) -> tuple[str, Path]:
+    """The test run's q_proj output scaled at decode steps only, by a product of its own (`out * 1.03`): `wb
+    compare`'s output and catalog."""
+    return _mix_run(mix_llama, "decode_only", dtype="bfloat16", case="h_decq2")
+
+
+def test_level_mix_a_call_made_at_decode_tokens_only_is_warned_of(decode_only: tuple[str, Path]) -> None:
+    """msprobe's counters number the decode-only product among the `Tensor.__mul__` calls, so at tokens 1-2 every
+    later product of the test run carries the name of another call in the golden run, and those pairs compare
+    different calls (the alignment pairs by the first token's calls). Nothing said so; `wb compare` warns, naming the
+    kind and the tokens; the catalog keeps the warning (`call_drift`) and `wb report` shows it."""
+    out, catalog = decode_only
+    assert f"warning: {_DECODE_ONLY_WARNING}" in out, out
     assert out.count("warning: ") == 1, out  # no other kind of call differs
+    con = duckdb.connect(str(catalog), read_only=True)
+    try:
+        assert con.execute("SELECT cmp_id, position, line FROM call_drift").fetchall() == [(1, 0, _DECODE_ONLY_WARNING)]
+    finally:
+        con.close()
+    html_file = catalog.parent / "report.html"
+    done = run_wb("report", str(catalog), "-o", str(html_file))
+    assert done.returncode == 0, done.stderr
+    assert f"<tr><th>warning</th><td>{_DECODE_ONLY_WARNING}</td></tr>" in html_file.read_text(), done.stdout
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_level_mix_the_app_warns_of_a_call_made_at_decode_tokens_only(
+    decode_only: tuple[str, Path], anyio_backend: str
+) -> None:
+    """Opening the catalog, the app tells the same warning as `wb compare` (the pairs it shows at tokens 1-2 may
+    compare different calls)."""
+    from tests.app.test_app_pilot import ready, wait_for
+    from workbench.app.launch import make_app
+
+    app = make_app(catalog=decode_only[1])
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot, app)
+        await wait_for(pilot, lambda: any(_DECODE_ONLY_WARNING in str(n.message) for n in app._notifications), 30)
+        told = [str(n.message) for n in app._notifications if "warning: " in str(n.message)]
+        assert told == [f"warning: {_DECODE_ONLY_WARNING}"], told
 
 
 def _assert_blames_nothing_unexplained(catalog: Path) -> None:

@@ -36,6 +36,7 @@ from workbench.app.heatmap import GLYPH_FAIL, GLYPH_NAN, GLYPH_NONE, HeatmapView
 from workbench.app.logits_strip import LogitsStrip
 from workbench.app.messages import (
     AdviceReady,
+    CallDrift,
     ComparisonChosen,
     DetailReady,
     GroupOf,
@@ -144,6 +145,16 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
         self._load_strip()
         self.load_ranks()
         self.load_mapping_stale()
+        self.load_call_drift()
+
+    @work(thread=True, exclusive=True, group="call-drift", exit_on_error=False)
+    def load_call_drift(self) -> None:
+        lines = self.explorer.call_drift()
+        if lines:
+            self.post_message(CallDrift(lines))
+
+    def on_call_drift(self, msg: CallDrift) -> None:
+        self.notify("\n".join(f"warning: {line}" for line in msg.lines), severity="warning", timeout=30)
 
     @work(thread=True, exclusive=True, group="mapping-stale", exit_on_error=False)
     def load_mapping_stale(self) -> None:

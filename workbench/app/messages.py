@@ -130,6 +130,13 @@ class MappingStale(Message):
 
 
 @dataclass
+class CallDrift(Message):
+    """Kinds of call the test run makes at some tokens only: pairs named alike may compare different calls there."""
+
+    lines: list[str]  # `wb compare`'s warnings, as stored
+
+
+@dataclass
 class GroupOf(Message):
     """The heatmap row group of the selected node (to put the cursor on it)."""
 

@@ -259,6 +259,16 @@ CREATE TABLE IF NOT EXISTS mapping_stale (
     mapping       VARCHAR                 -- the mapping file
 );
 
+-- kinds of call the test run makes at some tokens and not at others (analysis/reporting/call_drift.py): calls numbered
+-- by their kind are renamed past the difference, so at those tokens pairs named alike may compare different calls;
+-- the lines `wb compare` warns with, replaced on every compare of the comparison
+CREATE TABLE IF NOT EXISTS call_drift (
+    cmp_id   INTEGER NOT NULL,
+    position INTEGER NOT NULL,            -- the order they are told in
+    line     VARCHAR NOT NULL,
+    PRIMARY KEY (cmp_id, position)
+);
+
 -- whether the two runs were fed the same token ids at each token; from the first token whose inputs
 -- differ on, no op is named (error_born keeps NULL with this reason)
 CREATE TABLE IF NOT EXISTS token_status (

@@ -380,6 +380,7 @@ def _compare_runs(
     problems: list[str],
     early: EarlyPairs | None,
 ) -> CompareResult:
+    from workbench.analysis.reporting.call_drift import call_count_drift, store_call_drift
     from workbench.analysis.reporting.summary import summarize_comparison
     from workbench.analysis.verdicts.born import refresh_verdicts
     from workbench.compare.execution.executor import compute_pending
@@ -411,6 +412,8 @@ def _compare_runs(
         job.progress(Progress("match", 1, 1, message=f"{len(pairs)} tensor pairs"))
     if th_changed or judged_by_older_rules(con, cmp_id):  # new thresholds, or verdicts an older wb decided
         rejudge(con, cmp_id, job.thresholds)
+    drift = call_count_drift(golden, test)
+    store_call_drift(con, cmp_id, drift)
     # the verdict and report modules load while this thread mostly waits on the workers (~0.03 s less after them)
     preload = threading.Thread(target=_import_verdicts, name="wb-import-verdicts", daemon=True)
     preload.start()
@@ -439,7 +442,17 @@ def _compare_runs(
             job.progress(Progress("verdict", 1, 1))
         beside.verdicts_done.set()  # checkpointed again while the summary reads
         res = summarize_comparison(
-            con, job.catalog, cmp_id, golden, test, matches, pairs, tokens, computed=computed, problems=problems
+            con,
+            job.catalog,
+            cmp_id,
+            golden,
+            test,
+            matches,
+            pairs,
+            tokens,
+            computed=computed,
+            problems=problems,
+            call_drift=drift,
         )
     except BaseException:
         beside.verdicts_done.set()

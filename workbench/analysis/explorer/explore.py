@@ -1167,6 +1167,15 @@ class Explorer:
             return []
         return [(str(r[0]), str(r[1]), str(r[2]), str(r[3])) for r in rows]
 
+    def call_drift(self) -> list[str]:
+        """The comparison's warnings of calls made at some tokens only (`wb compare`'s `warning:` lines: pairs named
+        alike may compare different calls at those tokens); none in an older catalog."""
+        try:
+            rows = self._rows("SELECT line FROM call_drift WHERE cmp_id = ? ORDER BY position", [self.info.cmp_id])
+        except duckdb.CatalogException:
+            return []
+        return [str(r[0]) for r in rows]
+
     # ------------------------------------------------------------------ SQL console
     def run_sql(self, sql: str, limit: int = 1000) -> ResultSet:
         """Run SQL on the read-only connection (`getvariable('cmp_id')` is set); errors raise ValueError."""

@@ -10,11 +10,15 @@ different calls there. `call_count_drift` finds such kinds and tokens from what 
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from workbench.compare.pairing.frames import RunFrames
 from workbench.core.tokens import token_text
+
+if TYPE_CHECKING:
+    import duckdb
 
 _SHOWN = 3  # kinds named in full; the rest counted
 _FLAGS_MAX = 1 << 26  # (token, node) keys flagged in an array up to this many (64 MB), sorted beyond
@@ -82,3 +86,10 @@ def call_count_drift(golden: RunFrames, test: RunFrames) -> list[str]:
 
 def _count(diff: int) -> str:
     return "as many" if diff == 0 else f"{abs(diff)} {'more' if diff > 0 else 'fewer'}"
+
+
+def store_call_drift(con: duckdb.DuckDBPyConnection, cmp_id: int, lines: list[str]) -> None:
+    """Replace the comparison's rows of `call_drift` with `lines` (`call_count_drift`'s), in their order."""
+    con.execute("DELETE FROM call_drift WHERE cmp_id = ?", [cmp_id])
+    if lines:
+        con.executemany("INSERT INTO call_drift VALUES (?, ?, ?)", [[cmp_id, i, line] for i, line in enumerate(lines)])

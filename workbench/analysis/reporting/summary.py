@@ -11,7 +11,6 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from workbench.analysis.reporting.call_drift import call_count_drift
 from workbench.analysis.verdicts.born import inputs_unchecked
 from workbench.analysis.verdicts.causes import CAUSE_LEAD, cause_in
 from workbench.catalog import first_row
@@ -164,8 +163,10 @@ def summarize_comparison(
     *,
     computed: int = 0,
     problems: list[str] | None = None,
+    call_drift: Collection[str] = (),
 ) -> CompareResult:
-    """The numbers `wb compare` prints, read back from the catalog."""
+    """The numbers `wb compare` prints, read back from the catalog (`call_drift`: the warnings of
+    `call_drift.call_count_drift`, as stored)."""
     with registered(con, "_ids", {"pair_id": pairs.pair_id}):
         row = first_row(
             con.execute(
@@ -202,7 +203,7 @@ def summarize_comparison(
         test_nodes=cov["test_nodes"],
         problems=list(problems or []),
         coverage=cov,
-        call_drift=call_count_drift(golden, test),
+        call_drift=list(call_drift),
     )
     tok_filter = "" if tokens is None else f" AND b.token_id IN ({','.join(str(int(t)) for t in sorted(tokens))})"
     born_nodes: dict[int, int] = {}
