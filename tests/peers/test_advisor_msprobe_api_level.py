@@ -566,9 +566,9 @@ def test_level_mix_a_wrong_embedding_table_stands_out(mix_llama: tuple[Path, Pat
         assert "one bfloat16 rounding" in str(first["reason"]), first
 
 
-_DECODE_ONLY_WARNING = (
-    "Tensor.__mul__ calls, test against golden run, at tokens 1-2: 1 more (at token 0: as many): calls numbered by "
-    "their kind are renamed past the difference, so at those tokens such pairs may compare different calls"
+_DECODE_ONLY_NOTE = (
+    "note: Tensor.__mul__ calls, test against golden run, at tokens 1-2: 1 more (at token 0: as many): calls numbered "
+    "by their kind are renamed past the difference; at those tokens they are paired by their order there"
 )
 
 
@@ -579,41 +579,56 @@ def decode_only(mix_llama: tuple[Path, Path, list[int]]) -> tuple[str, Path]:
     return _mix_run(mix_llama, "decode_only", dtype="bfloat16", case="h_decq2")
 
 
-def test_level_mix_a_call_made_at_decode_tokens_only_is_warned_of(decode_only: tuple[str, Path]) -> None:
+def test_level_mix_a_call_made_at_decode_tokens_only_is_paired_again_there(decode_only: tuple[str, Path]) -> None:
     """msprobe's counters number the decode-only product among the `Tensor.__mul__` calls, so at tokens 1-2 every
-    later product of the test run carries the name of another call in the golden run, and those pairs compare
-    different calls (the alignment pairs by the first token's calls). Nothing said so; `wb compare` warns, naming the
-    kind and the tokens; the catalog keeps the warning (`call_drift`) and `wb report` shows it."""
+    later product of the test run carries the name of another call in the golden run: paired by name (the first
+    token's alignment), those pairs compared different calls, and the advisor named a product at 116,412x, the planted
+    module 8th. The products are aligned again at tokens 1-2 (their order there, shapes and statistics): the planted
+    q_proj is where the error is born at both, `wb compare` says how the calls were paired, the catalog keeps the line
+    (`call_drift`) and `wb report` shows it."""
     out, catalog = decode_only
-    assert f"warning: {_DECODE_ONLY_WARNING}" in out, out
-    assert out.count("warning: ") == 1, out  # no other kind of call differs
+    assert _DECODE_ONLY_NOTE in out, out
+    assert "warning: " not in out and out.count("note: ") == 1, out  # no other kind of call differs
+    for tok in (1, 2):
+        assert f"error born at: Module.model.layers.2.self_attn.q_proj.Linear.forward (token {tok})" in out, out
     con = duckdb.connect(str(catalog), read_only=True)
     try:
-        assert con.execute("SELECT cmp_id, position, line FROM call_drift").fetchall() == [(1, 0, _DECODE_ONLY_WARNING)]
+        assert con.execute("SELECT cmp_id, position, line, repaired FROM call_drift").fetchall() == [
+            (1, 0, _DECODE_ONLY_NOTE, True)
+        ]
+        # at tokens 1-2 each golden product past the extra one pairs with the test call numbered one more
+        shifted = con.execute(
+            "SELECT DISTINCT m.token_id, g.name, t.name FROM matches m "
+            "JOIN nodes g ON g.run_id = 1 AND g.node_id = m.golden_node_id "
+            "JOIN nodes t ON t.run_id = 2 AND t.node_id = m.test_node_id WHERE m.method = 'aligned at token'"
+        ).fetchall()
+        assert shifted and {tok for tok, _g, _t in shifted} == {1, 2}, shifted
+        for _tok, g, t in shifted:
+            assert int(t.split(".")[2]) == int(g.split(".")[2]) + 1, (g, t)
+        assert con.execute("SELECT count(*) FROM matches WHERE token_id = 0 AND method <> 'name'").fetchone() == (0,)
     finally:
         con.close()
     html_file = catalog.parent / "report.html"
     done = run_wb("report", str(catalog), "-o", str(html_file))
     assert done.returncode == 0, done.stderr
-    assert f"<tr><th>warning</th><td>{_DECODE_ONLY_WARNING}</td></tr>" in html_file.read_text(), done.stdout
+    assert f"<th>calls made at some tokens</th><td>{_DECODE_ONLY_NOTE}</td>" in html_file.read_text(), done.stdout
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
-async def test_level_mix_the_app_warns_of_a_call_made_at_decode_tokens_only(
+async def test_level_mix_the_app_tells_of_a_call_made_at_decode_tokens_only(
     decode_only: tuple[str, Path], anyio_backend: str
 ) -> None:
-    """Opening the catalog, the app tells the same warning as `wb compare` (the pairs it shows at tokens 1-2 may
-    compare different calls)."""
+    """Opening the catalog, the app tells the same line as `wb compare` (how the calls at tokens 1-2 were paired)."""
     from tests.app.test_app_pilot import ready, wait_for
     from workbench.app.launch import make_app
 
     app = make_app(catalog=decode_only[1])
     async with app.run_test(size=(80, 24)) as pilot:
         await ready(pilot, app)
-        await wait_for(pilot, lambda: any(_DECODE_ONLY_WARNING in str(n.message) for n in app._notifications), 30)
-        told = [str(n.message) for n in app._notifications if "warning: " in str(n.message)]
-        assert told == [f"warning: {_DECODE_ONLY_WARNING}"], told
+        await wait_for(pilot, lambda: any(_DECODE_ONLY_NOTE in str(n.message) for n in app._notifications), 30)
+        told = [n for n in app._notifications if "Tensor.__mul__ calls" in str(n.message)]
+        assert [(str(n.message), n.severity) for n in told] == [(_DECODE_ONLY_NOTE, "information")], told
 
 
 def _assert_blames_nothing_unexplained(catalog: Path) -> None:

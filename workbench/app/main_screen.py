@@ -154,7 +154,9 @@ class MainScreen(OpCauseActions, WorkbenchScreen[None]):
             self.post_message(CallDrift(lines))
 
     def on_call_drift(self, msg: CallDrift) -> None:
-        self.notify("\n".join(f"warning: {line}" for line in msg.lines), severity="warning", timeout=30)
+        repaired = all(ok for _line, ok in msg.lines)
+        text = "\n".join(line for line, _ok in msg.lines)
+        self.notify(text, severity="information" if repaired else "warning", timeout=20 if repaired else 30)
 
     @work(thread=True, exclusive=True, group="mapping-stale", exit_on_error=False)
     def load_mapping_stale(self) -> None:

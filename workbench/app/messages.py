@@ -133,7 +133,7 @@ class MappingStale(Message):
 class CallDrift(Message):
     """Kinds of call the test run makes at some tokens only: pairs named alike may compare different calls there."""
 
-    lines: list[str]  # `wb compare`'s warnings, as stored
+    lines: list[tuple[str, bool]]  # `wb compare`'s lines, as stored, and whether the calls were paired again
 
 
 @dataclass

@@ -259,13 +259,14 @@ CREATE TABLE IF NOT EXISTS mapping_stale (
     mapping       VARCHAR                 -- the mapping file
 );
 
--- kinds of call the test run makes at some tokens and not at others (analysis/reporting/call_drift.py): calls numbered
--- by their kind are renamed past the difference, so at those tokens pairs named alike may compare different calls;
--- the lines `wb compare` warns with, replaced on every compare of the comparison
+-- kinds of call the test run makes at some tokens and not at others (compare/pairing/token_realign.py): calls
+-- numbered by their kind are renamed past the difference there, and paired again by their order at those tokens;
+-- the lines `wb compare` tells (analysis/reporting/call_drift.py), replaced on every compare of the comparison
 CREATE TABLE IF NOT EXISTS call_drift (
     cmp_id   INTEGER NOT NULL,
     position INTEGER NOT NULL,            -- the order they are told in
-    line     VARCHAR NOT NULL,
+    line     VARCHAR NOT NULL,            -- note: ... (paired again) | warning: ... (pairs may compare other calls)
+    repaired BOOLEAN NOT NULL,            -- the kind's calls were paired again at every such token
     PRIMARY KEY (cmp_id, position)
 );
 

@@ -380,13 +380,14 @@ def _compare_runs(
     problems: list[str],
     early: EarlyPairs | None,
 ) -> CompareResult:
-    from workbench.analysis.reporting.call_drift import call_count_drift, store_call_drift
+    from workbench.analysis.reporting.call_drift import drift_lines, store_call_drift
     from workbench.analysis.reporting.summary import summarize_comparison
     from workbench.analysis.verdicts.born import refresh_verdicts
     from workbench.compare.execution.executor import compute_pending
     from workbench.compare.judging.judge import judged_by_older_rules, rejudge
     from workbench.compare.pair_store import comparison_for_runs, load_frames, store_node_matches, store_tensor_pairs
     from workbench.compare.pairing.matching import match_nodes, pair_tensors
+    from workbench.compare.pairing.token_realign import call_drifts, realign_drifted
 
     mapping = job.mapping
 
@@ -407,12 +408,14 @@ def _compare_runs(
         golden, test, check.usable(mapping) if check and mapping else mapping, auto=_auto_matcher(job.auto)
     )
     store_node_matches(con, cmp_id, matches)
-    pairs = store_tensor_pairs(con, cmp_id, pair_tensors(matches, golden, test, tokens))
+    drifts = call_drifts(golden, test, tokens)
+    paired, realigned = realign_drifted(pair_tensors(matches, golden, test, tokens), golden, test, drifts)
+    pairs = store_tensor_pairs(con, cmp_id, paired)
     if job.progress:
         job.progress(Progress("match", 1, 1, message=f"{len(pairs)} tensor pairs"))
     if th_changed or judged_by_older_rules(con, cmp_id):  # new thresholds, or verdicts an older wb decided
         rejudge(con, cmp_id, job.thresholds)
-    drift = call_count_drift(golden, test)
+    drift = drift_lines(drifts, realigned)
     store_call_drift(con, cmp_id, drift)
     # the verdict and report modules load while this thread mostly waits on the workers (~0.03 s less after them)
     preload = threading.Thread(target=_import_verdicts, name="wb-import-verdicts", daemon=True)
@@ -452,7 +455,7 @@ def _compare_runs(
             tokens,
             computed=computed,
             problems=problems,
-            call_drift=drift,
+            call_drift=[line for line, _repaired in drift],
         )
     except BaseException:
         beside.verdicts_done.set()

@@ -1167,14 +1167,17 @@ class Explorer:
             return []
         return [(str(r[0]), str(r[1]), str(r[2]), str(r[3])) for r in rows]
 
-    def call_drift(self) -> list[str]:
-        """The comparison's warnings of calls made at some tokens only (`wb compare`'s `warning:` lines: pairs named
-        alike may compare different calls at those tokens); none in an older catalog."""
+    def call_drift(self) -> list[tuple[str, bool]]:
+        """(line, paired again) of each kind of call the test run makes at some tokens only, as `wb compare` told
+        them (`note: ...` where the calls were paired again at those tokens, `warning: ...` where pairs there may
+        compare different calls); none in an older catalog."""
         try:
-            rows = self._rows("SELECT line FROM call_drift WHERE cmp_id = ? ORDER BY position", [self.info.cmp_id])
-        except duckdb.CatalogException:
+            rows = self._rows(
+                "SELECT line, repaired FROM call_drift WHERE cmp_id = ? ORDER BY position", [self.info.cmp_id]
+            )
+        except (duckdb.CatalogException, duckdb.BinderException):
             return []
-        return [str(r[0]) for r in rows]
+        return [(str(r[0]), bool(r[1])) for r in rows]
 
     # ------------------------------------------------------------------ SQL console
     def run_sql(self, sql: str, limit: int = 1000) -> ResultSet:

@@ -58,7 +58,7 @@ class ReportFacts:
     commands: list[tuple[str, str]]  # (what, command line)
     origins: dict[int, str] = field(default_factory=dict)  # token with no op born -> the advisor's op standing out
     born_notes: dict[int, str] = field(default_factory=dict)  # token -> `added_inside`'s or `born_in_noise`'s note
-    call_drift: list[str] = field(default_factory=list)  # `wb compare`'s warnings of calls made at some tokens only
+    call_drift: list[tuple[str, bool]] = field(default_factory=list)  # calls made at some tokens only (`wb compare`'s)
 
 
 def _e(value: object) -> str:
@@ -338,7 +338,7 @@ def _summary(facts: ReportFacts) -> str:
     ]
     if info.thresholds_note:
         rows.append(("thresholds", info.thresholds_note))
-    rows += [("warning", line) for line in facts.call_drift]
+    rows += [("calls made at some tokens", line) for line, _repaired in facts.call_drift]
     return (
         '<table class="summary">' + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows) + "</table>"
     )

@@ -233,8 +233,7 @@ def format_summary(
         )
     elif res.shape_mismatch:
         lines.append(f"note: {res.shape_mismatch} pairs differ in shape (see cmp_fail_reason)")
-    for line in res.call_drift:
-        lines.append(f"warning: {line}")
+    lines.extend(res.call_drift)  # `note: ...` or `warning: ...`
     for line in res.problems[:20]:
         lines.append(f"problem: {line}")
     if len(res.problems) > 20:

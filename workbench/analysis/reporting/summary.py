@@ -71,7 +71,9 @@ class CompareResult:
     coverage: dict[str, Any] = field(default_factory=dict)
     mapping_check: MappingCheck | None = None  # the mapping file's pairs held against these dumps
     quantized: bool = False  # the test run declares quantized linears (`formats/quant_links.py`)
-    call_drift: list[str] = field(default_factory=list)  # kinds of call renamed at some tokens (`call_count_drift`)
+    call_drift: list[str] = field(
+        default_factory=list
+    )  # kinds of call renamed at some tokens (`call_drift.drift_lines`)
 
 
 def _judged_on_statistics(con: duckdb.DuckDBPyConnection, cmp_id: int) -> int:
@@ -165,8 +167,8 @@ def summarize_comparison(
     problems: list[str] | None = None,
     call_drift: Collection[str] = (),
 ) -> CompareResult:
-    """The numbers `wb compare` prints, read back from the catalog (`call_drift`: the warnings of
-    `call_drift.call_count_drift`, as stored)."""
+    """The numbers `wb compare` prints, read back from the catalog (`call_drift`: the lines of
+    `call_drift.drift_lines`, as stored)."""
     with registered(con, "_ids", {"pair_id": pairs.pair_id}):
         row = first_row(
             con.execute(

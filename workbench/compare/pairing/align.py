@@ -297,15 +297,27 @@ def _best_in_order(
     return out
 
 
+def align_keys(
+    gkeys: Sequence[Hashable],
+    tkeys: Sequence[Hashable],
+    gstats: Sequence[dict[tuple[str, int], float] | None],
+    tstats: Sequence[dict[tuple[str, int], float] | None],
+) -> list[tuple[int, int]]:
+    """(golden position, test position) pairs of two ordered key sequences: their longest common subsequence, the
+    extra one among equal keys next to an insertion picked by the statistics (`_refine_runs`)."""
+    intern: dict[Hashable, int] = {}
+    gk = [intern.setdefault(k, len(intern)) for k in gkeys]
+    tk = [intern.setdefault(k, len(intern)) for k in tkeys]
+    return _refine_runs(lcs_pairs(gk, tk), gk, tk, gstats, tstats)
+
+
 def align_scope(g: StreamSide, t: StreamSide, gs: list[int], ts: list[int]) -> list[tuple[int, int, str]]:
     """(golden node, test node, how) pairs of two ordered sibling lists; how: `key`, `name` or `type`."""
     if not gs or not ts:
         return []
-    intern: dict[Hashable, int] = {}
-    gk = [intern.setdefault(g.key[n], len(intern)) for n in gs]
-    tk = [intern.setdefault(t.key[n], len(intern)) for n in ts]
-    pairs = lcs_pairs(gk, tk)
-    pairs = _refine_runs(pairs, gk, tk, [g.stats.get(n) for n in gs], [t.stats.get(n) for n in ts])
+    pairs = align_keys(
+        [g.key[n] for n in gs], [t.key[n] for n in ts], [g.stats.get(n) for n in gs], [t.stats.get(n) for n in ts]
+    )
     out = [(gs[i], ts[j], "key") for i, j in pairs]
     # leftovers between two aligned nodes: identical names, then the same op types in the same order
     prev_i = prev_j = -1
