@@ -614,6 +614,31 @@ def test_level_mix_a_call_made_at_decode_tokens_only_is_paired_again_there(decod
     assert f"<th>calls made at some tokens</th><td>{_DECODE_ONLY_NOTE}</td>" in html_file.read_text(), done.stdout
 
 
+def test_level_mix_a_call_is_judged_against_the_same_call_of_its_module_in_the_other_layers(
+    decode_only: tuple[str, Path],
+) -> None:
+    """A torch call's name holds a counter, not its layer: its peers were every call of its type (a down_proj's
+    `linear` among the q, k, v, o, gate and up projections of every layer). They are the same call of the same module
+    in the other layers: the advisor's reason names that module."""
+    con = duckdb.connect(str(decode_only[1]), read_only=True)
+    try:
+        reasons = dict(
+            con.execute(
+                "SELECT p.name, a.reason FROM advice a JOIN nodes n ON n.run_id = 1 AND n.node_id = a.golden_node_id "
+                "JOIN nodes p ON p.run_id = 1 AND p.node_id = n.parent_id "
+                "WHERE a.token_id = 0 AND n.type = 'Functional.linear' AND n.layer IS NOT NULL"
+            ).fetchall()
+        )
+    finally:
+        con.close()
+    assert len(reasons) == 35, reasons  # 7 projections in each of 5 layers
+    judged = {m: r for m, r in reasons.items() if "x what" in r}  # the others add nothing measurable
+    assert len(judged) >= 20, reasons
+    for module, reason in judged.items():
+        role = module.split(".")[-3]  # Module.model.layers.N.mlp.down_proj.Linear.forward -> down_proj
+        assert f".{role}'s Functional.linear adds" in reason and "in the other 4 layers" in reason, (module, reason)
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_level_mix_the_app_tells_of_a_call_made_at_decode_tokens_only(

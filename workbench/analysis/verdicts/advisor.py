@@ -449,7 +449,26 @@ def _load_nodes(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[int, _Node]
     for node in out.values():
         node.pattern = _pattern(node)
         node.op_label = _op_label(node, out)
+    _call_roles(out)
     return out
+
+
+def _call_roles(nodes: dict[int, _Node]) -> None:
+    """A call named by a counter (msprobe's `Functional.linear.20.forward`; a counter equal to the layer index is no
+    layer index) inside a module whose name holds one gets its role in that module as its pattern: the module's
+    pattern, its type and its place among the module's calls of that type
+    (`Module.model.layers.*.mlp.down_proj.Linear.forward/Functional.linear#0`). Its peers are then the same call of
+    the same module in the other layers, not every call of its type (a down_proj's linear among the q, k, v, o, gate
+    and up projections of every layer)."""
+    seen: dict[tuple[int, str], int] = defaultdict(int)
+    for node in sorted(nodes.values(), key=lambda n: (n.exec_order, n.node_id)):
+        parent = nodes.get(node.parent_id) if node.parent_id is not None else None
+        if parent is None or parent.pattern == parent.name or not _COUNTED_CALL.match(node.name):
+            continue
+        place = seen[(parent.node_id, node.type)]
+        seen[(parent.node_id, node.type)] += 1
+        node.pattern = f"{parent.pattern}/{node.type}#{place}"
+        node.op_label = f"{parent.op_label}'s {node.type}"
 
 
 def _rows_of_token(data: dict[int, dict[str, _IO]], nodes: dict[int, _Node]) -> dict[int, _Row]:
@@ -953,6 +972,8 @@ def _children_first(order: list[_Row], nodes: dict[int, _Node]) -> list[_Row]:
 
 
 _LAYER_RE = re.compile(r"(?<=[._/])([0-9]+)(?=[._/]|$)")
+# a call named by its API and a counter of its kind (msprobe's `Functional.linear.20.forward`), not by a module path
+_COUNTED_CALL = re.compile(r"^(?!Module\.|Cell\.)[A-Za-z_]+\.[^/]+\.[0-9]+\.(?:forward|backward)$")
 
 
 def _pattern(node: _Node) -> str:
