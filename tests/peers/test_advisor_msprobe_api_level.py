@@ -614,6 +614,23 @@ def test_level_mix_a_call_made_at_decode_tokens_only_is_paired_again_there(decod
     assert f"<th>calls made at some tokens</th><td>{_DECODE_ONLY_NOTE}</td>" in html_file.read_text(), done.stdout
 
 
+def test_level_mix_decode_tokens_compared_alone_are_paired_again_too(decode_only: tuple[str, Path]) -> None:
+    """`--tokens 1-2`: the calls are counted against the first token both runs dumped (token 0, not compared), and
+    paired again at the tokens compared."""
+    catalog = decode_only[1]
+    con = duckdb.connect(str(catalog), read_only=True)
+    try:
+        golden, test = (str(r[0]) for r in con.execute("SELECT path FROM runs ORDER BY run_id").fetchall())
+    finally:
+        con.close()
+    out_dir = catalog.parent.parent / "tokens_1_2"
+    done = run_wb("compare", "-gp", golden, "-mp", test, "-o", str(out_dir), "--tokens", "1-2")
+    assert done.returncode == 0, done.stderr
+    assert _DECODE_ONLY_NOTE in done.stdout, done.stdout
+    for tok in (1, 2):
+        assert f"error born at: Module.model.layers.2.self_attn.q_proj.Linear.forward (token {tok})" in done.stdout
+
+
 def test_level_mix_a_call_is_judged_against_the_same_call_of_its_module_in_the_other_layers(
     decode_only: tuple[str, Path],
 ) -> None:
