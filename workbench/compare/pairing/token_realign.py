@@ -117,14 +117,17 @@ def realign_drifted(
     realigned: dict[str, list[int]] = {}
     for drift in drifts:
         g_of_kind, t_of_kind = _nodes_of(golden, drift.kind), _nodes_of(test, drift.kind)
-        of_kind = np.isin(pairs.golden_node_id, g_of_kind) | np.isin(pairs.test_node_id, t_of_kind)
+        # each row set filtered once by kind, then by token (a run with hundreds of decode tokens)
+        of_kind = np.flatnonzero(np.isin(pairs.golden_node_id, g_of_kind) | np.isin(pairs.test_node_id, t_of_kind))
+        g_rows = np.flatnonzero(np.isin(golden.tensors.node_id, g_of_kind))
+        t_rows = np.flatnonzero(np.isin(test.tensors.node_id, t_of_kind))
         for tok in drift.tokens:
-            here = np.flatnonzero((pairs.token_id == tok) & of_kind)
+            here = of_kind[pairs.token_id[of_kind] == tok]
             auto = here[automatic[here]]
             # the calls a mapping or the editor paired at this token stay theirs
             users = here[~automatic[here]]
             g_taken, t_taken = set(pairs.golden_node_id[users].tolist()), set(pairs.test_node_id[users].tolist())
-            g_at, t_at = _calls_at(golden, g_of_kind, tok), _calls_at(test, t_of_kind, tok)
+            g_at, t_at = _calls_at(golden, g_rows, tok), _calls_at(test, t_rows, tok)
             g_ids = [n for n in g_at.order if n not in g_taken]
             t_ids = [n for n in t_at.order if n not in t_taken]
             matched = align_keys(
@@ -164,10 +167,10 @@ def _nodes_of(run: RunFrames, kind: str) -> np.ndarray:
     return np.asarray([n for n, k in zip(run.nodes.node_id.tolist(), run.nodes.type) if k == kind], dtype=np.int64)
 
 
-def _calls_at(run: RunFrames, of_kind: np.ndarray, token: int) -> _Calls:
-    """The calls `of_kind` (node ids) of one run at `token`."""
+def _calls_at(run: RunFrames, kind_rows: np.ndarray, token: int) -> _Calls:
+    """One run's calls of a kind at `token` (`kind_rows`: the rows of its tensors of that kind, every token)."""
     t = run.tensors
-    rows = np.flatnonzero((t.token_id == token) & np.isin(t.node_id, of_kind))
+    rows = kind_rows[t.token_id[kind_rows] == token]
     first_read: dict[int, int] = {}
     shapes: dict[int, list[tuple[str, int, tuple[int, ...] | None]]] = defaultdict(list)
     stats: dict[int, dict[tuple[str, int], float]] = defaultdict(dict)
