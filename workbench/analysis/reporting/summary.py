@@ -71,9 +71,7 @@ class CompareResult:
     coverage: dict[str, Any] = field(default_factory=dict)
     mapping_check: MappingCheck | None = None  # the mapping file's pairs held against these dumps
     quantized: bool = False  # the test run declares quantized linears (`formats/quant_links.py`)
-    call_drift: list[str] = field(
-        default_factory=list
-    )  # kinds of call renamed at some tokens (`call_drift.drift_lines`)
+    call_drift: list[str] = field(default_factory=list)  # calls made at some tokens only (`drift_lines`)
 
 
 def _judged_on_statistics(con: duckdb.DuckDBPyConnection, cmp_id: int) -> int:

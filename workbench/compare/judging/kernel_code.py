@@ -300,8 +300,11 @@ def _package_dir(name: str) -> Path | None:
 
 # the lines of /proc/cpuinfo that say which instructions a CPU runs (x86, then ARM)
 _CPU_FIELDS = frozenset(
-    ("vendor_id", "cpu family", "model", "model name", "flags", "CPU implementer", "CPU architecture", "CPU variant")
-) | {"CPU part", "Features"}
+    {
+        *("vendor_id", "cpu family", "model", "model name", "flags"),
+        *("CPU implementer", "CPU architecture", "CPU variant", "CPU part", "Features"),
+    }
+)
 
 
 def _host_cpu() -> str | None:

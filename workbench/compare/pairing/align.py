@@ -79,12 +79,12 @@ class StreamSide:
             children[p].append(nid)
         for kids in children.values():
             kids.sort(key=lambda n: (order[n], n))
-        shapes, stats = _first_token_tensors(tensors, roles)
+        shapes, stats = first_token_tensors(tensors, roles)
         key = {n: (typ[n], leaf_name(name[n], kind), shapes.get(n, ())) for n in ids}
         return cls(kind, children, name, typ, key, stats)
 
 
-def _first_token_tensors(
+def first_token_tensors(
     tensors: TensorTable, roles: set[str]
 ) -> tuple[dict[int, Shapes], dict[int, dict[tuple[str, int], float]]]:
     """Per node: the shapes of its tensors at its first token, and one statistic (norm, else mean) per tensor."""

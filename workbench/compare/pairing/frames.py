@@ -234,6 +234,15 @@ class TensorPairs:
             picked[f.name] = value[pos] if isinstance(value, np.ndarray) else [value[i] for i in pos.tolist()]
         return TensorPairs(**picked)
 
+    @classmethod
+    def concat(cls, parts: Sequence[TensorPairs]) -> TensorPairs:
+        """The pairs of `parts`, one after another."""
+        joined: dict[str, Any] = {}
+        for f in fields(cls):
+            cols = [getattr(p, f.name) for p in parts]
+            joined[f.name] = np.concatenate(cols) if isinstance(cols[0], np.ndarray) else [x for c in cols for x in c]
+        return cls(**joined)
+
     def with_transform(self, transform: list[str | None]) -> TensorPairs:
         return replace(self, transform=transform)
 

@@ -20,11 +20,10 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from workbench.compare.pairing.align import align_keys, shape_tuple
+from workbench.compare.pairing.align import Shapes, align_keys, first_token_tensors
 from workbench.compare.pairing.frames import RunFrames, TensorPairs
 
 # the pairs the automatic matching made (re-paired at a drifting token); a mapping's or the editor's are the user's
@@ -158,7 +157,7 @@ class _Calls:
 
     rows: np.ndarray  # the run's tensor rows of those calls at that token
     order: list[int]  # node ids, in the order their tensors were read at that token
-    key: dict[int, tuple[tuple[str, int, tuple[int, ...] | None], ...]]
+    key: dict[int, Shapes]
     stats: dict[int, dict[tuple[str, int], float]]
 
 
@@ -172,20 +171,11 @@ def _calls_at(run: RunFrames, kind_rows: np.ndarray, token: int) -> _Calls:
     t = run.tensors
     rows = kind_rows[t.token_id[kind_rows] == token]
     first_read: dict[int, int] = {}
-    shapes: dict[int, list[tuple[str, int, tuple[int, ...] | None]]] = defaultdict(list)
-    stats: dict[int, dict[tuple[str, int], float]] = defaultdict(dict)
-    io_text = t.io.take(rows).text()
-    shape_text = t.shape.take(rows).text()
-    stat = np.where(np.isnan(t.norm[rows]), t.mean[rows], t.norm[rows])
-    for nid, tid, io, idx, shape, value in zip(
-        t.node_id[rows].tolist(), t.tensor_id[rows].tolist(), io_text, t.idx[rows].tolist(), shape_text, stat.tolist()
-    ):
+    for nid, tid in zip(t.node_id[rows].tolist(), t.tensor_id[rows].tolist()):
         first_read[nid] = min(first_read.get(nid, tid), tid)
-        shapes[nid].append((str(io), idx, shape_tuple(shape)))
-        if value == value:  # not NaN
-            stats[nid][(str(io), idx)] = value
     order = sorted(first_read, key=lambda n: (first_read[n], n))
-    return _Calls(rows, order, {n: tuple(sorted(v)) for n, v in shapes.items()}, dict(stats))
+    shapes, stats = first_token_tensors(t.take(rows), set())  # one token here: its shapes and statistics
+    return _Calls(rows, order, shapes, stats)
 
 
 def _merged(pairs: TensorPairs, drop: np.ndarray, added: list[TensorPairs]) -> TensorPairs:
@@ -194,7 +184,7 @@ def _merged(pairs: TensorPairs, drop: np.ndarray, added: list[TensorPairs]) -> T
     new = [p for p in added if len(p)]
     if not new:
         return pairs.take(~drop)
-    fresh = _concat(new)
+    fresh = TensorPairs.concat(new)
     at_golden = {g: i for i, g in enumerate(fresh.golden_tensor_id.tolist())}
     order: list[tuple[str, int]] = []
     placed: set[int] = set()
@@ -205,14 +195,6 @@ def _merged(pairs: TensorPairs, drop: np.ndarray, added: list[TensorPairs]) -> T
             order.append(("new", j))
             placed.add(j)
     order += [("new", j) for j in range(len(fresh)) if j not in placed]
-    both = _concat([pairs, fresh])
+    both = TensorPairs.concat([pairs, fresh])
     rows = np.asarray([i if src == "old" else len(pairs) + i for src, i in order], dtype=np.int64)
     return both.take(rows)
-
-
-def _concat(parts: list[TensorPairs]) -> TensorPairs:
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(TensorPairs):
-        cols = [getattr(p, f.name) for p in parts]
-        values[f.name] = np.concatenate(cols) if isinstance(cols[0], np.ndarray) else [x for c in cols for x in c]
-    return TensorPairs(**values)
