@@ -259,7 +259,7 @@ def _avx512_here() -> bool:
 @pytest.mark.skipif(not _avx512_here(), reason="this CPU has no AVX-512: the kernels are vectorised 256 bits wide")
 def test_the_pass_is_vectorised_512_bits_wide_unless_the_user_chose_the_cpu_features() -> None:
     """LLVM's tuning prefers 256-bit vectors on every AVX-512 CPU; the kernels lift it (the pass ran ~1.6x faster,
-    `bench/bench_kernel_width.py`). A user's own `NUMBA_CPU_FEATURES` is left as it is."""
+    `bench/bench_kernel_width.py`). A user's own `NUMBA_CPU_FEATURES` or `NUMBA_CPU_NAME` is left as it is."""
 
     def run(**env: str) -> list[str]:
         base = {k: v for k, v in os.environ.items() if k != "NUMBA_CPU_FEATURES"}
@@ -272,3 +272,4 @@ def test_the_pass_is_vectorised_512_bits_wide_unless_the_user_chose_the_cpu_feat
     assert wide[1].endswith(",-prefer-256-bit") and "+avx512f" in wide[1]
     chosen = "+64bit,+sse2,+avx,+avx2,+fma,+f16c"
     assert run(NUMBA_CPU_FEATURES=chosen)[1] == chosen
+    assert run(NUMBA_CPU_NAME="generic")[1] == ""  # numba's own default for a generic CPU, left as it is

@@ -66,11 +66,12 @@ def _wide_vectors() -> None:
     every AVX-512 CPU prefers 256-bit vectors (older ones slowed their clock for wider ones), and the fused pass then
     runs ~1.6x slower here (`bench/bench_kernel_width.py`). Tuning only: the code runs on the same CPUs either way.
     Set before numba makes its code generator (this module's first `overload`), and only where the user has not
-    chosen the features (`NUMBA_CPU_FEATURES`) and no code generator exists yet."""
+    chosen the CPU (`NUMBA_CPU_NAME`, `NUMBA_CPU_FEATURES`) and no code generator exists yet."""
     from numba.core import config, registry
 
     settings = vars(config)  # numba fills its settings in from the environment (no attributes a checker sees)
-    if settings.get("CPU_FEATURES") is not None or "_toplevel_target_context" in vars(registry.cpu_target):
+    chosen = settings.get("CPU_NAME") is not None or settings.get("CPU_FEATURES") is not None
+    if chosen or "_toplevel_target_context" in vars(registry.cpu_target):
         return
     from numba.core.codegen import get_host_cpu_features
 
