@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import duckdb
@@ -572,6 +573,19 @@ _DECODE_ONLY_NOTE = (
 )
 
 
+_Q_PROJ = "Module.model.layers.2.self_attn.q_proj.Linear.forward"
+
+
+def _names_q_proj_at(out: str, token: int) -> bool:
+    """`wb compare` names the planted q_proj at `token`: where the error is born, or, when a product inside its peers'
+    noise crosses the thresholds first there (bf16 rounding moves with the CPU's kernels), as the advisor's origin
+    standing out under that line."""
+    if f"error born at: {_Q_PROJ} (token {token})" in out:
+        return True
+    block = re.search(rf"^error born at: [^\n]* \(token {token}\)[^\n]*\n((?:  [^\n]*\n)*)", out, re.MULTILINE)
+    return block is not None and f"the advisor's most likely origin here is {_Q_PROJ} (score" in block.group(1)
+
+
 @pytest.fixture(scope="module")
 def decode_only(mix_llama: tuple[Path, Path, list[int]]) -> tuple[str, Path]:
     """The test run's q_proj output scaled at decode steps only, by a product of its own (`out * 1.03`): `wb
@@ -583,14 +597,14 @@ def test_level_mix_a_call_made_at_decode_tokens_only_is_paired_again_there(decod
     """msprobe's counters number the decode-only product among the `Tensor.__mul__` calls, so at tokens 1-2 every
     later product of the test run carries the name of another call in the golden run: paired by name (the first
     token's alignment), those pairs compared different calls, and the advisor named a product at 116,412x, the planted
-    module 8th. The products are aligned again at tokens 1-2 (their order there, shapes and statistics): the planted
-    q_proj is where the error is born at both, `wb compare` says how the calls were paired, the catalog keeps the line
+    module 8th. The products are aligned again at tokens 1-2 (their order there, shapes and statistics): `wb compare`
+    names the planted q_proj at both (`_names_q_proj_at`), says how the calls were paired, the catalog keeps the line
     (`call_drift`) and `wb report` shows it."""
     out, catalog = decode_only
     assert _DECODE_ONLY_NOTE in out, out
     assert "warning: " not in out and out.count("note: ") == 1, out  # no other kind of call differs
     for tok in (1, 2):
-        assert f"error born at: Module.model.layers.2.self_attn.q_proj.Linear.forward (token {tok})" in out, out
+        assert _names_q_proj_at(out, tok), out
     con = duckdb.connect(str(catalog), read_only=True)
     try:
         assert con.execute("SELECT cmp_id, position, line, repaired FROM call_drift").fetchall() == [
@@ -628,7 +642,7 @@ def test_level_mix_decode_tokens_compared_alone_are_paired_again_too(decode_only
     assert done.returncode == 0, done.stderr
     assert _DECODE_ONLY_NOTE in done.stdout, done.stdout
     for tok in (1, 2):
-        assert f"error born at: Module.model.layers.2.self_attn.q_proj.Linear.forward (token {tok})" in done.stdout
+        assert _names_q_proj_at(done.stdout, tok), done.stdout
 
 
 def test_level_mix_a_call_is_judged_against_the_same_call_of_its_module_in_the_other_layers(
