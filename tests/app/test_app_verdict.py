@@ -142,34 +142,52 @@ def _advise_rows(stdout: str) -> list[tuple[int, int, float, bool]]:
     return out
 
 
-def test_advise_prints_its_order_rule_and_marks_rows_above_a_higher_score(rope_demo_catalog: Path) -> None:
-    """Ranks follow the score; a row ranked above a higher score of its token carries `^`, and the rule is printed."""
-    proc = run_wb("advise", "-c", str(rope_demo_catalog), "--top", "0")
+def _advise_table(catalog: Path) -> list[tuple[int, int, float, bool]]:
+    proc = run_wb("advise", "-c", str(catalog), "--top", "0")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert (
         lines[1].startswith("order: score, highest first, except:") and "(^: ranked above a higher score)" in lines[1]
     )
-    rows = _advise_rows(proc.stdout)
+    return _advise_rows(proc.stdout)
+
+
+def test_advise_prints_its_order_rule_and_marks_rows_above_a_higher_score(
+    rope_demo_catalog: Path, embedding_catalog: Path
+) -> None:
+    """Ranks follow the score; a row ranked above a higher score of its token carries `^`, and the rule is printed.
+    Two catalogs: which of them holds such rows (a child placed before its parent, an op standing out unexplained
+    above an explained one) moves with the CPU's bfloat16 kernels."""
     marked = 0
-    for i, (rank, token, score, mark) in enumerate(rows):
-        later = [s for _, t, s, _ in rows[i + 1 :] if t == token]
-        # the table shows one decimal: a row is out of order when a later one is higher by more than the rounding
-        if later and max(later) > score + 0.05:
-            assert mark, (rank, token, score, max(later))
-        if mark:
-            marked += 1
-            assert later and max(later) > score - 0.05, (rank, token, score)
-    assert marked  # this catalog has such rows (children placed before their parents)
+    for catalog in (rope_demo_catalog, embedding_catalog):
+        rows = _advise_table(catalog)
+        for i, (rank, token, score, mark) in enumerate(rows):
+            later = [s for _, t, s, _ in rows[i + 1 :] if t == token]
+            # the table shows one decimal: a row is out of order when a later one is higher by more than the rounding
+            if later and max(later) > score + 0.05:
+                assert mark, (catalog, rank, token, score, max(later))
+            if mark:
+                marked += 1
+                assert later and max(later) > score - 0.05, (catalog, rank, token, score)
+    assert marked  # these catalogs have such rows
 
 
 @pytest.mark.anyio
-async def test_advice_list_marks_rows_above_a_higher_score(rope_catalog: Path) -> None:
+async def test_advice_list_marks_rows_above_a_higher_score(
+    rope_demo_catalog: Path, embedding_catalog: Path, tmp_path: Path
+) -> None:
     from textual.widgets import OptionList
 
     from workbench.app.screens import PickerScreen
 
-    app = make_app(catalog=rope_catalog)
+    # the catalog whose advice holds a row ranked above a higher score (see the test above)
+    source = next(
+        (c for c in (rope_demo_catalog, embedding_catalog) if any(mark for *_, mark in _advise_table(c))),
+        rope_demo_catalog,
+    )
+    catalog = tmp_path / "catalog.duckdb"
+    shutil.copyfile(source, catalog)
+    app = make_app(catalog=catalog)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
         await pilot.press("v")
@@ -304,12 +322,16 @@ async def test_detail_verdict_of_a_failing_op_inside_its_peers_noise_says_so(tmp
         token, verdict = quiet[0] if quiet else (-1, None)
         assert verdict is not None and verdict.golden is not None, proc.stdout
         assert not ex.pair_detail(verdict.golden, token).born_peerless  # scored against the same op in other layers
-        # the rotary table (one per model: no peers) is scored over twice the rounding, and the detail knows it
+        # the rotary table (one per model: no peers) is scored over twice the rounding, and the detail knows it; any
+        # other op born at a token is inside its peers' noise too (which cross moves with the CPU's float16 kernels)
         for t in ex.info.tokens:
             v = ex.verdict(t)
             if v.golden is not None and v.golden != verdict.golden:
                 detail = ex.pair_detail(v.golden, t)
-                assert detail.golden_name.endswith("rotary_emb") and detail.born_peerless, detail.golden_name
+                if detail.golden_name.endswith("rotary_emb"):
+                    assert detail.born_peerless, detail
+                else:
+                    assert v.why == BORN_FAILS and (v.score or 9) < 3 and not detail.born_peerless, (v, detail)
     finally:
         ex.close()
     app = make_app(catalog=catalog)
