@@ -1,12 +1,10 @@
 """The fused metric pass compiled for 256-bit and for 512-bit vectors, timed in the same run.
 
-LLVM's tuning for every AVX-512 CPU prefers 256-bit vectors, and wb's kernels are compiled with it: lifting it
-(`-prefer-256-bit` added to the host's features) makes the pass ~1.6x faster alone, and moves the last digits of its
-float32 sums (docs/performance.md, twenty-ninth session: measured, not kept). This bench compiles the `pass_pair`
-entry both ways, each in a child process of its own (numba reads the CPU features once, when it makes its code
-generator), times it on the same pairs (float32 golden against bfloat16, float16 and float32 tests, 4 Mi elements a
-side: the size of a large activation), interleaved, and prints the speed of each (GB of golden + test bytes per
-second, one core) and their ratio.
+LLVM's tuning for every Intel AVX-512 CPU prefers 256-bit vectors; `compare/judging/kernels.py` lifts that preference
+(`_wide_vectors`). This bench compiles the `pass_pair` entry both ways, each in a child process of its own (numba
+reads the CPU features once, when it makes its code generator), times it on the same pairs (float32 golden against
+bfloat16, float16 and float32 tests, 4 Mi elements a side: the size of a large activation), interleaved, and prints
+the speed of each (GB of golden + test bytes per second, one core) and their ratio.
 
     .venv/bin/python bench/bench_kernel_width.py [--rounds R] [--elements N]
 

@@ -234,3 +234,42 @@ def test_float16_read_by_the_cpu_or_in_bits_gives_the_same_numbers(tmp_path: Pat
         assert field in sides[0] and field in sides[1], field
     extremes = [[part for part in side.split(", ") if part.startswith(("min=", "max="))] for side in sides]
     assert extremes[0] == extremes[1]
+
+
+_WIDTH = """
+import sys
+from workbench.compare.judging import kernels
+from numba.core import config
+asm = kernels.compile_entry("pass_pair", ("float32", "bfloat16"))._library.get_asm_str()
+print("zmm" in asm, "ymm" in asm)
+print(config.CPU_FEATURES)
+"""
+
+
+def _avx512_here() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return {"avx512f", "avx512vl", "avx512bw"} <= set(flags)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _avx512_here(), reason="this CPU has no AVX-512: the kernels are vectorised 256 bits wide")
+def test_the_pass_is_vectorised_512_bits_wide_unless_the_user_chose_the_cpu_features() -> None:
+    """LLVM's tuning prefers 256-bit vectors on every AVX-512 CPU; the kernels lift it (the pass ran ~1.6x faster,
+    `bench/bench_kernel_width.py`). A user's own `NUMBA_CPU_FEATURES` or `NUMBA_CPU_NAME` is left as it is."""
+
+    def run(**env: str) -> list[str]:
+        base = {k: v for k, v in os.environ.items() if k != "NUMBA_CPU_FEATURES"}
+        return subprocess.run(
+            [sys.executable, "-c", _WIDTH], capture_output=True, text=True, timeout=600, env={**base, **env}, check=True
+        ).stdout.splitlines()
+
+    wide = run()
+    assert wide[0] == "True True"  # 512-bit loops (and 256-bit code where LLVM chose it)
+    assert wide[1].endswith(",-prefer-256-bit") and "+avx512f" in wide[1]
+    chosen = "+64bit,+sse2,+avx,+avx2,+fma,+f16c"
+    assert run(NUMBA_CPU_FEATURES=chosen)[1] == chosen
+    assert run(NUMBA_CPU_NAME="generic")[1] == ""  # numba's own default for a generic CPU, left as it is

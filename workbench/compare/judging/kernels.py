@@ -61,6 +61,28 @@ from workbench.compare.judging.kernel_state import (
 )
 
 
+def _wide_vectors() -> None:
+    """Let LLVM vectorise the kernels 512 bits wide on a CPU with AVX-512 (16 float32 lanes, not 8): its tuning for
+    every AVX-512 CPU prefers 256-bit vectors (older ones slowed their clock for wider ones), and the fused pass then
+    runs ~1.6x slower here (`bench/bench_kernel_width.py`). Tuning only: the code runs on the same CPUs either way.
+    Set before numba makes its code generator (this module's first `overload`), and only where the user has not
+    chosen the CPU (`NUMBA_CPU_NAME`, `NUMBA_CPU_FEATURES`) and no code generator exists yet."""
+    from numba.core import config, registry
+
+    settings = vars(config)  # numba fills its settings in from the environment (no attributes a checker sees)
+    chosen = settings.get("CPU_NAME") is not None or settings.get("CPU_FEATURES") is not None
+    if chosen or "_toplevel_target_context" in vars(registry.cpu_target):
+        return
+    from numba.core.codegen import get_host_cpu_features
+
+    features = get_host_cpu_features()
+    if {"+avx512f", "+avx512vl", "+avx512bw"} <= set(features.split(",")):
+        settings["CPU_FEATURES"] = features + ",-prefer-256-bit"
+
+
+_wide_vectors()
+
+
 def _array_math_without_scipy() -> None:
     """Load numba's array-math registry (what a first compile or cache load does) telling its BLAS probe there is no
     SciPy: the probe imports scipy.linalg, numpy.f2py with it, ~0.2 s of every compare process's start, and the
