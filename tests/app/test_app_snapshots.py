@@ -1,66 +1,22 @@
 """SVG snapshots of the app's screens at a fixed size (also the screenshots of docs/app.md).
 
-A screen is compared with its snapshot with every figure of its text masked (`figures_masked`): its layout, styles,
-colours and words must match, not the figures, which the CPU's own rounding moves (the demo's dumps come out of torch's
-bfloat16 kernels differently on another CPU, and a float32 sum's last digit with the vector width of the kernels).
-The figures are checked by the tests that compute them.
+A screen is compared with its snapshot with every figure of its text masked (`tests/app/conftest.py`'s
+`snap_compare`): its layout, styles, colours and words must match, not the figures, which the CPU's own rounding
+moves. The figures are checked by the tests that compute them.
 
 Update after an intended change with `pytest tests/app/test_app_snapshots.py --snapshot-update`.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 import pytest
-from pytest_textual_snapshot import SVGImageExtension
-from syrupy.assertion import SnapshotAssertion
 from textual.widgets import DataTable, Input, OptionList, TextArea
 
 from tests.app.test_app_pilot import open_mapping_editor, ready, settle, wait_for
 from tests.fixtures.app_catalogs import SIZE
 from workbench.app.launch import make_app
-
-_FIGURE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?")
-_TEXT = re.compile(r"(<text[^>]*>)([^<]*)(</text>)")
-
-
-def figures_masked(svg: str) -> str:
-    """`svg` with each figure in its text as `#` and each run of spaces as one (a figure's digits and its padding share
-    a cell): the text's places, styles and words are kept, and every shape and colour."""
-
-    def masked(m: re.Match[str]) -> str:
-        body = re.sub(" +", " ", _FIGURE.sub("#", m.group(2).replace("&#160;", " ")))
-        return m.group(1) + body + m.group(3)
-
-    return _TEXT.sub(masked, svg)
-
-
-class _FiguresMasked(SVGImageExtension):
-    def matches(self, *, serialized_data: Any, snapshot_data: Any) -> bool:
-        return figures_masked(str(serialized_data)) == figures_masked(str(snapshot_data))
-
-
-@pytest.fixture
-def snap_compare(snapshot: SnapshotAssertion) -> Callable[..., bool]:
-    """pytest-textual-snapshot's `snap_compare`, comparing with `figures_masked`."""
-    masked = snapshot.use_extension(_FiguresMasked)
-
-    def compare(
-        app: Any,
-        press: Iterable[str] = (),
-        terminal_size: tuple[int, int] = (80, 24),
-        run_before: Callable[[Any], Awaitable[None] | None] | None = None,
-    ) -> bool:
-        from textual._doc import take_svg_screenshot
-
-        shot = take_svg_screenshot(app=app, press=press, terminal_size=terminal_size, run_before=run_before)
-        return bool(masked == shot)
-
-    return compare
 
 
 def main_app(catalog: Path, **kwargs: object):  # type: ignore[no-untyped-def]
