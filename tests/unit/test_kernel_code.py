@@ -262,7 +262,7 @@ def test_the_pass_is_vectorised_512_bits_wide_unless_the_user_chose_the_cpu_feat
     `bench/bench_kernel_width.py`). A user's own `NUMBA_CPU_FEATURES` or `NUMBA_CPU_NAME` is left as it is."""
 
     def run(**env: str) -> list[str]:
-        base = {k: v for k, v in os.environ.items() if k != "NUMBA_CPU_FEATURES"}
+        base = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CPU_FEATURES", "NUMBA_CPU_NAME")}
         return subprocess.run(
             [sys.executable, "-c", _WIDTH], capture_output=True, text=True, timeout=600, env={**base, **env}, check=True
         ).stdout.splitlines()
